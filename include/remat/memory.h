@@ -1,0 +1,203 @@
+// Memory: one caching allocator per device, with exact accounting.
+//
+// Every allocation carries a tag: a category (what the bytes are for), an owner (the layer
+// or component) and a phase (when it was made). The allocator keeps, in the spirit of
+// torch.cuda.memory_stats, current and peak allocated and reserved bytes, and the same
+// split by category and by owner, plus an optional event log the memory profiler reads.
+//
+// "Allocated" counts each live allocation at its rounded size (a multiple of kRounding),
+// independently of which cached block served it, so the figure depends only on the
+// sequence of requests: the meta device, which replays the same sequence without data,
+// reports the same allocated figures to the byte. "Reserved" counts raw memory held,
+// including cached free blocks.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "remat/device.h"
+
+namespace remat {
+
+enum class MemoryCategory : uint8_t {
+  parameter,
+  gradient,
+  optimizer_state,
+  activation,
+  workspace,
+  temporary,
+  input,
+};
+constexpr int kNumMemoryCategories = 7;
+const char* category_name(MemoryCategory c);
+MemoryCategory parse_category(const std::string& s);
+
+enum class Phase : uint8_t { setup, forward, recompute, backward, optimizer };
+constexpr int kNumPhases = 5;
+const char* phase_name(Phase p);
+
+// Who asked for the bytes and why.
+struct AllocTag {
+  MemoryCategory category = MemoryCategory::temporary;
+  std::string owner;  // a layer name, "optimizer", "data", ...; may be empty
+  Phase phase = Phase::setup;
+};
+
+// Sets the tag of allocations made on this thread while it lives (scopes nest).
+class TagScope {
+ public:
+  TagScope(MemoryCategory category, std::string owner, Phase phase);
+  explicit TagScope(AllocTag tag);
+  ~TagScope();
+  TagScope(const TagScope&) = delete;
+  TagScope& operator=(const TagScope&) = delete;
+
+ private:
+  AllocTag saved_;
+};
+const AllocTag& current_tag();
+
+struct CategoryCounts {
+  std::array<int64_t, kNumMemoryCategories> bytes{};
+  int64_t& operator[](MemoryCategory c) { return bytes[static_cast<size_t>(c)]; }
+  int64_t operator[](MemoryCategory c) const { return bytes[static_cast<size_t>(c)]; }
+  int64_t total() const;
+};
+
+struct MemoryStats {
+  int64_t allocated = 0;       // bytes in live allocations (rounded sizes)
+  int64_t peak_allocated = 0;
+  int64_t requested = 0;       // bytes callers asked for (unrounded)
+  int64_t reserved = 0;        // raw bytes held (live + cached)
+  int64_t peak_reserved = 0;
+  int64_t num_allocs = 0;
+  int64_t num_frees = 0;
+  int64_t num_raw_allocs = 0;  // calls into the raw allocator (cudaMalloc, aligned_alloc)
+  int64_t num_raw_frees = 0;
+  int64_t num_cache_hits = 0;  // allocations served from a cached block
+  int64_t live_blocks = 0;
+  CategoryCounts by_category;          // current allocated, per category
+  CategoryCounts peak_by_category;     // each category's own peak
+  CategoryCounts by_category_at_peak;  // the split of peak_allocated when it was reached
+};
+
+struct OwnerStats {
+  int64_t current = 0;
+  int64_t peak = 0;
+  int64_t total = 0;  // bytes allocated over time
+  int64_t count = 0;  // allocations over time
+};
+
+struct MemoryEvent {
+  enum class Kind : uint8_t { alloc, free, raw_alloc, raw_free };
+  uint64_t seq = 0;
+  Kind kind = Kind::alloc;
+  int64_t bytes = 0;  // rounded size for alloc/free; raw size for raw_*
+  MemoryCategory category = MemoryCategory::temporary;
+  Phase phase = Phase::setup;
+  uint32_t owner = 0;         // index into CachingAllocator::owner_names()
+  int64_t allocated_after = 0;  // total allocated after the event
+  int64_t reserved_after = 0;
+};
+
+// Source of raw memory for one device. allocate returns nullptr when out of memory.
+class RawAllocator {
+ public:
+  virtual ~RawAllocator() = default;
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void deallocate(void* ptr, size_t bytes) = 0;
+  virtual bool has_data() const { return true; }  // false for meta
+  virtual int64_t capacity() const = 0;            // bytes the device can hold
+};
+std::unique_ptr<RawAllocator> make_cpu_raw_allocator();
+std::unique_ptr<RawAllocator> make_meta_raw_allocator();
+#ifdef REMAT_WITH_CUDA
+std::unique_ptr<RawAllocator> make_cuda_raw_allocator(int device);
+#endif
+
+class CachingAllocator;
+
+// One allocation. Returned to its allocator's cache when released.
+struct Block {
+  void* ptr = nullptr;
+  size_t size = 0;       // raw size of the block
+  size_t rounded = 0;    // rounded size of the request it currently serves
+  size_t requested = 0;  // what the caller asked for
+  MemoryCategory category = MemoryCategory::temporary;
+  Phase phase = Phase::setup;
+  uint32_t owner = 0;
+  bool in_use = false;
+};
+
+class CachingAllocator {
+ public:
+  static constexpr size_t kRounding = 512;
+  // A cached block serves a request only if it wastes at most this fraction of it.
+  static constexpr size_t kMaxSlackDivisor = 4;
+
+  CachingAllocator(Device device, std::unique_ptr<RawAllocator> raw);
+  ~CachingAllocator();  // logs an error for every block still in use (a leak)
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  Device device() const { return device_; }
+  bool has_data() const { return raw_->has_data(); }
+
+  // Allocates `bytes` (0 allowed) with the given tag, or the thread's current tag.
+  Block* allocate(size_t bytes, const AllocTag& tag);
+  Block* allocate(size_t bytes) { return allocate(bytes, current_tag()); }
+  void free(Block* block);
+
+  static size_t round_size(size_t bytes);
+
+  // Returns every cached (free) block to the raw allocator.
+  void empty_cache();
+  // Caps reserved bytes; allocations beyond it fail as out-of-memory. 0 = no cap beyond
+  // the device's own limit.
+  void set_limit(int64_t bytes);
+  int64_t limit() const;
+
+  MemoryStats stats() const;
+  void reset_peak();  // peaks := current values
+  std::map<std::string, OwnerStats> owner_stats() const;
+
+  void set_event_logging(bool on);
+  std::vector<MemoryEvent> events() const;
+  void clear_events();
+  std::vector<std::string> owner_names() const;
+
+ private:
+  uint32_t intern_owner(const std::string& name);
+  void record(MemoryEvent::Kind kind, int64_t bytes, const Block& b);
+  void release_cached_locked();
+  [[noreturn]] void throw_oom(size_t bytes, const AllocTag& tag);
+
+  Device device_;
+  std::unique_ptr<RawAllocator> raw_;
+  mutable std::mutex mutex_;
+  std::multimap<size_t, Block*> free_blocks_;  // by raw size
+  std::unordered_map<Block*, std::unique_ptr<Block>> blocks_;  // every block, live or cached
+  MemoryStats stats_;
+  int64_t limit_ = 0;
+  std::vector<std::string> owners_{""};
+  std::unordered_map<std::string, uint32_t> owner_ids_{{"", 0}};
+  std::vector<OwnerStats> owner_stats_{OwnerStats{}};
+  bool log_events_ = false;
+  uint64_t seq_ = 0;
+  std::vector<MemoryEvent> events_;
+};
+
+// The process-wide allocator of a device (created on first use).
+CachingAllocator& allocator_for(Device d);
+
+// Formats a byte count: "1.50 MiB".
+std::string format_bytes(int64_t bytes);
+
+}  // namespace remat

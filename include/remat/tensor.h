@@ -1,0 +1,91 @@
+// Tensor: a shape, a dtype, a device and contiguous storage from the device's caching
+// allocator. Copies of a Tensor share storage; reshape returns a view (no copy).
+// Storage is returned to the allocator when the last tensor using it goes away.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "remat/device.h"
+#include "remat/dtype.h"
+#include "remat/memory.h"
+#include "remat/shape.h"
+
+namespace remat {
+
+class Storage {
+ public:
+  Storage(CachingAllocator& allocator, size_t bytes, const AllocTag& tag);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const;  // throws on meta
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return allocator_.device(); }
+  bool has_data() const { return allocator_.has_data(); }
+  const Block& block() const { return *block_; }
+
+ private:
+  CachingAllocator& allocator_;
+  Block* block_;
+  size_t nbytes_;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;  // undefined: holds no storage
+
+  // Uninitialised storage tagged with the thread's current tag (see TagScope) or `tag`.
+  static Tensor empty(const Shape& shape, Device device = Device::cpu(), DType dtype = DType::f32);
+  static Tensor empty(const Shape& shape, Device device, DType dtype, const AllocTag& tag);
+  static Tensor zeros(const Shape& shape, Device device = Device::cpu(), DType dtype = DType::f32);
+  static Tensor full(const Shape& shape, float value, Device device = Device::cpu());
+  static Tensor from_vector(const std::vector<float>& values, const Shape& shape, Device device = Device::cpu());
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  int rank() const { return shape_.rank(); }
+  int64_t numel() const { return shape_.numel(); }
+  int64_t size(int dim) const { return shape_[dim]; }
+  DType dtype() const { return dtype_; }
+  Device device() const;
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+
+  // A view with a new shape of the same element count; one dimension may be -1.
+  Tensor reshape(const std::vector<int64_t>& dims) const;
+  Tensor view(const Shape& shape) const;  // as reshape, with a complete shape
+
+  // Raw and typed element access. Throw on undefined or meta tensors and wrong dtypes.
+  void* raw_data() const;
+  float* f32() const;
+
+  std::vector<float> to_vector() const;           // copy to host
+  Tensor to(Device device) const;                 // copy to another device (same tag)
+  Tensor clone() const { return to(device()); }
+  void copy_from(const Tensor& src);              // same element count and dtype; any devices
+  void fill_(float value);
+  void zero_() { fill_(0.0f); }
+
+  bool shares_storage(const Tensor& o) const { return storage_ && storage_ == o.storage_; }
+  long storage_use_count() const { return storage_.use_count(); }
+  const Storage* storage() const { return storage_.get(); }
+
+  std::string str() const;  // "f32[2, 3] on cpu"
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  Shape shape_;
+  DType dtype_ = DType::f32;
+  size_t offset_ = 0;  // bytes into storage
+};
+
+namespace detail {
+// Device memory primitives (src/backends/cuda); only called for cuda tensors.
+void device_memcpy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
+void device_fill_f32(float* dst, Device dev, int64_t n, float value);
+}  // namespace detail
+
+}  // namespace remat

@@ -1,0 +1,32 @@
+#include "remat/dtype.h"
+
+#include "remat/error.h"
+
+namespace remat {
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::bf16: return 2;
+    case DType::f16: return 2;
+  }
+  REMAT_THROW("unknown dtype ", static_cast<int>(t));
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::bf16: return "bf16";
+    case DType::f16: return "f16";
+  }
+  return "?";
+}
+
+DType parse_dtype(const std::string& s) {
+  if (s == "f32" || s == "float32") return DType::f32;
+  if (s == "bf16" || s == "bfloat16") return DType::bf16;
+  if (s == "f16" || s == "float16") return DType::f16;
+  REMAT_THROW("unknown dtype \"", s, "\" (expected f32, bf16 or f16)");
+}
+
+}  // namespace remat

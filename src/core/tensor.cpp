@@ -1,0 +1,174 @@
+#include "remat/tensor.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "remat/error.h"
+
+namespace remat {
+
+Storage::Storage(CachingAllocator& allocator, size_t bytes, const AllocTag& tag)
+    : allocator_(allocator), block_(allocator.allocate(bytes, tag)), nbytes_(bytes) {}
+
+Storage::~Storage() { allocator_.free(block_); }
+
+void* Storage::data() const {
+  REMAT_CHECK(allocator_.has_data(), "tensor on ", device().str(), " has no data (meta tensors hold only a shape)");
+  return block_->ptr;
+}
+
+Device Tensor::device() const {
+  REMAT_CHECK(defined(), "use of an undefined tensor");
+  return storage_->device();
+}
+
+Tensor Tensor::empty(const Shape& shape, Device device, DType dtype) {
+  return empty(shape, device, dtype, current_tag());
+}
+
+Tensor Tensor::empty(const Shape& shape, Device device, DType dtype, const AllocTag& tag) {
+  require_available(device);
+  const auto esize = static_cast<int64_t>(dtype_size(dtype));
+  REMAT_CHECK(shape.numel() <= INT64_MAX / esize, "tensor of shape ", shape.str(), " and dtype ", dtype_name(dtype),
+              " is too large to address");
+  Tensor t;
+  t.storage_ = std::make_shared<Storage>(allocator_for(device), static_cast<size_t>(shape.numel() * esize), tag);
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, Device device, DType dtype) {
+  Tensor t = empty(shape, device, dtype);
+  if (t.storage_->has_data()) {
+    if (device.is_cpu()) {
+      std::memset(t.raw_data(), 0, t.nbytes());
+    } else {
+      REMAT_CHECK(dtype == DType::f32, "zeros on ", device.str(), " supports f32 only");
+      detail::device_fill_f32(t.f32(), device, t.numel(), 0.0f);
+    }
+  }
+  return t;
+}
+
+Tensor Tensor::full(const Shape& shape, float value, Device device) {
+  Tensor t = empty(shape, device, DType::f32);
+  t.fill_(value);
+  return t;
+}
+
+Tensor Tensor::from_vector(const std::vector<float>& values, const Shape& shape, Device device) {
+  REMAT_CHECK(static_cast<int64_t>(values.size()) == shape.numel(), "from_vector: ", values.size(),
+              " values do not fill shape ", shape.str(), " (", shape.numel(), " elements)");
+  Tensor t = empty(shape, device, DType::f32);
+  if (device.is_cpu()) {
+    std::copy(values.begin(), values.end(), t.f32());
+  } else if (device.is_cuda()) {
+    detail::device_memcpy(t.raw_data(), device, values.data(), Device::cpu(), t.nbytes());
+  }
+  return t;
+}
+
+Tensor Tensor::reshape(const std::vector<int64_t>& dims) const {
+  REMAT_CHECK(defined(), "reshape of an undefined tensor");
+  std::vector<int64_t> d = dims;
+  int infer = -1;
+  int64_t known = 1;
+  for (size_t i = 0; i < d.size(); ++i) {
+    if (d[i] == -1) {
+      REMAT_CHECK(infer < 0, "reshape ", str(), ": more than one -1 dimension");
+      infer = static_cast<int>(i);
+    } else {
+      REMAT_CHECK(d[i] >= 0, "reshape ", str(), ": negative dimension ", d[i]);
+      known *= d[i];
+    }
+  }
+  if (infer >= 0) {
+    REMAT_CHECK(known > 0 && numel() % known == 0, "reshape ", str(), ": cannot infer the -1 dimension");
+    d[static_cast<size_t>(infer)] = numel() / known;
+  }
+  return view(Shape(d));
+}
+
+Tensor Tensor::view(const Shape& shape) const {
+  REMAT_CHECK(defined(), "reshape of an undefined tensor");
+  REMAT_CHECK(shape.numel() == numel(), "cannot reshape ", str(), " to ", shape.str(), ": element counts differ (",
+              numel(), " vs ", shape.numel(), ")");
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+
+void* Tensor::raw_data() const {
+  REMAT_CHECK(defined(), "use of an undefined tensor");
+  return static_cast<char*>(storage_->data()) + offset_;
+}
+
+float* Tensor::f32() const {
+  REMAT_CHECK(dtype_ == DType::f32, "tensor ", str(), " is not f32");
+  return static_cast<float*>(raw_data());
+}
+
+std::vector<float> Tensor::to_vector() const {
+  REMAT_CHECK(dtype_ == DType::f32, "to_vector of ", str(), ": only f32 is supported");
+  std::vector<float> out(static_cast<size_t>(numel()));
+  if (device().is_cpu()) {
+    std::copy(f32(), f32() + numel(), out.begin());
+  } else {
+    detail::device_memcpy(out.data(), Device::cpu(), raw_data(), device(), nbytes());
+  }
+  return out;
+}
+
+Tensor Tensor::to(Device d) const {
+  REMAT_CHECK(defined(), "copy of an undefined tensor");
+  AllocTag tag{storage_->block().category, current_tag().owner, current_tag().phase};
+  Tensor t = empty(shape_, d, dtype_, tag);
+  t.copy_from(*this);
+  return t;
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  REMAT_CHECK(defined() && src.defined(), "copy between undefined tensors");
+  REMAT_CHECK(numel() == src.numel() && dtype_ == src.dtype_, "copy_from: ", src.str(), " does not fit ", str());
+  const Device dd = device(), sd = src.device();
+  if (dd.is_meta() || sd.is_meta()) {
+    REMAT_CHECK(dd.is_meta(), "cannot copy data from a meta tensor into ", str());
+    return;  // nothing to move
+  }
+  if (nbytes() == 0) return;
+  if (dd.is_cpu() && sd.is_cpu()) {
+    std::memmove(raw_data(), src.raw_data(), nbytes());
+  } else {
+    detail::device_memcpy(raw_data(), dd, src.raw_data(), sd, nbytes());
+  }
+}
+
+void Tensor::fill_(float value) {
+  REMAT_CHECK(dtype_ == DType::f32, "fill_ of ", str(), ": only f32 is supported");
+  const Device d = device();
+  if (d.is_meta()) return;
+  if (d.is_cpu()) {
+    std::fill(f32(), f32() + numel(), value);
+  } else {
+    detail::device_fill_f32(f32(), d, numel(), value);
+  }
+}
+
+std::string Tensor::str() const {
+  if (!defined()) return "undefined tensor";
+  return std::string(dtype_name(dtype_)) + shape_.str() + " on " + device().str();
+}
+
+#ifndef REMAT_WITH_CUDA
+namespace detail {
+void device_memcpy(void*, Device dst_dev, const void*, Device src_dev, size_t) {
+  REMAT_THROW("copy between ", src_dev.str(), " and ", dst_dev.str(), ": remat was built without CUDA");
+}
+void device_fill_f32(float*, Device dev, int64_t, float) {
+  REMAT_THROW("fill on ", dev.str(), ": remat was built without CUDA");
+}
+}  // namespace detail
+#endif
+
+}  // namespace remat

@@ -1,0 +1,357 @@
+#include <unistd.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+
+#include "remat/error.h"
+#include "remat/log.h"
+#include "remat/memory.h"
+
+namespace remat {
+
+const char* category_name(MemoryCategory c) {
+  switch (c) {
+    case MemoryCategory::parameter: return "parameter";
+    case MemoryCategory::gradient: return "gradient";
+    case MemoryCategory::optimizer_state: return "optimizer_state";
+    case MemoryCategory::activation: return "activation";
+    case MemoryCategory::workspace: return "workspace";
+    case MemoryCategory::temporary: return "temporary";
+    case MemoryCategory::input: return "input";
+  }
+  return "?";
+}
+
+MemoryCategory parse_category(const std::string& s) {
+  for (int i = 0; i < kNumMemoryCategories; ++i) {
+    auto c = static_cast<MemoryCategory>(i);
+    if (s == category_name(c)) return c;
+  }
+  REMAT_THROW("unknown memory category \"", s, "\"");
+}
+
+const char* phase_name(Phase p) {
+  switch (p) {
+    case Phase::setup: return "setup";
+    case Phase::forward: return "forward";
+    case Phase::recompute: return "recompute";
+    case Phase::backward: return "backward";
+    case Phase::optimizer: return "optimizer";
+  }
+  return "?";
+}
+
+int64_t CategoryCounts::total() const {
+  int64_t t = 0;
+  for (int64_t b : bytes) t += b;
+  return t;
+}
+
+// ---------------------------------------------------------------------------
+// Tag scopes
+// ---------------------------------------------------------------------------
+
+namespace {
+thread_local AllocTag t_current_tag;
+}
+
+const AllocTag& current_tag() { return t_current_tag; }
+
+TagScope::TagScope(MemoryCategory category, std::string owner, Phase phase)
+    : TagScope(AllocTag{category, std::move(owner), phase}) {}
+
+TagScope::TagScope(AllocTag tag) : saved_(std::move(t_current_tag)) { t_current_tag = std::move(tag); }
+
+TagScope::~TagScope() { t_current_tag = std::move(saved_); }
+
+// ---------------------------------------------------------------------------
+// Raw allocators
+// ---------------------------------------------------------------------------
+
+namespace {
+
+class CpuRawAllocator final : public RawAllocator {
+ public:
+  void* allocate(size_t bytes) override {
+    // 64-byte alignment: a cache line, and enough for any vector load.
+    return std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  }
+  void deallocate(void* ptr, size_t) override { std::free(ptr); }
+  int64_t capacity() const override {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : std::numeric_limits<int64_t>::max();
+  }
+};
+
+// Hands out distinct fake addresses; nothing may dereference them.
+class MetaRawAllocator final : public RawAllocator {
+ public:
+  void* allocate(size_t bytes) override {
+    uintptr_t p = next_;
+    next_ += (bytes + 4095) / 4096 * 4096 + 4096;
+    return reinterpret_cast<void*>(p);
+  }
+  void deallocate(void*, size_t) override {}
+  bool has_data() const override { return false; }
+  int64_t capacity() const override { return int64_t{1} << 60; }
+
+ private:
+  uintptr_t next_ = 0x10000;
+};
+
+}  // namespace
+
+std::unique_ptr<RawAllocator> make_cpu_raw_allocator() { return std::make_unique<CpuRawAllocator>(); }
+std::unique_ptr<RawAllocator> make_meta_raw_allocator() { return std::make_unique<MetaRawAllocator>(); }
+
+// ---------------------------------------------------------------------------
+// CachingAllocator
+// ---------------------------------------------------------------------------
+
+CachingAllocator::CachingAllocator(Device device, std::unique_ptr<RawAllocator> raw)
+    : device_(device), raw_(std::move(raw)) {}
+
+CachingAllocator::~CachingAllocator() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int64_t leaked = 0, leaked_bytes = 0;
+  for (auto& [ptr, block] : blocks_) {
+    if (block->in_use) {
+      ++leaked;
+      leaked_bytes += static_cast<int64_t>(block->rounded);
+      log().error("memory leak on {}: {} bytes ({}, owner \"{}\", {}) never freed", device_.str(), block->requested,
+                  category_name(block->category), owners_[block->owner], phase_name(block->phase));
+      continue;  // storage still points at it: do not free under its feet
+    }
+    raw_->deallocate(block->ptr, block->size);
+  }
+  if (leaked) log().error("{} allocation(s), {} bytes, still live at teardown of the {} allocator", leaked, leaked_bytes, device_.str());
+}
+
+size_t CachingAllocator::round_size(size_t bytes) {
+  if (bytes == 0) return kRounding;
+  REMAT_CHECK(bytes <= std::numeric_limits<size_t>::max() - kRounding, "allocation size ", bytes, " overflows");
+  return (bytes + kRounding - 1) / kRounding * kRounding;
+}
+
+uint32_t CachingAllocator::intern_owner(const std::string& name) {
+  auto it = owner_ids_.find(name);
+  if (it != owner_ids_.end()) return it->second;
+  auto id = static_cast<uint32_t>(owners_.size());
+  owners_.push_back(name);
+  owner_ids_.emplace(name, id);
+  owner_stats_.emplace_back();
+  return id;
+}
+
+void CachingAllocator::record(MemoryEvent::Kind kind, int64_t bytes, const Block& b) {
+  if (!log_events_) return;
+  MemoryEvent e;
+  e.seq = seq_++;
+  e.kind = kind;
+  e.bytes = bytes;
+  e.category = b.category;
+  e.phase = b.phase;
+  e.owner = b.owner;
+  e.allocated_after = stats_.allocated;
+  e.reserved_after = stats_.reserved;
+  events_.push_back(e);
+}
+
+void CachingAllocator::release_cached_locked() {
+  for (auto& [size, block] : free_blocks_) {
+    raw_->deallocate(block->ptr, block->size);
+    stats_.reserved -= static_cast<int64_t>(block->size);
+    stats_.num_raw_frees++;
+    record(MemoryEvent::Kind::raw_free, static_cast<int64_t>(block->size), *block);
+    blocks_.erase(block);
+  }
+  free_blocks_.clear();
+}
+
+void CachingAllocator::throw_oom(size_t bytes, const AllocTag& tag) {
+  int64_t cap = limit_ > 0 ? std::min(limit_, raw_->capacity()) : raw_->capacity();
+  REMAT_THROW("out of memory on ", device_.str(), ": tried to allocate ", format_bytes(static_cast<int64_t>(bytes)), " (",
+              bytes, " bytes; category ", category_name(tag.category), ", owner \"", tag.owner, "\", phase ",
+              phase_name(tag.phase), "); allocated ", format_bytes(stats_.allocated), ", reserved ",
+              format_bytes(stats_.reserved), ", limit ", format_bytes(cap));
+}
+
+Block* CachingAllocator::allocate(size_t bytes, const AllocTag& tag) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const size_t rounded = round_size(bytes);
+  Block* block = nullptr;
+  bool fresh = false;
+
+  // Best fit among cached blocks, if it wastes at most a quarter of the request.
+  auto it = free_blocks_.lower_bound(rounded);
+  if (it != free_blocks_.end() && it->first <= rounded + rounded / kMaxSlackDivisor) {
+    block = it->second;
+    free_blocks_.erase(it);
+    stats_.num_cache_hits++;
+  } else {
+    const int64_t cap = limit_ > 0 ? std::min(limit_, raw_->capacity()) : raw_->capacity();
+    auto fits = [&] { return rounded <= static_cast<size_t>(cap) && stats_.reserved <= cap - static_cast<int64_t>(rounded); };
+    void* ptr = nullptr;
+    if (fits()) ptr = raw_->allocate(rounded);
+    if (!ptr && !free_blocks_.empty()) {  // give cached memory back and retry once
+      release_cached_locked();
+      if (fits()) ptr = raw_->allocate(rounded);
+    }
+    if (!ptr) throw_oom(bytes, tag);
+    auto owned = std::make_unique<Block>();
+    owned->ptr = ptr;
+    owned->size = rounded;
+    block = owned.get();
+    blocks_.emplace(block, std::move(owned));
+    stats_.reserved += static_cast<int64_t>(rounded);
+    stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
+    stats_.num_raw_allocs++;
+    fresh = true;
+  }
+
+  block->rounded = rounded;
+  block->requested = bytes;
+  block->category = tag.category;
+  block->phase = tag.phase;
+  block->owner = intern_owner(tag.owner);
+  block->in_use = true;
+  if (fresh) record(MemoryEvent::Kind::raw_alloc, static_cast<int64_t>(block->size), *block);
+
+  const auto r = static_cast<int64_t>(rounded);
+  stats_.allocated += r;
+  stats_.requested += static_cast<int64_t>(bytes);
+  stats_.num_allocs++;
+  stats_.live_blocks++;
+  stats_.by_category[tag.category] += r;
+  stats_.peak_by_category[tag.category] = std::max(stats_.peak_by_category[tag.category], stats_.by_category[tag.category]);
+  if (stats_.allocated > stats_.peak_allocated) {
+    stats_.peak_allocated = stats_.allocated;
+    stats_.by_category_at_peak = stats_.by_category;
+  }
+  OwnerStats& os = owner_stats_[block->owner];
+  os.current += r;
+  os.peak = std::max(os.peak, os.current);
+  os.total += r;
+  os.count++;
+  record(MemoryEvent::Kind::alloc, r, *block);
+  return block;
+}
+
+void CachingAllocator::free(Block* block) {
+  if (!block) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = blocks_.find(block);
+  REMAT_CHECK(it != blocks_.end() && block->in_use, "free of a block that ", device_.str(),
+              "'s allocator does not hold (double free?)");
+  const auto r = static_cast<int64_t>(block->rounded);
+  block->in_use = false;
+  stats_.allocated -= r;
+  stats_.requested -= static_cast<int64_t>(block->requested);
+  stats_.num_frees++;
+  stats_.live_blocks--;
+  stats_.by_category[block->category] -= r;
+  owner_stats_[block->owner].current -= r;
+  record(MemoryEvent::Kind::free, r, *block);
+  free_blocks_.emplace(block->size, block);
+}
+
+void CachingAllocator::empty_cache() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  release_cached_locked();
+}
+
+void CachingAllocator::set_limit(int64_t bytes) {
+  REMAT_CHECK(bytes >= 0, "memory limit must be non-negative, got ", bytes);
+  std::lock_guard<std::mutex> lock(mutex_);
+  limit_ = bytes;
+}
+
+int64_t CachingAllocator::limit() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return limit_;
+}
+
+MemoryStats CachingAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+void CachingAllocator::reset_peak() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.peak_allocated = stats_.allocated;
+  stats_.peak_reserved = stats_.reserved;
+  stats_.peak_by_category = stats_.by_category;
+  stats_.by_category_at_peak = stats_.by_category;
+  for (auto& os : owner_stats_) os.peak = os.current;
+}
+
+std::map<std::string, OwnerStats> CachingAllocator::owner_stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::map<std::string, OwnerStats> out;
+  for (size_t i = 0; i < owners_.size(); ++i)
+    if (owner_stats_[i].count > 0) out[owners_[i]] = owner_stats_[i];
+  return out;
+}
+
+void CachingAllocator::set_event_logging(bool on) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  log_events_ = on;
+}
+
+std::vector<MemoryEvent> CachingAllocator::events() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return events_;
+}
+
+void CachingAllocator::clear_events() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  events_.clear();
+}
+
+std::vector<std::string> CachingAllocator::owner_names() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return owners_;
+}
+
+// ---------------------------------------------------------------------------
+
+CachingAllocator& allocator_for(Device d) {
+  static std::mutex mutex;
+  // Intentionally never destroyed: tensors in static storage may outlive main().
+  static auto* registry = new std::map<std::string, std::unique_ptr<CachingAllocator>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& slot = (*registry)[d.str()];
+  if (!slot) {
+    switch (d.type) {
+      case DeviceType::cpu: slot = std::make_unique<CachingAllocator>(d, make_cpu_raw_allocator()); break;
+      case DeviceType::meta: slot = std::make_unique<CachingAllocator>(d, make_meta_raw_allocator()); break;
+      case DeviceType::cuda:
+        require_available(d);
+#ifdef REMAT_WITH_CUDA
+        slot = std::make_unique<CachingAllocator>(d, make_cuda_raw_allocator(d.index));
+#endif
+        break;
+    }
+  }
+  return *slot;
+}
+
+std::string format_bytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = static_cast<double>(bytes < 0 ? -bytes : bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 5) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[64];
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%s%" PRId64 " B", bytes < 0 ? "-" : "", bytes < 0 ? -bytes : bytes);
+  else
+    std::snprintf(buf, sizeof buf, "%s%.2f %s", bytes < 0 ? "-" : "", v, units[u]);
+  return buf;
+}
+
+}  // namespace remat

@@ -1,0 +1,26 @@
+// main() for every remat test binary: after the tests, the process-wide cpu and meta
+// allocators must hold no live allocation (a leaked tensor fails the binary).
+#include <gtest/gtest.h>
+
+#include "remat/memory.h"
+
+namespace {
+
+class LeakCheck : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    for (auto d : {remat::Device::cpu(), remat::Device::meta()}) {
+      const auto s = remat::allocator_for(d).stats();
+      EXPECT_EQ(s.live_blocks, 0) << "allocations still live on " << d.str() << " after the tests";
+      EXPECT_EQ(s.allocated, 0) << "bytes still allocated on " << d.str() << " after the tests";
+    }
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  ::testing::AddGlobalTestEnvironment(new LeakCheck);
+  return RUN_ALL_TESTS();
+}
