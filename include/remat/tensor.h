@@ -44,6 +44,7 @@ class Tensor {
   static Tensor zeros(const Shape& shape, Device device = Device::cpu(), DType dtype = DType::f32);
   static Tensor full(const Shape& shape, float value, Device device = Device::cpu());
   static Tensor from_vector(const std::vector<float>& values, const Shape& shape, Device device = Device::cpu());
+  static Tensor from_ints(const std::vector<int32_t>& values, const Shape& shape, Device device = Device::cpu());
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -61,8 +62,10 @@ class Tensor {
   // Raw and typed element access. Throw on undefined or meta tensors and wrong dtypes.
   void* raw_data() const;
   float* f32() const;
+  int32_t* i32() const;
 
-  std::vector<float> to_vector() const;           // copy to host
+  std::vector<float> to_vector() const;           // copy to host (f32)
+  std::vector<int32_t> to_ints() const;           // copy to host (i32)
   Tensor to(Device device) const;                 // copy to another device (same tag)
   Tensor clone() const { return to(device()); }
   void copy_from(const Tensor& src);              // same element count and dtype; any devices

@@ -9,6 +9,7 @@ size_t dtype_size(DType t) {
     case DType::f32: return 4;
     case DType::bf16: return 2;
     case DType::f16: return 2;
+    case DType::i32: return 4;
   }
   REMAT_THROW("unknown dtype ", static_cast<int>(t));
 }
@@ -18,6 +19,7 @@ const char* dtype_name(DType t) {
     case DType::f32: return "f32";
     case DType::bf16: return "bf16";
     case DType::f16: return "f16";
+    case DType::i32: return "i32";
   }
   return "?";
 }
@@ -26,7 +28,8 @@ DType parse_dtype(const std::string& s) {
   if (s == "f32" || s == "float32") return DType::f32;
   if (s == "bf16" || s == "bfloat16") return DType::bf16;
   if (s == "f16" || s == "float16") return DType::f16;
-  REMAT_THROW("unknown dtype \"", s, "\" (expected f32, bf16 or f16)");
+  if (s == "i32" || s == "int32") return DType::i32;
+  REMAT_THROW("unknown dtype \"", s, "\" (expected f32, bf16, f16 or i32)");
 }
 
 }  // namespace remat

@@ -69,6 +69,18 @@ Tensor Tensor::from_vector(const std::vector<float>& values, const Shape& shape,
   return t;
 }
 
+Tensor Tensor::from_ints(const std::vector<int32_t>& values, const Shape& shape, Device device) {
+  REMAT_CHECK(static_cast<int64_t>(values.size()) == shape.numel(), "from_ints: ", values.size(),
+              " values do not fill shape ", shape.str(), " (", shape.numel(), " elements)");
+  Tensor t = empty(shape, device, DType::i32);
+  if (device.is_cpu()) {
+    std::copy(values.begin(), values.end(), t.i32());
+  } else if (device.is_cuda()) {
+    detail::device_memcpy(t.raw_data(), device, values.data(), Device::cpu(), t.nbytes());
+  }
+  return t;
+}
+
 Tensor Tensor::reshape(const std::vector<int64_t>& dims) const {
   REMAT_CHECK(defined(), "reshape of an undefined tensor");
   std::vector<int64_t> d = dims;
@@ -107,6 +119,22 @@ void* Tensor::raw_data() const {
 float* Tensor::f32() const {
   REMAT_CHECK(dtype_ == DType::f32, "tensor ", str(), " is not f32");
   return static_cast<float*>(raw_data());
+}
+
+int32_t* Tensor::i32() const {
+  REMAT_CHECK(dtype_ == DType::i32, "tensor ", str(), " is not i32");
+  return static_cast<int32_t*>(raw_data());
+}
+
+std::vector<int32_t> Tensor::to_ints() const {
+  REMAT_CHECK(dtype_ == DType::i32, "to_ints of ", str(), ": not i32");
+  std::vector<int32_t> out(static_cast<size_t>(numel()));
+  if (device().is_cpu()) {
+    std::copy(i32(), i32() + numel(), out.begin());
+  } else {
+    detail::device_memcpy(out.data(), Device::cpu(), raw_data(), device(), nbytes());
+  }
+  return out;
 }
 
 std::vector<float> Tensor::to_vector() const {

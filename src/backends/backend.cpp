@@ -1,0 +1,646 @@
+// Validation of every op's arguments (shared by all backends), then dispatch to *_impl.
+// Messages name the op, the argument and the shapes involved.
+#include "remat/backend.h"
+
+#include <cmath>
+
+#include "remat/error.h"
+
+namespace remat {
+
+namespace {
+
+struct Check {
+  const char* op;
+  Device device;
+
+  [[noreturn]] void fail(const std::string& msg) const { REMAT_THROW(op, ": ", msg); }
+
+  // A defined tensor of the dtype, on this backend's device.
+  void tensor(const char* name, const Tensor& t, DType dtype = DType::f32) const {
+    if (!t.defined()) fail(std::string(name) + " is undefined");
+    if (t.dtype() != dtype)
+      fail(std::string(name) + " " + t.str() + ": expected dtype " + dtype_name(dtype));
+    if (t.device() != device)
+      fail(std::string(name) + " " + t.str() + ": expected a tensor on " + device.str());
+  }
+  void rank(const char* name, const Tensor& t, int r) const {
+    if (t.rank() != r) fail(std::string(name) + " " + t.str() + ": expected rank " + std::to_string(r));
+  }
+  void min_rank(const char* name, const Tensor& t, int r) const {
+    if (t.rank() < r) fail(std::string(name) + " " + t.str() + ": expected rank >= " + std::to_string(r));
+  }
+  void shape(const char* name, const Tensor& t, const Shape& want) const {
+    if (t.shape() != want) fail(std::string(name) + " " + t.str() + ": expected shape " + want.str());
+  }
+  void same_shape(const char* an, const Tensor& a, const char* bn, const Tensor& b) const {
+    if (a.shape() != b.shape())
+      fail(std::string(an) + " " + a.str() + " and " + bn + " " + b.str() + " must have the same shape");
+  }
+  void optional(const char* name, const Tensor& t, const Shape& want, DType dtype = DType::f32) const {
+    if (!t.defined()) return;
+    tensor(name, t, dtype);
+    shape(name, t, want);
+  }
+  void positive(const char* name, int64_t v) const {
+    if (v <= 0) fail(std::string(name) + " must be positive, got " + std::to_string(v));
+  }
+  void non_negative(const char* name, int64_t v) const {
+    if (v < 0) fail(std::string(name) + " must be non-negative, got " + std::to_string(v));
+  }
+  void probability(const char* name, float p) const {
+    if (!(p >= 0.0f && p <= 1.0f)) fail(std::string(name) + " must be in [0, 1], got " + std::to_string(p));
+  }
+  void workspace(const Tensor& ws, size_t need) const {
+    if (need == 0) return;
+    if (!ws.defined() || ws.nbytes() < need)
+      fail("workspace of " + std::to_string(need) + " bytes needed, got " +
+           (ws.defined() ? std::to_string(ws.nbytes()) : std::string("none")));
+    if (ws.device() != device) fail("workspace " + ws.str() + ": expected a tensor on " + device.str());
+  }
+};
+
+Shape with_last(const Shape& s, int64_t last) {
+  auto d = s.dims();
+  d.back() = last;
+  return Shape(d);
+}
+
+int64_t rows_of(const Shape& s) { return s.rank() == 0 ? 1 : s.numel() / std::max<int64_t>(s[-1], 1); }
+
+void check_conv(const Check& c, const Shape& x, const Shape& w, const Conv2dParams& p) {
+  if (x.rank() != 4) c.fail("x " + x.str() + ": expected rank 4 (N, C, H, W)");
+  if (w.rank() != 4) c.fail("w " + w.str() + ": expected rank 4 (K, C / groups, R, S)");
+  c.positive("groups", p.groups);
+  c.positive("stride_h", p.stride_h);
+  c.positive("stride_w", p.stride_w);
+  c.positive("dilation_h", p.dilation_h);
+  c.positive("dilation_w", p.dilation_w);
+  c.non_negative("pad_h", p.pad_h);
+  c.non_negative("pad_w", p.pad_w);
+  if (x[1] % p.groups != 0 || w[0] % p.groups != 0)
+    c.fail("x " + x.str() + " and w " + w.str() + ": channels must divide by groups " + std::to_string(p.groups));
+  if (w[1] * p.groups != x[1])
+    c.fail("x " + x.str() + " has " + std::to_string(x[1]) + " channels but w " + w.str() + " expects " +
+           std::to_string(w[1] * p.groups));
+  const int64_t eff_h = int64_t{p.dilation_h} * (w[2] - 1) + 1, eff_w = int64_t{p.dilation_w} * (w[3] - 1) + 1;
+  if (eff_h > x[2] + 2 * p.pad_h || eff_w > x[3] + 2 * p.pad_w)
+    c.fail("kernel " + w.str() + " (dilated " + std::to_string(eff_h) + "x" + std::to_string(eff_w) +
+           ") is larger than the padded input " + x.str() + " (padding " + std::to_string(p.pad_h) + ", " +
+           std::to_string(p.pad_w) + ")");
+}
+
+void check_pool(const Check& c, const Shape& x, const Pool2dParams& p) {
+  if (x.rank() != 4) c.fail("x " + x.str() + ": expected rank 4 (N, C, H, W)");
+  c.positive("kernel_h", p.kernel_h);
+  c.positive("kernel_w", p.kernel_w);
+  c.positive("stride_h", p.stride_h);
+  c.positive("stride_w", p.stride_w);
+  c.non_negative("pad_h", p.pad_h);
+  c.non_negative("pad_w", p.pad_w);
+  if (2 * p.pad_h > p.kernel_h || 2 * p.pad_w > p.kernel_w) c.fail("padding must be at most half the kernel size");
+  if (p.kernel_h > x[2] + 2 * p.pad_h || p.kernel_w > x[3] + 2 * p.pad_w)
+    c.fail("kernel " + std::to_string(p.kernel_h) + "x" + std::to_string(p.kernel_w) +
+           " is larger than the padded input " + x.str());
+}
+
+void check_attention(const Check& c, const Shape& qkv, const AttentionParams& p) {
+  if (qkv.rank() != 3) c.fail("qkv " + qkv.str() + ": expected rank 3 (B, T, 3C)");
+  c.positive("n_head", p.n_head);
+  c.probability("dropout", p.dropout);
+  if (qkv[2] % (3 * int64_t{p.n_head}) != 0)
+    c.fail("qkv " + qkv.str() + ": last dimension must be 3 * C with C divisible by n_head " +
+           std::to_string(p.n_head));
+}
+
+}  // namespace
+
+Shape conv2d_output_shape(const Shape& x, const Shape& w, const Conv2dParams& p) {
+  check_conv(Check{"conv2d", Device::cpu()}, x, w, p);
+  const int64_t ph = (x[2] + 2 * p.pad_h - int64_t{p.dilation_h} * (w[2] - 1) - 1) / p.stride_h + 1;
+  const int64_t pw = (x[3] + 2 * p.pad_w - int64_t{p.dilation_w} * (w[3] - 1) - 1) / p.stride_w + 1;
+  return Shape{x[0], w[0], ph, pw};
+}
+
+Shape pool2d_output_shape(const Shape& x, const Pool2dParams& p) {
+  check_pool(Check{"pool2d", Device::cpu()}, x, p);
+  return Shape{x[0], x[1], (x[2] + 2 * p.pad_h - p.kernel_h) / p.stride_h + 1,
+               (x[3] + 2 * p.pad_w - p.kernel_w) / p.stride_w + 1};
+}
+
+// ---- GEMM and linear -------------------------------------------------------------------
+
+void Backend::gemm(const Tensor& a, const Tensor& b, const Tensor& c, const GemmParams& p) {
+  Check ck{"gemm", device()};
+  ck.tensor("a", a);
+  ck.tensor("b", b);
+  ck.tensor("c", c);
+  ck.min_rank("a", a, 2);
+  ck.min_rank("b", b, 2);
+  ck.min_rank("c", c, 2);
+  const int64_t m = p.trans_a ? a.size(-1) : a.size(-2), k = p.trans_a ? a.size(-2) : a.size(-1);
+  const int64_t kb = p.trans_b ? b.size(-1) : b.size(-2), n = p.trans_b ? b.size(-2) : b.size(-1);
+  if (k != kb) ck.fail("a " + a.str() + " and b " + b.str() + ": inner dimensions differ (" + std::to_string(k) + " vs " + std::to_string(kb) + ")");
+  if (c.size(-2) != m || c.size(-1) != n)
+    ck.fail("c " + c.str() + ": expected [..., " + std::to_string(m) + ", " + std::to_string(n) + "]");
+  const int64_t batch = a.numel() / std::max<int64_t>(m * k, 1);
+  if (c.numel() / std::max<int64_t>(m * n, 1) != batch || (b.rank() > 2 && b.numel() / std::max<int64_t>(k * n, 1) != batch))
+    ck.fail("batch dimensions of a " + a.str() + ", b " + b.str() + " and c " + c.str() + " differ");
+  gemm_impl(a, b, c, p);
+}
+
+void Backend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) {
+  Check ck{"linear_forward", device()};
+  ck.tensor("x", x);
+  ck.tensor("w", w);
+  ck.tensor("y", y);
+  ck.rank("w", w, 2);
+  ck.min_rank("x", x, 1);
+  if (x.size(-1) != w.size(1))
+    ck.fail("x " + x.str() + " and w " + w.str() + ": in_features differ (" + std::to_string(x.size(-1)) + " vs " + std::to_string(w.size(1)) + ")");
+  ck.shape("y", y, with_last(x.shape(), w.size(0)));
+  ck.optional("b", b, Shape{w.size(0)});
+  linear_forward_impl(x, w, b, y);
+}
+
+void Backend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx, const Tensor& dw,
+                              const Tensor& db) {
+  Check ck{"linear_backward", device()};
+  ck.tensor("dy", dy);
+  ck.tensor("x", x);
+  ck.tensor("w", w);
+  ck.rank("w", w, 2);
+  ck.min_rank("x", x, 1);
+  if (x.size(-1) != w.size(1)) ck.fail("x " + x.str() + " and w " + w.str() + ": in_features differ");
+  ck.shape("dy", dy, with_last(x.shape(), w.size(0)));
+  ck.optional("dx", dx, x.shape());
+  ck.optional("dw", dw, w.shape());
+  ck.optional("db", db, Shape{w.size(0)});
+  linear_backward_impl(dy, x, w, dx, dw, db);
+}
+
+// ---- Elementwise -------------------------------------------------------------------------
+
+void Backend::add(const Tensor& a, const Tensor& b, const Tensor& y) {
+  Check ck{"add", device()};
+  ck.tensor("a", a);
+  ck.tensor("b", b);
+  ck.tensor("y", y);
+  ck.same_shape("a", a, "b", b);
+  ck.same_shape("a", a, "y", y);
+  add_impl(a, b, y);
+}
+
+void Backend::accumulate(const Tensor& dst, const Tensor& src) {
+  Check ck{"accumulate", device()};
+  ck.tensor("dst", dst);
+  ck.tensor("src", src);
+  if (dst.numel() != src.numel()) ck.same_shape("dst", dst, "src", src);
+  accumulate_impl(dst, src);
+}
+
+void Backend::scale(const Tensor& x, float alpha, const Tensor& y) {
+  Check ck{"scale", device()};
+  ck.tensor("x", x);
+  ck.tensor("y", y);
+  ck.same_shape("x", x, "y", y);
+  scale_impl(x, alpha, y);
+}
+
+void Backend::relu_forward(const Tensor& x, const Tensor& y) {
+  Check ck{"relu_forward", device()};
+  ck.tensor("x", x);
+  ck.tensor("y", y);
+  ck.same_shape("x", x, "y", y);
+  relu_forward_impl(x, y);
+}
+
+void Backend::relu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
+  Check ck{"relu_backward", device()};
+  ck.tensor("dy", dy);
+  ck.tensor("x", x);
+  ck.tensor("dx", dx);
+  ck.same_shape("dy", dy, "x", x);
+  ck.same_shape("dx", dx, "x", x);
+  relu_backward_impl(dy, x, dx);
+}
+
+void Backend::gelu_forward(const Tensor& x, GeluApprox approx, const Tensor& y) {
+  Check ck{"gelu_forward", device()};
+  ck.tensor("x", x);
+  ck.tensor("y", y);
+  ck.same_shape("x", x, "y", y);
+  gelu_forward_impl(x, approx, y);
+}
+
+void Backend::gelu_backward(const Tensor& dy, const Tensor& x, GeluApprox approx, const Tensor& dx) {
+  Check ck{"gelu_backward", device()};
+  ck.tensor("dy", dy);
+  ck.tensor("x", x);
+  ck.tensor("dx", dx);
+  ck.same_shape("dy", dy, "x", x);
+  ck.same_shape("dx", dx, "x", x);
+  gelu_backward_impl(dy, x, approx, dx);
+}
+
+void Backend::dropout_forward(const Tensor& x, float p, RngState rng, const Tensor& y) {
+  Check ck{"dropout_forward", device()};
+  ck.tensor("x", x);
+  ck.tensor("y", y);
+  ck.same_shape("x", x, "y", y);
+  ck.probability("p", p);
+  dropout_forward_impl(x, p, rng, y);
+}
+
+void Backend::dropout_backward(const Tensor& dy, float p, RngState rng, const Tensor& dx) {
+  Check ck{"dropout_backward", device()};
+  ck.tensor("dy", dy);
+  ck.tensor("dx", dx);
+  ck.same_shape("dy", dy, "dx", dx);
+  ck.probability("p", p);
+  dropout_backward_impl(dy, p, rng, dx);
+}
+
+// ---- Softmax and losses --------------------------------------------------------------------
+
+void Backend::softmax_forward(const Tensor& x, bool log, const Tensor& y) {
+  Check ck{log ? "log_softmax_forward" : "softmax_forward", device()};
+  ck.tensor("x", x);
+  ck.tensor("y", y);
+  ck.min_rank("x", x, 1);
+  ck.same_shape("x", x, "y", y);
+  softmax_forward_impl(x, log, y);
+}
+
+void Backend::softmax_backward(const Tensor& dy, const Tensor& y, bool log, const Tensor& dx) {
+  Check ck{log ? "log_softmax_backward" : "softmax_backward", device()};
+  ck.tensor("dy", dy);
+  ck.tensor("y", y);
+  ck.tensor("dx", dx);
+  ck.min_rank("y", y, 1);
+  ck.same_shape("dy", dy, "y", y);
+  ck.same_shape("dx", dx, "y", y);
+  softmax_backward_impl(dy, y, log, dx);
+}
+
+void Backend::cross_entropy_forward(const Tensor& logits, const Tensor& targets, int ignore_index, const Tensor& loss,
+                                    const Tensor& lse) {
+  Check ck{"cross_entropy_forward", device()};
+  ck.tensor("logits", logits);
+  ck.tensor("targets", targets, DType::i32);
+  ck.rank("logits", logits, 2);
+  ck.shape("targets", targets, Shape{logits.size(0)});
+  ck.tensor("loss", loss);
+  ck.shape("loss", loss, Shape{1});
+  ck.tensor("lse", lse);
+  ck.shape("lse", lse, Shape{logits.size(0)});
+  cross_entropy_forward_impl(logits, targets, ignore_index, loss, lse);
+}
+
+void Backend::cross_entropy_backward(float dloss, const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                                     int ignore_index, const Tensor& dlogits) {
+  Check ck{"cross_entropy_backward", device()};
+  ck.tensor("logits", logits);
+  ck.tensor("targets", targets, DType::i32);
+  ck.rank("logits", logits, 2);
+  ck.shape("targets", targets, Shape{logits.size(0)});
+  ck.tensor("lse", lse);
+  ck.shape("lse", lse, Shape{logits.size(0)});
+  ck.tensor("dlogits", dlogits);
+  ck.same_shape("dlogits", dlogits, "logits", logits);
+  cross_entropy_backward_impl(dloss, logits, targets, lse, ignore_index, dlogits);
+}
+
+int64_t Backend::accuracy(const Tensor& logits, const Tensor& targets, int ignore_index, int64_t* counted) {
+  Check ck{"accuracy", device()};
+  ck.tensor("logits", logits);
+  ck.tensor("targets", targets, DType::i32);
+  ck.rank("logits", logits, 2);
+  ck.shape("targets", targets, Shape{logits.size(0)});
+  return accuracy_impl(logits, targets, ignore_index, counted);
+}
+
+// ---- Convolution and pooling --------------------------------------------------------------
+
+size_t Backend::conv2d_forward_workspace(const Shape& x, const Shape& w, const Conv2dParams& p) {
+  check_conv(Check{"conv2d_forward", device()}, x, w, p);
+  return conv2d_forward_workspace_impl(x, w, p);
+}
+
+void Backend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p, const Tensor& y,
+                             const Tensor& workspace) {
+  Check ck{"conv2d_forward", device()};
+  ck.tensor("x", x);
+  ck.tensor("w", w);
+  ck.tensor("y", y);
+  check_conv(ck, x.shape(), w.shape(), p);
+  ck.shape("y", y, conv2d_output_shape(x.shape(), w.shape(), p));
+  ck.optional("b", b, Shape{w.size(0)});
+  ck.workspace(workspace, conv2d_forward_workspace_impl(x.shape(), w.shape(), p));
+  conv2d_forward_impl(x, w, b, p, y, workspace);
+}
+
+size_t Backend::conv2d_backward_workspace(const Shape& x, const Shape& w, const Conv2dParams& p) {
+  check_conv(Check{"conv2d_backward", device()}, x, w, p);
+  return conv2d_backward_workspace_impl(x, w, p);
+}
+
+void Backend::conv2d_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Conv2dParams& p,
+                              const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& workspace) {
+  Check ck{"conv2d_backward", device()};
+  ck.tensor("dy", dy);
+  ck.tensor("x", x);
+  ck.tensor("w", w);
+  check_conv(ck, x.shape(), w.shape(), p);
+  ck.shape("dy", dy, conv2d_output_shape(x.shape(), w.shape(), p));
+  ck.optional("dx", dx, x.shape());
+  ck.optional("dw", dw, w.shape());
+  ck.optional("db", db, Shape{w.size(0)});
+  ck.workspace(workspace, conv2d_backward_workspace_impl(x.shape(), w.shape(), p));
+  conv2d_backward_impl(dy, x, w, p, dx, dw, db, workspace);
+}
+
+void Backend::maxpool2d_forward(const Tensor& x, const Pool2dParams& p, const Tensor& y, const Tensor& indices) {
+  Check ck{"maxpool2d_forward", device()};
+  ck.tensor("x", x);
+  ck.tensor("y", y);
+  ck.tensor("indices", indices, DType::i32);
+  check_pool(ck, x.shape(), p);
+  ck.shape("y", y, pool2d_output_shape(x.shape(), p));
+  ck.same_shape("indices", indices, "y", y);
+  maxpool2d_forward_impl(x, p, y, indices);
+}
+
+void Backend::maxpool2d_backward(const Tensor& dy, const Tensor& indices, const Tensor& dx) {
+  Check ck{"maxpool2d_backward", device()};
+  ck.tensor("dy", dy);
+  ck.tensor("indices", indices, DType::i32);
+  ck.tensor("dx", dx);
+  ck.rank("dy", dy, 4);
+  ck.rank("dx", dx, 4);
+  ck.same_shape("indices", indices, "dy", dy);
+  if (dx.size(0) != dy.size(0) || dx.size(1) != dy.size(1))
+    ck.fail("dx " + dx.str() + " and dy " + dy.str() + ": batch and channels differ");
+  maxpool2d_backward_impl(dy, indices, dx);
+}
+
+void Backend::avgpool2d_forward(const Tensor& x, const Pool2dParams& p, const Tensor& y) {
+  Check ck{"avgpool2d_forward", device()};
+  ck.tensor("x", x);
+  ck.tensor("y", y);
+  check_pool(ck, x.shape(), p);
+  ck.shape("y", y, pool2d_output_shape(x.shape(), p));
+  avgpool2d_forward_impl(x, p, y);
+}
+
+void Backend::avgpool2d_backward(const Tensor& dy, const Pool2dParams& p, const Tensor& dx) {
+  Check ck{"avgpool2d_backward", device()};
+  ck.tensor("dy", dy);
+  ck.tensor("dx", dx);
+  check_pool(ck, dx.shape(), p);
+  ck.shape("dy", dy, pool2d_output_shape(dx.shape(), p));
+  avgpool2d_backward_impl(dy, p, dx);
+}
+
+void Backend::global_avgpool_forward(const Tensor& x, const Tensor& y) {
+  Check ck{"global_avgpool_forward", device()};
+  ck.tensor("x", x);
+  ck.tensor("y", y);
+  ck.rank("x", x, 4);
+  ck.shape("y", y, Shape{x.size(0), x.size(1)});
+  global_avgpool_forward_impl(x, y);
+}
+
+void Backend::global_avgpool_backward(const Tensor& dy, const Tensor& dx) {
+  Check ck{"global_avgpool_backward", device()};
+  ck.tensor("dy", dy);
+  ck.tensor("dx", dx);
+  ck.rank("dx", dx, 4);
+  ck.shape("dy", dy, Shape{dx.size(0), dx.size(1)});
+  global_avgpool_backward_impl(dy, dx);
+}
+
+// ---- Normalisation ------------------------------------------------------------------------
+
+namespace {
+void check_bn_params(const Check& ck, const Tensor& x, std::initializer_list<std::pair<const char*, const Tensor*>> ps) {
+  ck.tensor("x", x);
+  ck.rank("x", x, 4);
+  for (auto& [name, t] : ps) {
+    ck.tensor(name, *t);
+    ck.shape(name, *t, Shape{x.size(1)});
+  }
+}
+}  // namespace
+
+void Backend::batchnorm2d_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                        const Tensor& running_mean, const Tensor& running_var,
+                                        const BatchNormParams& p, bool update_running, const Tensor& y,
+                                        const Tensor& save_mean, const Tensor& save_invstd) {
+  Check ck{"batchnorm2d_forward_train", device()};
+  check_bn_params(ck, x, {{"gamma", &gamma}, {"beta", &beta}, {"save_mean", &save_mean}, {"save_invstd", &save_invstd}});
+  if (update_running) check_bn_params(ck, x, {{"running_mean", &running_mean}, {"running_var", &running_var}});
+  ck.tensor("y", y);
+  ck.same_shape("x", x, "y", y);
+  if (x.size(0) * x.size(2) * x.size(3) < 2 && update_running)
+    ck.fail("x " + x.str() + ": batch statistics need more than one value per channel");
+  batchnorm2d_forward_train_impl(x, gamma, beta, running_mean, running_var, p, update_running, y, save_mean,
+                                 save_invstd);
+}
+
+void Backend::batchnorm2d_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                       const Tensor& running_mean, const Tensor& running_var,
+                                       const BatchNormParams& p, const Tensor& y) {
+  Check ck{"batchnorm2d_forward_eval", device()};
+  check_bn_params(ck, x, {{"gamma", &gamma}, {"beta", &beta}, {"running_mean", &running_mean}, {"running_var", &running_var}});
+  ck.tensor("y", y);
+  ck.same_shape("x", x, "y", y);
+  batchnorm2d_forward_eval_impl(x, gamma, beta, running_mean, running_var, p, y);
+}
+
+void Backend::batchnorm2d_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
+                                   const Tensor& save_invstd, const Tensor& dx, const Tensor& dgamma,
+                                   const Tensor& dbeta) {
+  Check ck{"batchnorm2d_backward", device()};
+  check_bn_params(ck, x, {{"gamma", &gamma}, {"save_mean", &save_mean}, {"save_invstd", &save_invstd}});
+  ck.tensor("dy", dy);
+  ck.same_shape("dy", dy, "x", x);
+  ck.optional("dx", dx, x.shape());
+  ck.optional("dgamma", dgamma, Shape{x.size(1)});
+  ck.optional("dbeta", dbeta, Shape{x.size(1)});
+  batchnorm2d_backward_impl(dy, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
+}
+
+void Backend::layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, const Tensor& y,
+                                const Tensor& mean, const Tensor& rstd) {
+  Check ck{"layernorm_forward", device()};
+  ck.tensor("x", x);
+  ck.min_rank("x", x, 1);
+  const int64_t c = x.size(-1), n = rows_of(x.shape());
+  ck.tensor("gamma", gamma);
+  ck.shape("gamma", gamma, Shape{c});
+  ck.tensor("beta", beta);
+  ck.shape("beta", beta, Shape{c});
+  ck.tensor("y", y);
+  ck.same_shape("x", x, "y", y);
+  ck.tensor("mean", mean);
+  ck.shape("mean", mean, Shape{n});
+  ck.tensor("rstd", rstd);
+  ck.shape("rstd", rstd, Shape{n});
+  if (!(eps > 0.0f)) ck.fail("eps must be positive");
+  layernorm_forward_impl(x, gamma, beta, eps, y, mean, rstd);
+}
+
+void Backend::layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                 const Tensor& rstd, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
+  Check ck{"layernorm_backward", device()};
+  ck.tensor("x", x);
+  ck.min_rank("x", x, 1);
+  const int64_t c = x.size(-1), n = rows_of(x.shape());
+  ck.tensor("dy", dy);
+  ck.same_shape("dy", dy, "x", x);
+  ck.tensor("gamma", gamma);
+  ck.shape("gamma", gamma, Shape{c});
+  ck.tensor("mean", mean);
+  ck.shape("mean", mean, Shape{n});
+  ck.tensor("rstd", rstd);
+  ck.shape("rstd", rstd, Shape{n});
+  ck.optional("dx", dx, x.shape());
+  ck.optional("dgamma", dgamma, Shape{c});
+  ck.optional("dbeta", dbeta, Shape{c});
+  layernorm_backward_impl(dy, x, gamma, mean, rstd, dx, dgamma, dbeta);
+}
+
+// ---- Transformer pieces ---------------------------------------------------------------------
+
+void Backend::embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& pos_table, const Tensor& y) {
+  Check ck{"embedding_forward", device()};
+  ck.tensor("ids", ids, DType::i32);
+  ck.rank("ids", ids, 2);
+  ck.tensor("table", table);
+  ck.rank("table", table, 2);
+  ck.tensor("y", y);
+  ck.shape("y", y, Shape{ids.size(0), ids.size(1), table.size(1)});
+  if (pos_table.defined()) {
+    ck.tensor("pos_table", pos_table);
+    ck.rank("pos_table", pos_table, 2);
+    if (pos_table.size(1) != table.size(1) || pos_table.size(0) < ids.size(1))
+      ck.fail("pos_table " + pos_table.str() + " must be [Tmax >= " + std::to_string(ids.size(1)) + ", " +
+              std::to_string(table.size(1)) + "]");
+  }
+  embedding_forward_impl(ids, table, pos_table, y);
+}
+
+void Backend::embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dtable, const Tensor& dpos_table) {
+  Check ck{"embedding_backward", device()};
+  ck.tensor("ids", ids, DType::i32);
+  ck.rank("ids", ids, 2);
+  ck.tensor("dy", dy);
+  ck.rank("dy", dy, 3);
+  if (dy.size(0) != ids.size(0) || dy.size(1) != ids.size(1))
+    ck.fail("dy " + dy.str() + " does not match ids " + ids.str());
+  if (dtable.defined()) {
+    ck.tensor("dtable", dtable);
+    ck.rank("dtable", dtable, 2);
+    if (dtable.size(1) != dy.size(2)) ck.fail("dtable " + dtable.str() + " and dy " + dy.str() + ": widths differ");
+  }
+  if (dpos_table.defined()) {
+    ck.tensor("dpos_table", dpos_table);
+    ck.rank("dpos_table", dpos_table, 2);
+    if (dpos_table.size(1) != dy.size(2) || dpos_table.size(0) < dy.size(1))
+      ck.fail("dpos_table " + dpos_table.str() + " does not fit dy " + dy.str());
+  }
+  embedding_backward_impl(dy, ids, dtable, dpos_table);
+}
+
+size_t Backend::attention_forward_workspace(const Shape& qkv, const AttentionParams& p) {
+  check_attention(Check{"attention_forward", device()}, qkv, p);
+  return attention_forward_workspace_impl(qkv, p);
+}
+
+void Backend::attention_forward(const Tensor& qkv, const AttentionParams& p, RngState rng, const Tensor& out,
+                                const Tensor& probs, const Tensor& workspace) {
+  Check ck{"attention_forward", device()};
+  ck.tensor("qkv", qkv);
+  check_attention(ck, qkv.shape(), p);
+  const int64_t b = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3;
+  ck.tensor("out", out);
+  ck.shape("out", out, Shape{b, t, c});
+  ck.tensor("probs", probs);
+  ck.shape("probs", probs, Shape{b, p.n_head, t, t});
+  ck.workspace(workspace, attention_forward_workspace_impl(qkv.shape(), p));
+  attention_forward_impl(qkv, p, rng, out, probs, workspace);
+}
+
+size_t Backend::attention_backward_workspace(const Shape& qkv, const AttentionParams& p) {
+  check_attention(Check{"attention_backward", device()}, qkv, p);
+  return attention_backward_workspace_impl(qkv, p);
+}
+
+void Backend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& probs, const AttentionParams& p,
+                                 RngState rng, const Tensor& dqkv, const Tensor& workspace) {
+  Check ck{"attention_backward", device()};
+  ck.tensor("qkv", qkv);
+  check_attention(ck, qkv.shape(), p);
+  const int64_t b = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3;
+  ck.tensor("dout", dout);
+  ck.shape("dout", dout, Shape{b, t, c});
+  ck.tensor("probs", probs);
+  ck.shape("probs", probs, Shape{b, p.n_head, t, t});
+  ck.tensor("dqkv", dqkv);
+  ck.same_shape("dqkv", dqkv, "qkv", qkv);
+  ck.workspace(workspace, attention_backward_workspace_impl(qkv.shape(), p));
+  attention_backward_impl(dout, qkv, probs, p, rng, dqkv, workspace);
+}
+
+void Backend::permute_0213(const Tensor& x, const Tensor& y) {
+  Check ck{"permute_0213", device()};
+  ck.tensor("x", x);
+  ck.tensor("y", y);
+  ck.rank("x", x, 4);
+  ck.shape("y", y, Shape{x.size(0), x.size(2), x.size(1), x.size(3)});
+  if (x.shares_storage(y)) ck.fail("x and y must not share storage");
+  permute_0213_impl(x, y);
+}
+
+// ---- Optimizers --------------------------------------------------------------------------------
+
+void Backend::sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdParams& p,
+                       int64_t step) {
+  Check ck{"sgd_step", device()};
+  ck.tensor("param", param);
+  ck.tensor("grad", grad);
+  ck.same_shape("param", param, "grad", grad);
+  if (p.momentum != 0.0f) {
+    ck.tensor("momentum_buf", momentum_buf);
+    ck.same_shape("param", param, "momentum_buf", momentum_buf);
+  }
+  if (step < 1) ck.fail("step counts from 1, got " + std::to_string(step));
+  if (p.nesterov && (p.momentum <= 0.0f || p.dampening != 0.0f))
+    ck.fail("Nesterov momentum requires a momentum and zero dampening");
+  sgd_step_impl(param, grad, momentum_buf, p, step);
+}
+
+void Backend::adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                         const AdamWParams& p, int64_t step) {
+  Check ck{"adamw_step", device()};
+  ck.tensor("param", param);
+  ck.tensor("grad", grad);
+  ck.tensor("exp_avg", exp_avg);
+  ck.tensor("exp_avg_sq", exp_avg_sq);
+  ck.same_shape("param", param, "grad", grad);
+  ck.same_shape("param", param, "exp_avg", exp_avg);
+  ck.same_shape("param", param, "exp_avg_sq", exp_avg_sq);
+  if (step < 1) ck.fail("step counts from 1, got " + std::to_string(step));
+  if (!(p.beta1 >= 0.0f && p.beta1 < 1.0f && p.beta2 >= 0.0f && p.beta2 < 1.0f))
+    ck.fail("betas must be in [0, 1)");
+  adamw_step_impl(param, grad, exp_avg, exp_avg_sq, p, step);
+}
+
+double Backend::global_norm(const std::vector<Tensor>& tensors) {
+  Check ck{"global_norm", device()};
+  for (const auto& t : tensors) ck.tensor("tensor", t);
+  return global_norm_impl(tensors);
+}
+
+}  // namespace remat
