@@ -35,8 +35,8 @@ def main(argv):
             sys.exit(f"gen_golden: no family {fam!r} (have {', '.join(sorted(families))})")
         mod = importlib.import_module(f"golden.{fam}")
         n = 0
+        torch.manual_seed(0)
         for name, tensors, meta in mod.cases():
-            torch.manual_seed(0)
             st.save(os.path.join(OUT, fam, f"{name}.safetensors"), tensors, meta)
             n += 1
         print(f"gen_golden: {fam}: {n} case(s)")

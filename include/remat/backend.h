@@ -64,20 +64,22 @@ struct AttentionParams {
   float dropout = 0.0f;  // on the attention probabilities
 };
 
+// Optimizer hyperparameters are doubles, like the Python floats torch.optim computes its
+// coefficients (1 - beta, lr * weight_decay, ...) from before applying them in fp32.
 struct SgdParams {
-  float lr = 0.01f;
-  float momentum = 0.0f;
-  float dampening = 0.0f;
-  float weight_decay = 0.0f;
+  double lr = 0.01;
+  double momentum = 0.0;
+  double dampening = 0.0;
+  double weight_decay = 0.0;
   bool nesterov = false;
 };
 
 struct AdamWParams {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 1e-2f;
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
 };
 
 // Output shapes, shared by every backend and the ops wrappers.

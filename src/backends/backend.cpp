@@ -611,12 +611,12 @@ void Backend::sgd_step(const Tensor& param, const Tensor& grad, const Tensor& mo
   ck.tensor("param", param);
   ck.tensor("grad", grad);
   ck.same_shape("param", param, "grad", grad);
-  if (p.momentum != 0.0f) {
+  if (p.momentum != 0.0) {
     ck.tensor("momentum_buf", momentum_buf);
     ck.same_shape("param", param, "momentum_buf", momentum_buf);
   }
   if (step < 1) ck.fail("step counts from 1, got " + std::to_string(step));
-  if (p.nesterov && (p.momentum <= 0.0f || p.dampening != 0.0f))
+  if (p.nesterov && (p.momentum <= 0.0 || p.dampening != 0.0))
     ck.fail("Nesterov momentum requires a momentum and zero dampening");
   sgd_step_impl(param, grad, momentum_buf, p, step);
 }
@@ -632,7 +632,7 @@ void Backend::adamw_step(const Tensor& param, const Tensor& grad, const Tensor& 
   ck.same_shape("param", param, "exp_avg", exp_avg);
   ck.same_shape("param", param, "exp_avg_sq", exp_avg_sq);
   if (step < 1) ck.fail("step counts from 1, got " + std::to_string(step));
-  if (!(p.beta1 >= 0.0f && p.beta1 < 1.0f && p.beta2 >= 0.0f && p.beta2 < 1.0f))
+  if (!(p.beta1 >= 0.0 && p.beta1 < 1.0 && p.beta2 >= 0.0 && p.beta2 < 1.0))
     ck.fail("betas must be in [0, 1)");
   adamw_step_impl(param, grad, exp_avg, exp_avg_sq, p, step);
 }
