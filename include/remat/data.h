@@ -1,0 +1,89 @@
+// Data sets and batching: Fashion-MNIST (IDX files, gzip or raw), character-level text,
+// and synthetic data for tests. Readers validate every header field against the file
+// size before reading or allocating, and name the file and field in their errors.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "remat/tensor.h"
+
+namespace remat {
+
+// Images [N, C, H, W] f32 (already normalised) and labels [N] i32, on the host.
+struct ImageDataset {
+  Tensor images;
+  Tensor labels;
+  int num_classes = 0;
+  std::string source;  // for messages
+};
+
+// Reads an IDX image file (magic 0x00000803, u8 pixels, [N, H, W]) and an IDX label file
+// (magic 0x00000801, u8 labels, [N]); each may be gzip-compressed (detected by magic).
+// Pixels become (p / 255 - mean) / std as f32 [N, 1, H, W]. Errors name the file and
+// what is wrong (bad magic, truncated, counts that disagree, label >= num_classes).
+ImageDataset load_idx(const std::string& images_path, const std::string& labels_path, float mean = 0.2860f,
+                      float std = 0.3530f, int num_classes = 10);
+
+// Where Debian's dataset-fashion-mnist package puts the files; `split` is "train" or "test".
+// Returns {images_path, labels_path}; throws a clear error naming the package if absent.
+std::pair<std::string, std::string> fashion_mnist_paths(const std::string& dir, const std::string& split);
+std::string default_fashion_mnist_dir();
+
+// Character-level text: the vocabulary is the sorted set of bytes present.
+struct TextDataset {
+  std::vector<int32_t> tokens;
+  std::string vocab;  // vocab[id] = the byte
+  std::string source;
+  int vocab_size() const { return static_cast<int>(vocab.size()); }
+  std::string decode(const std::vector<int32_t>& ids) const;
+  // Ids of `text`; bytes not in the vocabulary are an error.
+  std::vector<int32_t> encode(const std::string& text) const;
+};
+TextDataset load_text(const std::string& path);  // raw or gzip
+TextDataset text_from_string(const std::string& text, const std::string& source = "<string>");
+// Default corpus for character models: the fortune files of Debian's `fortunes` package
+// (concatenated in sorted path order), or an error naming the package.
+std::string default_text_corpus_dir();
+TextDataset load_text_corpus(const std::string& dir);
+
+// Deterministic batch order. Each epoch is a permutation of [0, n) drawn from
+// (seed, epoch) only, so a run resumed at (epoch, position) sees the same batches.
+class BatchSampler {
+ public:
+  BatchSampler(int64_t n, int64_t batch, uint64_t seed, bool shuffle, bool drop_last = true);
+  // Indices of the next batch; moves to the next epoch when the current one is exhausted.
+  std::vector<int64_t> next();
+  int64_t batches_per_epoch() const;
+  int64_t epoch() const { return epoch_; }
+  int64_t position() const { return position_; }  // batches taken in this epoch
+  void seek(int64_t epoch, int64_t position);
+
+ private:
+  void shuffle_epoch();
+  int64_t n_, batch_;
+  uint64_t seed_;
+  bool shuffle_, drop_last_;
+  int64_t epoch_ = 0, position_ = 0;
+  std::vector<int64_t> order_;
+};
+
+// A batch on a device. Images: input [B, C, H, W] f32, targets [B] i32.
+// Text: input [B, T] i32 tokens, targets [B * T] i32 (the next token of each position).
+struct Batch {
+  Tensor input;
+  Tensor targets;
+};
+Batch image_batch(const ImageDataset& d, const std::vector<int64_t>& indices, Device device);
+// Window i starts at token i * stride... : for text, `starts` are token offsets; each
+// window is tokens[s, s + T) with targets tokens[s + 1, s + T + 1).
+Batch text_batch(const TextDataset& d, const std::vector<int64_t>& starts, int64_t seq_len, Device device);
+// Number of windows of length T (+1 for the target) in a text of n tokens, stride T.
+int64_t text_windows(const TextDataset& d, int64_t seq_len);
+
+// Synthetic data for tests: images from fixed class prototypes plus noise; random tokens.
+ImageDataset synthetic_images(int64_t n, int channels, int height, int width, int num_classes, uint64_t seed);
+TextDataset synthetic_text(int64_t n_tokens, int vocab_size, uint64_t seed);
+
+}  // namespace remat
