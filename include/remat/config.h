@@ -1,0 +1,120 @@
+// Config files (models/*.json): model, data, optimizer, schedule and training sections,
+// each documented key by key in docs/config.md. Every error names the file and the JSON
+// pointer of the offending value, e.g.
+//   models/x.json: /model/layers/2/kernel: expected a positive integer, got "3x3"
+// and unknown keys are errors (a typo must not silently become a default).
+#pragma once
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace remat {
+
+// Reads one JSON object, tracking which keys were consumed. Integer fields may be given
+// as "$name" to take a value from `vars` (e.g. "$vocab", filled from the data set).
+class ConfigReader {
+ public:
+  ConfigReader(const nlohmann::json& obj, std::string pointer, std::string source,
+               const std::map<std::string, int64_t>* vars = nullptr);
+
+  bool has(const std::string& key) const;
+  int64_t positive_int(const std::string& key);
+  int64_t positive_int_or(const std::string& key, int64_t def);
+  int64_t int_or(const std::string& key, int64_t def, int64_t min, int64_t max);
+  double number(const std::string& key);
+  double number_or(const std::string& key, double def, double min, double max);
+  bool bool_or(const std::string& key, bool def);
+  std::string string(const std::string& key);
+  std::string string_or(const std::string& key, const std::string& def);
+  std::string one_of(const std::string& key, const std::vector<std::string>& choices, const std::string& def);
+  std::vector<std::string> string_list_or(const std::string& key, const std::vector<std::string>& def);
+  std::vector<int64_t> shape(const std::string& key);  // a list of positive integers
+  const nlohmann::json& raw(const std::string& key);   // marks consumed
+  ConfigReader child(const std::string& key);          // an object
+  ConfigReader child(const std::string& key, size_t index);  // element of an array of objects
+  size_t array_size(const std::string& key);            // marks consumed; must be an array
+
+  // Throws for the first key never consumed ("unknown key").
+  void finish() const;
+  [[noreturn]] void fail(const std::string& key, const std::string& message) const;
+  const std::string& pointer() const { return pointer_; }
+  const std::string& source() const { return source_; }
+  const std::map<std::string, int64_t>* vars() const { return vars_; }
+
+ private:
+  const nlohmann::json& get(const std::string& key);
+  int64_t as_int(const std::string& key, const nlohmann::json& v, int64_t min, int64_t max, const char* what);
+  const nlohmann::json& obj_;
+  std::string pointer_, source_;
+  const std::map<std::string, int64_t>* vars_;
+  std::set<std::string> used_;
+};
+
+struct DataConfig {
+  std::string dataset = "fashion_mnist";  // fashion_mnist | text | synthetic_images | synthetic_text
+  std::string path;                       // folder (fashion_mnist, text corpus) or file (text); "" = default
+  int64_t synthetic_size = 2048;          // samples (images) or tokens (text) for synthetic sets
+  int64_t vocab = 32;                     // synthetic_text vocabulary
+  std::vector<int64_t> image_shape{1, 28, 28};
+  int64_t classes = 10;
+  double eval_fraction = 0.1;             // text: share of the tokens held out for evaluation
+};
+
+struct OptimizerConfig {
+  std::string type = "adamw";  // adamw | sgd
+  double lr = 1e-3;
+  double weight_decay = 0.0;
+  double momentum = 0.9;  // sgd
+  double dampening = 0.0;
+  bool nesterov = false;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adamw
+  double grad_clip = 0.0;  // global norm; 0 = off
+};
+
+struct ScheduleConfig {
+  std::string type = "constant";  // constant | cosine | step
+  int64_t warmup_steps = 0;
+  double min_lr_ratio = 0.0;  // cosine floor as a fraction of lr
+  int64_t step_size = 1000;   // step: decay every step_size steps
+  double gamma = 0.1;         // step: factor
+};
+
+struct TrainingConfig {
+  int64_t batch = 32;
+  int64_t epochs = 0;  // one of epochs / steps; steps wins when both are given
+  int64_t steps = 0;
+  uint64_t seed = 0;
+  std::string policy = "none";
+  int64_t log_every = 10;
+  int64_t eval_every = 0;  // steps; 0 = at the end of each epoch (and of the run)
+  int64_t eval_batches = 0;  // 0 = the whole eval set
+  int64_t checkpoint_every = 0;  // steps; 0 = only at the end
+  int64_t sample_every = 0;      // text models: generate a sample every N steps (0 = at the end)
+  int64_t sample_length = 200;
+};
+
+struct Config {
+  std::string source;  // the file, for messages
+  std::string name;
+  std::string description;
+  nlohmann::json model;  // validated when the graph is built
+  DataConfig data;
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;
+  TrainingConfig training;
+
+  // The config with every default filled in (written beside a run's checkpoints).
+  nlohmann::json resolved() const;
+};
+
+Config load_config(const std::string& path);
+Config parse_config(const nlohmann::json& j, const std::string& source);
+
+// Learning rate at `step` (counting from 1) of `total` steps.
+double scheduled_lr(const OptimizerConfig& o, const ScheduleConfig& s, int64_t step, int64_t total);
+
+}  // namespace remat

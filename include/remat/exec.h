@@ -1,0 +1,129 @@
+// Checkpoint plans, parameter storage and the executor.
+//
+// The executor walks the graph in topological order. A CheckpointPlan cuts the layers
+// into segments and marks, per layer, whether its products (output and extras) are
+// *kept* from forward to backward or *recomputed*. In forward, a recomputed product is
+// freed as soon as forward no longer needs it (at the latest at its segment's boundary);
+// in backward, before the first backward of a segment, the executor re-runs the forward
+// of the segment's recomputed layers from the kept tensors, with the RngState each layer
+// drew in forward and without side effects (batchnorm running statistics), then
+// backpropagates, freeing every tensor right after its last use. Because every op is
+// deterministic and the random draws are replayed, a checkpointed step gives bitwise the
+// losses and gradients of a plain one.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "remat/backend.h"
+#include "remat/data.h"
+#include "remat/graph.h"
+#include "remat/rng.h"
+
+namespace remat {
+
+struct Segment {
+  int begin = 0;  // layer ids [begin, end)
+  int end = 0;
+  bool recompute = false;  // some layer of it is recomputed
+};
+
+struct CheckpointPlan {
+  std::string policy;
+  std::vector<Segment> segments;  // cover every layer, in order
+  std::vector<bool> keep;         // per layer
+  std::vector<int> segment_of;    // per layer
+
+  int recomputed_layers() const;  // layers re-run in each backward
+  std::string describe(const Graph& g) const;
+};
+
+// Policies: none, all, every:K, sqrt, selective, manual (see docs/checkpointing.md).
+// Units are the repeated-block instances of the model, or, in a model without repeated
+// blocks, its layers.
+CheckpointPlan make_plan(const Graph& g, const std::string& policy);
+// A plan from explicit per-layer keep flags grouped into segments (used by the planner
+// and tests); enforces that every tensor read across a segment boundary is kept.
+CheckpointPlan make_plan_from_segments(const Graph& g, const std::string& name, const std::vector<Segment>& segments,
+                                       const std::vector<bool>& keep);
+
+// Parameters, their gradients, and optimizer state, on one device.
+class ParamStore {
+ public:
+  // Allocates every parameter (category parameter) and, for trainable ones, a gradient
+  // (category gradient), and initialises them from `seed` (Philox; identical on every device).
+  ParamStore(const Graph& g, Device device, uint64_t seed);
+
+  const Graph& graph() const { return *graph_; }
+  Device device() const { return device_; }
+  std::vector<Tensor> values;  // per graph param
+  std::vector<Tensor> grads;   // undefined for buffers
+  // Optimizer state, created by the optimizer (category optimizer_state).
+  std::vector<std::vector<Tensor>> state;
+
+  void zero_grads(Backend& be);
+  // Names and tensors of every value (checkpoint weights).
+  std::vector<std::pair<std::string, Tensor>> named_values() const;
+
+ private:
+  const Graph* graph_;
+  Device device_;
+};
+
+struct ExecOptions {
+  bool verify_recompute = false;  // hash freed tensors and check them after recompute
+};
+
+struct StepStats {
+  float loss = 0.0f;
+  int64_t recomputed_layers = 0;  // layer forwards re-run in backward
+  double recompute_flops = 0.0;
+  double forward_flops = 0.0;
+  double backward_flops = 0.0;
+};
+
+class Executor {
+ public:
+  Executor(const Graph& g, ParamStore& params, Backend& be, CheckpointPlan plan, ExecOptions opt = {});
+
+  // Forward and backward of one batch in training mode. Random layers reserve their
+  // ranges from `gen`. Parameter gradients accumulate into params.grads.
+  StepStats train_step(const Batch& batch, RngGenerator& gen);
+  // Forward in evaluation mode; returns the logits (the loss layer's input) and the loss.
+  Tensor evaluate(const Batch& batch, float* loss);
+
+  const CheckpointPlan& plan() const { return plan_; }
+
+ private:
+  struct Impl;
+  void forward_layer(int i, bool training, bool recompute, Phase phase);
+  void drop_output(int j, bool record_hash);
+  void recompute_segment(int s, StepStats& st);
+
+  const Graph& g_;
+  ParamStore& params_;
+  Backend& be_;
+  CheckpointPlan plan_;
+  ExecOptions opt_;
+
+  // Static analysis of the graph under the plan.
+  std::vector<int> fwd_last_;           // last forward consumer of each output, -1 if none
+  std::vector<bool> out_needed_bwd_;    // some backward reads this output
+  std::vector<int> bwd_last_;           // smallest layer id whose backward reads it
+  std::vector<int> rec_last_;           // last recomputed consumer within its segment
+  std::vector<bool> needed_rec_;        // a kept output some recomputed layer reads
+  std::vector<std::vector<int>> free_after_;  // outputs to free after layer i's backward
+  // Per-step state.
+  std::vector<Tensor> out_;
+  std::vector<std::vector<Tensor>> extras_;
+  std::vector<RngState> rng_;
+  std::vector<bool> recomputed_;
+  std::map<std::pair<int, int>, uint64_t> hashes_;  // (layer, product: -1 output) -> hash
+};
+
+// 64-bit FNV-1a hash of a tensor's bytes (copied to the host when needed).
+uint64_t tensor_hash(const Tensor& t);
+
+}  // namespace remat

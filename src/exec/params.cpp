@@ -1,0 +1,80 @@
+// Parameter storage and initialisation. Values are drawn on the host from Philox with a
+// seed derived from the run's seed, so every device starts from the same weights.
+#include <cmath>
+
+#include "kernels/philox.cuh"
+#include "remat/error.h"
+#include "remat/exec.h"
+
+namespace remat {
+
+namespace {
+
+constexpr uint64_t kInitStream = 0x1a2b3c4d5e6f7788ull;  // separates init draws from dropout draws
+
+void init_values(const ParamSpec& spec, uint64_t seed, uint64_t& offset, std::vector<float>& v) {
+  const size_t n = static_cast<size_t>(spec.shape.numel());
+  v.assign(n, 0.0f);
+  const uint64_t s = seed ^ kInitStream;
+  switch (spec.init) {
+    case Init::zeros: break;
+    case Init::ones: std::fill(v.begin(), v.end(), 1.0f); break;
+    case Init::uniform:
+      for (size_t i = 0; i < n; ++i) {
+        const float u = philox::uniform(philox::word(s, offset + i));  // (0, 1]
+        v[i] = (2.0f * u - 1.0f) * spec.scale;
+      }
+      offset += (n + 3) / 4 * 4;
+      break;
+    case Init::normal:
+      // Box-Muller on pairs of uniforms.
+      for (size_t i = 0; i < n; ++i) {
+        const double u1 = philox::uniform(philox::word(s, offset + 2 * i));
+        const double u2 = philox::uniform(philox::word(s, offset + 2 * i + 1));
+        v[i] = static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2) * spec.scale);
+      }
+      offset += (2 * n + 3) / 4 * 4;
+      break;
+  }
+}
+
+}  // namespace
+
+ParamStore::ParamStore(const Graph& g, Device device, uint64_t seed) : graph_(&g), device_(device) {
+  uint64_t offset = 0;
+  std::vector<float> host;
+  values.resize(g.params.size());
+  grads.resize(g.params.size());
+  state.resize(g.params.size());
+  for (size_t p = 0; p < g.params.size(); ++p) {
+    const GraphParam& gp = g.params[p];
+    {
+      TagScope scope(MemoryCategory::parameter, gp.name, Phase::setup);
+      values[p] = Tensor::empty(gp.spec.shape, device);
+    }
+    init_values(gp.spec, seed, offset, host);
+    if (device.is_cpu()) {
+      std::copy(host.begin(), host.end(), values[p].f32());
+    } else if (!device.is_meta()) {
+      values[p].copy_from(Tensor::from_vector(host, gp.spec.shape));
+    }
+    if (gp.spec.trainable) {
+      TagScope scope(MemoryCategory::gradient, gp.name, Phase::setup);
+      grads[p] = Tensor::zeros(gp.spec.shape, device);
+    }
+  }
+}
+
+void ParamStore::zero_grads(Backend& be) {
+  (void)be;
+  for (Tensor& g : grads)
+    if (g.defined()) g.zero_();
+}
+
+std::vector<std::pair<std::string, Tensor>> ParamStore::named_values() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t p = 0; p < values.size(); ++p) out.emplace_back(graph_->params[p].name, values[p]);
+  return out;
+}
+
+}  // namespace remat

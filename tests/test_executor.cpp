@@ -1,0 +1,252 @@
+// The checkpointing executor: every policy gives bitwise the losses and gradients of
+// the plain step; recompute counts match the plan; peak activation memory follows the
+// plan; --verify-recompute catches a non-deterministic layer; config errors carry the
+// file and JSON pointer.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+
+#include "remat/config.h"
+#include "remat/exec.h"
+#include "remat/ops.h"
+#include "support/expect_error.h"
+#include "support/golden.h"
+
+using remat::Batch;
+using remat::Device;
+using remat::Tensor;
+using remat::test::bitwise_equal;
+using remat::test::random_tensor;
+
+namespace {
+
+nlohmann::json chain_model(int blocks, int width, double dropout) {
+  return nlohmann::json::parse(R"({
+    "input": {"type": "image", "shape": [1, 4, 4]},
+    "layers": [
+      {"type": "flatten"},
+      {"type": "linear", "name": "proj", "out_features": )" + std::to_string(width) + R"(},
+      {"type": "repeat", "name": "block", "count": )" + std::to_string(blocks) + R"(, "checkpoint": true, "layers": [
+        {"type": "linear", "name": "fc1", "out_features": )" + std::to_string(2 * width) + R"(, "init_std": 0.1},
+        {"type": "gelu", "name": "act"},
+        {"type": "linear", "name": "fc2", "out_features": )" + std::to_string(width) + R"(, "init_std": 0.1},
+        {"type": "dropout", "name": "drop", "p": )" + std::to_string(dropout) + R"(},
+        {"type": "add", "name": "res", "inputs": ["in", "drop"]}
+      ]},
+      {"type": "linear", "name": "head", "out_features": 5}
+    ]})");
+}
+
+Batch image_batch(int64_t b, uint32_t seed) {
+  Batch batch;
+  batch.input = random_tensor({b, 1, 4, 4}, seed);
+  std::vector<int32_t> t(static_cast<size_t>(b));
+  for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<int32_t>((i * 7 + seed) % 5);
+  batch.targets = Tensor::from_ints(t, {b});
+  return batch;
+}
+
+struct RunResult {
+  std::vector<float> losses;
+  std::vector<Tensor> grads;  // after the last step
+  std::vector<Tensor> values;
+  int64_t recomputed = 0;
+};
+
+// Three SGD steps with dropout on; returns losses and the final gradients and weights.
+RunResult run(const remat::Graph& g, const std::string& policy, bool verify = false) {
+  remat::Backend& be = remat::backend_for(Device::cpu());
+  remat::ParamStore params(g, Device::cpu(), 42);
+  remat::Executor ex(g, params, be, remat::make_plan(g, policy), remat::ExecOptions{verify});
+  remat::RngGenerator gen(7);
+  RunResult r;
+  for (int step = 1; step <= 3; ++step) {
+    params.zero_grads(be);
+    auto st = ex.train_step(image_batch(g.batch, static_cast<uint32_t>(step)), gen);
+    r.losses.push_back(st.loss);
+    r.recomputed = st.recomputed_layers;
+    EXPECT_EQ(st.recomputed_layers, ex.plan().recomputed_layers()) << policy;
+    if (step < 3) {
+      remat::SgdParams sp;
+      sp.lr = 0.05;
+      for (size_t p = 0; p < params.values.size(); ++p)
+        if (params.grads[p].defined()) be.sgd_step(params.values[p], params.grads[p], Tensor(), sp, step);
+    }
+  }
+  for (size_t p = 0; p < params.values.size(); ++p) {
+    r.grads.push_back(params.grads[p].clone());
+    r.values.push_back(params.values[p].clone());
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST(Executor, EveryPolicyIsBitwiseIdenticalToThePlainStep) {
+  remat::Graph g = remat::build_graph(chain_model(9, 16, 0.2), 6, "test");
+  const RunResult plain = run(g, "none");
+  EXPECT_EQ(plain.recomputed, 0);
+  for (const char* policy : {"all", "every:2", "every:4", "sqrt", "selective", "manual"}) {
+    SCOPED_TRACE(policy);
+    const RunResult r = run(g, policy);
+    EXPECT_GT(r.recomputed, 0);
+    ASSERT_EQ(r.losses.size(), plain.losses.size());
+    for (size_t i = 0; i < r.losses.size(); ++i) EXPECT_EQ(r.losses[i], plain.losses[i]) << "step " << i + 1;
+    for (size_t p = 0; p < r.grads.size(); ++p) {
+      EXPECT_TRUE(bitwise_equal(r.grads[p], plain.grads[p])) << g.params[p].name;
+      EXPECT_TRUE(bitwise_equal(r.values[p], plain.values[p])) << g.params[p].name;
+    }
+  }
+}
+
+TEST(Executor, LossDecreasesOnALearnableBatch) {
+  remat::Graph g = remat::build_graph(chain_model(3, 16, 0.0), 8, "test");
+  remat::Backend& be = remat::backend_for(Device::cpu());
+  remat::ParamStore params(g, Device::cpu(), 1);
+  remat::Executor ex(g, params, be, remat::make_plan(g, "sqrt"));
+  remat::RngGenerator gen(1);
+  Batch b = image_batch(8, 3);
+  float first = 0, last = 0;
+  remat::SgdParams sp;
+  sp.lr = 0.1;
+  for (int step = 1; step <= 30; ++step) {
+    params.zero_grads(be);
+    auto st = ex.train_step(b, gen);
+    if (step == 1) first = st.loss;
+    last = st.loss;
+    for (size_t p = 0; p < params.values.size(); ++p)
+      if (params.grads[p].defined()) be.sgd_step(params.values[p], params.grads[p], Tensor(), sp, step);
+  }
+  EXPECT_LT(last, 0.5f * first);
+}
+
+TEST(Executor, PeakActivationMemoryFollowsThePlan) {
+  // n blocks; a block keeps A bytes of activations when stored; its output (the next
+  // block's checkpoint) is c bytes. Plain: ~n*A. Segments of k blocks: ~(n/k)*c + k*A.
+  const int n = 16, width = 64;
+  const int64_t batch = 32;
+  remat::Graph g = remat::build_graph(chain_model(n, width, 0.1), batch, "test");
+  const int64_t c = batch * width * 4;                            // res output
+  // Stored per block: what backward reads: fc1's output (read by GELU), GELU's output (read
+  // by fc2) and the residual output (read by the next fc1). fc2's and dropout's outputs
+  // are read by nothing in backward and are freed as soon as forward is past them.
+  const int64_t A = batch * (2 * width + 2 * width + width) * 4;
+  auto peak = [&](const std::string& policy) {
+    remat::Backend& be = remat::backend_for(Device::cpu());
+    remat::ParamStore params(g, Device::cpu(), 3);
+    remat::Executor ex(g, params, be, remat::make_plan(g, policy));
+    remat::RngGenerator gen(1);
+    Batch b = image_batch(batch, 1);
+    auto& alloc = remat::allocator_for(Device::cpu());
+    alloc.reset_peak();
+    ex.train_step(b, gen);
+    return alloc.stats().peak_by_category[remat::MemoryCategory::activation];
+  };
+  const int64_t none = peak("none"), all = peak("all"), sqrt4 = peak("sqrt"), every8 = peak("every:8");
+  // Plain keeps every block: at least n*A.
+  EXPECT_GE(none, n * A);
+  EXPECT_LE(none, n * A + 4 * A);
+  // all: n checkpoints + one block recomputed.
+  EXPECT_LE(all, n * c + 2 * A + 2 * c);
+  EXPECT_GE(all, n * c);
+  // sqrt (k = 4): 4 checkpoints + 4 blocks.
+  EXPECT_LE(sqrt4, (n / 4) * c + 4 * A + 2 * A);
+  EXPECT_GE(sqrt4, 4 * A);
+  // every:8: 2 checkpoints + 8 blocks.
+  EXPECT_LE(every8, 2 * c + 8 * A + 2 * A);
+  EXPECT_LT(sqrt4, none / 2);
+  EXPECT_LT(all, sqrt4);
+}
+
+namespace {
+std::atomic<int> g_noise{0};
+
+// A layer whose output changes every call: recompute cannot reproduce it.
+class NoisyLayer final : public remat::Layer {
+ public:
+  explicit NoisyLayer(remat::ConfigReader&) {}
+  remat::LayerKind kind() const override { return remat::LayerKind::pointwise; }
+  remat::Shape infer(const std::vector<remat::Shape>& in) override { return in[0]; }
+  void forward(remat::ForwardContext& c) override {
+    c.out = c.in[0].clone();
+    c.out.f32()[0] += static_cast<float>(++g_noise);
+  }
+  void backward(remat::BackwardContext& c) override { c.din = {c.dout}; }
+  std::vector<int> backward_inputs() const override { return {0}; }
+};
+}  // namespace
+
+TEST(Executor, VerifyRecomputeNamesTheFirstDifferingLayer) {
+  static bool registered = [] {
+    remat::register_layer_type("noisy_test", [](remat::ConfigReader& r) { return std::make_unique<NoisyLayer>(r); });
+    return true;
+  }();
+  (void)registered;
+  EXPECT_REMAT_ERROR(remat::register_layer_type("noisy_test", nullptr), "already registered");
+  auto model = chain_model(2, 8, 0.1);
+  model["layers"][2]["layers"].insert(model["layers"][2]["layers"].begin() + 2, nlohmann::json{{"type", "noisy_test"}, {"name", "noise"}});
+  model["layers"][2]["layers"][3]["inputs"] = {"noise"};
+  remat::Graph g = remat::build_graph(model, 4, "test");
+  // Without verification, a recomputed step silently uses different values...
+  EXPECT_NO_THROW(run(g, "all"));
+  // ...with it, the executor stops at the layer.
+  EXPECT_REMAT_ERROR(run(g, "all", /*verify=*/true), "verify-recompute: layer \"block1.noise\" (noisy_test): output differs");
+  // A deterministic model passes verification under every policy.
+  remat::Graph ok = remat::build_graph(chain_model(4, 8, 0.3), 4, "test");
+  for (const char* policy : {"all", "sqrt", "selective"}) EXPECT_NO_THROW(run(ok, policy, true)) << policy;
+}
+
+TEST(Executor, UnknownPolicyAndPlanStructure) {
+  remat::Graph g = remat::build_graph(chain_model(9, 8, 0.0), 2, "test");
+  EXPECT_REMAT_ERROR(remat::make_plan(g, "sometimes"), "unknown checkpoint policy \"sometimes\"");
+  EXPECT_REMAT_ERROR(remat::make_plan(g, "every:0"), "expected every:K");
+  EXPECT_REMAT_ERROR(remat::make_plan(g, "every:x"), "expected every:K");
+  auto p = remat::make_plan(g, "sqrt");  // 9 blocks -> segments of 3
+  int recompute_segments = 0;
+  for (const auto& s : p.segments) recompute_segments += s.recompute;
+  EXPECT_EQ(recompute_segments, 3);
+  auto sel = remat::make_plan(g, "selective");
+  for (int i = 0; i < g.size(); ++i)
+    if (g.layer(i).kind() == remat::LayerKind::gemm) {
+      EXPECT_TRUE(sel.keep[static_cast<size_t>(i)]) << g.layer(i).name;
+    }
+  EXPECT_EQ(remat::make_plan(g, "none").recomputed_layers(), 0);
+}
+
+TEST(Config, ErrorsNameFileAndPointer) {
+  auto bad = [](const std::string& model_json, const char* msg) {
+    EXPECT_REMAT_ERROR(remat::build_graph(nlohmann::json::parse(model_json), 2, "models/x.json"), msg);
+  };
+  const std::string in = R"("input": {"type": "image", "shape": [1, 4, 4]}, )";
+  bad("{" + in + R"("layers": [{"type": "flatten"}, {"type": "linear", "out_features": "3x3"}]})",
+      "models/x.json: /model/layers/1/out_features: expected a positive integer, got \"3x3\"");
+  bad("{" + in + R"("layers": [{"type": "conv"}]})", "models/x.json: /model/layers/0/type: unknown layer type \"conv\"");
+  bad("{" + in + R"("layers": [{"type": "relu", "slope": 2}]})", "models/x.json: /model/layers/0/slope: unknown key");
+  bad("{" + in + R"("layers": [{"type": "add", "inputs": ["input", "nowhere"]}]})",
+      "/model/layers/0/inputs: no tensor named \"nowhere\"");
+  bad("{" + in + R"("layers": [{"type": "conv2d", "out_channels": 4, "kernel": 7}]})",
+      "models/x.json: /model/layers/0: layer \"conv2d0\" (conv2d): ");
+  bad("{" + in + R"("layers": [{"type": "repeat", "count": 2, "layers": [{"type": "relu", "name": "r"}], "extra": 1}]})",
+      "/model/layers/0/extra: unknown key");
+  bad("{" + in + R"("layers": [{"type": "flatten"}, {"type": "linear", "out_features": 4, "tie_weight": "nope"}]})",
+      "/model/layers/1/tie_weight: no parameter \"nope.weight\"");
+  bad(R"({"input": {"type": "image", "shape": [1, 4]}, "layers": [{"type": "relu"}]})", "/model/input/shape: expected [C, H, W]");
+  EXPECT_REMAT_ERROR(remat::parse_config(nlohmann::json::parse(R"({"model": {}, "training": {"batch": 0}})"), "c.json"),
+                     "c.json: /training/batch: expected a positive integer, got 0");
+  EXPECT_REMAT_ERROR(remat::parse_config(nlohmann::json::parse(R"({"model": {}, "optimiser": {}})"), "c.json"),
+                     "c.json: /optimiser: unknown key");
+  EXPECT_REMAT_ERROR(remat::load_config("/nonexistent/m.json"), "cannot open /nonexistent/m.json");
+}
+
+TEST(Config, EveryShippedModelBuilds) {
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(REMAT_SOURCE_DIR) + "/models")) {
+    if (entry.path().extension() != ".json") continue;
+    SCOPED_TRACE(entry.path().filename().string());
+    remat::Config c = remat::load_config(entry.path().string());
+    remat::Graph g = remat::build_graph(c.model, 2, entry.path().string(), {{"vocab", 96}});
+    EXPECT_GT(g.parameter_count(), 0);
+    EXPECT_NO_THROW(remat::make_plan(g, c.training.policy));
+  }
+}
