@@ -1,0 +1,80 @@
+// Training: optimizers over a ParamStore, checkpoints, and the training loop behind
+// `remat train`.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "remat/config.h"
+#include "remat/exec.h"
+
+namespace remat {
+
+// SGD (momentum, weight decay) or AdamW over every trainable parameter, with optional
+// global gradient-norm clipping. State tensors are allocated with category optimizer_state.
+class Optimizer {
+ public:
+  Optimizer(const OptimizerConfig& cfg, ParamStore& params, Backend& be);
+  // One update at learning rate `lr`; returns the gradient norm before clipping (0 when
+  // clipping is off and the norm was not needed).
+  double step(double lr);
+  int64_t steps_taken() const { return step_; }
+  void set_steps_taken(int64_t s) { step_ = s; }
+  // Named state tensors for checkpoints ("<param>.exp_avg", ...).
+  std::vector<std::pair<std::string, Tensor>> named_state() const;
+
+ private:
+  OptimizerConfig cfg_;
+  ParamStore& params_;
+  Backend& be_;
+  int64_t step_ = 0;
+};
+
+struct TrainOptions {
+  std::string config;        // path of the model config
+  std::string policy;        // "" = the config's
+  std::string device = "auto";
+  int64_t steps = -1;        // -1 = the config's
+  int64_t epochs = -1;
+  int64_t batch = -1;
+  int64_t seed = -1;
+  std::string out;           // run folder: checkpoint/, metrics.jsonl, config.json
+  std::string resume;        // run folder to resume from
+  std::string data_path;     // overrides data.path
+  bool verify_recompute = false;
+  bool quiet = false;        // no progress lines
+  bool sample = true;        // generate a text sample at the end (character models)
+  // Called after every step with (step, loss); tests use it to stop early.
+  std::function<void(int64_t, float)> on_step;
+};
+
+struct TrainResult {
+  int64_t steps = 0;  // total steps done (including those before a resume)
+  float last_loss = 0.0f;
+  std::vector<float> losses;  // of the steps run in this call
+  double eval_loss = 0.0;
+  double eval_accuracy = -1.0;  // -1 when not evaluated
+  int64_t peak_bytes = 0;
+  std::string sample;
+};
+
+TrainResult train(const TrainOptions& opt);
+
+// Checkpoint files in `dir`: model.safetensors (parameters and buffers by name),
+// optimizer.safetensors, state.json. Written into a fresh folder that then replaces the
+// previous checkpoint, so a crash leaves the old checkpoint or the new one, never a mix.
+struct CheckpointState {
+  int64_t step = 0;
+  uint64_t seed = 0;
+  uint64_t rng_offset = 0;
+  int64_t epoch = 0, position = 0;  // batch sampler
+  int64_t optimizer_steps = 0;
+  std::string policy, config_name;
+};
+void save_checkpoint(const std::string& dir, const ParamStore& params, const Optimizer& opt,
+                     const CheckpointState& state);
+// Loads into params/optimizer state (shapes and names must match) and returns the state.
+CheckpointState load_checkpoint(const std::string& dir, ParamStore& params, Optimizer& opt);
+
+}  // namespace remat
