@@ -3,8 +3,10 @@
 // size before reading or allocating, and name the file and field in their errors.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "remat/tensor.h"
@@ -26,6 +28,25 @@ struct ImageDataset {
 ImageDataset load_idx(const std::string& images_path, const std::string& labels_path, float mean = 0.2860f,
                       float std = 0.3530f, int num_classes = 10);
 
+// The largest decompressed IDX file accepted, a sanity cap against gzip bombs and
+// headers that claim absurd sizes: 1 GiB.
+constexpr size_t kMaxIdxBytes = size_t{1} << 30;
+
+// One IDX array of unsigned bytes (type code 0x08): its dims and prod(dims) bytes.
+struct IdxArray {
+  std::vector<int64_t> dims;
+  std::string data;
+  std::string name;  // for messages
+};
+// The two halves of load_idx, also the entry points of the fuzz target. parse_idx takes
+// the bytes of one IDX file (raw or gzip) and checks the header against the byte count
+// before it allocates for the data; a gzip stream is inflated into a buffer that grows
+// with the output and never beyond what the header implies (nor max_bytes).
+IdxArray parse_idx(std::string bytes, const std::string& name, size_t max_bytes = kMaxIdxBytes);
+// images [N, H, W] and labels [N] -> a data set; checks dims, counts and label range.
+ImageDataset idx_dataset(const IdxArray& images, const IdxArray& labels, float mean = 0.2860f,
+                         float std = 0.3530f, int num_classes = 10);
+
 // Where Debian's dataset-fashion-mnist package puts the files; `split` is "train" or "test".
 // Returns {images_path, labels_path}; throws a clear error naming the package if absent.
 std::pair<std::string, std::string> fashion_mnist_paths(const std::string& dir, const std::string& split);
@@ -45,11 +66,23 @@ TextDataset load_text(const std::string& path);  // raw or gzip
 TextDataset text_from_string(const std::string& text, const std::string& source = "<string>");
 // Default corpus for character models: the fortune files of Debian's `fortunes` package
 // (concatenated in sorted path order), or an error naming the package.
+// REMAT_TEXT_CORPUS overrides the default directory (like REMAT_FASHION_MNIST_DIR for
+// default_fashion_mnist_dir). load_text_corpus concatenates the regular files of `dir` (not
+// recursive) in sorted name order, skipping *.dat and *.u8 (fortune's index files and its
+// UTF-8 aliases), hidden files and symlinks to files already included; a file that does
+// not end in a newline gets one. Given a file instead of a directory, it loads that file.
 std::string default_text_corpus_dir();
 TextDataset load_text_corpus(const std::string& dir);
 
 // Deterministic batch order. Each epoch is a permutation of [0, n) drawn from
 // (seed, epoch) only, so a run resumed at (epoch, position) sees the same batches.
+// The permutation is a Fisher-Yates shuffle (i = n-1 down to 1, swap i with a uniform
+// j in [0, i], drawn by rejection so it is unbiased) driven by std::mt19937_64 seeded with
+// splitmix64(splitmix64(seed) ^ epoch); all of it is fixed by the C++ standard, so the
+// order is the same with every compiler and standard library. Without shuffle, every
+// epoch is 0, 1, ..., n-1. With drop_last the last n % batch samples of an epoch are not
+// used; without it the last batch is smaller. position() counts batches taken in the
+// current epoch (0..batches_per_epoch()); seek(epoch, position) restores a saved pair.
 class BatchSampler {
  public:
   BatchSampler(int64_t n, int64_t batch, uint64_t seed, bool shuffle, bool drop_last = true);
@@ -82,7 +115,12 @@ Batch text_batch(const TextDataset& d, const std::vector<int64_t>& starts, int64
 // Number of windows of length T (+1 for the target) in a text of n tokens, stride T.
 int64_t text_windows(const TextDataset& d, int64_t seq_len);
 
-// Synthetic data for tests: images from fixed class prototypes plus noise; random tokens.
+// Synthetic data for tests, the same on every platform for a given seed (no std::
+// distributions, whose algorithms differ between standard libraries). Images: class k has
+// a fixed prototype of +-1 values; sample i is its prototype plus N(0, 0.5^2) noise, with
+// a uniform label; sample i depends on (seed, i) only, so a longer set extends a shorter
+// one. Text: token t+1 is (7 * token t + 3) mod V with probability 3/4, else uniform, so a
+// bigram model can learn it; vocab is V consecutive bytes from ' ' (or from 256 - V).
 ImageDataset synthetic_images(int64_t n, int channels, int height, int width, int num_classes, uint64_t seed);
 TextDataset synthetic_text(int64_t n_tokens, int vocab_size, uint64_t seed);
 

@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus of the fuzz targets (tests/fuzz/corpus/{idx,safetensors}).
+
+Run from anywhere: python3 tests/fuzz/make_corpus.py. The files are committed; this
+script only documents how they were made. IDX inputs follow harness.h: u16 LE length of
+the label file, the label file, then the image file.
+"""
+import gzip
+import json
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def idx(dims, data, type_code=0x08):
+    return bytes([0, 0, type_code, len(dims)]) + b"".join(struct.pack(">I", d) for d in dims) + bytes(data)
+
+
+def gz(b):
+    return gzip.compress(b, compresslevel=9, mtime=0)
+
+
+def pair(labels, images):
+    return struct.pack("<H", len(labels)) + labels + images
+
+
+def safetensors(header, data):
+    h = json.dumps(header, separators=(",", ":")).encode()
+    return struct.pack("<Q", len(h)) + h + data
+
+
+def write(kind, name, payload):
+    d = os.path.join(HERE, "corpus", kind)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(payload)
+
+
+labels = idx([3], [0, 9, 4])
+images = idx([3, 2, 2], range(0, 240, 20))
+write("idx", "valid_raw", pair(labels, images))
+write("idx", "valid_gzip", pair(gz(labels), gz(images)))
+write("idx", "valid_mixed", pair(labels, gz(images)))
+write("idx", "gzip_two_members", pair(gz(labels[:5]) + gz(labels[5:]), gz(images)))
+write("idx", "label_out_of_range", pair(idx([2], [1, 10]), idx([2, 1, 1], [7, 8])))
+write("idx", "count_mismatch", pair(idx([2], [1, 2]), idx([3, 1, 1], [1, 2, 3])))
+write("idx", "truncated_data", pair(labels, images[:-3]))
+write("idx", "float_type", pair(labels, idx([1], [0, 0, 0, 0], type_code=0x0D)))
+write("idx", "huge_dims", pair(labels, idx([0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF], [])))
+
+f32 = struct.pack("<4f", 1.0, -2.0, 0.5, 3.25)
+i32 = struct.pack("<2i", 7, -1)
+write("safetensors", "valid", safetensors(
+    {"__metadata__": {"step": "3"},
+     "w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+     "ids": {"dtype": "I32", "shape": [2], "data_offsets": [16, 24]},
+     "empty": {"dtype": "F32", "shape": [0, 3], "data_offsets": [24, 24]},
+     "h": {"dtype": "BF16", "shape": [1], "data_offsets": [24, 26]}},
+    f32 + i32 + b"\x80\x3f"))
+write("safetensors", "empty_header", safetensors({}, b""))
+write("safetensors", "scalar", safetensors({"s": {"dtype": "F32", "shape": [], "data_offsets": [0, 4]}}, f32[:4]))
+write("safetensors", "bad_offsets", safetensors({"t": {"dtype": "F32", "shape": [4], "data_offsets": [8, 4]}}, f32))
+write("safetensors", "bad_json", struct.pack("<Q", 9) + b'{"a":[1,]')
