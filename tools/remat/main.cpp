@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::vector<remat::cli::Runner> runners;
   runners.push_back(remat::cli::add_info_command(app));
+  runners.push_back(remat::cli::add_train_command(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,151 @@
+// The training loop: resume is bitwise, checkpoints round-trip, NaN stops the run,
+// bad files give clear errors, the shipped configs run a step.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "remat/io.h"
+#include "remat/train.h"
+#include "support/expect_error.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string tmp_dir(const std::string& name) {
+  const fs::path p = fs::temp_directory_path() / ("remat_train_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(p);
+  return p.string();
+}
+
+std::string write_config(const std::string& dir, const std::string& extra_training = "", double lr = 0.01) {
+  fs::create_directories(dir);
+  const std::string path = dir + "/tiny.json";
+  std::ofstream(path) << R"({
+    "name": "tiny",
+    "model": {
+      "input": {"type": "image", "shape": [1, 6, 6]},
+      "layers": [
+        {"type": "flatten"},
+        {"type": "linear", "name": "proj", "out_features": 24},
+        {"type": "repeat", "name": "b", "count": 4, "checkpoint": true, "layers": [
+          {"type": "linear", "name": "fc1", "out_features": 32},
+          {"type": "gelu", "name": "act"},
+          {"type": "linear", "name": "fc2", "out_features": 24},
+          {"type": "dropout", "name": "drop", "p": 0.2},
+          {"type": "add", "name": "res", "inputs": ["in", "drop"]}
+        ]},
+        {"type": "linear", "name": "head", "out_features": 4}
+      ]
+    },
+    "data": {"dataset": "synthetic_images", "image_shape": [1, 6, 6], "classes": 4, "synthetic_size": 96},
+    "optimizer": {"type": "adamw", "lr": )" + std::to_string(lr) + R"(, "weight_decay": 0.01},
+    "schedule": {"type": "cosine", "warmup_steps": 2},
+    "training": {"batch": 8, "steps": 8, "policy": "sqrt", "log_every": 1)" + extra_training + R"(}
+  })";
+  return path;
+}
+
+}  // namespace
+
+TEST(Train, ResumeContinuesBitwise) {
+  const std::string dir = tmp_dir("resume");
+  const std::string cfg = write_config(dir);
+  remat::TrainOptions full;
+  full.config = cfg;
+  full.quiet = true;
+  full.out = dir + "/full";
+  const remat::TrainResult a = remat::train(full);
+  ASSERT_EQ(a.losses.size(), 8u);
+
+  remat::TrainOptions first = full;
+  first.out = dir + "/split";
+  first.steps = 5;  // an interrupted run: 5 of 8 steps, then resumed
+  // The schedule length is part of the run: stop after 5 of the 8 configured steps.
+  first.steps = -1;
+  first.on_step = [](int64_t step, float) {
+    if (step == 5) throw remat::Error("interrupted");
+  };
+  // Stopping by exception leaves the checkpoint of the last interval: save every step.
+  const std::string cfg_ckpt = write_config(dir + "/c", R"(, "checkpoint_every": 1)");
+  first.config = cfg_ckpt;
+  EXPECT_REMAT_ERROR(remat::train(first), "interrupted");
+  remat::TrainOptions resume;
+  resume.config = cfg_ckpt;
+  resume.quiet = true;
+  resume.resume = dir + "/split";
+  const remat::TrainResult b = remat::train(resume);
+  ASSERT_EQ(b.losses.size(), 4u);  // steps 5..8: the checkpoint is from step 4
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(b.losses[i], a.losses[4 + i]) << "step " << 5 + i;
+  // The weights after the resumed run equal those of the uninterrupted one.
+  auto wa = remat::SafetensorsFile::load(full.out + "/checkpoint/model.safetensors");
+  auto wb = remat::SafetensorsFile::load(resume.resume + "/checkpoint/model.safetensors");
+  for (const auto& e : wa.entries()) {
+    EXPECT_EQ(wa.tensor(e.name).to_vector(), wb.tensor(e.name).to_vector()) << e.name;
+  }
+  // metrics.jsonl has one line per logged step (5 before the interruption... 4 checkpointed) and evals.
+  std::ifstream m(dir + "/split/metrics.jsonl");
+  int lines = 0;
+  for (std::string l; std::getline(m, l);) ++lines;
+  EXPECT_GE(lines, 8);
+  EXPECT_TRUE(fs::exists(dir + "/split/config.json"));
+  fs::remove_all(dir);
+}
+
+TEST(Train, NanLossStopsWithTheStepAndKeepsTheLastCheckpoint) {
+  const std::string dir = tmp_dir("nan");
+  const std::string cfg = write_config(dir, R"(, "checkpoint_every": 2)", 1000.0);
+  remat::TrainOptions o;
+  o.config = cfg;
+  o.quiet = true;
+  o.out = dir + "/run";
+  EXPECT_REMAT_ERROR(remat::train(o), "the loss is");
+  // Whatever step diverged, a complete checkpoint (or none) is there, never a partial one.
+  if (fs::exists(dir + "/run/checkpoint")) {
+    EXPECT_TRUE(fs::exists(dir + "/run/checkpoint/state.json"));
+    EXPECT_TRUE(fs::exists(dir + "/run/checkpoint/model.safetensors"));
+  }
+  EXPECT_FALSE(fs::exists(dir + "/run/checkpoint.new"));
+  fs::remove_all(dir);
+}
+
+TEST(Train, CorruptCheckpointIsAClearError) {
+  const std::string dir = tmp_dir("corrupt");
+  const std::string cfg = write_config(dir);
+  remat::TrainOptions o;
+  o.config = cfg;
+  o.quiet = true;
+  o.out = dir + "/run";
+  o.steps = 2;
+  remat::train(o);
+  const std::string model = dir + "/run/checkpoint/model.safetensors";
+  std::string bytes = remat::read_file(model);
+  bytes.resize(bytes.size() / 2);
+  remat::write_file_atomic(model, bytes);
+  remat::TrainOptions r;
+  r.config = cfg;
+  r.quiet = true;
+  r.resume = dir + "/run";
+  EXPECT_REMAT_ERROR(remat::train(r), "model.safetensors: not a valid safetensors file");
+  fs::remove_all(dir);
+}
+
+TEST(Train, BadOptionsAreClearErrors) {
+  const std::string dir = tmp_dir("bad");
+  const std::string cfg = write_config(dir);
+  remat::TrainOptions o;
+  o.config = cfg;
+  o.quiet = true;
+  o.policy = "often";
+  EXPECT_REMAT_ERROR(remat::train(o), "unknown checkpoint policy \"often\"");
+  o.policy = "";
+  o.device = "tpu";
+  EXPECT_REMAT_ERROR(remat::train(o), "unknown device \"tpu\"");
+  o.device = "meta";
+  EXPECT_REMAT_ERROR(remat::train(o), "cannot train on meta");
+  o.device = "cpu";
+  o.batch = 1000;
+  EXPECT_REMAT_ERROR(remat::train(o), "fewer than one batch");
+  fs::remove_all(dir);
+}

@@ -1,0 +1,38 @@
+// `remat train CONFIG ...`: train a model config (see docs/cli.md).
+#include <cstdio>
+
+#include "commands.h"
+#include "remat/train.h"
+
+namespace remat::cli {
+
+Runner add_train_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("train", "Train a model config with a checkpointing policy");
+  auto opt = std::make_shared<TrainOptions>();
+  cmd->add_option("config", opt->config, "Model config (models/*.json)")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--policy", opt->policy, "Checkpoint policy: none, all, every:K, sqrt, selective, manual (default: the config's)");
+  cmd->add_option("--device", opt->device, "cpu, cuda, cuda:N or auto")->default_val("auto");
+  auto* steps = cmd->add_option("--steps", opt->steps, "Training steps (overrides the config)");
+  cmd->add_option("--epochs", opt->epochs, "Epochs (overrides the config)")->excludes(steps);
+  cmd->add_option("--batch", opt->batch, "Batch size (overrides the config)");
+  cmd->add_option("--seed", opt->seed, "Seed for initialisation, data order and dropout");
+  cmd->add_option("--out", opt->out, "Run folder: checkpoint/, metrics.jsonl, config.json");
+  cmd->add_option("--resume", opt->resume, "Resume from a run folder (continues bitwise as if uninterrupted)")
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--data", opt->data_path, "Data folder or file (overrides data.path)");
+  cmd->add_flag("--verify-recompute", opt->verify_recompute,
+                "Hash every tensor freed for recompute and check the recomputed one against it");
+  cmd->add_flag("--quiet", opt->quiet, "No progress lines");
+  return [cmd, opt]() -> int {
+    if (!cmd->parsed()) return -1;
+    TrainResult r = train(*opt);
+    if (!opt->quiet) {
+      std::printf("done: %lld steps, final loss %.4f", static_cast<long long>(r.steps), r.last_loss);
+      if (r.eval_accuracy >= 0) std::printf(", eval loss %.4f, eval accuracy %.4f", r.eval_loss, r.eval_accuracy);
+      std::printf(", peak %.1f MiB\n", static_cast<double>(r.peak_bytes) / (1 << 20));
+    }
+    return 0;
+  };
+}
+
+}  // namespace remat::cli
