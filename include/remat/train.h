@@ -56,8 +56,12 @@ struct TrainResult {
   double eval_loss = 0.0;
   double eval_accuracy = -1.0;  // -1 when not evaluated
   int64_t peak_bytes = 0;
+  MemoryStats peak_stats;  // allocator statistics of the step that reached peak_bytes
   std::string sample;
 };
+
+// A table of where the memory of the peak step went, by category.
+std::string memory_report(const MemoryStats& s, const std::string& title);
 
 TrainResult train(const TrainOptions& opt);
 

@@ -30,6 +30,8 @@ Runner add_train_command(CLI::App& app) {
       std::printf("done: %lld steps, final loss %.4f", static_cast<long long>(r.steps), r.last_loss);
       if (r.eval_accuracy >= 0) std::printf(", eval loss %.4f, eval accuracy %.4f", r.eval_loss, r.eval_accuracy);
       std::printf(", peak %.1f MiB\n", static_cast<double>(r.peak_bytes) / (1 << 20));
+      std::printf("%s", memory_report(r.peak_stats, "memory at the peak of a training step (policy " +
+                                                          (opt->policy.empty() ? std::string("from the config") : opt->policy) + "):").c_str());
     }
     return 0;
   };
