@@ -13,5 +13,6 @@ using Runner = std::function<int()>;
 // Adds `info` to the app; the returned runner is called when it was selected.
 Runner add_info_command(CLI::App& app);
 Runner add_train_command(CLI::App& app);
+Runner add_bench_command(CLI::App& app);
 
 }  // namespace remat::cli

@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   std::vector<remat::cli::Runner> runners;
   runners.push_back(remat::cli::add_info_command(app));
   runners.push_back(remat::cli::add_train_command(app));
+  runners.push_back(remat::cli::add_bench_command(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

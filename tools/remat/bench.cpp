@@ -1,0 +1,223 @@
+// `remat bench ops`: times each op's forward + backward at realistic sizes on the CPU
+// backend (median of N runs after a warm-up). tools/bench_torch.py times the same cases
+// in PyTorch; tools/bench_compare.py prints the ratios (docs/performance.md).
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "remat/backend.h"
+#include "remat/io.h"
+#include "remat/ops.h"
+
+namespace remat::cli {
+
+namespace {
+
+Tensor rnd(const Shape& s, uint32_t seed) {
+  Tensor t = Tensor::empty(s);
+  float* p = t.f32();
+  uint32_t x = seed * 2654435761u + 1;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    x = x * 1664525u + 1013904223u;
+    p[i] = static_cast<float>(x >> 8) / 16777216.0f * 2.0f - 1.0f;
+  }
+  return t;
+}
+
+struct Case {
+  std::string name;
+  double flops;  // of forward + backward, for GFLOP/s (0 when not meaningful)
+  std::function<std::function<void()>()> setup;  // returns the timed body
+};
+
+std::vector<Case> cases(Backend& be) {
+  std::vector<Case> cs;
+  cs.push_back({"gemm_1024", 2.0 * 1024 * 1024 * 1024, [&be] {
+                  auto a = std::make_shared<Tensor>(rnd({1024, 1024}, 1));
+                  auto b = std::make_shared<Tensor>(rnd({1024, 1024}, 2));
+                  auto c = std::make_shared<Tensor>(Tensor::empty({1024, 1024}));
+                  return [&be, a, b, c] { be.gemm(*a, *b, *c, GemmParams{}); };
+                }});
+  cs.push_back({"linear_4096x1024x1024", 3 * 2.0 * 4096 * 1024 * 1024, [&be] {
+                  auto x = std::make_shared<Tensor>(rnd({4096, 1024}, 1));
+                  auto w = std::make_shared<Tensor>(rnd({1024, 1024}, 2));
+                  auto b = std::make_shared<Tensor>(rnd({1024}, 3));
+                  auto dw = std::make_shared<Tensor>(Tensor::zeros({1024, 1024}));
+                  auto db = std::make_shared<Tensor>(Tensor::zeros({1024}));
+                  return [&be, x, w, b, dw, db] {
+                    Tensor y = ops::linear(be, *x, *w, *b);
+                    Tensor dx = Tensor::empty(x->shape());
+                    be.linear_backward(y, *x, *w, dx, *dw, *db);
+                  };
+                }});
+  cs.push_back({"conv_64x64x3x3_32x32_b64", 3 * 2.0 * 64 * 64 * 32 * 32 * 64 * 9, [&be] {
+                  auto x = std::make_shared<Tensor>(rnd({64, 64, 32, 32}, 1));
+                  auto w = std::make_shared<Tensor>(rnd({64, 64, 3, 3}, 2));
+                  auto b = std::make_shared<Tensor>(rnd({64}, 3));
+                  auto dw = std::make_shared<Tensor>(Tensor::zeros({64, 64, 3, 3}));
+                  auto db = std::make_shared<Tensor>(Tensor::zeros({64}));
+                  Conv2dParams p;
+                  p.pad_h = p.pad_w = 1;
+                  return [&be, x, w, b, dw, db, p] {
+                    Tensor y = ops::conv2d(be, *x, *w, *b, p);
+                    ops::conv2d_backward(be, y, *x, *w, p, true, *dw, *db);
+                  };
+                }});
+  cs.push_back({"maxpool_2x2_b64_64x32x32", 0, [&be] {
+                  auto x = std::make_shared<Tensor>(rnd({64, 64, 32, 32}, 1));
+                  return [&be, x] {
+                    auto r = ops::maxpool2d(be, *x, Pool2dParams{});
+                    Tensor dx = Tensor::empty(x->shape());
+                    be.maxpool2d_backward(r.y, r.indices, dx);
+                  };
+                }});
+  cs.push_back({"batchnorm_b64_64x32x32", 0, [&be] {
+                  auto x = std::make_shared<Tensor>(rnd({64, 64, 32, 32}, 1));
+                  auto g = std::make_shared<Tensor>(Tensor::full({64}, 1.0f));
+                  auto b = std::make_shared<Tensor>(Tensor::zeros({64}));
+                  auto rm = std::make_shared<Tensor>(Tensor::zeros({64}));
+                  auto rv = std::make_shared<Tensor>(Tensor::full({64}, 1.0f));
+                  auto dg = std::make_shared<Tensor>(Tensor::zeros({64}));
+                  auto dbeta = std::make_shared<Tensor>(Tensor::zeros({64}));
+                  return [&be, x, g, b, rm, rv, dg, dbeta] {
+                    auto r = ops::batchnorm2d_train(be, *x, *g, *b, *rm, *rv, BatchNormParams{});
+                    Tensor dx = Tensor::empty(x->shape());
+                    be.batchnorm2d_backward(r.y, *x, *g, r.mean, r.invstd, dx, *dg, *dbeta);
+                  };
+                }});
+  cs.push_back({"layernorm_16x256x256", 0, [&be] {
+                  auto x = std::make_shared<Tensor>(rnd({16, 256, 256}, 1));
+                  auto g = std::make_shared<Tensor>(Tensor::full({256}, 1.0f));
+                  auto b = std::make_shared<Tensor>(Tensor::zeros({256}));
+                  auto dg = std::make_shared<Tensor>(Tensor::zeros({256}));
+                  auto db = std::make_shared<Tensor>(Tensor::zeros({256}));
+                  return [&be, x, g, b, dg, db] {
+                    auto r = ops::layernorm(be, *x, *g, *b);
+                    Tensor dx = Tensor::empty(x->shape());
+                    be.layernorm_backward(r.y, *x, *g, r.mean, r.invstd, dx, *dg, *db);
+                  };
+                }});
+  cs.push_back({"attention_16x256x256_h4", 3 * 4.0 * 16 * 256 * 256 * 256 * 0.5, [&be] {
+                  auto qkv = std::make_shared<Tensor>(rnd({16, 256, 768}, 1));
+                  AttentionParams p;
+                  p.n_head = 4;
+                  return [&be, qkv, p] {
+                    auto r = ops::attention(be, *qkv, p, RngState{});
+                    ops::attention_backward(be, r.out, *qkv, r.probs, p, RngState{});
+                  };
+                }});
+  cs.push_back({"gelu_4M", 0, [&be] {
+                  auto x = std::make_shared<Tensor>(rnd({4096, 1024}, 1));
+                  return [&be, x] {
+                    Tensor y = ops::gelu(be, *x, GeluApprox::tanh);
+                    Tensor dx = Tensor::empty(x->shape());
+                    be.gelu_backward(y, *x, GeluApprox::tanh, dx);
+                  };
+                }});
+  cs.push_back({"relu_4M", 0, [&be] {
+                  auto x = std::make_shared<Tensor>(rnd({4096, 1024}, 1));
+                  return [&be, x] {
+                    Tensor y = ops::relu(be, *x);
+                    Tensor dx = Tensor::empty(x->shape());
+                    be.relu_backward(y, *x, dx);
+                  };
+                }});
+  cs.push_back({"dropout_4M", 0, [&be] {
+                  auto x = std::make_shared<Tensor>(rnd({4096, 1024}, 1));
+                  return [&be, x] {
+                    Tensor y = ops::dropout(be, *x, 0.1f, RngState{1, 0});
+                    Tensor dx = Tensor::empty(x->shape());
+                    be.dropout_backward(y, 0.1f, RngState{1, 0}, dx);
+                  };
+                }});
+  cs.push_back({"softmax_4096x1024", 0, [&be] {
+                  auto x = std::make_shared<Tensor>(rnd({4096, 1024}, 1));
+                  return [&be, x] {
+                    Tensor y = ops::softmax(be, *x);
+                    Tensor dx = Tensor::empty(x->shape());
+                    be.softmax_backward(y, y, false, dx);
+                  };
+                }});
+  cs.push_back({"cross_entropy_4096x1024", 0, [&be] {
+                  auto x = std::make_shared<Tensor>(rnd({4096, 1024}, 1));
+                  std::vector<int32_t> t(4096);
+                  for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<int32_t>(i * 37 % 1024);
+                  auto tg = std::make_shared<Tensor>(Tensor::from_ints(t, {4096}));
+                  return [&be, x, tg] {
+                    auto r = ops::cross_entropy(be, *x, *tg);
+                    Tensor dx = Tensor::empty(x->shape());
+                    be.cross_entropy_backward(1.0f, *x, *tg, r.lse, -100, dx);
+                  };
+                }});
+  cs.push_back({"embedding_16x256_v50257_c256", 0, [&be] {
+                  std::vector<int32_t> ids(16 * 256);
+                  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i * 7919 % 50257);
+                  auto id = std::make_shared<Tensor>(Tensor::from_ints(ids, {16, 256}));
+                  auto tab = std::make_shared<Tensor>(rnd({50257, 256}, 2));
+                  auto pos = std::make_shared<Tensor>(rnd({256, 256}, 3));
+                  auto dt = std::make_shared<Tensor>(Tensor::zeros({50257, 256}));
+                  auto dp = std::make_shared<Tensor>(Tensor::zeros({256, 256}));
+                  return [&be, id, tab, pos, dt, dp] {
+                    Tensor y = ops::embedding(be, *id, *tab, *pos);
+                    be.embedding_backward(y, *id, *dt, *dp);
+                  };
+                }});
+  cs.push_back({"adamw_10M", 0, [&be] {
+                  auto p = std::make_shared<Tensor>(rnd({10 << 20}, 1));
+                  auto g = std::make_shared<Tensor>(rnd({10 << 20}, 2));
+                  auto m = std::make_shared<Tensor>(Tensor::zeros({10 << 20}));
+                  auto v = std::make_shared<Tensor>(Tensor::zeros({10 << 20}));
+                  auto step = std::make_shared<int64_t>(0);
+                  return [&be, p, g, m, v, step] { be.adamw_step(*p, *g, *m, *v, AdamWParams{}, ++*step); };
+                }});
+  return cs;
+}
+
+}  // namespace
+
+Runner add_bench_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("bench", "Benchmarks: `remat bench ops` times every op forward+backward");
+  auto* ops_cmd = cmd->add_subcommand("ops", "Time each CPU op forward + backward at realistic sizes");
+  cmd->require_subcommand(1);
+  auto filter = std::make_shared<std::string>();
+  auto repeat = std::make_shared<int>(5);
+  auto json = std::make_shared<std::string>();
+  ops_cmd->add_option("--filter", *filter, "Only cases whose name contains this");
+  ops_cmd->add_option("--repeat", *repeat, "Timed runs per case (the median is reported)")->check(CLI::PositiveNumber);
+  ops_cmd->add_option("--json", *json, "Also write the results as JSON");
+  return [ops_cmd, filter, repeat, json]() -> int {
+    if (!ops_cmd->parsed()) return -1;
+    Backend& be = backend_for(Device::cpu());
+    nlohmann::json out = {{"threads", omp_get_max_threads()}, {"cases", nlohmann::json::object()}};
+    std::printf("remat bench ops: cpu backend, %d thread(s), median of %d\n", omp_get_max_threads(), *repeat);
+    std::printf("%-32s %12s %12s\n", "case", "ms", "GFLOP/s");
+    for (auto& c : cases(be)) {
+      if (!filter->empty() && c.name.find(*filter) == std::string::npos) continue;
+      auto body = c.setup();
+      body();  // warm-up (and the allocator's cache)
+      std::vector<double> ms;
+      for (int r = 0; r < *repeat; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        body();
+        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      }
+      std::sort(ms.begin(), ms.end());
+      const double med = ms[ms.size() / 2];
+      if (c.flops > 0) std::printf("%-32s %12.3f %12.1f\n", c.name.c_str(), med, c.flops / med / 1e6);
+      else std::printf("%-32s %12.3f %12s\n", c.name.c_str(), med, "-");
+      std::fflush(stdout);
+      out["cases"][c.name] = med;
+    }
+    if (!json->empty()) write_file_atomic(*json, out.dump(2) + "\n");
+    return 0;
+  };
+}
+
+}  // namespace remat::cli
