@@ -108,6 +108,7 @@ void check_attention(const Check& c, const Shape& qkv, const AttentionParams& p)
   if (qkv.rank() != 3) c.fail("qkv " + qkv.str() + ": expected rank 3 (B, T, 3C)");
   c.positive("n_head", p.n_head);
   c.probability("dropout", p.dropout);
+  if (qkv[2] <= 0) c.fail("qkv " + qkv.str() + ": last dimension (3 * C) must be positive");
   if (qkv[2] % (3 * int64_t{p.n_head}) != 0)
     c.fail("qkv " + qkv.str() + ": last dimension must be 3 * C with C divisible by n_head " +
            std::to_string(p.n_head));
