@@ -301,12 +301,15 @@ NaiveAttention naive_attention(const Tensor& qkv_t, const Tensor& dout_t, const 
 
 TEST(Attention, DropoutMatchesNaiveReference) {
   // T = 7: rows start at word offsets that are not multiples of 4 (a Philox block).
-  const Tensor qkv = random_tensor(Shape{2, 7, 36}, 51, -1.5f, 1.5f);
-  const Tensor dout = random_tensor(Shape{2, 7, 12}, 52);
+  // T = 70: the causal GEMMs go by blocks of rows, the last one partial; rows are longer
+  // than one chunk of the dropout mask.
+  for (const auto& [shape, n_head] : std::vector<std::pair<Shape, int>>{{Shape{2, 7, 36}, 3}, {Shape{1, 70, 24}, 2}})
   for (bool causal : {true, false}) {
+    const Tensor qkv = random_tensor(shape, 51, -1.5f, 1.5f);
+    const Tensor dout = random_tensor(Shape{shape[0], shape[1], shape[2] / 3}, 52);
     for (float drop : {0.0f, 0.3f}) {
-      SCOPED_TRACE(std::string(causal ? "causal" : "full") + " dropout " + std::to_string(drop));
-      const AttentionParams p{3, causal, drop};
+      SCOPED_TRACE(shape.str() + (causal ? " causal" : " full") + " dropout " + std::to_string(drop));
+      const AttentionParams p{n_head, causal, drop};
       const RngState rng{1234, 4096};
       const auto ref = naive_attention(qkv, dout, p, rng);
       if (drop > 0.0f) {  // the mask is not trivial
@@ -394,8 +397,9 @@ std::vector<Tensor> run_family() {
     be.embedding_backward(dy, ids, dtable, dpos);
     out.insert(out.end(), {dtable, dpos});
   }
+  for (int64_t t : {33, 70})
   for (bool causal : {true, false}) {
-    const Tensor qkv = random_tensor(Shape{2, 33, 96}, 101), dout = random_tensor(Shape{2, 33, 32}, 102);
+    const Tensor qkv = random_tensor(Shape{2, t, 96}, 101), dout = random_tensor(Shape{2, t, 32}, 102);
     const AttentionParams p{4, causal, 0.2f};
     const RngState rng{9, 40};
     auto r = ops::attention(be, qkv, p, rng);
@@ -448,14 +452,14 @@ TEST(TransformerErrors, BadArgumentsNameTheOpAndShapes) {
   // Workspace too small, or missing.
   const AttentionParams pd{2, true, 0.1f};
   const size_t need = be.attention_forward_workspace(qkv.shape(), pd);
-  EXPECT_EQ(need, 5u * 5u * sizeof(float));
+  EXPECT_EQ(need, 4u * 5u * 5u * sizeof(float));  // 2 batches x 2 heads of [5, 5]
   const Tensor small = Tensor::empty(Shape{static_cast<int64_t>(need / 4 - 1)});
   EXPECT_REMAT_ERROR(be.attention_forward(qkv, pd, RngState{}, Tensor::empty(Shape{2, 5, 4}),
                                           Tensor::empty(Shape{2, 2, 5, 5}), small),
-                     "attention_forward: workspace of 100 bytes needed, got 96");
+                     "attention_forward: workspace of 400 bytes needed, got 396");
   EXPECT_REMAT_ERROR(be.attention_backward(random_tensor(Shape{2, 5, 4}, 124), qkv, Tensor::zeros(Shape{2, 2, 5, 5}), pd,
                                            RngState{}, Tensor::empty(qkv.shape()), Tensor()),
-                     "attention_backward: workspace of 100 bytes needed, got none");
+                     "attention_backward: workspace of 800 bytes needed, got none");
 
   // Embedding: float ids, wrong ranks.
   const Tensor table = random_tensor(Shape{5, 4}, 125);
@@ -531,11 +535,16 @@ TEST(TransformerMeta, AllocatesExactlyWhatCpuAllocates) {
     const AllocDelta c = family_allocations(Device::cpu(), p);
     const AllocDelta m = family_allocations(Device::meta(), p);
     EXPECT_EQ(c, m);
-    // Not vacuous: outputs were allocated and freed, and the workspace is the [T, T] scratch.
+    // Not vacuous: outputs were allocated and freed, and the workspace peak is the larger
+    // of the two attention workspaces (all 4 heads of [9, 9] fit one group).
     EXPECT_GT(c.peak, 0);
     EXPECT_GE(c.allocs, 9);
     EXPECT_EQ(c.allocs, c.frees);
-    EXPECT_EQ(c.workspace_peak, static_cast<int64_t>(CachingAllocator::round_size(9 * 9 * sizeof(float))));
+    const int64_t head = 9 * 9 * sizeof(float);
+    EXPECT_EQ(cpu().attention_forward_workspace(Shape{2, 9, 48}, p), drop > 0.0f ? 4 * head : 0);
+    EXPECT_EQ(cpu().attention_backward_workspace(Shape{2, 9, 48}, p), drop > 0.0f ? 8 * head : 4 * head);
+    EXPECT_EQ(c.workspace_peak,
+              static_cast<int64_t>(CachingAllocator::round_size(drop > 0.0f ? 8 * head : 4 * head)));
   }
 }
 

@@ -12,13 +12,17 @@
 //   dV = Pd^T dO;  dPd = dO V^T;  dP = dPd * keep / (1 - p)
 //   dS = P * (dP - rowsum(dP * P));  dQ = dS K / sqrt(hs);  dK = dS^T Q / sqrt(hs)
 //
-// The GEMMs run on the calling thread, one (b, h) after another (OpenBLAS threads each
-// call itself; cblas is never called inside an OpenMP region). Softmax, dropout and the
-// softmax backward are OpenMP-parallel over rows, each row computed by one thread in a
-// fixed order, so results do not depend on the OpenMP thread count. One [T, T] scratch
-// matrix comes from the workspace: the dropped probabilities in forward (only with
-// dropout), dP/dS in backward.
+// The GEMMs run on the calling thread (OpenBLAS threads each call itself; cblas is never
+// called inside an OpenMP region), a group of heads back to back; then one OpenMP region
+// does the group's row work (softmax, dropout, softmax backward), each row computed by one
+// thread in a fixed order, so results do not depend on the thread count. Scratch comes
+// from the workspace: a [G, T, T] block per group of G heads (G sized from the shapes
+// only) for the dropped probabilities in forward (only with dropout) and for dP/dS (plus
+// the dropped probabilities, with dropout) in backward.
 #include <cblas.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include <algorithm>
 #include <climits>
@@ -42,90 +46,278 @@ AttnDims attn_dims(const Shape& qkv, const AttentionParams& p) {
   AttnDims d{qkv[0], qkv[1], qkv[2] / 3, p.n_head, 0};
   d.hs = d.c / d.h;
   // cblas takes int sizes and leading dimensions.
-  REMAT_CHECK(d.t <= INT_MAX && qkv[2] <= INT_MAX, "attention: qkv ", qkv.str(), " is too large for cblas");
+  REMAT_CHECK(d.t <= INT_MAX / 4 && qkv[2] <= INT_MAX, "attention: qkv ", qkv.str(), " is too large for cblas");
   return d;
 }
 
-size_t scratch_bytes(const Shape& qkv) { return static_cast<size_t>(qkv[1] * qkv[1]) * sizeof(float); }
+// Dropout is applied when it can drop something: a keep probability that rounds to 1 in
+// float keeps everything (philox::keep's rule), so it is no dropout at all.
+bool has_dropout(const AttentionParams& p) { return 1.0f - p.dropout < 1.0f; }
 
-// Calls f(j, kept) for j in [0, n): whether dropout keeps element `first + j` of the op's
-// Philox range. The same decision as philox::keep(seed, offset, first + j, keep_prob), but
-// each Philox block (four words) is computed once instead of once per word.
-template <typename F>
-inline void for_each_keep(RngState rng, uint64_t first, int64_t n, float keep_prob, F&& f) {
-  uint64_t w = rng.offset + first;
+// Heads are processed in groups: the GEMMs of a whole group run back to back, then one
+// OpenMP region does the group's row work. Few switches between OpenBLAS's threads and
+// OpenMP's keep the two thread pools from fighting over the cores (each spins for a while
+// after its work). A group's scratch is kGroupScratchBytes at most (one head at least).
+constexpr int64_t kGroupScratchBytes = int64_t{4} << 20;
+
+int64_t group_heads(const AttnDims& d) {
+  const int64_t per_head = d.t * d.t * static_cast<int64_t>(sizeof(float));
+  return std::max<int64_t>(1, std::min<int64_t>(d.b * d.h, kGroupScratchBytes / std::max<int64_t>(per_head, 1)));
+}
+
+// Forward needs scratch for the dropped probabilities only; backward for dP/dS, and the
+// dropped probabilities too with dropout.
+size_t forward_scratch_floats(const AttnDims& d, const AttentionParams& p) {
+  return has_dropout(p) ? static_cast<size_t>(group_heads(d) * d.t * d.t) : 0;
+}
+size_t backward_scratch_floats(const AttnDims& d, const AttentionParams& p) {
+  return static_cast<size_t>(group_heads(d) * d.t * d.t) * (has_dropout(p) ? 2 : 1);
+}
+
+// ---- Row kernels -------------------------------------------------------------------------
+
+// Row sums use kLanes interleaved partial sums (element j goes to lane j % kLanes) combined
+// pairwise at the end: a fixed order, independent of vector width and thread count.
+constexpr int kLanes = 16;
+
+inline float lane_combine(float* acc) {
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int k = 0; k < w; ++k) acc[k] += acc[k + w];
+  return acc[0];
+}
+
+// The maximum is exact whatever the order: four independent chains for speed.
+inline float row_max(const float* x, int64_t n) {
+  float m[4] = {x[0], x[0], x[0], x[0]};
   int64_t j = 0;
-  while (j < n) {
-    const philox::Bits4 bits = philox::block(rng.seed, w >> 2);
-    for (unsigned comp = static_cast<unsigned>(w & 3u); comp < 4 && j < n; ++comp, ++j, ++w) {
-      f(j, philox::uniform(philox::component(bits, comp)) < keep_prob);
+  for (; j + 4 <= n; j += 4)
+    for (int k = 0; k < 4; ++k) m[k] = m[k] < x[j + k] ? x[j + k] : m[k];
+  for (; j < n; ++j) m[0] = m[0] < x[j] ? x[j] : m[0];
+  const float a = m[0] < m[1] ? m[1] : m[0], b = m[2] < m[3] ? m[3] : m[2];
+  return a < b ? b : a;
+}
+
+inline float row_dot(const float* a, const float* b, int64_t n) {
+  float acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int k = 0; k < kLanes; ++k) acc[k] += a[j + k] * b[j + k];
+  for (int k = 0; j + k < n; ++k) acc[k] += a[j + k] * b[j + k];
+  return lane_combine(acc);
+}
+
+// exp(x) for the softmax's x = s - max <= 0, to 2.5e-7 relative: x = n ln2 + r with
+// |r| <= ln2 / 2 (Cody-Waite split of ln2), a degree-6 Taylor polynomial for exp(r), and
+// 2^n built in the exponent bits. x below -87.3 gives about 1e-38 instead of a denormal or
+// 0 (nothing next to the row maximum's exp(0) = 1); NaN propagates. The scalar and SSE2
+// versions perform the same float operations, so they agree bit for bit.
+constexpr float kExpMin = -87.3f;
+constexpr float kShifter = 12582912.0f;  // 1.5 * 2^23: adding and subtracting it rounds to an integer
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693145751953125f;
+constexpr float kLn2Lo = 1.42860682030941723e-6f;
+
+inline float exp_nonpositive(float x) {
+  x = kExpMin > x ? kExpMin : x;
+  const float n = (x * kLog2e + kShifter) - kShifter;
+  const float r = (x - n * kLn2Hi) - n * kLn2Lo;
+  float q = 1.0f / 720.0f;
+  q = q * r + 1.0f / 120.0f;
+  q = q * r + 1.0f / 24.0f;
+  q = q * r + 1.0f / 6.0f;
+  q = q * r + 0.5f;
+  q = q * r + 1.0f;
+  q = q * r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) * (1 << 23);
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return q * scale;
+}
+
+#if defined(__SSE2__)
+inline __m128 exp_nonpositive4(__m128 x) {
+  x = _mm_max_ps(_mm_set1_ps(kExpMin), x);  // returns x when x is NaN
+  const __m128 shifter = _mm_set1_ps(kShifter);
+  const __m128 n = _mm_sub_ps(_mm_add_ps(_mm_mul_ps(x, _mm_set1_ps(kLog2e)), shifter), shifter);
+  const __m128 r = _mm_sub_ps(_mm_sub_ps(x, _mm_mul_ps(n, _mm_set1_ps(kLn2Hi))), _mm_mul_ps(n, _mm_set1_ps(kLn2Lo)));
+  __m128 q = _mm_set1_ps(1.0f / 720.0f);
+  q = _mm_add_ps(_mm_mul_ps(q, r), _mm_set1_ps(1.0f / 120.0f));
+  q = _mm_add_ps(_mm_mul_ps(q, r), _mm_set1_ps(1.0f / 24.0f));
+  q = _mm_add_ps(_mm_mul_ps(q, r), _mm_set1_ps(1.0f / 6.0f));
+  q = _mm_add_ps(_mm_mul_ps(q, r), _mm_set1_ps(0.5f));
+  q = _mm_add_ps(_mm_mul_ps(q, r), _mm_set1_ps(1.0f));
+  q = _mm_add_ps(_mm_mul_ps(q, r), _mm_set1_ps(1.0f));
+  const __m128i bits = _mm_slli_epi32(_mm_add_epi32(_mm_cvttps_epi32(n), _mm_set1_epi32(127)), 23);
+  return _mm_mul_ps(q, _mm_castsi128_ps(bits));
+}
+#endif
+
+// x[j] = exp(x[j] - mx) for j < n; returns their sum.
+inline float exp_shift_sum(float* x, int64_t n, float mx) {
+  float acc[kLanes] = {};
+  int64_t j = 0;
+#if defined(__SSE2__)
+  static_assert(kLanes == 16, "four SSE2 accumulators hold the lanes");
+  const __m128 m = _mm_set1_ps(mx);
+  __m128 a[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+  for (; j + kLanes <= n; j += kLanes) {
+    for (int v = 0; v < 4; ++v) {
+      const __m128 e = exp_nonpositive4(_mm_sub_ps(_mm_loadu_ps(x + j + 4 * v), m));
+      _mm_storeu_ps(x + j + 4 * v, e);
+      a[v] = _mm_add_ps(a[v], e);
     }
+  }
+  for (int v = 0; v < 4; ++v) _mm_storeu_ps(acc + 4 * v, a[v]);
+#else
+  for (; j + kLanes <= n; j += kLanes)
+    for (int k = 0; k < kLanes; ++k) {
+      x[j + k] = exp_nonpositive(x[j + k] - mx);
+      acc[k] += x[j + k];
+    }
+#endif
+  for (int k = 0; j + k < n; ++k) {
+    x[j + k] = exp_nonpositive(x[j + k] - mx);
+    acc[k] += x[j + k];
+  }
+  return lane_combine(acc);
+}
+
+// ---- Dropout mask ------------------------------------------------------------------------
+
+// Calls f(j0, factor, m) for consecutive chunks [j0, j0 + m) of [0, n), where factor[k] is
+// the dropout factor of element first + j0 + k of the op's Philox range: `scale` if
+// philox::keep(seed, offset, first + j0 + k, keep_prob), else 0 (keep_prob < 1). Each
+// Philox block (four words) is computed once, not once per word.
+template <typename F>
+inline void for_each_dropout_chunk(RngState rng, uint64_t first, int64_t n, float keep_prob, float scale, F&& f) {
+  constexpr int64_t kChunk = 64;
+  uint32_t words[kChunk + 4];
+  float factor[kChunk];
+  uint64_t w = rng.offset + first;
+  for (int64_t j = 0; j < n; j += kChunk) {
+    const int64_t m = std::min(kChunk, n - j);
+    const int64_t skip = static_cast<int64_t>(w & 3u);
+    for (int64_t c = 0; 4 * c < skip + m; ++c) {
+      const philox::Bits4 v = philox::block(rng.seed, (w >> 2) + static_cast<uint64_t>(c));
+      words[4 * c] = v.x;
+      words[4 * c + 1] = v.y;
+      words[4 * c + 2] = v.z;
+      words[4 * c + 3] = v.w;
+    }
+    for (int64_t k = 0; k < m; ++k) factor[k] = philox::uniform(words[skip + k]) < keep_prob ? scale : 0.0f;
+    f(j, factor, m);
+    w += static_cast<uint64_t>(m);
   }
 }
 
 void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+           int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc) {
   cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
-              static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+              static_cast<int>(lda), b, static_cast<int>(ldb), 0.0f, c, static_cast<int>(ldc));
 }
+
+// The three GEMM shapes of attention, per head, over [T, T] matrices (row stride T) and
+// [T, hs] slices (row strides ld*). When causal, the [T, T] operand is zero above the
+// diagonal, so the GEMMs go by blocks of kCausalBlock rows (or columns) and skip the
+// blocks above the diagonal: about half the work for long sequences.
+constexpr int64_t kCausalBlock = 64;
+
+// S = alpha X Y^T; when causal, only the blocks on and below the diagonal are written.
+void gemm_xyt(bool causal, int64_t T, int64_t hs, float alpha, const float* X, int64_t ldx, const float* Y,
+              int64_t ldy, float* S) {
+  const int64_t R = causal ? kCausalBlock : T;
+  for (int64_t i0 = 0; i0 < T; i0 += R) {
+    const int64_t i1 = std::min(T, i0 + R);
+    sgemm(CblasNoTrans, CblasTrans, i1 - i0, causal ? i1 : T, hs, alpha, X + i0 * ldx, ldx, Y, ldy, S + i0 * T, T);
+  }
+}
+
+// Out = alpha A B (A [T, T]).
+void gemm_ab(bool causal, int64_t T, int64_t hs, float alpha, const float* A, const float* B, int64_t ldb,
+             float* out, int64_t ldo) {
+  const int64_t R = causal ? kCausalBlock : T;
+  for (int64_t i0 = 0; i0 < T; i0 += R) {
+    const int64_t i1 = std::min(T, i0 + R);
+    sgemm(CblasNoTrans, CblasNoTrans, i1 - i0, hs, causal ? i1 : T, alpha, A + i0 * T, T, B, ldb, out + i0 * ldo,
+          ldo);
+  }
+}
+
+// Out = alpha A^T B (A [T, T]).
+void gemm_atb(bool causal, int64_t T, int64_t hs, float alpha, const float* A, const float* B, int64_t ldb,
+              float* out, int64_t ldo) {
+  const int64_t R = causal ? kCausalBlock : T;
+  for (int64_t j0 = 0; j0 < T; j0 += R) {
+    const int64_t j1 = std::min(T, j0 + R), first = causal ? j0 : 0;  // rows i < j0 of A are zero in columns >= j0
+    sgemm(CblasTrans, CblasNoTrans, j1 - j0, hs, T - first, alpha, A + first * T + j0, T, B + first * ldb, ldb,
+          out + j0 * ldo, ldo);
+  }
+}
+
+// Row loops over a group of heads: chunks of rows spread round-robin over the threads, so
+// causal rows (whose cost grows with i) balance; every row is computed the same way
+// whichever thread gets it.
+constexpr int kRowChunk = 8;
 
 }  // namespace
 
 size_t CpuBackend::attention_forward_workspace_impl(const Shape& qkv, const AttentionParams& p) {
-  return p.dropout > 0.0f ? scratch_bytes(qkv) : 0;
+  return forward_scratch_floats(attn_dims(qkv, p), p) * sizeof(float);
 }
 
-size_t CpuBackend::attention_backward_workspace_impl(const Shape& qkv, const AttentionParams&) {
-  return scratch_bytes(qkv);
+size_t CpuBackend::attention_backward_workspace_impl(const Shape& qkv, const AttentionParams& p) {
+  return backward_scratch_floats(attn_dims(qkv, p), p) * sizeof(float);
 }
 
 void CpuBackend::attention_forward_impl(const Tensor& qkv, const AttentionParams& p, RngState rng, const Tensor& out,
                                         const Tensor& probs, const Tensor& workspace) {
   const AttnDims d = attn_dims(qkv.shape(), p);
   if (d.b == 0 || d.t == 0) return;
-  const int64_t T = d.t, C = d.c, ld = 3 * C;
+  const int64_t T = d.t, C = d.c, ld = 3 * C, BH = d.b * d.h;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.hs));
-  const bool dropout = p.dropout > 0.0f;
+  const bool dropout = has_dropout(p);
   const float keep_prob = 1.0f - p.dropout;
   const float inv_keep = keep_prob > 0.0f ? 1.0f / keep_prob : 0.0f;
   const bool causal = p.causal;
   const float* x = qkv.f32();
   float* pr = probs.f32();
   float* o = out.f32();
-  float* buf = dropout ? workspace.f32() : nullptr;
+  float* dropped = dropout ? workspace.f32() : nullptr;
+  // Without dropout nothing needs scratch and all heads form one group.
+  const int64_t G = dropout ? group_heads(d) : BH;
+  auto head_q = [&](int64_t bh) { return x + (bh / d.h) * T * ld + (bh % d.h) * d.hs; };
 
-  for (int64_t bh = 0; bh < d.b * d.h; ++bh) {
-    const int64_t b = bh / d.h, h = bh % d.h;
-    const float* q = x + b * T * ld + h * d.hs;
-    const float* k = q + C;
-    const float* v = q + 2 * C;
-    float* s = pr + bh * T * T;
-    sgemm(CblasNoTrans, CblasTrans, T, T, d.hs, scale, q, ld, k, ld, 0.0f, s, T);
-
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < T; ++i) {
-      float* row = s + i * T;
+  for (int64_t g0 = 0; g0 < BH; g0 += G) {
+    const int64_t g1 = std::min(BH, g0 + G);
+    // Scores, scaled, straight into probs.
+    for (int64_t bh = g0; bh < g1; ++bh) {
+      const float* q = head_q(bh);
+      gemm_xyt(causal, T, d.hs, scale, q, ld, q + C, ld, pr + bh * T * T);
+    }
+    // Softmax (and dropout) row by row.
+    const int64_t rows = (g1 - g0) * T;
+#pragma omp parallel for schedule(static, kRowChunk)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t bh = g0 + r / T, i = r % T;
+      float* row = pr + (bh * T + i) * T;
       const int64_t n = causal ? i + 1 : T;
-      float mx = row[0];
-      for (int64_t j = 1; j < n; ++j) mx = std::max(mx, row[j]);
-      float sum = 0.0f;
-      for (int64_t j = 0; j < n; ++j) {
-        row[j] = std::exp(row[j] - mx);
-        sum += row[j];
-      }
-      const float inv = 1.0f / sum;
+      const float inv = 1.0f / exp_shift_sum(row, n, row_max(row, n));
       for (int64_t j = 0; j < n; ++j) row[j] *= inv;
-      for (int64_t j = n; j < T; ++j) row[j] = 0.0f;
+      std::fill(row + n, row + T, 0.0f);
       if (dropout) {
-        float* drow = buf + i * T;
-        for_each_keep(rng, static_cast<uint64_t>((bh * T + i) * T), n, keep_prob,
-                      [&](int64_t j, bool kept) { drow[j] = kept ? row[j] * inv_keep : 0.0f; });
-        for (int64_t j = n; j < T; ++j) drow[j] = 0.0f;
+        float* drow = dropped + r * T;
+        for_each_dropout_chunk(rng, static_cast<uint64_t>((bh * T + i) * T), n, keep_prob, inv_keep,
+                               [&](int64_t j0, const float* f, int64_t m) {
+                                 for (int64_t k = 0; k < m; ++k) drow[j0 + k] = row[j0 + k] * f[k];
+                               });
+        std::fill(drow + n, drow + T, 0.0f);
       }
     }
-
-    sgemm(CblasNoTrans, CblasNoTrans, T, d.hs, T, 1.0f, dropout ? buf : s, T, v, ld, 0.0f, o + b * T * C + h * d.hs,
-          C);
+    // out[b, :, h] = (dropped) probs @ V.
+    for (int64_t bh = g0; bh < g1; ++bh) {
+      const float* P = dropout ? dropped + (bh - g0) * T * T : pr + bh * T * T;
+      gemm_ab(causal, T, d.hs, 1.0f, P, head_q(bh) + 2 * C, ld, o + (bh / d.h) * T * C + (bh % d.h) * d.hs, C);
+    }
   }
 }
 
@@ -134,9 +326,9 @@ void CpuBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv, 
                                          const Tensor& workspace) {
   const AttnDims d = attn_dims(qkv.shape(), p);
   if (d.b == 0 || d.t == 0) return;
-  const int64_t T = d.t, C = d.c, ld = 3 * C;
+  const int64_t T = d.t, C = d.c, ld = 3 * C, BH = d.b * d.h;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.hs));
-  const bool dropout = p.dropout > 0.0f;
+  const bool dropout = has_dropout(p);
   const float keep_prob = 1.0f - p.dropout;
   const float inv_keep = keep_prob > 0.0f ? 1.0f / keep_prob : 0.0f;
   const bool causal = p.causal;
@@ -144,53 +336,50 @@ void CpuBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv, 
   const float* pr = probs.f32();
   const float* go = dout.f32();
   float* dx = dqkv.f32();
-  float* buf = workspace.f32();
+  const int64_t G = group_heads(d);
+  float* ds = workspace.f32();                           // [G, T, T]: dPd, then dS
+  float* dropped = dropout ? ds + G * T * T : nullptr;  // [G, T, T]: dropped probs
+  auto head_off = [&](int64_t bh) { return (bh / d.h) * T * ld + (bh % d.h) * d.hs; };
+  auto head_out = [&](int64_t bh) { return (bh / d.h) * T * C + (bh % d.h) * d.hs; };
 
-  for (int64_t bh = 0; bh < d.b * d.h; ++bh) {
-    const int64_t b = bh / d.h, h = bh % d.h;
-    const float* q = x + b * T * ld + h * d.hs;
-    const float* k = q + C;
-    const float* v = q + 2 * C;
-    const float* P = pr + bh * T * T;
-    const float* dO = go + b * T * C + h * d.hs;
-    float* dq = dx + b * T * ld + h * d.hs;
-    float* dk = dq + C;
-    float* dv = dq + 2 * C;
-
-    // dV = Pd^T dO, with Pd the dropped probabilities (rebuilt in buf from the same mask).
-    if (dropout) {
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < T; ++i) {
-        const float* row = P + i * T;
-        float* drow = buf + i * T;
-        const int64_t n = causal ? i + 1 : T;
-        for_each_keep(rng, static_cast<uint64_t>((bh * T + i) * T), n, keep_prob,
-                      [&](int64_t j, bool kept) { drow[j] = kept ? row[j] * inv_keep : 0.0f; });
-        for (int64_t j = n; j < T; ++j) drow[j] = 0.0f;
-      }
-    }
-    sgemm(CblasTrans, CblasNoTrans, T, d.hs, T, 1.0f, dropout ? buf : P, T, dO, C, 0.0f, dv, ld);
-
-    // dPd = dO V^T, then dS = P * (dP - rowsum(dP * P)) in place.
-    sgemm(CblasNoTrans, CblasTrans, T, T, d.hs, 1.0f, dO, C, v, ld, 0.0f, buf, T);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < T; ++i) {
-      const float* row = P + i * T;
-      float* g = buf + i * T;
+  for (int64_t g0 = 0; g0 < BH; g0 += G) {
+    const int64_t g1 = std::min(BH, g0 + G);
+    // dPd = dO V^T.
+    for (int64_t bh = g0; bh < g1; ++bh)
+      gemm_xyt(causal, T, d.hs, 1.0f, go + head_out(bh), C, x + head_off(bh) + 2 * C, ld, ds + (bh - g0) * T * T);
+    // dP = dPd * mask / (1 - p); dS = P * (dP - rowsum(dP * P)); the dropped probs for dV.
+    const int64_t rows = (g1 - g0) * T;
+#pragma omp parallel for schedule(static, kRowChunk)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t bh = g0 + r / T, i = r % T;
+      const float* row = pr + (bh * T + i) * T;
+      float* g = ds + r * T;
       const int64_t n = causal ? i + 1 : T;
       if (dropout) {
-        for_each_keep(rng, static_cast<uint64_t>((bh * T + i) * T), n, keep_prob,
-                      [&](int64_t j, bool kept) { g[j] = kept ? g[j] * inv_keep : 0.0f; });
+        float* drow = dropped + r * T;
+        for_each_dropout_chunk(rng, static_cast<uint64_t>((bh * T + i) * T), n, keep_prob, inv_keep,
+                               [&](int64_t j0, const float* f, int64_t m) {
+                                 for (int64_t k = 0; k < m; ++k) {
+                                   g[j0 + k] *= f[k];
+                                   drow[j0 + k] = row[j0 + k] * f[k];
+                                 }
+                               });
+        std::fill(drow + n, drow + T, 0.0f);
       }
-      float dot = 0.0f;
-      for (int64_t j = 0; j < n; ++j) dot += g[j] * row[j];
+      const float dot = row_dot(g, row, n);
       for (int64_t j = 0; j < n; ++j) g[j] = row[j] * (g[j] - dot);
-      for (int64_t j = n; j < T; ++j) g[j] = 0.0f;
+      std::fill(g + n, g + T, 0.0f);
     }
-
-    // dQ = dS K / sqrt(hs); dK = dS^T Q / sqrt(hs).
-    sgemm(CblasNoTrans, CblasNoTrans, T, d.hs, T, scale, buf, T, k, ld, 0.0f, dq, ld);
-    sgemm(CblasTrans, CblasNoTrans, T, d.hs, T, scale, buf, T, q, ld, 0.0f, dk, ld);
+    for (int64_t bh = g0; bh < g1; ++bh) {
+      const float* q = x + head_off(bh);
+      float* dq = dx + head_off(bh);
+      const float* S = ds + (bh - g0) * T * T;
+      const float* P = dropout ? dropped + (bh - g0) * T * T : pr + bh * T * T;
+      // dV = Pd^T dO; dQ = dS K / sqrt(hs); dK = dS^T Q / sqrt(hs).
+      gemm_atb(causal, T, d.hs, 1.0f, P, go + head_out(bh), C, dq + 2 * C, ld);
+      gemm_ab(causal, T, d.hs, scale, S, q + C, ld, dq, ld);
+      gemm_atb(causal, T, d.hs, scale, S, q, ld, dq + C, ld);
+    }
   }
 }
 
