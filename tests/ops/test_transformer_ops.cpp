@@ -377,27 +377,27 @@ TEST(Permute0213, MatchesPyTorchAndIsItsOwnInverse) {
 // ---- Determinism -------------------------------------------------------------------------
 
 // Every op of the family, forward and backward, on shapes with several channel blocks and
-// repeated ids; returns all results.
+// repeated ids, large enough that the CPU loops run in parallel; returns all results.
 std::vector<Tensor> run_family() {
   Backend& be = cpu();
   std::vector<Tensor> out;
   {
-    const Tensor x = random_tensor(Shape{70, 53}, 81, -2.0f, 2.0f), gamma = random_tensor(Shape{53}, 82),
-                 beta = random_tensor(Shape{53}, 83), dy = random_tensor(Shape{70, 53}, 84);
+    const Tensor x = random_tensor(Shape{400, 53}, 81, -2.0f, 2.0f), gamma = random_tensor(Shape{53}, 82),
+                 beta = random_tensor(Shape{53}, 83), dy = random_tensor(Shape{400, 53}, 84);
     auto r = ops::layernorm(be, x, gamma, beta);
     const Tensor dx = ops::empty_like(be, x), dg = random_tensor(Shape{53}, 85), db = random_tensor(Shape{53}, 86);
     be.layernorm_backward(dy, x, gamma, r.mean, r.invstd, dx, dg, db);
     out.insert(out.end(), {r.y, r.mean, r.invstd, dx, dg, db});
   }
   {
-    const Tensor ids = random_ids(Shape{4, 33}, 10, 91), table = random_tensor(Shape{10, 40}, 92),
-                 pos = random_tensor(Shape{40, 40}, 93), dy = random_tensor(Shape{4, 33, 40}, 94);
-    const Tensor dtable = random_tensor(Shape{10, 40}, 95), dpos = random_tensor(Shape{40, 40}, 96);
+    const Tensor ids = random_ids(Shape{4, 64}, 10, 91), table = random_tensor(Shape{10, 72}, 92),
+                 pos = random_tensor(Shape{80, 72}, 93), dy = random_tensor(Shape{4, 64, 72}, 94);
+    const Tensor dtable = random_tensor(Shape{10, 72}, 95), dpos = random_tensor(Shape{80, 72}, 96);
     out.push_back(ops::embedding(be, ids, table, pos));
     be.embedding_backward(dy, ids, dtable, dpos);
     out.insert(out.end(), {dtable, dpos});
   }
-  for (int64_t t : {33, 70})
+  for (int64_t t : {33, 70})  // rows on one thread, and in parallel
   for (bool causal : {true, false}) {
     const Tensor qkv = random_tensor(Shape{2, t, 96}, 101), dout = random_tensor(Shape{2, t, 32}, 102);
     const AttentionParams p{4, causal, 0.2f};
@@ -405,7 +405,7 @@ std::vector<Tensor> run_family() {
     auto r = ops::attention(be, qkv, p, rng);
     out.insert(out.end(), {r.out, r.probs, ops::attention_backward(be, dout, qkv, r.probs, p, rng)});
   }
-  out.push_back(ops::permute_0213(be, random_tensor(Shape{3, 5, 7, 9}, 111)));
+  out.push_back(ops::permute_0213(be, random_tensor(Shape{4, 16, 9, 32}, 111)));
   return out;
 }
 

@@ -20,8 +20,8 @@
 // only) for the dropped probabilities in forward (only with dropout) and for dP/dS (plus
 // the dropped probabilities, with dropout) in backward.
 #include <cblas.h>
-#if defined(__SSE2__)
-#include <emmintrin.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
 #endif
 
 #include <algorithm>
@@ -184,26 +184,91 @@ inline float exp_shift_sum(float* x, int64_t n, float mx) {
 
 // ---- Dropout mask ------------------------------------------------------------------------
 
+// words[4 l + c] = component c of philox::block(seed, b0 + l) for l < nblocks.
+void philox_blocks_scalar(uint64_t seed, uint64_t b0, int64_t nblocks, uint32_t* words) {
+  for (int64_t l = 0; l < nblocks; ++l) {
+    const philox::Bits4 v = philox::block(seed, b0 + static_cast<uint64_t>(l));
+    words[4 * l] = v.x;
+    words[4 * l + 1] = v.y;
+    words[4 * l + 2] = v.z;
+    words[4 * l + 3] = v.w;
+  }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define REMAT_ATTENTION_AVX2 1
+// (hi, lo) halves of the 64-bit products a * m, lane by lane.
+__attribute__((target("avx2"))) inline void mulhilo8(const __m256i& a, const __m256i& m, __m256i& hi, __m256i& lo) {
+  const __m256i even = _mm256_mul_epu32(a, m);                        // lanes 0, 2, 4, 6
+  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);  // lanes 1, 3, 5, 7
+  hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+  lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+}
+
+// The same rounds as philox::philox4x32_10 on eight counters at once (one per 32-bit lane),
+// for CPUs with AVX2 (checked at run time); about twice the scalar speed.
+__attribute__((target("avx2"))) void philox_blocks_avx2(uint64_t seed, uint64_t b0, int64_t nblocks,
+                                                         uint32_t* words) {
+  const __m256i m0 = _mm256_set1_epi32(static_cast<int>(philox::kM0));
+  const __m256i m1 = _mm256_set1_epi32(static_cast<int>(philox::kM1));
+  int64_t l0 = 0;
+  for (; l0 + 8 <= nblocks; l0 += 8) {
+    alignas(32) uint32_t c0[8], c1[8], c2[8], out[4][8];
+    for (int l = 0; l < 8; ++l) {
+      const uint64_t b = b0 + static_cast<uint64_t>(l0 + l);
+      c0[l] = static_cast<uint32_t>(b >> 16);
+      c1[l] = static_cast<uint32_t>(b >> 48);
+      c2[l] = static_cast<uint32_t>(b & 0xffffu);
+    }
+    __m256i x = _mm256_load_si256(reinterpret_cast<const __m256i*>(c0));
+    __m256i y = _mm256_load_si256(reinterpret_cast<const __m256i*>(c1));
+    __m256i z = _mm256_load_si256(reinterpret_cast<const __m256i*>(c2));
+    __m256i w = _mm256_setzero_si256();
+    uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+    for (int r = 0; r < 10; ++r) {
+      __m256i hi0, lo0, hi1, lo1;
+      mulhilo8(x, m0, hi0, lo0);
+      mulhilo8(z, m1, hi1, lo1);
+      x = _mm256_xor_si256(_mm256_xor_si256(hi1, y), _mm256_set1_epi32(static_cast<int>(k0)));
+      z = _mm256_xor_si256(_mm256_xor_si256(hi0, w), _mm256_set1_epi32(static_cast<int>(k1)));
+      y = lo1;
+      w = lo0;
+      k0 += philox::kW0;
+      k1 += philox::kW1;
+    }
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out[0]), x);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out[1]), y);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out[2]), z);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out[3]), w);
+    for (int l = 0; l < 8; ++l)
+      for (int c = 0; c < 4; ++c) words[4 * (l0 + l) + c] = out[c][l];
+  }
+  philox_blocks_scalar(seed, b0 + static_cast<uint64_t>(l0), nblocks - l0, words + 4 * l0);
+}
+#endif
+
+void philox_blocks(uint64_t seed, uint64_t b0, int64_t nblocks, uint32_t* words) {
+#ifdef REMAT_ATTENTION_AVX2
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return philox_blocks_avx2(seed, b0, nblocks, words);
+#endif
+  philox_blocks_scalar(seed, b0, nblocks, words);
+}
+
 // Calls f(j0, factor, m) for consecutive chunks [j0, j0 + m) of [0, n), where factor[k] is
 // the dropout factor of element first + j0 + k of the op's Philox range: `scale` if
 // philox::keep(seed, offset, first + j0 + k, keep_prob), else 0 (keep_prob < 1). Each
 // Philox block (four words) is computed once, not once per word.
 template <typename F>
 inline void for_each_dropout_chunk(RngState rng, uint64_t first, int64_t n, float keep_prob, float scale, F&& f) {
-  constexpr int64_t kChunk = 64;
+  constexpr int64_t kChunk = 128;
   uint32_t words[kChunk + 4];
   float factor[kChunk];
   uint64_t w = rng.offset + first;
   for (int64_t j = 0; j < n; j += kChunk) {
     const int64_t m = std::min(kChunk, n - j);
     const int64_t skip = static_cast<int64_t>(w & 3u);
-    for (int64_t c = 0; 4 * c < skip + m; ++c) {
-      const philox::Bits4 v = philox::block(rng.seed, (w >> 2) + static_cast<uint64_t>(c));
-      words[4 * c] = v.x;
-      words[4 * c + 1] = v.y;
-      words[4 * c + 2] = v.z;
-      words[4 * c + 3] = v.w;
-    }
+    philox_blocks(rng.seed, w >> 2, (skip + m + 3) / 4, words);
     for (int64_t k = 0; k < m; ++k) factor[k] = philox::uniform(words[skip + k]) < keep_prob ? scale : 0.0f;
     f(j, factor, m);
     w += static_cast<uint64_t>(m);
@@ -259,6 +324,10 @@ void gemm_atb(bool causal, int64_t T, int64_t hs, float alpha, const float* A, c
 // whichever thread gets it.
 constexpr int kRowChunk = 8;
 
+// Loops over fewer elements than this run on the calling thread: waking the OpenMP team
+// costs more than it saves. (Each element is computed the same way either way.)
+constexpr int64_t kParallelMinWork = int64_t{1} << 14;
+
 }  // namespace
 
 size_t CpuBackend::attention_forward_workspace_impl(const Shape& qkv, const AttentionParams& p) {
@@ -296,7 +365,7 @@ void CpuBackend::attention_forward_impl(const Tensor& qkv, const AttentionParams
     }
     // Softmax (and dropout) row by row.
     const int64_t rows = (g1 - g0) * T;
-#pragma omp parallel for schedule(static, kRowChunk)
+#pragma omp parallel for schedule(static, kRowChunk) if (rows * T >= kParallelMinWork)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t bh = g0 + r / T, i = r % T;
       float* row = pr + (bh * T + i) * T;
@@ -349,7 +418,7 @@ void CpuBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv, 
       gemm_xyt(causal, T, d.hs, 1.0f, go + head_out(bh), C, x + head_off(bh) + 2 * C, ld, ds + (bh - g0) * T * T);
     // dP = dPd * mask / (1 - p); dS = P * (dP - rowsum(dP * P)); the dropped probs for dV.
     const int64_t rows = (g1 - g0) * T;
-#pragma omp parallel for schedule(static, kRowChunk)
+#pragma omp parallel for schedule(static, kRowChunk) if (rows * T >= kParallelMinWork)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t bh = g0 + r / T, i = r % T;
       const float* row = pr + (bh * T + i) * T;
@@ -391,7 +460,7 @@ void CpuBackend::permute_0213_impl(const Tensor& x, const Tensor& y) {
   const auto* src = static_cast<const unsigned char*>(x.raw_data());
   auto* dst = static_cast<unsigned char*>(y.raw_data());
   // One output row y[a, c, b, :] = x[a, b, c, :] per iteration.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * D >= kParallelMinWork)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t a = r / (C * B), c = (r / B) % C, b = r % B;
     std::memcpy(dst + static_cast<size_t>(r) * row_bytes,
