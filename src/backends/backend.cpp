@@ -569,6 +569,8 @@ void Backend::attention_forward(const Tensor& qkv, const AttentionParams& p, Rng
   ck.shape("out", out, Shape{b, t, c});
   ck.tensor("probs", probs);
   ck.shape("probs", probs, Shape{b, p.n_head, t, t});
+  if (out.shares_storage(qkv) || probs.shares_storage(qkv) || out.shares_storage(probs))
+    ck.fail("qkv, out and probs must not share storage");
   ck.workspace(workspace, attention_forward_workspace_impl(qkv.shape(), p));
   attention_forward_impl(qkv, p, rng, out, probs, workspace);
 }
@@ -590,6 +592,8 @@ void Backend::attention_backward(const Tensor& dout, const Tensor& qkv, const Te
   ck.shape("probs", probs, Shape{b, p.n_head, t, t});
   ck.tensor("dqkv", dqkv);
   ck.same_shape("dqkv", dqkv, "qkv", qkv);
+  if (dqkv.shares_storage(qkv) || dqkv.shares_storage(dout) || dqkv.shares_storage(probs))
+    ck.fail("dqkv must not share storage with qkv, dout or probs");
   ck.workspace(workspace, attention_backward_workspace_impl(qkv.shape(), p));
   attention_backward_impl(dout, qkv, probs, p, rng, dqkv, workspace);
 }

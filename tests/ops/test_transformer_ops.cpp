@@ -108,6 +108,19 @@ TEST(LayerNorm, MatchesPyTorch) {
   }
 }
 
+TEST(LayerNorm, BackwardMayWriteDxOverDy) {
+  const Tensor x = random_tensor(Shape{40, 30}, 5, -2.0f, 2.0f);
+  const Tensor gamma = random_tensor(Shape{30}, 6), beta = random_tensor(Shape{30}, 7), dy = random_tensor(x.shape(), 8);
+  const auto r = ops::layernorm(cpu(), x, gamma, beta);
+  const Tensor dx = ops::empty_like(cpu(), x), dg = Tensor::zeros(gamma.shape()), db = Tensor::zeros(beta.shape());
+  cpu().layernorm_backward(dy, x, gamma, r.mean, r.invstd, dx, dg, db);
+  const Tensor inplace = dy.clone(), dg2 = Tensor::zeros(gamma.shape()), db2 = Tensor::zeros(beta.shape());
+  cpu().layernorm_backward(inplace, x, gamma, r.mean, r.invstd, inplace, dg2, db2);
+  EXPECT_TRUE(bitwise_equal(inplace, dx));
+  EXPECT_TRUE(bitwise_equal(dg2, dg));
+  EXPECT_TRUE(bitwise_equal(db2, db));
+}
+
 TEST(LayerNorm, GradientsMatchFiniteDifferences) {
   const Tensor x = random_tensor(Shape{3, 4, 21}, 1, -2.0f, 2.0f);
   const Tensor gamma = random_tensor(Shape{21}, 2, 0.5f, 1.5f), beta = random_tensor(Shape{21}, 3);
@@ -448,6 +461,16 @@ TEST(TransformerErrors, BadArgumentsNameTheOpAndShapes) {
   EXPECT_REMAT_ERROR(ops::attention_backward(be, random_tensor(Shape{2, 5, 4}, 123), qkv, Tensor::zeros(Shape{2, 1, 5, 5}),
                                              AttentionParams{2, true, 0.0f}, RngState{}),
                      "probs f32[2, 1, 5, 5] on cpu: expected shape [2, 2, 5, 5]");
+
+  // Outputs over inputs (probs [1, 1, 6, 6] can be a view of qkv [1, 6, 6]).
+  const Tensor qkv6 = random_tensor(Shape{1, 6, 6}, 125);
+  EXPECT_REMAT_ERROR(be.attention_forward(qkv6, AttentionParams{1, true, 0.0f}, RngState{}, Tensor::empty(Shape{1, 6, 2}),
+                                          qkv6.reshape({1, 1, 6, 6}), Tensor()),
+                     "attention_forward: qkv, out and probs must not share storage");
+  const Tensor probs = Tensor::zeros(Shape{2, 2, 5, 5});
+  EXPECT_REMAT_ERROR(be.attention_backward(random_tensor(Shape{2, 5, 4}, 125), qkv, probs, AttentionParams{2, true, 0.0f},
+                                           RngState{}, qkv, ops::workspace(be, 400)),
+                     "attention_backward: dqkv must not share storage with qkv, dout or probs");
 
   // Workspace too small, or missing.
   const AttentionParams pd{2, true, 0.1f};

@@ -46,7 +46,7 @@ AttnDims attn_dims(const Shape& qkv, const AttentionParams& p) {
   AttnDims d{qkv[0], qkv[1], qkv[2] / 3, p.n_head, 0};
   d.hs = d.c / d.h;
   // cblas takes int sizes and leading dimensions.
-  REMAT_CHECK(d.t <= INT_MAX / 4 && qkv[2] <= INT_MAX, "attention: qkv ", qkv.str(), " is too large for cblas");
+  REMAT_CHECK(d.t <= INT_MAX && qkv[2] <= INT_MAX, "attention: qkv ", qkv.str(), " is too large for cblas");
   return d;
 }
 

@@ -64,31 +64,8 @@ void CpuBackend::layernorm_backward_impl(const Tensor& dy, const Tensor& x, cons
   const float* mp = mean.f32();
   const float* rp = rstd.f32();
 
-  if (dx.defined()) {
-    float* dxp = dx.f32();
-    // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma.
-#pragma omp parallel for schedule(static) if (n * c >= kParallelMinWork)
-    for (int64_t r = 0; r < n; ++r) {
-      const float* xr = xp + r * c;
-      const float* dyr = dyp + r * c;
-      const float m = mp[r], rs = rp[r];
-      double sum_g = 0.0, sum_gx = 0.0;
-      for (int64_t j = 0; j < c; ++j) {
-        const float gj = dyr[j] * g[j];
-        const float xhat = (xr[j] - m) * rs;
-        sum_g += gj;
-        sum_gx += static_cast<double>(gj) * xhat;
-      }
-      const float mean_g = static_cast<float>(sum_g / static_cast<double>(c));
-      const float mean_gx = static_cast<float>(sum_gx / static_cast<double>(c));
-      float* dxr = dxp + r * c;
-      for (int64_t j = 0; j < c; ++j) {
-        const float xhat = (xr[j] - m) * rs;
-        dxr[j] = rs * (dyr[j] * g[j] - mean_g - xhat * mean_gx);
-      }
-    }
-  }
-
+  // Parameter gradients first: dx may then alias dy or x (each row of dx is written after
+  // the reads of its own row).
   if (dgamma.defined() || dbeta.defined()) {
     float* dg = dgamma.defined() ? dgamma.f32() : nullptr;
     float* db = dbeta.defined() ? dbeta.f32() : nullptr;
@@ -111,6 +88,31 @@ void CpuBackend::layernorm_backward_impl(const Tensor& dy, const Tensor& x, cons
       for (int64_t k = 0; k < w; ++k) {
         if (dg) dg[j0 + k] += static_cast<float>(acc_g[k]);
         if (db) db[j0 + k] += static_cast<float>(acc_b[k]);
+      }
+    }
+  }
+
+  if (dx.defined()) {
+    float* dxp = dx.f32();
+    // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma.
+#pragma omp parallel for schedule(static) if (n * c >= kParallelMinWork)
+    for (int64_t r = 0; r < n; ++r) {
+      const float* xr = xp + r * c;
+      const float* dyr = dyp + r * c;
+      const float m = mp[r], rs = rp[r];
+      double sum_g = 0.0, sum_gx = 0.0;
+      for (int64_t j = 0; j < c; ++j) {
+        const float gj = dyr[j] * g[j];
+        const float xhat = (xr[j] - m) * rs;
+        sum_g += gj;
+        sum_gx += static_cast<double>(gj) * xhat;
+      }
+      const float mean_g = static_cast<float>(sum_g / static_cast<double>(c));
+      const float mean_gx = static_cast<float>(sum_gx / static_cast<double>(c));
+      float* dxr = dxp + r * c;
+      for (int64_t j = 0; j < c; ++j) {
+        const float xhat = (xr[j] - m) * rs;
+        dxr[j] = rs * (dyr[j] * g[j] - mean_g - xhat * mean_gx);
       }
     }
   }
