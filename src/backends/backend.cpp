@@ -108,6 +108,7 @@ void check_attention(const Check& c, const Shape& qkv, const AttentionParams& p)
   if (qkv.rank() != 3) c.fail("qkv " + qkv.str() + ": expected rank 3 (B, T, 3C)");
   c.positive("n_head", p.n_head);
   c.probability("dropout", p.dropout);
+  if (qkv[2] <= 0) c.fail("qkv " + qkv.str() + ": last dimension (3 * C) must be positive");
   if (qkv[2] % (3 * int64_t{p.n_head}) != 0)
     c.fail("qkv " + qkv.str() + ": last dimension must be 3 * C with C divisible by n_head " +
            std::to_string(p.n_head));
@@ -568,6 +569,8 @@ void Backend::attention_forward(const Tensor& qkv, const AttentionParams& p, Rng
   ck.shape("out", out, Shape{b, t, c});
   ck.tensor("probs", probs);
   ck.shape("probs", probs, Shape{b, p.n_head, t, t});
+  if (out.shares_storage(qkv) || probs.shares_storage(qkv) || out.shares_storage(probs))
+    ck.fail("qkv, out and probs must not share storage");
   ck.workspace(workspace, attention_forward_workspace_impl(qkv.shape(), p));
   attention_forward_impl(qkv, p, rng, out, probs, workspace);
 }
@@ -589,6 +592,8 @@ void Backend::attention_backward(const Tensor& dout, const Tensor& qkv, const Te
   ck.shape("probs", probs, Shape{b, p.n_head, t, t});
   ck.tensor("dqkv", dqkv);
   ck.same_shape("dqkv", dqkv, "qkv", qkv);
+  if (dqkv.shares_storage(qkv) || dqkv.shares_storage(dout) || dqkv.shares_storage(probs))
+    ck.fail("dqkv must not share storage with qkv, dout or probs");
   ck.workspace(workspace, attention_backward_workspace_impl(qkv.shape(), p));
   attention_backward_impl(dout, qkv, probs, p, rng, dqkv, workspace);
 }

@@ -1,27 +1,471 @@
-// PLACEHOLDER: replaced by the real implementation before this lands.
+// Multi-head self-attention over a fused qkv [B, T, 3C] (GPT-2 layout: q, k, v side by
+// side on the last dim, head h in columns h*hs .. (h+1)*hs of each), and permute_0213.
+//
+// Per (batch b, head h), with Q, K, V the [T, hs] slices of qkv (row stride 3C, read in
+// place by cblas_sgemm through its leading dimension, no copies):
+//   S = Q K^T / sqrt(hs); causal: S[i, j] = -inf for j > i
+//   P = softmax(S) row-wise -> probs[b, h] (masked entries exactly 0)
+//   Pd = P * keep / (1 - p) (dropout; keep from Philox, element index = flat index of
+//        the entry in probs [B, H, T, T], so backward regenerates it)
+//   out[b, :, h*hs ..] = Pd V
+// Backward, with dO the head's slice of dout:
+//   dV = Pd^T dO;  dPd = dO V^T;  dP = dPd * keep / (1 - p)
+//   dS = P * (dP - rowsum(dP * P));  dQ = dS K / sqrt(hs);  dK = dS^T Q / sqrt(hs)
+//
+// The GEMMs run on the calling thread (OpenBLAS threads each call itself; cblas is never
+// called inside an OpenMP region), a group of heads back to back; then one OpenMP region
+// does the group's row work (softmax, dropout, softmax backward), each row computed by one
+// thread in a fixed order, so results do not depend on the thread count. Scratch comes
+// from the workspace: a [G, T, T] block per group of G heads (G sized from the shapes
+// only) for the dropped probabilities in forward (only with dropout) and for dP/dS (plus
+// the dropped probabilities, with dropout) in backward.
+#include <cblas.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
 #include "backends/cpu/cpu_backend.h"
+#include "kernels/philox.cuh"
 #include "remat/error.h"
 
 namespace remat {
 
-size_t CpuBackend::attention_forward_workspace_impl(const Shape&, const AttentionParams&) {
-  REMAT_THROW("cpu attention_forward_workspace_impl: not implemented yet");
+namespace {
+
+struct AttnDims {
+  int64_t b, t, c, h, hs;
+};
+
+AttnDims attn_dims(const Shape& qkv, const AttentionParams& p) {
+  AttnDims d{qkv[0], qkv[1], qkv[2] / 3, p.n_head, 0};
+  d.hs = d.c / d.h;
+  // cblas takes int sizes and leading dimensions.
+  REMAT_CHECK(d.t <= INT_MAX && qkv[2] <= INT_MAX, "attention: qkv ", qkv.str(), " is too large for cblas");
+  return d;
 }
 
-void CpuBackend::attention_forward_impl(const Tensor&, const AttentionParams&, RngState, const Tensor&, const Tensor&, const Tensor&) {
-  REMAT_THROW("cpu attention_forward_impl: not implemented yet");
+// Dropout is applied when it can drop something: a keep probability that rounds to 1 in
+// float keeps everything (philox::keep's rule), so it is no dropout at all.
+bool has_dropout(const AttentionParams& p) { return 1.0f - p.dropout < 1.0f; }
+
+// Heads are processed in groups: the GEMMs of a whole group run back to back, then one
+// OpenMP region does the group's row work. Few switches between OpenBLAS's threads and
+// OpenMP's keep the two thread pools from fighting over the cores (each spins for a while
+// after its work). A group's scratch is kGroupScratchBytes at most (one head at least).
+constexpr int64_t kGroupScratchBytes = int64_t{4} << 20;
+
+int64_t group_heads(const AttnDims& d) {
+  const int64_t per_head = d.t * d.t * static_cast<int64_t>(sizeof(float));
+  return std::max<int64_t>(1, std::min<int64_t>(d.b * d.h, kGroupScratchBytes / std::max<int64_t>(per_head, 1)));
 }
 
-size_t CpuBackend::attention_backward_workspace_impl(const Shape&, const AttentionParams&) {
-  REMAT_THROW("cpu attention_backward_workspace_impl: not implemented yet");
+// Forward needs scratch for the dropped probabilities only; backward for dP/dS, and the
+// dropped probabilities too with dropout.
+size_t forward_scratch_floats(const AttnDims& d, const AttentionParams& p) {
+  return has_dropout(p) ? static_cast<size_t>(group_heads(d) * d.t * d.t) : 0;
+}
+size_t backward_scratch_floats(const AttnDims& d, const AttentionParams& p) {
+  return static_cast<size_t>(group_heads(d) * d.t * d.t) * (has_dropout(p) ? 2 : 1);
 }
 
-void CpuBackend::attention_backward_impl(const Tensor&, const Tensor&, const Tensor&, const AttentionParams&, RngState, const Tensor&, const Tensor&) {
-  REMAT_THROW("cpu attention_backward_impl: not implemented yet");
+// ---- Row kernels -------------------------------------------------------------------------
+
+// Row sums use kLanes interleaved partial sums (element j goes to lane j % kLanes) combined
+// pairwise at the end: a fixed order, independent of vector width and thread count.
+constexpr int kLanes = 16;
+
+inline float lane_combine(float* acc) {
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int k = 0; k < w; ++k) acc[k] += acc[k + w];
+  return acc[0];
 }
 
-void CpuBackend::permute_0213_impl(const Tensor&, const Tensor&) {
-  REMAT_THROW("cpu permute_0213_impl: not implemented yet");
+// The maximum is exact whatever the order: four independent chains for speed.
+inline float row_max(const float* x, int64_t n) {
+  float m[4] = {x[0], x[0], x[0], x[0]};
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4)
+    for (int k = 0; k < 4; ++k) m[k] = m[k] < x[j + k] ? x[j + k] : m[k];
+  for (; j < n; ++j) m[0] = m[0] < x[j] ? x[j] : m[0];
+  const float a = m[0] < m[1] ? m[1] : m[0], b = m[2] < m[3] ? m[3] : m[2];
+  return a < b ? b : a;
+}
+
+inline float row_dot(const float* a, const float* b, int64_t n) {
+  float acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int k = 0; k < kLanes; ++k) acc[k] += a[j + k] * b[j + k];
+  for (int k = 0; j + k < n; ++k) acc[k] += a[j + k] * b[j + k];
+  return lane_combine(acc);
+}
+
+// exp(x) for the softmax's x = s - max <= 0, to 2.5e-7 relative: x = n ln2 + r with
+// |r| <= ln2 / 2 (Cody-Waite split of ln2), a degree-6 Taylor polynomial for exp(r), and
+// 2^n built in the exponent bits. x below -87.3 gives about 1e-38 instead of a denormal or
+// 0 (nothing next to the row maximum's exp(0) = 1); NaN propagates. The scalar and SSE2
+// versions perform the same float operations, so they agree bit for bit.
+constexpr float kExpMin = -87.3f;
+constexpr float kShifter = 12582912.0f;  // 1.5 * 2^23: adding and subtracting it rounds to an integer
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693145751953125f;
+constexpr float kLn2Lo = 1.42860682030941723e-6f;
+
+inline float exp_nonpositive(float x) {
+  x = kExpMin > x ? kExpMin : x;
+  const float n = (x * kLog2e + kShifter) - kShifter;
+  const float r = (x - n * kLn2Hi) - n * kLn2Lo;
+  float q = 1.0f / 720.0f;
+  q = q * r + 1.0f / 120.0f;
+  q = q * r + 1.0f / 24.0f;
+  q = q * r + 1.0f / 6.0f;
+  q = q * r + 0.5f;
+  q = q * r + 1.0f;
+  q = q * r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) * (1 << 23);
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return q * scale;
+}
+
+#if defined(__SSE2__)
+inline __m128 exp_nonpositive4(__m128 x) {
+  x = _mm_max_ps(_mm_set1_ps(kExpMin), x);  // returns x when x is NaN
+  const __m128 shifter = _mm_set1_ps(kShifter);
+  const __m128 n = _mm_sub_ps(_mm_add_ps(_mm_mul_ps(x, _mm_set1_ps(kLog2e)), shifter), shifter);
+  const __m128 r = _mm_sub_ps(_mm_sub_ps(x, _mm_mul_ps(n, _mm_set1_ps(kLn2Hi))), _mm_mul_ps(n, _mm_set1_ps(kLn2Lo)));
+  __m128 q = _mm_set1_ps(1.0f / 720.0f);
+  q = _mm_add_ps(_mm_mul_ps(q, r), _mm_set1_ps(1.0f / 120.0f));
+  q = _mm_add_ps(_mm_mul_ps(q, r), _mm_set1_ps(1.0f / 24.0f));
+  q = _mm_add_ps(_mm_mul_ps(q, r), _mm_set1_ps(1.0f / 6.0f));
+  q = _mm_add_ps(_mm_mul_ps(q, r), _mm_set1_ps(0.5f));
+  q = _mm_add_ps(_mm_mul_ps(q, r), _mm_set1_ps(1.0f));
+  q = _mm_add_ps(_mm_mul_ps(q, r), _mm_set1_ps(1.0f));
+  const __m128i bits = _mm_slli_epi32(_mm_add_epi32(_mm_cvttps_epi32(n), _mm_set1_epi32(127)), 23);
+  return _mm_mul_ps(q, _mm_castsi128_ps(bits));
+}
+#endif
+
+// x[j] = exp(x[j] - mx) for j < n; returns their sum.
+inline float exp_shift_sum(float* x, int64_t n, float mx) {
+  float acc[kLanes] = {};
+  int64_t j = 0;
+#if defined(__SSE2__)
+  static_assert(kLanes == 16, "four SSE2 accumulators hold the lanes");
+  const __m128 m = _mm_set1_ps(mx);
+  __m128 a[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+  for (; j + kLanes <= n; j += kLanes) {
+    for (int v = 0; v < 4; ++v) {
+      const __m128 e = exp_nonpositive4(_mm_sub_ps(_mm_loadu_ps(x + j + 4 * v), m));
+      _mm_storeu_ps(x + j + 4 * v, e);
+      a[v] = _mm_add_ps(a[v], e);
+    }
+  }
+  for (int v = 0; v < 4; ++v) _mm_storeu_ps(acc + 4 * v, a[v]);
+#else
+  for (; j + kLanes <= n; j += kLanes)
+    for (int k = 0; k < kLanes; ++k) {
+      x[j + k] = exp_nonpositive(x[j + k] - mx);
+      acc[k] += x[j + k];
+    }
+#endif
+  for (int k = 0; j + k < n; ++k) {
+    x[j + k] = exp_nonpositive(x[j + k] - mx);
+    acc[k] += x[j + k];
+  }
+  return lane_combine(acc);
+}
+
+// ---- Dropout mask ------------------------------------------------------------------------
+
+// words[4 l + c] = component c of philox::block(seed, b0 + l) for l < nblocks.
+void philox_blocks_scalar(uint64_t seed, uint64_t b0, int64_t nblocks, uint32_t* words) {
+  for (int64_t l = 0; l < nblocks; ++l) {
+    const philox::Bits4 v = philox::block(seed, b0 + static_cast<uint64_t>(l));
+    words[4 * l] = v.x;
+    words[4 * l + 1] = v.y;
+    words[4 * l + 2] = v.z;
+    words[4 * l + 3] = v.w;
+  }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define REMAT_ATTENTION_AVX2 1
+// (hi, lo) halves of the 64-bit products a * m, lane by lane.
+__attribute__((target("avx2"))) inline void mulhilo8(const __m256i& a, const __m256i& m, __m256i& hi, __m256i& lo) {
+  const __m256i even = _mm256_mul_epu32(a, m);                        // lanes 0, 2, 4, 6
+  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);  // lanes 1, 3, 5, 7
+  hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+  lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+}
+
+// The same rounds as philox::philox4x32_10 on eight counters at once (one per 32-bit lane),
+// for CPUs with AVX2 (checked at run time); about twice the scalar speed.
+__attribute__((target("avx2"))) void philox_blocks_avx2(uint64_t seed, uint64_t b0, int64_t nblocks,
+                                                         uint32_t* words) {
+  const __m256i m0 = _mm256_set1_epi32(static_cast<int>(philox::kM0));
+  const __m256i m1 = _mm256_set1_epi32(static_cast<int>(philox::kM1));
+  int64_t l0 = 0;
+  for (; l0 + 8 <= nblocks; l0 += 8) {
+    alignas(32) uint32_t c0[8], c1[8], c2[8], out[4][8];
+    for (int l = 0; l < 8; ++l) {
+      const uint64_t b = b0 + static_cast<uint64_t>(l0 + l);
+      c0[l] = static_cast<uint32_t>(b >> 16);
+      c1[l] = static_cast<uint32_t>(b >> 48);
+      c2[l] = static_cast<uint32_t>(b & 0xffffu);
+    }
+    __m256i x = _mm256_load_si256(reinterpret_cast<const __m256i*>(c0));
+    __m256i y = _mm256_load_si256(reinterpret_cast<const __m256i*>(c1));
+    __m256i z = _mm256_load_si256(reinterpret_cast<const __m256i*>(c2));
+    __m256i w = _mm256_setzero_si256();
+    uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+    for (int r = 0; r < 10; ++r) {
+      __m256i hi0, lo0, hi1, lo1;
+      mulhilo8(x, m0, hi0, lo0);
+      mulhilo8(z, m1, hi1, lo1);
+      x = _mm256_xor_si256(_mm256_xor_si256(hi1, y), _mm256_set1_epi32(static_cast<int>(k0)));
+      z = _mm256_xor_si256(_mm256_xor_si256(hi0, w), _mm256_set1_epi32(static_cast<int>(k1)));
+      y = lo1;
+      w = lo0;
+      k0 += philox::kW0;
+      k1 += philox::kW1;
+    }
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out[0]), x);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out[1]), y);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out[2]), z);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out[3]), w);
+    for (int l = 0; l < 8; ++l)
+      for (int c = 0; c < 4; ++c) words[4 * (l0 + l) + c] = out[c][l];
+  }
+  philox_blocks_scalar(seed, b0 + static_cast<uint64_t>(l0), nblocks - l0, words + 4 * l0);
+}
+#endif
+
+void philox_blocks(uint64_t seed, uint64_t b0, int64_t nblocks, uint32_t* words) {
+#ifdef REMAT_ATTENTION_AVX2
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return philox_blocks_avx2(seed, b0, nblocks, words);
+#endif
+  philox_blocks_scalar(seed, b0, nblocks, words);
+}
+
+// Calls f(j0, factor, m) for consecutive chunks [j0, j0 + m) of [0, n), where factor[k] is
+// the dropout factor of element first + j0 + k of the op's Philox range: `scale` if
+// philox::keep(seed, offset, first + j0 + k, keep_prob), else 0 (keep_prob < 1). Each
+// Philox block (four words) is computed once, not once per word.
+template <typename F>
+inline void for_each_dropout_chunk(RngState rng, uint64_t first, int64_t n, float keep_prob, float scale, F&& f) {
+  constexpr int64_t kChunk = 128;
+  uint32_t words[kChunk + 4];
+  float factor[kChunk];
+  uint64_t w = rng.offset + first;
+  for (int64_t j = 0; j < n; j += kChunk) {
+    const int64_t m = std::min(kChunk, n - j);
+    const int64_t skip = static_cast<int64_t>(w & 3u);
+    philox_blocks(rng.seed, w >> 2, (skip + m + 3) / 4, words);
+    for (int64_t k = 0; k < m; ++k) factor[k] = philox::uniform(words[skip + k]) < keep_prob ? scale : 0.0f;
+    f(j, factor, m);
+    w += static_cast<uint64_t>(m);
+  }
+}
+
+void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+           int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
+              static_cast<int>(lda), b, static_cast<int>(ldb), 0.0f, c, static_cast<int>(ldc));
+}
+
+// The three GEMM shapes of attention, per head, over [T, T] matrices (row stride T) and
+// [T, hs] slices (row strides ld*). When causal, the [T, T] operand is zero above the
+// diagonal, so the GEMMs go by blocks of kCausalBlock rows (or columns) and skip the
+// blocks above the diagonal: about half the work for long sequences.
+constexpr int64_t kCausalBlock = 64;
+
+// S = alpha X Y^T; when causal, only the blocks on and below the diagonal are written.
+void gemm_xyt(bool causal, int64_t T, int64_t hs, float alpha, const float* X, int64_t ldx, const float* Y,
+              int64_t ldy, float* S) {
+  const int64_t R = causal ? kCausalBlock : T;
+  for (int64_t i0 = 0; i0 < T; i0 += R) {
+    const int64_t i1 = std::min(T, i0 + R);
+    sgemm(CblasNoTrans, CblasTrans, i1 - i0, causal ? i1 : T, hs, alpha, X + i0 * ldx, ldx, Y, ldy, S + i0 * T, T);
+  }
+}
+
+// Out = alpha A B (A [T, T]).
+void gemm_ab(bool causal, int64_t T, int64_t hs, float alpha, const float* A, const float* B, int64_t ldb,
+             float* out, int64_t ldo) {
+  const int64_t R = causal ? kCausalBlock : T;
+  for (int64_t i0 = 0; i0 < T; i0 += R) {
+    const int64_t i1 = std::min(T, i0 + R);
+    sgemm(CblasNoTrans, CblasNoTrans, i1 - i0, hs, causal ? i1 : T, alpha, A + i0 * T, T, B, ldb, out + i0 * ldo,
+          ldo);
+  }
+}
+
+// Out = alpha A^T B (A [T, T]).
+void gemm_atb(bool causal, int64_t T, int64_t hs, float alpha, const float* A, const float* B, int64_t ldb,
+              float* out, int64_t ldo) {
+  const int64_t R = causal ? kCausalBlock : T;
+  for (int64_t j0 = 0; j0 < T; j0 += R) {
+    const int64_t j1 = std::min(T, j0 + R), first = causal ? j0 : 0;  // rows i < j0 of A are zero in columns >= j0
+    sgemm(CblasTrans, CblasNoTrans, j1 - j0, hs, T - first, alpha, A + first * T + j0, T, B + first * ldb, ldb,
+          out + j0 * ldo, ldo);
+  }
+}
+
+// Row loops over a group of heads: chunks of rows spread round-robin over the threads, so
+// causal rows (whose cost grows with i) balance; every row is computed the same way
+// whichever thread gets it.
+constexpr int kRowChunk = 8;
+
+// Loops over fewer elements than this run on the calling thread: waking the OpenMP team
+// costs more than it saves. (Each element is computed the same way either way.)
+constexpr int64_t kParallelMinWork = int64_t{1} << 14;
+
+}  // namespace
+
+size_t CpuBackend::attention_forward_workspace_impl(const Shape& qkv, const AttentionParams& p) {
+  return forward_scratch_floats(attn_dims(qkv, p), p) * sizeof(float);
+}
+
+size_t CpuBackend::attention_backward_workspace_impl(const Shape& qkv, const AttentionParams& p) {
+  return backward_scratch_floats(attn_dims(qkv, p), p) * sizeof(float);
+}
+
+void CpuBackend::attention_forward_impl(const Tensor& qkv, const AttentionParams& p, RngState rng, const Tensor& out,
+                                        const Tensor& probs, const Tensor& workspace) {
+  const AttnDims d = attn_dims(qkv.shape(), p);
+  if (d.b == 0 || d.t == 0) return;
+  const int64_t T = d.t, C = d.c, ld = 3 * C, BH = d.b * d.h;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d.hs));
+  const bool dropout = has_dropout(p);
+  const float keep_prob = 1.0f - p.dropout;
+  const float inv_keep = keep_prob > 0.0f ? 1.0f / keep_prob : 0.0f;
+  const bool causal = p.causal;
+  const float* x = qkv.f32();
+  float* pr = probs.f32();
+  float* o = out.f32();
+  float* dropped = dropout ? workspace.f32() : nullptr;
+  // Without dropout nothing needs scratch and all heads form one group.
+  const int64_t G = dropout ? group_heads(d) : BH;
+  auto head_q = [&](int64_t bh) { return x + (bh / d.h) * T * ld + (bh % d.h) * d.hs; };
+
+  for (int64_t g0 = 0; g0 < BH; g0 += G) {
+    const int64_t g1 = std::min(BH, g0 + G);
+    // Scores, scaled, straight into probs.
+    for (int64_t bh = g0; bh < g1; ++bh) {
+      const float* q = head_q(bh);
+      gemm_xyt(causal, T, d.hs, scale, q, ld, q + C, ld, pr + bh * T * T);
+    }
+    // Softmax (and dropout) row by row.
+    const int64_t rows = (g1 - g0) * T;
+#pragma omp parallel for schedule(static, kRowChunk) if (rows * T >= kParallelMinWork)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t bh = g0 + r / T, i = r % T;
+      float* row = pr + (bh * T + i) * T;
+      const int64_t n = causal ? i + 1 : T;
+      const float inv = 1.0f / exp_shift_sum(row, n, row_max(row, n));
+      for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+      std::fill(row + n, row + T, 0.0f);
+      if (dropout) {
+        float* drow = dropped + r * T;
+        for_each_dropout_chunk(rng, static_cast<uint64_t>((bh * T + i) * T), n, keep_prob, inv_keep,
+                               [&](int64_t j0, const float* f, int64_t m) {
+                                 for (int64_t k = 0; k < m; ++k) drow[j0 + k] = row[j0 + k] * f[k];
+                               });
+        std::fill(drow + n, drow + T, 0.0f);
+      }
+    }
+    // out[b, :, h] = (dropped) probs @ V.
+    for (int64_t bh = g0; bh < g1; ++bh) {
+      const float* P = dropout ? dropped + (bh - g0) * T * T : pr + bh * T * T;
+      gemm_ab(causal, T, d.hs, 1.0f, P, head_q(bh) + 2 * C, ld, o + (bh / d.h) * T * C + (bh % d.h) * d.hs, C);
+    }
+  }
+}
+
+void CpuBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv, const Tensor& probs,
+                                         const AttentionParams& p, RngState rng, const Tensor& dqkv,
+                                         const Tensor& workspace) {
+  const AttnDims d = attn_dims(qkv.shape(), p);
+  if (d.b == 0 || d.t == 0) return;
+  const int64_t T = d.t, C = d.c, ld = 3 * C, BH = d.b * d.h;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d.hs));
+  const bool dropout = has_dropout(p);
+  const float keep_prob = 1.0f - p.dropout;
+  const float inv_keep = keep_prob > 0.0f ? 1.0f / keep_prob : 0.0f;
+  const bool causal = p.causal;
+  const float* x = qkv.f32();
+  const float* pr = probs.f32();
+  const float* go = dout.f32();
+  float* dx = dqkv.f32();
+  const int64_t G = group_heads(d);
+  float* ds = workspace.f32();                           // [G, T, T]: dPd, then dS
+  float* dropped = dropout ? ds + G * T * T : nullptr;  // [G, T, T]: dropped probs
+  auto head_off = [&](int64_t bh) { return (bh / d.h) * T * ld + (bh % d.h) * d.hs; };
+  auto head_out = [&](int64_t bh) { return (bh / d.h) * T * C + (bh % d.h) * d.hs; };
+
+  for (int64_t g0 = 0; g0 < BH; g0 += G) {
+    const int64_t g1 = std::min(BH, g0 + G);
+    // dPd = dO V^T.
+    for (int64_t bh = g0; bh < g1; ++bh)
+      gemm_xyt(causal, T, d.hs, 1.0f, go + head_out(bh), C, x + head_off(bh) + 2 * C, ld, ds + (bh - g0) * T * T);
+    // dP = dPd * mask / (1 - p); dS = P * (dP - rowsum(dP * P)); the dropped probs for dV.
+    const int64_t rows = (g1 - g0) * T;
+#pragma omp parallel for schedule(static, kRowChunk) if (rows * T >= kParallelMinWork)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t bh = g0 + r / T, i = r % T;
+      const float* row = pr + (bh * T + i) * T;
+      float* g = ds + r * T;
+      const int64_t n = causal ? i + 1 : T;
+      if (dropout) {
+        float* drow = dropped + r * T;
+        for_each_dropout_chunk(rng, static_cast<uint64_t>((bh * T + i) * T), n, keep_prob, inv_keep,
+                               [&](int64_t j0, const float* f, int64_t m) {
+                                 for (int64_t k = 0; k < m; ++k) {
+                                   g[j0 + k] *= f[k];
+                                   drow[j0 + k] = row[j0 + k] * f[k];
+                                 }
+                               });
+        std::fill(drow + n, drow + T, 0.0f);
+      }
+      const float dot = row_dot(g, row, n);
+      for (int64_t j = 0; j < n; ++j) g[j] = row[j] * (g[j] - dot);
+      std::fill(g + n, g + T, 0.0f);
+    }
+    for (int64_t bh = g0; bh < g1; ++bh) {
+      const float* q = x + head_off(bh);
+      float* dq = dx + head_off(bh);
+      const float* S = ds + (bh - g0) * T * T;
+      const float* P = dropout ? dropped + (bh - g0) * T * T : pr + bh * T * T;
+      // dV = Pd^T dO; dQ = dS K / sqrt(hs); dK = dS^T Q / sqrt(hs).
+      gemm_atb(causal, T, d.hs, 1.0f, P, go + head_out(bh), C, dq + 2 * C, ld);
+      gemm_ab(causal, T, d.hs, scale, S, q + C, ld, dq, ld);
+      gemm_atb(causal, T, d.hs, scale, S, q, ld, dq + C, ld);
+    }
+  }
+}
+
+void CpuBackend::permute_0213_impl(const Tensor& x, const Tensor& y) {
+  const int64_t A = x.size(0), B = x.size(1), C = x.size(2), D = x.size(3);
+  const size_t row_bytes = static_cast<size_t>(D) * dtype_size(x.dtype());
+  const int64_t rows = A * C * B;
+  if (row_bytes == 0 || rows == 0) return;
+  const auto* src = static_cast<const unsigned char*>(x.raw_data());
+  auto* dst = static_cast<unsigned char*>(y.raw_data());
+  // One output row y[a, c, b, :] = x[a, b, c, :] per iteration.
+#pragma omp parallel for schedule(static) if (rows * D >= kParallelMinWork)
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t a = r / (C * B), c = (r / B) % C, b = r % B;
+    std::memcpy(dst + static_cast<size_t>(r) * row_bytes,
+                src + static_cast<size_t>((a * B + b) * C + c) * row_bytes, row_bytes);
+  }
 }
 
 }  // namespace remat
