@@ -7,7 +7,7 @@ PACKAGES=(
   cmake ninja-build ccache g++ pkg-config
   libgtest-dev libbenchmark-dev
   libspdlog-dev nlohmann-json3-dev libcli11-dev
-  libopenblas-dev zlib1g-dev libboost-context-dev
+  libopenblas-dev libopenblas-openmp-dev zlib1g-dev libboost-context-dev
   dataset-fashion-mnist fortunes
   python3-torch python3-numpy
 )

@@ -1,12 +1,27 @@
 // remat: the command-line tool. `remat --help` lists the subcommands.
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <vector>
 
 #include "commands.h"
 #include "remat/error.h"
 
+// OpenMP threads that spin-wait between parallel regions steal the cores that BLAS and
+// the other OpenMP threads need; on a small or shared machine a training step ran 20x
+// slower. libgomp reads its wait policy before main(), so when the user has not chosen
+// one, re-execute once with OMP_WAIT_POLICY=passive.
+static void prefer_passive_openmp_waits(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT") || std::getenv("REMAT_NO_REEXEC")) return;
+  setenv("OMP_WAIT_POLICY", "passive", 1);
+  setenv("REMAT_NO_REEXEC", "1", 1);
+  execv("/proc/self/exe", argv);  // returns only on failure: carry on with the default policy
+}
+
 int main(int argc, char** argv) {
+  prefer_passive_openmp_waits(argv);
   CLI::App app{"remat: train deep models in less memory (gradient checkpointing on CUDA and CPU)"};
   app.require_subcommand(1);
   std::vector<remat::cli::Runner> runners;
