@@ -62,6 +62,7 @@ struct DataConfig {
   std::vector<int64_t> image_shape{1, 28, 28};
   int64_t classes = 10;
   double eval_fraction = 0.1;             // text: share of the tokens held out for evaluation
+  bool shuffle = true;                    // false: batches in data order (for comparisons)
 };
 
 struct OptimizerConfig {

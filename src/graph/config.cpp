@@ -179,6 +179,7 @@ Config parse_config(const nlohmann::json& j, const std::string& source) {
     if (d.has("image_shape")) c.data.image_shape = d.shape("image_shape");
     c.data.classes = d.positive_int_or("classes", c.data.classes);
     c.data.eval_fraction = d.number_or("eval_fraction", c.data.eval_fraction, 0.0, 0.9);
+    c.data.shuffle = d.bool_or("shuffle", c.data.shuffle);
     d.finish();
   }
   if (root.has("optimizer")) {
@@ -241,7 +242,7 @@ nlohmann::json Config::resolved() const {
   j["model"] = model;
   j["data"] = {{"dataset", data.dataset},     {"path", data.path},       {"synthetic_size", data.synthetic_size},
                {"vocab", data.vocab},         {"image_shape", data.image_shape}, {"classes", data.classes},
-               {"eval_fraction", data.eval_fraction}};
+               {"eval_fraction", data.eval_fraction}, {"shuffle", data.shuffle}};
   j["optimizer"] = {{"type", optimizer.type},         {"lr", optimizer.lr},
                     {"weight_decay", optimizer.weight_decay}, {"momentum", optimizer.momentum},
                     {"dampening", optimizer.dampening}, {"nesterov", optimizer.nesterov},

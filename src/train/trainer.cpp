@@ -233,7 +233,7 @@ TrainResult train(const TrainOptions& o) {
   const int64_t n_train = data.train_size();
   REMAT_CHECK(n_train >= tc.batch, cfg.source, ": the training set has ", n_train, " samples, fewer than one batch of ",
               tc.batch);
-  BatchSampler sampler(n_train, tc.batch, tc.seed, /*shuffle=*/true);
+  BatchSampler sampler(n_train, tc.batch, tc.seed, cfg.data.shuffle);
   const int64_t total = tc.steps > 0 ? tc.steps : tc.epochs * sampler.batches_per_epoch();
   REMAT_CHECK(total > 0, cfg.source, ": /training: set steps or epochs (or pass --steps / --epochs)");
 
@@ -262,6 +262,11 @@ TrainResult train(const TrainOptions& o) {
     write_file_atomic((fs::path(out_dir) / "config.json").string(), cfg.resolved().dump(2) + "\n");
     metrics.open((fs::path(out_dir) / "metrics.jsonl").string(), std::ios::app);
     REMAT_CHECK(metrics.good(), "cannot open ", (fs::path(out_dir) / "metrics.jsonl").string());
+  }
+  if (!out_dir.empty() && o.resume.empty()) {
+    // The initial weights, so that a reference implementation can start from them.
+    save_safetensors((fs::path(out_dir) / "init.safetensors").string(), params.named_values(),
+                     {{"format", "remat"}, {"seed", std::to_string(tc.seed)}});
   }
   auto write_metrics = [&](const nlohmann::json& j) {
     if (metrics.is_open()) {
