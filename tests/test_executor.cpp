@@ -250,3 +250,103 @@ TEST(Config, EveryShippedModelBuilds) {
     EXPECT_NO_THROW(remat::make_plan(g, c.training.policy));
   }
 }
+
+namespace {
+
+// A shipped config scaled down: transformer widths scaled so that model width D becomes
+// 12 (3 heads of 4; qkv 3D -> 36, MLP 4D -> 48), other widths and counts clamped.
+int64_t model_dim(const nlohmann::json& j) {
+  if (j.is_object()) {
+    if (j.value("type", "") == "embedding" && j.contains("dim")) return j["dim"].get<int64_t>();
+    for (const auto& v : j) if (int64_t d = model_dim(v)) return d;
+  } else if (j.is_array()) {
+    for (const auto& v : j) if (int64_t d = model_dim(v)) return d;
+  }
+  return 0;
+}
+
+nlohmann::json shrink(nlohmann::json j, int64_t dim) {
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      const std::string& k = it.key();
+      auto& v = it.value();
+      if (v.is_number_integer()) {
+        const int64_t x = v.get<int64_t>();
+        if (k == "out_features" || k == "out_channels" || k == "dim") {
+          v = (dim > 0 && x % dim == 0) ? x / dim * 12 : std::max<int64_t>(3, std::min<int64_t>(x, 12) / 3 * 3);
+          if (k == "out_features" && dim > 0 && x % dim != 0) v = std::min<int64_t>(x, 11);
+        }
+        if (k == "count") v = std::min<int64_t>(x, 3);
+        if (k == "seq_len" || k == "positions") v = std::min<int64_t>(x, 8);
+        if (k == "vocab") v = std::min<int64_t>(x, 11);
+        if (k == "heads") v = 3;
+      }
+      if (k == "shape" && v.is_array() && v.size() == 3) v = {v[0], 12, 12};
+      if (v.is_structured()) v = shrink(v, dim);
+    }
+  } else if (j.is_array()) {
+    for (auto& v : j) v = shrink(v, dim);
+  }
+  return j;
+}
+
+Batch batch_for(const remat::Graph& g, uint32_t seed) {
+  const remat::Layer& in = g.layer(g.input_id);
+  const remat::Layer& tg = g.layer(g.targets_id);
+  Batch b;
+  int64_t vocab = 0;
+  for (int i = 0; i < g.size(); ++i)
+    if (g.layer(i).type == "embedding") vocab = g.params[static_cast<size_t>(g.layer_params[static_cast<size_t>(i)][0])].spec.shape[0];
+  const int64_t classes = g.layer(g.logits_id).out_shape[-1];
+  if (in.out_dtype == remat::DType::i32) {
+    std::vector<int32_t> ids(static_cast<size_t>(in.out_shape.numel()));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 5 + seed) % static_cast<size_t>(vocab));
+    b.input = Tensor::from_ints(ids, in.out_shape);
+  } else {
+    b.input = random_tensor(in.out_shape, seed);
+  }
+  std::vector<int32_t> t(static_cast<size_t>(tg.out_shape.numel()));
+  for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<int32_t>((i * 3 + seed) % static_cast<size_t>(classes));
+  b.targets = Tensor::from_ints(t, tg.out_shape);
+  return b;
+}
+
+}  // namespace
+
+TEST(Executor, ShippedConfigsScaledDownAreBitwiseEqualUnderEveryPolicy) {
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(REMAT_SOURCE_DIR) + "/models")) {
+    if (entry.path().extension() != ".json") continue;
+    SCOPED_TRACE(entry.path().filename().string());
+    remat::Config c = remat::load_config(entry.path().string());
+    remat::Graph g = remat::build_graph(shrink(c.model, model_dim(c.model)), 3, entry.path().string(), {{"vocab", 11}});
+    remat::Backend& be = remat::backend_for(Device::cpu());
+    auto run_policy = [&](const std::string& policy) {
+      remat::ParamStore params(g, Device::cpu(), 5);
+      remat::Executor ex(g, params, be, remat::make_plan(g, policy), remat::ExecOptions{policy != "none"});
+      remat::RngGenerator gen(9);
+      std::vector<float> losses;
+      for (int step = 1; step <= 3; ++step) {
+        params.zero_grads(be);
+        losses.push_back(ex.train_step(batch_for(g, static_cast<uint32_t>(step)), gen).loss);
+        remat::SgdParams sp;
+        sp.lr = 0.01;
+        for (size_t p = 0; p < params.values.size(); ++p)
+          if (params.grads[p].defined() && step < 3) be.sgd_step(params.values[p], params.grads[p], Tensor(), sp, step);
+      }
+      std::vector<Tensor> state;  // gradients, and every value incl. batchnorm running statistics
+      for (size_t p = 0; p < params.values.size(); ++p) {
+        state.push_back(params.values[p].clone());
+        if (params.grads[p].defined()) state.push_back(params.grads[p].clone());
+      }
+      return std::make_pair(losses, state);
+    };
+    const auto plain = run_policy("none");
+    for (float l : plain.first) EXPECT_TRUE(std::isfinite(l));
+    for (const char* policy : {"all", "every:2", "sqrt", "selective", "manual"}) {
+      const auto r = run_policy(policy);
+      EXPECT_EQ(r.first, plain.first) << policy;
+      ASSERT_EQ(r.second.size(), plain.second.size());
+      for (size_t k = 0; k < r.second.size(); ++k) EXPECT_TRUE(bitwise_equal(r.second[k], plain.second[k])) << policy << " tensor " << k;
+    }
+  }
+}
