@@ -66,6 +66,10 @@ TEST(Safetensors, CraftedFilesAreRejected) {
   bad(with_header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
                   std::string(12, '\0')),
       "overlap");
+  // An empty tensor between two overlapping ones must not hide the overlap.
+  bad(with_header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[0],"data_offsets":[2,2]},"c":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                  std::string(12, '\0')),
+      "overlap");
   bad(with_header(R"({"t":{"dtype":"F32","shape":[1,1,1,1,1,1],"data_offsets":[0,4]}})", std::string(4, '\0')),
       "at most 5 dims");
   bad(with_header(R"({"t":{"dtype":"F32","shape":[1]}})", ""), "needs dtype, shape and data_offsets");

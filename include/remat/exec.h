@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -73,7 +74,12 @@ class ParamStore {
 };
 
 struct ExecOptions {
+  ExecOptions() = default;
+  explicit ExecOptions(bool verify) : verify_recompute(verify) {}
   bool verify_recompute = false;  // hash freed tensors and check them after recompute
+  // Called before (begin = true) and after each layer's forward, recompute and backward
+  // (the memory profiler draws these as spans).
+  std::function<void(int layer, Phase phase, bool begin)> on_layer;
 };
 
 struct StepStats {

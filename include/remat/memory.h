@@ -98,6 +98,7 @@ struct OwnerStats {
 struct MemoryEvent {
   enum class Kind : uint8_t { alloc, free, raw_alloc, raw_free };
   uint64_t seq = 0;
+  uint64_t alloc_id = 0;  // pairs an alloc with its free (unique per allocation)
   Kind kind = Kind::alloc;
   int64_t bytes = 0;  // rounded size for alloc/free; raw size for raw_*
   MemoryCategory category = MemoryCategory::temporary;
@@ -133,6 +134,7 @@ struct Block {
   MemoryCategory category = MemoryCategory::temporary;
   Phase phase = Phase::setup;
   uint32_t owner = 0;
+  uint64_t alloc_id = 0;
   bool in_use = false;
 };
 
@@ -170,6 +172,7 @@ class CachingAllocator {
 
   void set_event_logging(bool on);
   std::vector<MemoryEvent> events() const;
+  uint64_t event_count() const;  // events recorded so far (the next event's index)
   void clear_events();
   std::vector<std::string> owner_names() const;
 
@@ -191,6 +194,7 @@ class CachingAllocator {
   std::vector<OwnerStats> owner_stats_{OwnerStats{}};
   bool log_events_ = false;
   uint64_t seq_ = 0;
+  uint64_t next_alloc_id_ = 1;
   std::vector<MemoryEvent> events_;
 };
 

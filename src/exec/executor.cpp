@@ -81,7 +81,9 @@ void Executor::forward_layer(int i, bool training, bool recompute, Phase phase) 
     c.in.push_back(out_[static_cast<size_t>(j)]);
   }
   for (int p : g_.layer_params[static_cast<size_t>(i)]) c.params.push_back(params_.values[static_cast<size_t>(p)]);
+  if (opt_.on_layer) opt_.on_layer(i, phase, true);
   const_cast<Layer&>(l).forward(c);
+  if (opt_.on_layer) opt_.on_layer(i, phase, false);
   out_[static_cast<size_t>(i)] = c.out;
   extras_[static_cast<size_t>(i)] = c.extras;
 }
@@ -164,6 +166,7 @@ StepStats Executor::train_step(const Batch& batch, RngGenerator& gen) {
         const Layer& in = g_.layer(l.inputs[k]);
         c.need_din.push_back(l.input_differentiable(static_cast<int>(k)) && in.kind() != LayerKind::input);
       }
+      if (opt_.on_layer) opt_.on_layer(i, Phase::backward, true);
       const_cast<Layer&>(l).backward(c);
       st.backward_flops += l.backward_flops();
       dgrad[static_cast<size_t>(i)] = Tensor();
@@ -182,6 +185,7 @@ StepStats Executor::train_step(const Batch& batch, RngGenerator& gen) {
         }
         d = Tensor();
       }
+      if (opt_.on_layer) opt_.on_layer(i, Phase::backward, false);
     }
     extras_[static_cast<size_t>(i)].clear();
     // Free every output whose last reader (backward or recompute) was this step.

@@ -94,11 +94,15 @@ SafetensorsFile SafetensorsFile::parse(std::string bytes, const std::string& src
     e.end = en;
     f.entries_.push_back(e);
   }
-  std::vector<SafetensorsEntry> sorted = f.entries_;
-  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
-  for (size_t i = 1; i < sorted.size(); ++i)
-    if (sorted[i].begin < sorted[i - 1].end && sorted[i].begin != sorted[i].end)
-      bad("tensors \"" + sorted[i - 1].name + "\" and \"" + sorted[i].name + "\" overlap");
+  // Empty tensors occupy no bytes; among the rest, after sorting by start, a tensor that
+  // overlaps any earlier one overlaps its predecessor.
+  std::vector<const SafetensorsEntry*> used;
+  for (const auto& e : f.entries_)
+    if (e.end > e.begin) used.push_back(&e);
+  std::sort(used.begin(), used.end(), [](const auto* a, const auto* b) { return a->begin < b->begin; });
+  for (size_t i = 1; i < used.size(); ++i)
+    if (used[i]->begin < used[i - 1]->end)
+      bad("tensors \"" + used[i - 1]->name + "\" and \"" + used[i]->name + "\" overlap");
   f.bytes_ = std::move(bytes);
   return f;
 }

@@ -149,6 +149,7 @@ void CachingAllocator::record(MemoryEvent::Kind kind, int64_t bytes, const Block
   if (!log_events_) return;
   MemoryEvent e;
   e.seq = seq_++;
+  e.alloc_id = b.alloc_id;
   e.kind = kind;
   e.bytes = bytes;
   e.category = b.category;
@@ -216,6 +217,7 @@ Block* CachingAllocator::allocate(size_t bytes, const AllocTag& tag) {
   block->category = tag.category;
   block->phase = tag.phase;
   block->owner = intern_owner(tag.owner);
+  block->alloc_id = next_alloc_id_++;
   block->in_use = true;
   if (fresh) record(MemoryEvent::Kind::raw_alloc, static_cast<int64_t>(block->size), *block);
 
@@ -308,6 +310,12 @@ std::vector<MemoryEvent> CachingAllocator::events() const {
 void CachingAllocator::clear_events() {
   std::lock_guard<std::mutex> lock(mutex_);
   events_.clear();
+  seq_ = 0;
+}
+
+uint64_t CachingAllocator::event_count() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return events_.size();
 }
 
 std::vector<std::string> CachingAllocator::owner_names() const {

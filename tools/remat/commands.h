@@ -14,5 +14,7 @@ using Runner = std::function<int()>;
 Runner add_info_command(CLI::App& app);
 Runner add_train_command(CLI::App& app);
 Runner add_bench_command(CLI::App& app);
+Runner add_memprof_command(CLI::App& app);
+Runner add_plan_command(CLI::App& app);
 
 }  // namespace remat::cli

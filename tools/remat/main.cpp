@@ -28,6 +28,8 @@ int main(int argc, char** argv) {
   runners.push_back(remat::cli::add_info_command(app));
   runners.push_back(remat::cli::add_train_command(app));
   runners.push_back(remat::cli::add_bench_command(app));
+  runners.push_back(remat::cli::add_memprof_command(app));
+  runners.push_back(remat::cli::add_plan_command(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,96 @@
+// The memory profiler and the budget planner.
+//
+// profile_step runs one full training step (parameters, gradients, optimizer state, a
+// batch, forward, backward with recompute, optimizer update) of a config under a plan on
+// a device, with the allocator's event log on. On `meta` nothing is computed and the
+// figures are the plan's exact prediction; on cpu/cuda the step runs for real and the
+// measured figures must equal the prediction to the byte.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "remat/config.h"
+#include "remat/exec.h"
+#include "remat/memory.h"
+
+namespace remat {
+
+struct LayerProfile {
+  std::string name, type, kind;
+  bool keep = true;            // the plan keeps its products (false: recomputed)
+  int64_t saved_bytes = 0;     // its forward allocations still held when forward ends
+  double forward_flops = 0.0;
+};
+
+struct LayerSpan {
+  int layer = -1;
+  Phase phase = Phase::forward;
+  uint64_t begin = 0, end = 0;  // allocator event indices
+};
+
+struct StepProfile {
+  std::string policy;
+  Device device;
+  int64_t peak_bytes = 0;            // peak allocated during the step
+  CategoryCounts peak_by_category;   // split of that peak
+  int64_t peak_reserved_bytes = 0;
+  double forward_flops = 0, backward_flops = 0, recompute_flops = 0, optimizer_flops = 0;
+  double step_flops() const { return forward_flops + backward_flops + recompute_flops + optimizer_flops; }
+  int64_t recomputed_layers = 0;
+  std::optional<double> step_ms;     // measured on real devices
+  std::vector<LayerProfile> layers;
+  std::vector<MemoryEvent> events;
+  std::vector<std::string> owners;   // names for MemoryEvent::owner
+  std::vector<LayerSpan> spans;
+  std::vector<std::string> layer_names;  // by graph layer id (for spans)
+};
+
+struct ProfileInput {
+  const Config* config = nullptr;
+  int64_t batch = 0;
+  int64_t seq = 0;  // 0 = the config's
+};
+
+// The model of a config at a batch (and sequence length), "$vocab" resolved from the data
+// the config names (the text corpus is read for its vocabulary; synthetic sets use data.vocab).
+Graph build_config_graph(const Config& cfg, int64_t batch, int64_t seq);
+
+StepProfile profile_step(const Config& cfg, const Graph& g, const CheckpointPlan& plan, Device device,
+                         bool keep_events = true);
+
+// Parses a byte size: "123", "512MiB", "12GiB", "1.5G" (K/M/G/T and KiB/MiB/GiB/TiB are
+// powers of 1024; KB/MB/GB/TB powers of 1000). Throws a clear error otherwise.
+int64_t parse_size(const std::string& s);
+
+struct PlanCandidate {
+  std::string name;
+  CheckpointPlan plan;
+  int64_t peak_bytes = 0;
+  double recompute_flops = 0.0;
+};
+
+// Candidate plans, each simulated exactly on meta: none, selective, and for every K,
+// segments of K units recomputed in full ("every:K") or keeping GEMM/conv outputs inside
+// the segments ("every:K+selective").
+std::vector<PlanCandidate> plan_candidates(const Config& cfg, const Graph& g);
+// The Pareto front (peak vs recompute FLOPs) of the candidates, by increasing peak.
+std::vector<PlanCandidate> pareto_front(std::vector<PlanCandidate> c);
+// The candidate with the least recompute FLOPs whose peak fits; if none fits, an error
+// that gives the smallest achievable peak and the plan that reaches it.
+PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget);
+
+// A plan for a policy string, including "budget:SIZE".
+CheckpointPlan resolve_policy(const Config& cfg, const Graph& g, const std::string& policy);
+
+// Reports.
+std::string profile_table(const std::vector<StepProfile>& ps, const std::vector<StepProfile>* measured);
+std::string layer_table(const StepProfile& p);
+nlohmann::json profile_json(const std::vector<StepProfile>& predicted, const std::vector<StepProfile>* measured);
+nlohmann::json chrome_trace(const std::vector<StepProfile>& ps);
+std::string memory_svg(const std::vector<StepProfile>& ps, const std::string& title);
+std::string pareto_svg(const std::vector<PlanCandidate>& all, const std::vector<PlanCandidate>& front,
+                       const std::string& title);
+
+}  // namespace remat

@@ -1,0 +1,268 @@
+// One training step under a plan, profiled; and the budget planner built on it.
+#include "remat/profile.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <random>
+
+#include "remat/data.h"
+#include "remat/error.h"
+#include "remat/train.h"
+
+namespace remat {
+
+Graph build_config_graph(const Config& cfg, int64_t batch, int64_t seq) {
+  nlohmann::json model = cfg.model;
+  if (seq > 0) {
+    REMAT_CHECK(model.contains("input") && model["input"].value("type", "image") == "tokens",
+                cfg.source, ": --seq applies to token models only");
+    model["input"]["seq_len"] = seq;
+  }
+  std::map<std::string, int64_t> vars;
+  if (cfg.data.dataset == "synthetic_text") vars["vocab"] = cfg.data.vocab;
+  if (cfg.data.dataset == "text" && model.dump().find("\"$vocab\"") != std::string::npos) {
+    TextDataset t;
+    if (cfg.data.path.empty()) t = load_text_corpus(default_text_corpus_dir());
+    else if (std::filesystem::is_directory(cfg.data.path)) t = load_text_corpus(cfg.data.path);
+    else t = load_text(cfg.data.path);
+    vars["vocab"] = t.vocab_size();
+  }
+  return build_graph(model, batch, cfg.source, vars);
+}
+
+namespace {
+
+Batch synthetic_batch(const Graph& g, Device d, uint64_t seed) {
+  TagScope scope(MemoryCategory::input, "data", Phase::setup);
+  const Layer& in = g.layer(g.input_id);
+  const Layer& tg = g.layer(g.targets_id);
+  int64_t vocab = 1;
+  for (int i = 0; i < g.size(); ++i)
+    if (g.layer(i).type == "embedding")
+      vocab = g.params[static_cast<size_t>(g.layer_params[static_cast<size_t>(i)][0])].spec.shape[0];
+  const int64_t classes = g.layer(g.logits_id).out_shape[-1];
+  Batch b;
+  if (d.is_meta()) {
+    b.input = Tensor::empty(in.out_shape, d, in.out_dtype);
+    b.targets = Tensor::empty(tg.out_shape, d, DType::i32);
+    return b;
+  }
+  std::mt19937_64 rng(seed);
+  if (in.out_dtype == DType::i32) {
+    std::vector<int32_t> ids(static_cast<size_t>(in.out_shape.numel()));
+    for (auto& x : ids) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+    b.input = Tensor::from_ints(ids, in.out_shape, d);
+  } else {
+    std::vector<float> v(static_cast<size_t>(in.out_shape.numel()));
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (auto& x : v) x = u(rng);
+    b.input = Tensor::from_vector(v, in.out_shape, d);
+  }
+  std::vector<int32_t> t(static_cast<size_t>(tg.out_shape.numel()));
+  for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(classes));
+  b.targets = Tensor::from_ints(t, tg.out_shape, d);
+  return b;
+}
+
+}  // namespace
+
+StepProfile profile_step(const Config& cfg, const Graph& g, const CheckpointPlan& plan, Device device,
+                         bool keep_events) {
+  StepProfile p;
+  p.policy = plan.policy;
+  p.device = device;
+  Backend& be = backend_for(device);
+  CachingAllocator& alloc = allocator_for(device);
+  alloc.empty_cache();
+  const MemoryStats base = alloc.stats();
+  alloc.clear_events();
+  alloc.set_event_logging(keep_events);
+  alloc.reset_peak();
+  std::vector<LayerSpan> spans;
+  try {
+    ParamStore params(g, device, cfg.training.seed);
+    Optimizer opt(cfg.optimizer, params, be);
+    Batch batch = synthetic_batch(g, device, cfg.training.seed);
+    ExecOptions eo;
+    if (keep_events) {
+      eo.on_layer = [&](int i, Phase ph, bool begin) {
+        if (begin) spans.push_back({i, ph, alloc.event_count(), 0});
+        else spans.back().end = alloc.event_count();
+      };
+    }
+    Executor ex(g, params, be, plan, eo);
+    RngGenerator gen(cfg.training.seed);
+    const auto t0 = std::chrono::steady_clock::now();
+    const StepStats st = ex.train_step(batch, gen);
+    opt.step(cfg.optimizer.lr);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (!device.is_meta()) p.step_ms = ms;
+    p.forward_flops = st.forward_flops;
+    p.backward_flops = st.backward_flops;
+    p.recompute_flops = st.recompute_flops;
+    p.recomputed_layers = st.recomputed_layers;
+    p.optimizer_flops = (cfg.optimizer.type == "adamw" ? 12.0 : 4.0) * static_cast<double>(g.parameter_count());
+  } catch (...) {
+    alloc.set_event_logging(false);
+    alloc.clear_events();
+    throw;
+  }
+  const MemoryStats s = alloc.stats();
+  p.peak_bytes = s.peak_allocated - base.allocated;
+  for (int c = 0; c < kNumMemoryCategories; ++c)
+    p.peak_by_category.bytes[static_cast<size_t>(c)] =
+        s.by_category_at_peak.bytes[static_cast<size_t>(c)] - base.by_category.bytes[static_cast<size_t>(c)];
+  p.peak_reserved_bytes = s.peak_reserved - base.reserved;
+  if (keep_events) {
+    p.events = alloc.events();
+    p.owners = alloc.owner_names();
+    p.spans = spans;
+  }
+  alloc.set_event_logging(false);
+  alloc.clear_events();
+
+  // Per layer: what its forward allocated and still holds when the forward pass ends.
+  uint64_t forward_end = 0;
+  for (const auto& sp : p.spans)
+    if (sp.phase == Phase::forward) forward_end = std::max(forward_end, sp.end);
+  std::map<uint64_t, uint64_t> freed_at;
+  for (const auto& e : p.events)
+    if (e.kind == MemoryEvent::Kind::free) freed_at[e.alloc_id] = e.seq;
+  std::map<std::string, int64_t> saved;
+  for (const auto& e : p.events) {
+    if (e.kind != MemoryEvent::Kind::alloc || e.phase != Phase::forward || e.seq >= forward_end) continue;
+    auto it = freed_at.find(e.alloc_id);
+    if (it == freed_at.end() || it->second >= forward_end) saved[p.owners[e.owner]] += e.bytes;
+  }
+  for (int i = 0; i < g.size(); ++i) p.layer_names.push_back(g.layer(i).name);
+  for (int i = 0; i < g.size(); ++i) {
+    const Layer& l = g.layer(i);
+    if (l.kind() == LayerKind::input) continue;
+    p.layers.push_back({l.name, l.type, layer_kind_name(l.kind()), static_cast<bool>(plan.keep[static_cast<size_t>(i)]),
+                        saved.count(l.name) ? saved[l.name] : 0, l.forward_flops()});
+  }
+  return p;
+}
+
+int64_t parse_size(const std::string& s) {
+  auto bad = [&]() -> int64_t {
+    REMAT_THROW("malformed size \"", s, "\" (expected a number with an optional unit: B, K, M, G, T, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
+  };
+  size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &pos);
+  } catch (...) {
+    return bad();
+  }
+  if (!(v >= 0) || !std::isfinite(v)) return bad();
+  std::string unit = s.substr(pos);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+  static const std::map<std::string, double> units{
+      {"", 1},          {"B", 1},         {"K", 1024.0},    {"M", 1048576.0}, {"G", 1073741824.0},
+      {"T", 1099511627776.0}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+      {"KB", 1e3},      {"MB", 1e6},      {"GB", 1e9},      {"TB", 1e12}};
+  auto it = units.find(unit);
+  if (it == units.end()) return bad();
+  const double bytes = v * it->second;
+  if (bytes > 9e18) return bad();
+  return static_cast<int64_t>(bytes);
+}
+
+namespace {
+
+// Units of the graph as the policies see them (see plan.cpp).
+std::vector<Segment> units(const Graph& g) {
+  std::vector<Segment> out;
+  for (int i = 0; i < g.size(); ++i) {
+    const Layer& l = g.layer(i);
+    const bool unit_layer = g.num_units > 0 ? l.unit >= 0 : (l.kind() != LayerKind::input && l.kind() != LayerKind::loss);
+    if (!unit_layer) continue;
+    if (g.num_units > 0 && !out.empty() && out.back().end == i && g.layer(out.back().begin).unit == l.unit) out.back().end = i + 1;
+    else out.push_back({i, i + 1, true});
+  }
+  return out;
+}
+
+PlanCandidate simulate(const Config& cfg, const Graph& g, const std::string& name, const CheckpointPlan& plan) {
+  StepProfile p = profile_step(cfg, g, plan, Device::meta(), /*keep_events=*/false);
+  CheckpointPlan named = plan;
+  named.policy = name;
+  return {name, named, p.peak_bytes, p.recompute_flops};
+}
+
+}  // namespace
+
+std::vector<PlanCandidate> plan_candidates(const Config& cfg, const Graph& g) {
+  std::vector<PlanCandidate> out;
+  out.push_back(simulate(cfg, g, "none", make_plan(g, "none")));
+  out.push_back(simulate(cfg, g, "selective", make_plan(g, "selective")));
+  const std::vector<Segment> us = units(g);
+  const auto n = static_cast<int64_t>(us.size());
+  for (int64_t k = 1; k <= n; ++k) {
+    std::vector<Segment> segs;
+    for (int64_t i = 0; i < n; i += k) segs.push_back({us[static_cast<size_t>(i)].begin, us[static_cast<size_t>(std::min(n, i + k) - 1)].end, true});
+    std::vector<bool> full(static_cast<size_t>(g.size()), true), sel(static_cast<size_t>(g.size()), true);
+    for (const auto& s : segs)
+      for (int i = s.begin; i < s.end; ++i) {
+        full[static_cast<size_t>(i)] = false;
+        const LayerKind kk = g.layer(i).kind();
+        sel[static_cast<size_t>(i)] = kk == LayerKind::gemm || kk == LayerKind::conv || kk == LayerKind::embedding;
+      }
+    const std::string name = "every:" + std::to_string(k);
+    out.push_back(simulate(cfg, g, name, make_plan_from_segments(g, name, segs, full)));
+    out.push_back(simulate(cfg, g, name + "+selective", make_plan_from_segments(g, name + "+selective", segs, sel)));
+  }
+  return out;
+}
+
+std::vector<PlanCandidate> pareto_front(std::vector<PlanCandidate> c) {
+  std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) {
+    return a.peak_bytes != b.peak_bytes ? a.peak_bytes < b.peak_bytes : a.recompute_flops < b.recompute_flops;
+  });
+  std::vector<PlanCandidate> front;
+  double best = INFINITY;
+  for (auto& p : c) {
+    if (p.recompute_flops < best) {
+      best = p.recompute_flops;
+      front.push_back(p);
+    }
+  }
+  return front;
+}
+
+PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget) {
+  REMAT_CHECK(budget > 0, "the memory budget must be positive");
+  std::vector<PlanCandidate> cands = plan_candidates(cfg, g);
+  const PlanCandidate* best = nullptr;
+  const PlanCandidate* smallest = nullptr;
+  for (const auto& c : cands) {
+    if (!smallest || c.peak_bytes < smallest->peak_bytes ||
+        (c.peak_bytes == smallest->peak_bytes && c.recompute_flops < smallest->recompute_flops))
+      smallest = &c;
+    if (c.peak_bytes > budget) continue;
+    if (!best || c.recompute_flops < best->recompute_flops ||
+        (c.recompute_flops == best->recompute_flops && c.peak_bytes < best->peak_bytes))
+      best = &c;
+  }
+  if (!best)
+    REMAT_THROW("no plan fits the budget of ", format_bytes(budget), " (", budget, " bytes) at batch ", g.batch,
+                ": the smallest achievable peak is ", format_bytes(smallest->peak_bytes), " (", smallest->peak_bytes,
+                " bytes), reached by plan ", smallest->name);
+  return *best;
+}
+
+CheckpointPlan resolve_policy(const Config& cfg, const Graph& g, const std::string& policy) {
+  if (policy.rfind("budget:", 0) == 0) {
+    const int64_t budget = parse_size(policy.substr(7));
+    PlanCandidate c = plan_for_budget(cfg, g, budget);
+    c.plan.policy = policy + " -> " + c.name;
+    return c.plan;
+  }
+  return make_plan(g, policy);
+}
+
+}  // namespace remat
