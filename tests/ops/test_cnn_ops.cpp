@@ -16,16 +16,10 @@
 #include "remat/backend.h"
 #include "remat/memory.h"
 #include "remat/ops.h"
+#include "src/backends/cpu/conv_internal.h"
 #include "support/expect_error.h"
 #include "support/golden.h"
 #include "support/gradcheck.h"
-
-// OpenBLAS's own thread count (the CPU backend links OpenBLAS; its pthread build does not
-// follow omp_set_num_threads).
-extern "C" {
-void openblas_set_num_threads(int num_threads);
-int openblas_get_num_threads(void);
-}
 
 namespace {
 
@@ -102,52 +96,68 @@ Tensor plus(const Tensor& a, const Tensor& b) {
   return Tensor::from_vector(x, a.shape());
 }
 
-// Restores OpenMP's and OpenBLAS's thread counts when it goes out of scope.
-class ThreadCounts {
+// Restores the OpenMP thread count when it goes out of scope.
+class ThreadCount {
  public:
-  ThreadCounts() : omp_(omp_get_max_threads()), blas_(openblas_get_num_threads()) {}
-  ~ThreadCounts() { set(omp_, blas_); }
-  static void set(int omp, int blas) {
-    omp_set_num_threads(omp);
-    openblas_set_num_threads(blas);
+  ThreadCount() : saved_(omp_get_max_threads()) {}
+  ~ThreadCount() { omp_set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
+// Restores the conv2d micro-kernel and path selection when it goes out of scope.
+class ConvMode {
+ public:
+  ConvMode() : kernel_(remat::cpu_conv::micro_kernel()), explicit_(remat::cpu_conv::explicit_only()) {}
+  ~ConvMode() {
+    remat::cpu_conv::use_micro_kernel(kernel_);
+    remat::cpu_conv::set_explicit_only(explicit_);
   }
 
  private:
-  int omp_, blas_;
+  std::string kernel_;
+  bool explicit_;
 };
 
 // ---- PyTorch goldens ------------------------------------------------------------------------
 
+// Both ways of feeding the GEMM (explicit im2col, and the implicit one of stride-1
+// convolutions where it applies) against PyTorch.
 TEST(CnnGolden, Conv2dForwardBackward) {
   const auto names = cases_with_prefix("conv_");
   ASSERT_GE(names.size(), 8u) << "conv goldens missing: run tools/gen_golden.py cnn";
-  for (const auto& name : names) {
-    SCOPED_TRACE(name);
-    const auto f = load_golden(name);
-    const Conv2dParams p = conv_params(f);
-    const Tensor x = f.tensor("x"), w = f.tensor("w");
-    const bool has_bias = meta_int(f, "bias") != 0;
-    const Tensor b = has_bias ? f.tensor("b") : Tensor();
-    EXPECT_ALL_CLOSE(ops::conv2d(cpu(), x, w, b, p), f.tensor("y"), kRtol, kAtol);
+  ConvMode restore;
+  for (bool explicit_only : {false, true}) {
+    remat::cpu_conv::set_explicit_only(explicit_only);
+    for (const auto& name : names) {
+      SCOPED_TRACE(name + (explicit_only ? " (explicit only)" : ""));
+      const auto f = load_golden(name);
+      const Conv2dParams p = conv_params(f);
+      const Tensor x = f.tensor("x"), w = f.tensor("w");
+      const bool has_bias = meta_int(f, "bias") != 0;
+      const Tensor b = has_bias ? f.tensor("b") : Tensor();
+      EXPECT_ALL_CLOSE(ops::conv2d(cpu(), x, w, b, p), f.tensor("y"), kRtol, kAtol);
 
-    // dx is overwritten (starts as NaN); dw and db accumulate onto what they hold.
-    const Tensor dx = filled(x.shape(), std::nanf(""));
-    const Tensor dw0 = random_tensor(w.shape(), 7), dw = dw0.clone();
-    const Tensor db0 = has_bias ? random_tensor(b.shape(), 8) : Tensor(), db = has_bias ? db0.clone() : Tensor();
-    const Tensor ws = ops::workspace(cpu(), cpu().conv2d_backward_workspace(x.shape(), w.shape(), p));
-    cpu().conv2d_backward(f.tensor("dy"), x, w, p, dx, dw, db, ws);
-    EXPECT_ALL_CLOSE(dx, f.tensor("dx"), kRtol, kAtol);
-    EXPECT_ALL_CLOSE(dw, plus(dw0, f.tensor("dw")), kRtol, kAtol);
-    if (has_bias) {
-      EXPECT_ALL_CLOSE(db, plus(db0, f.tensor("db")), kRtol, kAtol);
+      // dx is overwritten (starts as NaN); dw and db accumulate onto what they hold.
+      const Tensor dx = filled(x.shape(), std::nanf(""));
+      const Tensor dw0 = random_tensor(w.shape(), 7), dw = dw0.clone();
+      const Tensor db0 = has_bias ? random_tensor(b.shape(), 8) : Tensor(), db = has_bias ? db0.clone() : Tensor();
+      const Tensor ws = ops::workspace(cpu(), cpu().conv2d_backward_workspace(x.shape(), w.shape(), p));
+      cpu().conv2d_backward(f.tensor("dy"), x, w, p, dx, dw, db, ws);
+      EXPECT_ALL_CLOSE(dx, f.tensor("dx"), kRtol, kAtol);
+      EXPECT_ALL_CLOSE(dw, plus(dw0, f.tensor("dw")), kRtol, kAtol);
+      if (has_bias) {
+        EXPECT_ALL_CLOSE(db, plus(db0, f.tensor("db")), kRtol, kAtol);
+      }
+
+      // Only some gradients requested: the others are skipped, the rest unchanged.
+      const Tensor dw_only = Tensor::zeros(w.shape());
+      EXPECT_FALSE(ops::conv2d_backward(cpu(), f.tensor("dy"), x, w, p, false, dw_only, Tensor()).defined());
+      EXPECT_ALL_CLOSE(dw_only, f.tensor("dw"), kRtol, kAtol);
+      EXPECT_ALL_CLOSE(ops::conv2d_backward(cpu(), f.tensor("dy"), x, w, p, true, Tensor(), Tensor()),
+                       f.tensor("dx"), kRtol, kAtol);
     }
-
-    // Only some gradients requested: the others are skipped, the rest unchanged.
-    const Tensor dw_only = Tensor::zeros(w.shape());
-    EXPECT_FALSE(ops::conv2d_backward(cpu(), f.tensor("dy"), x, w, p, false, dw_only, Tensor()).defined());
-    EXPECT_ALL_CLOSE(dw_only, f.tensor("dw"), kRtol, kAtol);
-    EXPECT_ALL_CLOSE(ops::conv2d_backward(cpu(), f.tensor("dy"), x, w, p, true, Tensor(), Tensor()), f.tensor("dx"),
-                     kRtol, kAtol);
   }
 }
 
@@ -455,12 +465,12 @@ struct ConvRun {
 
 ConvRun run_conv(const ConvCase& c) {
   const Tensor x = random_tensor(c.x, 80), w = random_tensor(c.w, 81, -0.5f, 0.5f);
-  const Tensor b = random_tensor(Shape{c.w[0]}, 82);
+  const Tensor b = c.bias ? random_tensor(Shape{c.w[0]}, 82) : Tensor();
   ConvRun r;
   r.y = ops::conv2d(cpu(), x, w, b, c.p);
   const Tensor dy = random_tensor(r.y.shape(), 83);
   r.dw = random_tensor(c.w, 84);  // accumulation onto non-zero values
-  r.db = random_tensor(Shape{c.w[0]}, 85);
+  r.db = c.bias ? random_tensor(Shape{c.w[0]}, 85) : Tensor();
   r.dx = ops::conv2d_backward(cpu(), dy, x, w, c.p, true, r.dw, r.db);
   return r;
 }
@@ -513,7 +523,10 @@ void expect_same(const ConvRun& a, const ConvRun& b) {
   EXPECT_TRUE(bitwise_equal(a.y, b.y));
   EXPECT_TRUE(bitwise_equal(a.dx, b.dx));
   EXPECT_TRUE(bitwise_equal(a.dw, b.dw));
-  EXPECT_TRUE(bitwise_equal(a.db, b.db));
+  ASSERT_EQ(a.db.defined(), b.db.defined());
+  if (a.db.defined()) {
+    EXPECT_TRUE(bitwise_equal(a.db, b.db));
+  }
 }
 
 void expect_same(const BnRun& a, const BnRun& b) {
@@ -530,8 +543,8 @@ void expect_same(const PoolRun& a, const PoolRun& b) {
 // Large enough that every parallel loop has work for several threads, with several conv
 // chunks (the last partial) and groups.
 const ConvCase kDetConv{Shape{5, 8, 40, 40}, Shape{12, 4, 3, 3}, make_conv(1, 1, 1, 1, 1, 1, 2), true};
-const Shape kDetBn{6, 5, 17, 19};
-const Shape kDetPool{3, 5, 17, 19};
+const Shape kDetBn{8, 6, 40, 37};
+const Shape kDetPool{4, 6, 41, 37};
 
 TEST(CnnDeterminism, RunToRunBitwiseEqual) {
   expect_same(run_conv(kDetConv), run_conv(kDetConv));
@@ -539,33 +552,78 @@ TEST(CnnDeterminism, RunToRunBitwiseEqual) {
   expect_same(run_pools(kDetPool), run_pools(kDetPool));
 }
 
-// Pooling and batchnorm: any OpenMP thread count gives the same bits.
-TEST(CnnDeterminism, ThreadCountDoesNotChangePoolingOrBatchNorm) {
-  ThreadCounts restore;
-  ThreadCounts::set(1, 1);
+// Any thread count gives the same bits: every output is computed by one thread in a fixed
+// order (conv2d's GEMM included; it does not use a BLAS thread pool).
+TEST(CnnDeterminism, ThreadCountDoesNotChangeResults) {
+  ThreadCount restore;
+  omp_set_num_threads(1);
+  const ConvRun c1 = run_conv(kDetConv);
   const BnRun b1 = run_bn(kDetBn);
   const PoolRun p1 = run_pools(kDetPool);
   for (int threads : {2, 3}) {
     SCOPED_TRACE(std::to_string(threads) + " threads");
-    ThreadCounts::set(threads, threads);
+    omp_set_num_threads(threads);
+    expect_same(c1, run_conv(kDetConv));
     expect_same(b1, run_bn(kDetBn));
     expect_same(p1, run_pools(kDetPool));
   }
 }
 
-// conv2d: our own loops (im2col, col2im, the chunk copies, db) do not depend on the
-// OpenMP thread count. OpenBLAS's sgemm does depend on *its* thread count (1, 2 and 3
-// threads give different roundings; each is reproducible), so conv2d is bitwise
-// reproducible for a given OpenBLAS thread count, which this test holds fixed.
-TEST(CnnDeterminism, OpenMpThreadCountDoesNotChangeConv) {
-  ThreadCounts restore;
-  for (int blas : {1, 2}) {
-    ThreadCounts::set(1, blas);
-    const ConvRun c1 = run_conv(kDetConv);
-    for (int threads : {2, 3}) {
-      SCOPED_TRACE(std::to_string(threads) + " OpenMP threads, " + std::to_string(blas) + " OpenBLAS threads");
-      ThreadCounts::set(threads, blas);
-      expect_same(c1, run_conv(kDetConv));
+// ---- The two conv2d paths and the micro-kernels --------------------------------------------
+
+// Stride-1 shapes that take the implicit GEMM (for y and dw; for dx too except where the
+// padding exceeds the dilated kernel's reach, as with the padded 1x1 convolution).
+const std::vector<ConvCase> kImplicitCases = {
+    {Shape{5, 8, 40, 40}, Shape{12, 4, 3, 3}, make_conv(1, 1, 1, 1, 1, 1, 2), true},
+    {Shape{3, 4, 20, 24}, Shape{6, 2, 3, 3}, make_conv(1, 1, 2, 2, 2, 2, 2), true},      // dilation 2
+    {Shape{2, 3, 20, 20}, Shape{4, 3, 1, 1}, make_conv(1, 1, 1, 1, 1, 1, 1), false},     // dx explicit
+    {Shape{2, 3, 17, 19}, Shape{40, 3, 5, 3}, make_conv(1, 1, 2, 1, 1, 1, 1), true},     // K > NR, odd sizes
+    {Shape{4, 6, 18, 18}, Shape{6, 1, 3, 3}, make_conv(1, 1, 1, 1, 1, 1, 6), false},     // depthwise
+};
+
+TEST(CnnPaths, ImplicitAndExplicitGemmAgree) {
+  ConvMode restore;
+  for (const auto& c : kImplicitCases) {
+    SCOPED_TRACE(c.x.str() + " * " + c.w.str());
+    remat::cpu_conv::set_explicit_only(false);
+    const size_t ws_implicit = cpu().conv2d_forward_workspace(c.x, c.w, c.p);
+    const ConvRun implicit = run_conv(c);
+    remat::cpu_conv::set_explicit_only(true);
+    const size_t ws_explicit = cpu().conv2d_forward_workspace(c.x, c.w, c.p);
+    const ConvRun expl = run_conv(c);
+    EXPECT_NE(ws_implicit, ws_explicit) << "the implicit path was not taken";
+    // The same products summed in the same order: y and dw are bitwise equal (the dropped
+    // columns of the padded width add exact zeros to dw).
+    EXPECT_TRUE(bitwise_equal(implicit.y, expl.y));
+    EXPECT_TRUE(bitwise_equal(implicit.dw, expl.dw));
+    if (c.bias) {
+      EXPECT_TRUE(bitwise_equal(implicit.db, expl.db));
+    }
+    // col2im sums each (r, s) separately, the implicit dx in one chain: rounding differs.
+    EXPECT_ALL_CLOSE(implicit.dx, expl.dx, kRtol, kAtol);
+  }
+}
+
+TEST(CnnPaths, MicroKernelsAgreeBitwise) {
+  ConvMode restore;
+  const auto kernels = remat::cpu_conv::available_micro_kernels();
+  ASSERT_FALSE(kernels.empty());
+  EXPECT_EQ(kernels.back(), "portable");
+  EXPECT_EQ(remat::cpu_conv::micro_kernel(), kernels.front());  // the best one by default
+  EXPECT_REMAT_ERROR(remat::cpu_conv::use_micro_kernel("sse9"), "micro-kernel \"sse9\"");
+  std::vector<ConvCase> cases = kImplicitCases;
+  cases.push_back({Shape{3, 3, 7, 5}, Shape{5, 3, 3, 3}, make_conv(2, 2, 1, 1, 1, 1, 1), true});  // explicit
+  for (bool explicit_only : {false, true}) {
+    remat::cpu_conv::set_explicit_only(explicit_only);
+    for (const auto& c : cases) {
+      SCOPED_TRACE(c.x.str() + " * " + c.w.str() + (explicit_only ? " explicit" : ""));
+      remat::cpu_conv::use_micro_kernel(kernels.front());
+      const ConvRun ref = run_conv(c);
+      for (size_t i = 1; i < kernels.size(); ++i) {
+        SCOPED_TRACE(kernels[i] + " vs " + kernels.front());
+        remat::cpu_conv::use_micro_kernel(kernels[i]);
+        expect_same(ref, run_conv(c));
+      }
     }
   }
 }
@@ -684,12 +742,12 @@ TEST(CnnMeta, ConvAllocatesExactlyWhatCpuAllocates) {
 }
 
 TEST(CnnMeta, WorkspaceDependsOnlyOnShapes) {
-  ThreadCounts restore;
+  ThreadCount restore;
   const Shape x{64, 64, 32, 32}, w{64, 64, 3, 3};
   const Conv2dParams p = make_conv(1, 1, 1, 1, 1, 1, 1);
-  ThreadCounts::set(1, 1);
+  omp_set_num_threads(1);
   const size_t f1 = cpu().conv2d_forward_workspace(x, w, p), b1 = cpu().conv2d_backward_workspace(x, w, p);
-  ThreadCounts::set(2, 2);
+  omp_set_num_threads(2);
   EXPECT_EQ(cpu().conv2d_forward_workspace(x, w, p), f1);
   EXPECT_EQ(cpu().conv2d_backward_workspace(x, w, p), b1);
   // Bounded: a chunk of images, not the whole batch (64 images of 576 x 1024 columns).
