@@ -1,14 +1,14 @@
 // The CNN op family of the CPU backend (conv2d, max/avg/global-avg pooling, batchnorm2d):
 // PyTorch goldens (tools/golden/cnn.py), finite differences, a direct-loop convolution
-// reference, determinism (run to run and across thread counts), errors, and the meta
-// backend's memory accounting.
+// reference, conv2d's two GEMM paths and micro-kernels against each other, its workspace
+// use, determinism (run to run and across thread counts), errors, and the meta backend's
+// memory accounting.
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -44,10 +44,10 @@ using remat::test::meta_int;
 using remat::test::random_tensor;
 namespace ops = remat::ops;
 
-// Tolerances against PyTorch. Forward values are O(1) sums of at most ~100 fp32 products,
-// accumulated in a different order than PyTorch's (OpenBLAS vs oneDNN): errors of a few
-// ulp of the largest partial sum, ~1e-6. rtol 1e-4 / atol 1e-5 leaves margin without
-// hiding a wrong index (which gives O(0.1) errors).
+// Tolerances against PyTorch and the double-precision references. Values are O(1) sums of
+// at most a few hundred fp32 products, accumulated in another order than PyTorch's: errors
+// of a few ulp of the largest partial sum, ~1e-6. rtol 1e-4 / atol 1e-5 leaves margin
+// without hiding a wrong index or a missed term (O(0.01) to O(1) errors).
 constexpr double kRtol = 1e-4;
 constexpr double kAtol = 1e-5;
 
@@ -277,19 +277,24 @@ TEST(CnnGradCheck, Conv2d) {
       {Shape{1, 3, 6, 6}, Shape{3, 1, 3, 3}, make_conv(1, 1, 1, 1, 1, 1, 3), false},  // depthwise
       {Shape{3, 1, 40, 40}, Shape{2, 1, 3, 3}, make_conv(1, 1, 0, 0, 1, 1, 1), true},  // chunks of 2 and 1
   };
+  // Each case by the implicit GEMM where it applies (stride 1), and by im2col.
+  ConvMode restore;
   uint32_t seed = 1;
-  for (const auto& c : cases) {
-    SCOPED_TRACE(c.x.str() + " * " + c.w.str());
-    const Tensor x = random_tensor(c.x, seed++), w = random_tensor(c.w, seed++, -0.5f, 0.5f);
-    const Tensor b = c.bias ? random_tensor(Shape{c.w[0]}, seed++) : Tensor();
-    const Tensor dy = random_tensor(remat::conv2d_output_shape(c.x, c.w, c.p), seed++);
-    const Tensor dw = Tensor::zeros(c.w), db = c.bias ? Tensor::zeros(Shape{c.w[0]}) : Tensor();
-    const Tensor dx = ops::conv2d_backward(cpu(), dy, x, w, c.p, true, dw, db);
-    auto loss = [&] { return dot(dy, ops::conv2d(cpu(), x, w, b, c.p)); };
-    EXPECT_TRUE(check_gradient("conv2d dx", x, dx, loss));
-    EXPECT_TRUE(check_gradient("conv2d dw", w, dw, loss));
-    if (c.bias) {
-      EXPECT_TRUE(check_gradient("conv2d db", b, db, loss));
+  for (bool explicit_only : {false, true}) {
+    for (const auto& c : cases) {
+      SCOPED_TRACE(c.x.str() + " * " + c.w.str() + (explicit_only ? " (explicit only)" : ""));
+      remat::cpu_conv::set_explicit_only(explicit_only);
+      const Tensor x = random_tensor(c.x, seed++), w = random_tensor(c.w, seed++, -0.5f, 0.5f);
+      const Tensor b = c.bias ? random_tensor(Shape{c.w[0]}, seed++) : Tensor();
+      const Tensor dy = random_tensor(remat::conv2d_output_shape(c.x, c.w, c.p), seed++);
+      const Tensor dw = Tensor::zeros(c.w), db = c.bias ? Tensor::zeros(Shape{c.w[0]}) : Tensor();
+      const Tensor dx = ops::conv2d_backward(cpu(), dy, x, w, c.p, true, dw, db);
+      auto loss = [&] { return dot(dy, ops::conv2d(cpu(), x, w, b, c.p)); };
+      EXPECT_TRUE(check_gradient("conv2d dx", x, dx, loss));
+      EXPECT_TRUE(check_gradient("conv2d dw", w, dw, loss));
+      if (c.bias) {
+        EXPECT_TRUE(check_gradient("conv2d db", b, db, loss));
+      }
     }
   }
 }
@@ -402,26 +407,31 @@ Direct direct_conv(const Tensor& x, const Tensor& w, const Tensor& b, const Tens
 }
 
 TEST(CnnReference, Conv2dMatchesDirectLoops) {
-  // Several chunks (the last one partial), groups, stride, padding and dilation together.
+  // Several chunks (the last one partial), groups, stride, padding and dilation together;
+  // by the implicit GEMM where it applies (the first case), and by im2col.
   const std::vector<ConvCase> cases = {
       {Shape{7, 4, 30, 30}, Shape{6, 2, 3, 3}, make_conv(1, 1, 1, 1, 1, 1, 2), true},
       {Shape{5, 3, 41, 37}, Shape{4, 3, 3, 2}, make_conv(1, 2, 2, 1, 2, 1, 1), true},
       {Shape{9, 2, 12, 12}, Shape{4, 2, 5, 5}, make_conv(2, 2, 2, 2, 1, 1, 1), true},
   };
+  ConvMode restore;
   uint32_t seed = 70;
-  for (const auto& c : cases) {
-    SCOPED_TRACE(c.x.str() + " * " + c.w.str());
-    const Tensor x = random_tensor(c.x, seed++), w = random_tensor(c.w, seed++, -0.5f, 0.5f);
-    const Tensor b = random_tensor(Shape{c.w[0]}, seed++);
-    const Tensor dy = random_tensor(remat::conv2d_output_shape(c.x, c.w, c.p), seed++);
-    const Direct ref = direct_conv(x, w, b, dy, c.p);
-    EXPECT_ALL_CLOSE(ops::conv2d(cpu(), x, w, b, c.p), ref.y, kRtol, kAtol);
-    const Tensor dw = Tensor::zeros(c.w), db = Tensor::zeros(Shape{c.w[0]});
-    const Tensor dx = ops::conv2d_backward(cpu(), dy, x, w, c.p, true, dw, db);
-    EXPECT_ALL_CLOSE(dx, ref.dx, kRtol, kAtol);
-    // dw and db sum over every output position (hundreds to thousands of terms).
-    EXPECT_ALL_CLOSE(dw, ref.dw, kRtol, 1e-4);
-    EXPECT_ALL_CLOSE(db, ref.db, kRtol, 1e-4);
+  for (bool explicit_only : {false, true}) {
+    for (const auto& c : cases) {
+      SCOPED_TRACE(c.x.str() + " * " + c.w.str() + (explicit_only ? " (explicit only)" : ""));
+      remat::cpu_conv::set_explicit_only(explicit_only);
+      const Tensor x = random_tensor(c.x, seed++), w = random_tensor(c.w, seed++, -0.5f, 0.5f);
+      const Tensor b = random_tensor(Shape{c.w[0]}, seed++);
+      const Tensor dy = random_tensor(remat::conv2d_output_shape(c.x, c.w, c.p), seed++);
+      const Direct ref = direct_conv(x, w, b, dy, c.p);
+      EXPECT_ALL_CLOSE(ops::conv2d(cpu(), x, w, b, c.p), ref.y, kRtol, kAtol);
+      const Tensor dw = Tensor::zeros(c.w), db = Tensor::zeros(Shape{c.w[0]});
+      const Tensor dx = ops::conv2d_backward(cpu(), dy, x, w, c.p, true, dw, db);
+      EXPECT_ALL_CLOSE(dx, ref.dx, kRtol, kAtol);
+      // dw and db sum over every output position (hundreds to thousands of terms).
+      EXPECT_ALL_CLOSE(dw, ref.dw, kRtol, 1e-4);
+      EXPECT_ALL_CLOSE(db, ref.db, kRtol, 1e-4);
+    }
   }
 }
 
@@ -601,6 +611,52 @@ TEST(CnnPaths, ImplicitAndExplicitGemmAgree) {
     }
     // col2im sums each (r, s) separately, the implicit dx in one chain: rounding differs.
     EXPECT_ALL_CLOSE(implicit.dx, expl.dx, kRtol, kAtol);
+  }
+}
+
+// The workspace as the ops get it may hold anything: filled with NaN, and with a NaN
+// canary region after the bytes the query asked for, results are unchanged (no output
+// reads workspace that was not written) and the canary is untouched (no write past the
+// query's size).
+TEST(CnnPaths, WorkspaceIsExactlyWhatIsUsed) {
+  ConvMode restore;
+  constexpr int64_t kCanary = 1024;
+  auto nan_workspace = [](size_t bytes) {
+    return Tensor::full(Shape{static_cast<int64_t>(bytes / sizeof(float)) + kCanary}, std::nanf(""));
+  };
+  auto canary_intact = [](const Tensor& ws, size_t bytes) {
+    const auto v = ws.to_vector();
+    for (size_t i = bytes / sizeof(float); i < v.size(); ++i)
+      if (!std::isnan(v[i])) return ::testing::AssertionFailure() << "workspace float " << i << " written";
+    return ::testing::AssertionSuccess();
+  };
+  std::vector<ConvCase> cases = kImplicitCases;
+  cases.push_back({Shape{3, 3, 7, 5}, Shape{6, 1, 3, 3}, make_conv(2, 1, 1, 1, 1, 2, 3), true});  // explicit
+  for (bool explicit_only : {false, true}) {
+    remat::cpu_conv::set_explicit_only(explicit_only);
+    for (const auto& c : cases) {
+      SCOPED_TRACE(c.x.str() + " * " + c.w.str() + (explicit_only ? " explicit" : ""));
+      const ConvRun ref = run_conv(c);
+      const Tensor x = random_tensor(c.x, 80), w = random_tensor(c.w, 81, -0.5f, 0.5f);
+      const Tensor b = c.bias ? random_tensor(Shape{c.w[0]}, 82) : Tensor();
+      const size_t fwd = cpu().conv2d_forward_workspace(c.x, c.w, c.p);
+      ASSERT_EQ(fwd % sizeof(float), 0u);
+      const Tensor wsf = nan_workspace(fwd), y = Tensor::empty(ref.y.shape());
+      cpu().conv2d_forward(x, w, b, c.p, y, wsf);
+      EXPECT_TRUE(bitwise_equal(y, ref.y));
+      EXPECT_TRUE(canary_intact(wsf, fwd));
+
+      const Tensor dy = random_tensor(ref.y.shape(), 83);
+      const Tensor dw = random_tensor(c.w, 84), db = c.bias ? random_tensor(Shape{c.w[0]}, 85) : Tensor();
+      const Tensor dx = filled(c.x, std::nanf(""));
+      const size_t bwd = cpu().conv2d_backward_workspace(c.x, c.w, c.p);
+      ASSERT_EQ(bwd % sizeof(float), 0u);
+      const Tensor wsb = nan_workspace(bwd);
+      cpu().conv2d_backward(dy, x, w, c.p, dx, dw, db, wsb);
+      EXPECT_TRUE(bitwise_equal(dx, ref.dx));
+      EXPECT_TRUE(bitwise_equal(dw, ref.dw));
+      EXPECT_TRUE(canary_intact(wsb, bwd));
+    }
   }
 }
 
