@@ -106,19 +106,41 @@ class ThreadCount {
   int saved_;
 };
 
-// Restores the conv2d micro-kernel and path selection when it goes out of scope.
+// Restores the conv2d micro-kernel, path selection and chunking when it goes out of scope.
 class ConvMode {
  public:
-  ConvMode() : kernel_(remat::cpu_conv::micro_kernel()), explicit_(remat::cpu_conv::explicit_only()) {}
+  ConvMode()
+      : kernel_(remat::cpu_conv::micro_kernel()),
+        explicit_(remat::cpu_conv::explicit_only()),
+        chunk_(remat::cpu_conv::chunk_images()) {}
   ~ConvMode() {
     remat::cpu_conv::use_micro_kernel(kernel_);
     remat::cpu_conv::set_explicit_only(explicit_);
+    remat::cpu_conv::set_chunk_images(chunk_);
   }
 
  private:
   std::string kernel_;
   bool explicit_;
+  int64_t chunk_;
 };
+
+// How conv2d feeds its GEMMs: the implicit GEMM where it applies (stride 1) or im2col only;
+// chunks chosen from the shapes, or of 2 images (several chunks, the last one partial, on
+// the small shapes of the tests).
+struct PathMode {
+  bool explicit_only;
+  int64_t chunk_images;
+  std::string str() const {
+    return std::string(explicit_only ? "im2col only" : "implicit where it applies") + ", " +
+           (chunk_images ? "chunks of " + std::to_string(chunk_images) : std::string("automatic chunks"));
+  }
+  void apply() const {
+    remat::cpu_conv::set_explicit_only(explicit_only);
+    remat::cpu_conv::set_chunk_images(chunk_images);
+  }
+};
+const std::vector<PathMode> kAllPathModes = {{false, 0}, {false, 2}, {true, 0}, {true, 2}};
 
 // ---- PyTorch goldens ------------------------------------------------------------------------
 
@@ -128,10 +150,10 @@ TEST(CnnGolden, Conv2dForwardBackward) {
   const auto names = cases_with_prefix("conv_");
   ASSERT_GE(names.size(), 8u) << "conv goldens missing: run tools/gen_golden.py cnn";
   ConvMode restore;
-  for (bool explicit_only : {false, true}) {
-    remat::cpu_conv::set_explicit_only(explicit_only);
+  for (const PathMode& mode : kAllPathModes) {
+    mode.apply();
     for (const auto& name : names) {
-      SCOPED_TRACE(name + (explicit_only ? " (explicit only)" : ""));
+      SCOPED_TRACE(name + " (" + mode.str() + ")");
       const auto f = load_golden(name);
       const Conv2dParams p = conv_params(f);
       const Tensor x = f.tensor("x"), w = f.tensor("w");
@@ -275,15 +297,14 @@ TEST(CnnGradCheck, Conv2d) {
       {Shape{2, 3, 7, 5}, Shape{4, 3, 3, 3}, make_conv(2, 1, 1, 1, 1, 1, 1), true},
       {Shape{2, 4, 8, 9}, Shape{6, 2, 3, 2}, make_conv(1, 2, 2, 0, 2, 1, 2), true},
       {Shape{1, 3, 6, 6}, Shape{3, 1, 3, 3}, make_conv(1, 1, 1, 1, 1, 1, 3), false},  // depthwise
-      {Shape{3, 1, 40, 40}, Shape{2, 1, 3, 3}, make_conv(1, 1, 0, 0, 1, 1, 1), true},  // chunks of 2 and 1
+      {Shape{3, 1, 40, 40}, Shape{2, 1, 3, 3}, make_conv(1, 1, 0, 0, 1, 1, 1), true},
   };
-  // Each case by the implicit GEMM where it applies (stride 1), and by im2col.
   ConvMode restore;
   uint32_t seed = 1;
-  for (bool explicit_only : {false, true}) {
+  for (const PathMode& mode : kAllPathModes) {
     for (const auto& c : cases) {
-      SCOPED_TRACE(c.x.str() + " * " + c.w.str() + (explicit_only ? " (explicit only)" : ""));
-      remat::cpu_conv::set_explicit_only(explicit_only);
+      SCOPED_TRACE(c.x.str() + " * " + c.w.str() + " (" + mode.str() + ")");
+      mode.apply();
       const Tensor x = random_tensor(c.x, seed++), w = random_tensor(c.w, seed++, -0.5f, 0.5f);
       const Tensor b = c.bias ? random_tensor(Shape{c.w[0]}, seed++) : Tensor();
       const Tensor dy = random_tensor(remat::conv2d_output_shape(c.x, c.w, c.p), seed++);
@@ -407,8 +428,7 @@ Direct direct_conv(const Tensor& x, const Tensor& w, const Tensor& b, const Tens
 }
 
 TEST(CnnReference, Conv2dMatchesDirectLoops) {
-  // Several chunks (the last one partial), groups, stride, padding and dilation together;
-  // by the implicit GEMM where it applies (the first case), and by im2col.
+  // Groups, stride, padding and dilation together (the first case takes the implicit GEMM).
   const std::vector<ConvCase> cases = {
       {Shape{7, 4, 30, 30}, Shape{6, 2, 3, 3}, make_conv(1, 1, 1, 1, 1, 1, 2), true},
       {Shape{5, 3, 41, 37}, Shape{4, 3, 3, 2}, make_conv(1, 2, 2, 1, 2, 1, 1), true},
@@ -416,10 +436,10 @@ TEST(CnnReference, Conv2dMatchesDirectLoops) {
   };
   ConvMode restore;
   uint32_t seed = 70;
-  for (bool explicit_only : {false, true}) {
+  for (const PathMode& mode : kAllPathModes) {
     for (const auto& c : cases) {
-      SCOPED_TRACE(c.x.str() + " * " + c.w.str() + (explicit_only ? " (explicit only)" : ""));
-      remat::cpu_conv::set_explicit_only(explicit_only);
+      SCOPED_TRACE(c.x.str() + " * " + c.w.str() + " (" + mode.str() + ")");
+      mode.apply();
       const Tensor x = random_tensor(c.x, seed++), w = random_tensor(c.w, seed++, -0.5f, 0.5f);
       const Tensor b = random_tensor(Shape{c.w[0]}, seed++);
       const Tensor dy = random_tensor(remat::conv2d_output_shape(c.x, c.w, c.p), seed++);
@@ -550,14 +570,35 @@ void expect_same(const PoolRun& a, const PoolRun& b) {
     EXPECT_TRUE(bitwise_equal(a.*m, b.*m));
 }
 
-// Large enough that every parallel loop has work for several threads, with several conv
-// chunks (the last partial) and groups.
-const ConvCase kDetConv{Shape{5, 8, 40, 40}, Shape{12, 4, 3, 3}, make_conv(1, 1, 1, 1, 1, 1, 2), true};
+// Large enough that every parallel loop has work for several threads; conv2d with groups,
+// by the implicit GEMM (stride 1) and by im2col (stride 2), in several chunks.
+const std::vector<ConvCase> kDetConvs = {
+    {Shape{5, 8, 40, 40}, Shape{12, 4, 3, 3}, make_conv(1, 1, 1, 1, 1, 1, 2), true},
+    {Shape{5, 8, 40, 40}, Shape{12, 4, 3, 3}, make_conv(2, 2, 1, 1, 1, 1, 2), true},
+};
 const Shape kDetBn{8, 6, 40, 37};
 const Shape kDetPool{4, 6, 41, 37};
 
+std::vector<ConvRun> run_det_convs() {
+  std::vector<ConvRun> out;
+  for (const PathMode& mode : {PathMode{false, 0}, PathMode{false, 2}}) {
+    mode.apply();
+    for (const auto& c : kDetConvs) out.push_back(run_conv(c));
+  }
+  return out;
+}
+
+void expect_same(const std::vector<ConvRun>& a, const std::vector<ConvRun>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    SCOPED_TRACE("conv run " + std::to_string(i));
+    expect_same(a[i], b[i]);
+  }
+}
+
 TEST(CnnDeterminism, RunToRunBitwiseEqual) {
-  expect_same(run_conv(kDetConv), run_conv(kDetConv));
+  ConvMode restore;
+  expect_same(run_det_convs(), run_det_convs());
   expect_same(run_bn(kDetBn), run_bn(kDetBn));
   expect_same(run_pools(kDetPool), run_pools(kDetPool));
 }
@@ -565,15 +606,16 @@ TEST(CnnDeterminism, RunToRunBitwiseEqual) {
 // Any thread count gives the same bits: every output is computed by one thread in a fixed
 // order (conv2d's GEMM included; it does not use a BLAS thread pool).
 TEST(CnnDeterminism, ThreadCountDoesNotChangeResults) {
+  ConvMode restore_conv;
   ThreadCount restore;
   omp_set_num_threads(1);
-  const ConvRun c1 = run_conv(kDetConv);
+  const auto c1 = run_det_convs();
   const BnRun b1 = run_bn(kDetBn);
   const PoolRun p1 = run_pools(kDetPool);
   for (int threads : {2, 3}) {
     SCOPED_TRACE(std::to_string(threads) + " threads");
     omp_set_num_threads(threads);
-    expect_same(c1, run_conv(kDetConv));
+    expect_same(c1, run_det_convs());
     expect_same(b1, run_bn(kDetBn));
     expect_same(p1, run_pools(kDetPool));
   }
@@ -593,6 +635,8 @@ const std::vector<ConvCase> kImplicitCases = {
 
 TEST(CnnPaths, ImplicitAndExplicitGemmAgree) {
   ConvMode restore;
+  // The same chunks for both paths (dw accumulates chunk by chunk).
+  remat::cpu_conv::set_chunk_images(2);
   for (const auto& c : kImplicitCases) {
     SCOPED_TRACE(c.x.str() + " * " + c.w.str());
     remat::cpu_conv::set_explicit_only(false);
@@ -632,10 +676,10 @@ TEST(CnnPaths, WorkspaceIsExactlyWhatIsUsed) {
   };
   std::vector<ConvCase> cases = kImplicitCases;
   cases.push_back({Shape{3, 3, 7, 5}, Shape{6, 1, 3, 3}, make_conv(2, 1, 1, 1, 1, 2, 3), true});  // explicit
-  for (bool explicit_only : {false, true}) {
-    remat::cpu_conv::set_explicit_only(explicit_only);
+  for (const PathMode& mode : kAllPathModes) {
+    mode.apply();
     for (const auto& c : cases) {
-      SCOPED_TRACE(c.x.str() + " * " + c.w.str() + (explicit_only ? " explicit" : ""));
+      SCOPED_TRACE(c.x.str() + " * " + c.w.str() + " (" + mode.str() + ")");
       const ConvRun ref = run_conv(c);
       const Tensor x = random_tensor(c.x, 80), w = random_tensor(c.w, 81, -0.5f, 0.5f);
       const Tensor b = c.bias ? random_tensor(Shape{c.w[0]}, 82) : Tensor();
@@ -669,10 +713,10 @@ TEST(CnnPaths, MicroKernelsAgreeBitwise) {
   EXPECT_REMAT_ERROR(remat::cpu_conv::use_micro_kernel("sse9"), "micro-kernel \"sse9\"");
   std::vector<ConvCase> cases = kImplicitCases;
   cases.push_back({Shape{3, 3, 7, 5}, Shape{5, 3, 3, 3}, make_conv(2, 2, 1, 1, 1, 1, 1), true});  // explicit
-  for (bool explicit_only : {false, true}) {
-    remat::cpu_conv::set_explicit_only(explicit_only);
+  for (const PathMode& mode : kAllPathModes) {
+    mode.apply();
     for (const auto& c : cases) {
-      SCOPED_TRACE(c.x.str() + " * " + c.w.str() + (explicit_only ? " explicit" : ""));
+      SCOPED_TRACE(c.x.str() + " * " + c.w.str() + " (" + mode.str() + ")");
       remat::cpu_conv::use_micro_kernel(kernels.front());
       const ConvRun ref = run_conv(c);
       for (size_t i = 1; i < kernels.size(); ++i) {
@@ -783,17 +827,24 @@ Footprint conv_footprint(Backend& be, const ConvCase& c) {
 }
 
 TEST(CnnMeta, ConvAllocatesExactlyWhatCpuAllocates) {
-  for (const ConvCase& c : {kDetConv, ConvCase{Shape{2, 3, 7, 5}, Shape{4, 3, 3, 3}, make_conv(2, 1, 1, 1, 1, 1, 1), true},
-                            ConvCase{Shape{64, 16, 32, 32}, Shape{16, 16, 3, 3}, make_conv(1, 1, 1, 1, 1, 1, 1), true}}) {
-    SCOPED_TRACE(c.x.str() + " * " + c.w.str());
-    const Footprint fc = conv_footprint(cpu(), c), fm = conv_footprint(meta(), c);
-    EXPECT_EQ(fc.peak, fm.peak);
-    EXPECT_EQ(fc.held, fm.held);
-    EXPECT_EQ(fc.ws_fwd, fm.ws_fwd);
-    EXPECT_EQ(fc.ws_bwd, fm.ws_bwd);
-    // The workspace was allocated and counted: the peak exceeds the outputs held (y, dx).
-    EXPECT_GT(fc.ws_fwd, 0u);
-    EXPECT_GE(fc.peak, fc.held + static_cast<int64_t>(std::min(fc.ws_fwd, fc.ws_bwd)));
+  ConvMode restore;
+  const std::vector<ConvCase> cases = {
+      kDetConvs[0], kDetConvs[1],
+      ConvCase{Shape{2, 3, 7, 5}, Shape{4, 3, 3, 3}, make_conv(2, 1, 1, 1, 1, 1, 1), true},
+      ConvCase{Shape{64, 16, 32, 32}, Shape{16, 16, 3, 3}, make_conv(1, 1, 1, 1, 1, 1, 1), true}};
+  for (const PathMode& mode : {PathMode{false, 0}, PathMode{true, 2}}) {
+    mode.apply();
+    for (const ConvCase& c : cases) {
+      SCOPED_TRACE(c.x.str() + " * " + c.w.str() + " (" + mode.str() + ")");
+      const Footprint fc = conv_footprint(cpu(), c), fm = conv_footprint(meta(), c);
+      EXPECT_EQ(fc.peak, fm.peak);
+      EXPECT_EQ(fc.held, fm.held);
+      EXPECT_EQ(fc.ws_fwd, fm.ws_fwd);
+      EXPECT_EQ(fc.ws_bwd, fm.ws_bwd);
+      // The workspace was allocated and counted: the peak exceeds the outputs held (y, dx).
+      EXPECT_GT(fc.ws_fwd, 0u);
+      EXPECT_GE(fc.peak, fc.held + static_cast<int64_t>(std::min(fc.ws_fwd, fc.ws_bwd)));
+    }
   }
 }
 

@@ -173,6 +173,7 @@ std::vector<const MicroKernels*> supported_kernels() {
 
 const MicroKernels* g_kernels = supported_kernels().front();
 bool g_explicit_only = false;
+int64_t g_chunk_images = 0;  // 0: chosen from the shapes
 
 inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 inline int64_t ceil_div(int64_t v, int64_t m) { return (v + m - 1) / m; }
@@ -190,11 +191,13 @@ void for_tiles(int64_t tiles, int64_t flops_per_tile, const Body& body) {
 
 // ---- Geometry, paths and workspace layout ----------------------------------------------
 
-// Output positions (columns) a chunk aims for: enough tiles for every thread and few
-// hand-overs between loops. The explicit column matrix is capped at kMaxColBytes, but a
-// chunk always holds at least one image.
+// Chunk size: at least kTargetColumns output positions and kMinChunkFlops of forward work
+// (enough tiles for every thread, few hand-overs between loops, no fork/join for a
+// sliver of work), while the chunk's large buffers (the column matrix, or the padded
+// copies) stay within kMaxChunkBytes; always at least one image.
 constexpr int64_t kTargetColumns = 4096;
-constexpr int64_t kMaxColBytes = int64_t{16} << 20;
+constexpr int64_t kMinChunkFlops = int64_t{32} << 20;
+constexpr int64_t kMaxChunkBytes = int64_t{16} << 20;
 
 // Workspace regions, in floats, laid out one after the other.
 struct Regions {
@@ -236,25 +239,30 @@ struct ConvGeom {
     grows = cg * r * s;
     krows = kg * r * s;
     plane = p * q;
-    nb = 1;
-    if (plane > 0 && n > 0) {
-      nb = std::max<int64_t>(1, kTargetColumns / plane);
-      const int64_t col_bytes_per_image = std::max<int64_t>(1, c * r * s * plane * 4);
-      nb = std::min(nb, std::max<int64_t>(1, kMaxColBytes / col_bytes_per_image));
-      nb = std::min(nb, n);
-    }
-    len = nb * plane;
-    len_pad = round_up(len, NR);
-
     hp = h + 2 * ph, wp = w + 2 * pw;
     limg = p > 0 && q > 0 ? (p - 1) * wp + q : 0;
     dy_top = (r - 1) * dh - ph, dy_left = (s - 1) * dw - pw;
     hq = h + (r - 1) * dh, wq = w + (s - 1) * dw;
     ldx = h > 0 && w > 0 ? (h - 1) * wq + w : 0;
     const bool stride1 = sh == 1 && sw == 1 && !g_explicit_only;
-    // At most 20% of the computed columns dropped.
+    // Worth it while the computed columns (padded width, rounded up to NR) are at most
+    // 1.2x the outputs.
     implicit_y = stride1 && plane > 0 && round_up(limg, NR) * 5 <= plane * 6;
     implicit_dx = stride1 && dy_top >= 0 && dy_left >= 0 && h * w > 0 && round_up(ldx, NR) * 5 <= h * w * 6;
+
+    nb = 1;
+    if (plane > 0 && n > 0) {
+      const int64_t flops = std::max<int64_t>(1, 2 * k * grows * plane);
+      nb = std::max(ceil_div(kTargetColumns, plane), ceil_div(kMinChunkFlops, flops));
+      const int64_t bytes = 4 * std::max<int64_t>(
+          1, (implicit_y ? c * hp * wp + groups * round_up(kg, NR) * limg : c * r * s * plane) +
+                 (implicit_dx ? k * hq * wq : k * plane));
+      nb = std::min(nb, std::max<int64_t>(1, kMaxChunkBytes / bytes));
+      if (g_chunk_images > 0) nb = g_chunk_images;
+      nb = std::min(nb, n);
+    }
+    len = nb * plane;
+    len_pad = round_up(len, NR);
   }
 
   // Nothing to compute (empty output, or no input channels: y is the bias, dx and dw get 0).
@@ -639,6 +647,12 @@ void use_micro_kernel(const std::string& name) {
 
 bool explicit_only() { return g_explicit_only; }
 void set_explicit_only(bool on) { g_explicit_only = on; }
+
+int64_t chunk_images() { return g_chunk_images; }
+void set_chunk_images(int64_t images) {
+  REMAT_CHECK(images >= 0, "conv2d: chunk_images must be >= 0, got ", images);
+  g_chunk_images = images;
+}
 
 }  // namespace cpu_conv
 

@@ -1,7 +1,9 @@
-// Test hooks into the CPU conv2d (conv.cpp): which GEMM micro-kernel runs, and whether the
-// implicit-GEMM paths may be used. Process-wide and not thread-safe: for tests only.
+// Test hooks into the CPU conv2d (conv.cpp): which GEMM micro-kernel runs, whether the
+// implicit-GEMM paths may be used, and how many images a chunk holds. Process-wide and not
+// thread-safe: for tests only.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -18,5 +20,11 @@ void use_micro_kernel(const std::string& name);
 // that the implicit GEMM handles. The workspace queries follow the setting.
 bool explicit_only();
 void set_explicit_only(bool on);
+
+// Images per chunk: 0 (the default) chooses from the shapes; n > 0 fixes chunks of n
+// images (the last one partial), to test chunking on small shapes. The workspace queries
+// follow the setting.
+int64_t chunk_images();
+void set_chunk_images(int64_t images);
 
 }  // namespace remat::cpu_conv
