@@ -457,7 +457,7 @@ TEST(CnnReference, Conv2dMatchesDirectLoops) {
 
 // ---- Pooling details --------------------------------------------------------------------------
 
-TEST(CnnPool, MaxPoolTiesAndPadding) {
+TEST(CnnPool, MaxPoolTiesPaddingAndNaN) {
   Pool2dParams p;
   p.kernel_h = p.kernel_w = 2;
   p.stride_h = p.stride_w = 1;
@@ -473,6 +473,19 @@ TEST(CnnPool, MaxPoolTiesAndPadding) {
   const auto rn = ops::maxpool2d(cpu(), neg, p);
   EXPECT_EQ(rn.y.to_vector(), (std::vector<float>{-2, -2, -2, -2}));
   EXPECT_EQ(rn.indices.to_ints(), (std::vector<int32_t>{3, 3, 3, 3}));
+  // NaN wins, the last one in scan order; all -inf picks the window's first input element
+  // (both as PyTorch 1.13's max_pool2d).
+  p.kernel_h = p.kernel_w = 2;
+  p.pad_h = p.pad_w = 0;
+  const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
+  const auto rnan = ops::maxpool2d(cpu(), Tensor::from_vector({1, nan, 3, nan, 2, 5}, Shape{1, 1, 2, 3}), p);
+  EXPECT_TRUE(std::isnan(rnan.y.to_vector()[0]) && std::isnan(rnan.y.to_vector()[1]));
+  EXPECT_EQ(rnan.indices.to_ints(), (std::vector<int32_t>{3, 1}));
+  p.kernel_h = p.kernel_w = 3;
+  p.pad_h = p.pad_w = 1;
+  const auto rinf = ops::maxpool2d(cpu(), filled(Shape{1, 1, 2, 2}, -inf), p);
+  EXPECT_EQ(rinf.y.to_vector(), (std::vector<float>(4, -inf)));
+  EXPECT_EQ(rinf.indices.to_ints(), (std::vector<int32_t>{0, 0, 0, 0}));
   // Backward gathers every window's gradient at its maximum.
   const Tensor dy = Tensor::from_vector({1, 2, 3, 4}, Shape{1, 1, 2, 2});
   const Tensor dx = filled(neg.shape(), 99.0f);

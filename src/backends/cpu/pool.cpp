@@ -65,16 +65,24 @@ void CpuBackend::maxpool2d_forward_impl(const Tensor& x, const Pool2dParams& prm
         const int64_t ws = std::max<int64_t>(w0, 0), we = std::min(w0 + g.kw, g.w);
         // As PyTorch: the first maximum in scan order wins; a NaN wins (the last NaN);
         // padding never does (the window always holds an input element, as pad <= k / 2).
+        // Without NaNs, a branch-free scan (random data mispredicts every branch); a window
+        // holding a NaN is scanned again with PyTorch's rule.
         int64_t best = hs * g.w + ws;
         float bv = -std::numeric_limits<float>::infinity();
+        bool nan = false;
         for (int64_t hh = hs; hh < he; ++hh) {
           for (int64_t ww = ws; ww < we; ++ww) {
             const float v = src[hh * g.w + ww];
-            if (v > bv || std::isnan(v)) {
-              bv = v;
-              best = hh * g.w + ww;
-            }
+            const bool take = v > bv;
+            nan |= v != v;
+            best = take ? hh * g.w + ww : best;
+            bv = take ? v : bv;
           }
+        }
+        if (nan) {
+          for (int64_t hh = hs; hh < he; ++hh)
+            for (int64_t ww = ws; ww < we; ++ww)
+              if (std::isnan(src[hh * g.w + ww])) best = hh * g.w + ww;
         }
         dst[pp * g.q + qq] = src[best];
         idx[pp * g.q + qq] = static_cast<int32_t>(best);
