@@ -26,9 +26,10 @@
 // and dx within rounding (col2im sums over (r, s) separately).
 //
 // Why not cblas_sgemm: OpenBLAS's pthread build runs its own thread pool beside OpenMP's,
-// and on a small machine the two oversubscribe the cores at every hand-over between im2col
-// and GEMM (measured on 2 loaded cores: 3-5x slower than either pool alone); its results
-// also change with its thread count.
+// and the two oversubscribe the cores at every hand-over between im2col and GEMM (an
+// im2col + sgemm version of this file measured 2-5x slower on 2 busy cores than with
+// OMP_WAIT_POLICY=passive or one thread); its results also change with its thread count;
+// and its kernels for this CPU generation were AVX2 ones at about half our AVX-512 rate.
 //
 // Workspace: the packed operands and padded copies of one chunk. The chunk size and the
 // path, and so the workspace, depend only on the shapes (the meta backend reuses the
