@@ -1,14 +1,14 @@
 // The CNN op family of the CPU backend (conv2d, max/avg/global-avg pooling, batchnorm2d):
 // PyTorch goldens (tools/golden/cnn.py), finite differences, a direct-loop convolution
-// reference, determinism (run to run and across thread counts), errors, and the meta
-// backend's memory accounting.
+// reference, conv2d's two GEMM paths and micro-kernels against each other, its workspace
+// use, determinism (run to run and across thread counts), errors, and the meta backend's
+// memory accounting.
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -16,16 +16,10 @@
 #include "remat/backend.h"
 #include "remat/memory.h"
 #include "remat/ops.h"
+#include "src/backends/cpu/conv_internal.h"
 #include "support/expect_error.h"
 #include "support/golden.h"
 #include "support/gradcheck.h"
-
-// OpenBLAS's own thread count (the CPU backend links OpenBLAS; its pthread build does not
-// follow omp_set_num_threads).
-extern "C" {
-void openblas_set_num_threads(int num_threads);
-int openblas_get_num_threads(void);
-}
 
 namespace {
 
@@ -50,10 +44,10 @@ using remat::test::meta_int;
 using remat::test::random_tensor;
 namespace ops = remat::ops;
 
-// Tolerances against PyTorch. Forward values are O(1) sums of at most ~100 fp32 products,
-// accumulated in a different order than PyTorch's (OpenBLAS vs oneDNN): errors of a few
-// ulp of the largest partial sum, ~1e-6. rtol 1e-4 / atol 1e-5 leaves margin without
-// hiding a wrong index (which gives O(0.1) errors).
+// Tolerances against PyTorch and the double-precision references. Values are O(1) sums of
+// at most a few hundred fp32 products, accumulated in another order than PyTorch's: errors
+// of a few ulp of the largest partial sum, ~1e-6. rtol 1e-4 / atol 1e-5 leaves margin
+// without hiding a wrong index or a missed term (O(0.01) to O(1) errors).
 constexpr double kRtol = 1e-4;
 constexpr double kAtol = 1e-5;
 
@@ -102,52 +96,90 @@ Tensor plus(const Tensor& a, const Tensor& b) {
   return Tensor::from_vector(x, a.shape());
 }
 
-// Restores OpenMP's and OpenBLAS's thread counts when it goes out of scope.
-class ThreadCounts {
+// Restores the OpenMP thread count when it goes out of scope.
+class ThreadCount {
  public:
-  ThreadCounts() : omp_(omp_get_max_threads()), blas_(openblas_get_num_threads()) {}
-  ~ThreadCounts() { set(omp_, blas_); }
-  static void set(int omp, int blas) {
-    omp_set_num_threads(omp);
-    openblas_set_num_threads(blas);
+  ThreadCount() : saved_(omp_get_max_threads()) {}
+  ~ThreadCount() { omp_set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
+// Restores the conv2d micro-kernel, path selection and chunking when it goes out of scope.
+class ConvMode {
+ public:
+  ConvMode()
+      : kernel_(remat::cpu_conv::micro_kernel()),
+        explicit_(remat::cpu_conv::explicit_only()),
+        chunk_(remat::cpu_conv::chunk_images()) {}
+  ~ConvMode() {
+    remat::cpu_conv::use_micro_kernel(kernel_);
+    remat::cpu_conv::set_explicit_only(explicit_);
+    remat::cpu_conv::set_chunk_images(chunk_);
   }
 
  private:
-  int omp_, blas_;
+  std::string kernel_;
+  bool explicit_;
+  int64_t chunk_;
 };
+
+// How conv2d feeds its GEMMs: the implicit GEMM where it applies (stride 1) or im2col only;
+// chunks chosen from the shapes, or of 2 images (several chunks, the last one partial, on
+// the small shapes of the tests).
+struct PathMode {
+  bool explicit_only;
+  int64_t chunk_images;
+  std::string str() const {
+    return std::string(explicit_only ? "im2col only" : "implicit where it applies") + ", " +
+           (chunk_images ? "chunks of " + std::to_string(chunk_images) : std::string("automatic chunks"));
+  }
+  void apply() const {
+    remat::cpu_conv::set_explicit_only(explicit_only);
+    remat::cpu_conv::set_chunk_images(chunk_images);
+  }
+};
+const std::vector<PathMode> kAllPathModes = {{false, 0}, {false, 2}, {true, 0}, {true, 2}};
 
 // ---- PyTorch goldens ------------------------------------------------------------------------
 
+// Both ways of feeding the GEMM (explicit im2col, and the implicit one of stride-1
+// convolutions where it applies) against PyTorch.
 TEST(CnnGolden, Conv2dForwardBackward) {
   const auto names = cases_with_prefix("conv_");
   ASSERT_GE(names.size(), 8u) << "conv goldens missing: run tools/gen_golden.py cnn";
-  for (const auto& name : names) {
-    SCOPED_TRACE(name);
-    const auto f = load_golden(name);
-    const Conv2dParams p = conv_params(f);
-    const Tensor x = f.tensor("x"), w = f.tensor("w");
-    const bool has_bias = meta_int(f, "bias") != 0;
-    const Tensor b = has_bias ? f.tensor("b") : Tensor();
-    EXPECT_ALL_CLOSE(ops::conv2d(cpu(), x, w, b, p), f.tensor("y"), kRtol, kAtol);
+  ConvMode restore;
+  for (const PathMode& mode : kAllPathModes) {
+    mode.apply();
+    for (const auto& name : names) {
+      SCOPED_TRACE(name + " (" + mode.str() + ")");
+      const auto f = load_golden(name);
+      const Conv2dParams p = conv_params(f);
+      const Tensor x = f.tensor("x"), w = f.tensor("w");
+      const bool has_bias = meta_int(f, "bias") != 0;
+      const Tensor b = has_bias ? f.tensor("b") : Tensor();
+      EXPECT_ALL_CLOSE(ops::conv2d(cpu(), x, w, b, p), f.tensor("y"), kRtol, kAtol);
 
-    // dx is overwritten (starts as NaN); dw and db accumulate onto what they hold.
-    const Tensor dx = filled(x.shape(), std::nanf(""));
-    const Tensor dw0 = random_tensor(w.shape(), 7), dw = dw0.clone();
-    const Tensor db0 = has_bias ? random_tensor(b.shape(), 8) : Tensor(), db = has_bias ? db0.clone() : Tensor();
-    const Tensor ws = ops::workspace(cpu(), cpu().conv2d_backward_workspace(x.shape(), w.shape(), p));
-    cpu().conv2d_backward(f.tensor("dy"), x, w, p, dx, dw, db, ws);
-    EXPECT_ALL_CLOSE(dx, f.tensor("dx"), kRtol, kAtol);
-    EXPECT_ALL_CLOSE(dw, plus(dw0, f.tensor("dw")), kRtol, kAtol);
-    if (has_bias) {
-      EXPECT_ALL_CLOSE(db, plus(db0, f.tensor("db")), kRtol, kAtol);
+      // dx is overwritten (starts as NaN); dw and db accumulate onto what they hold.
+      const Tensor dx = filled(x.shape(), std::nanf(""));
+      const Tensor dw0 = random_tensor(w.shape(), 7), dw = dw0.clone();
+      const Tensor db0 = has_bias ? random_tensor(b.shape(), 8) : Tensor(), db = has_bias ? db0.clone() : Tensor();
+      const Tensor ws = ops::workspace(cpu(), cpu().conv2d_backward_workspace(x.shape(), w.shape(), p));
+      cpu().conv2d_backward(f.tensor("dy"), x, w, p, dx, dw, db, ws);
+      EXPECT_ALL_CLOSE(dx, f.tensor("dx"), kRtol, kAtol);
+      EXPECT_ALL_CLOSE(dw, plus(dw0, f.tensor("dw")), kRtol, kAtol);
+      if (has_bias) {
+        EXPECT_ALL_CLOSE(db, plus(db0, f.tensor("db")), kRtol, kAtol);
+      }
+
+      // Only some gradients requested: the others are skipped, the rest unchanged.
+      const Tensor dw_only = Tensor::zeros(w.shape());
+      EXPECT_FALSE(ops::conv2d_backward(cpu(), f.tensor("dy"), x, w, p, false, dw_only, Tensor()).defined());
+      EXPECT_ALL_CLOSE(dw_only, f.tensor("dw"), kRtol, kAtol);
+      EXPECT_ALL_CLOSE(ops::conv2d_backward(cpu(), f.tensor("dy"), x, w, p, true, Tensor(), Tensor()),
+                       f.tensor("dx"), kRtol, kAtol);
     }
-
-    // Only some gradients requested: the others are skipped, the rest unchanged.
-    const Tensor dw_only = Tensor::zeros(w.shape());
-    EXPECT_FALSE(ops::conv2d_backward(cpu(), f.tensor("dy"), x, w, p, false, dw_only, Tensor()).defined());
-    EXPECT_ALL_CLOSE(dw_only, f.tensor("dw"), kRtol, kAtol);
-    EXPECT_ALL_CLOSE(ops::conv2d_backward(cpu(), f.tensor("dy"), x, w, p, true, Tensor(), Tensor()), f.tensor("dx"),
-                     kRtol, kAtol);
   }
 }
 
@@ -265,21 +297,25 @@ TEST(CnnGradCheck, Conv2d) {
       {Shape{2, 3, 7, 5}, Shape{4, 3, 3, 3}, make_conv(2, 1, 1, 1, 1, 1, 1), true},
       {Shape{2, 4, 8, 9}, Shape{6, 2, 3, 2}, make_conv(1, 2, 2, 0, 2, 1, 2), true},
       {Shape{1, 3, 6, 6}, Shape{3, 1, 3, 3}, make_conv(1, 1, 1, 1, 1, 1, 3), false},  // depthwise
-      {Shape{3, 1, 40, 40}, Shape{2, 1, 3, 3}, make_conv(1, 1, 0, 0, 1, 1, 1), true},  // chunks of 2 and 1
+      {Shape{3, 1, 40, 40}, Shape{2, 1, 3, 3}, make_conv(1, 1, 0, 0, 1, 1, 1), true},
   };
+  ConvMode restore;
   uint32_t seed = 1;
-  for (const auto& c : cases) {
-    SCOPED_TRACE(c.x.str() + " * " + c.w.str());
-    const Tensor x = random_tensor(c.x, seed++), w = random_tensor(c.w, seed++, -0.5f, 0.5f);
-    const Tensor b = c.bias ? random_tensor(Shape{c.w[0]}, seed++) : Tensor();
-    const Tensor dy = random_tensor(remat::conv2d_output_shape(c.x, c.w, c.p), seed++);
-    const Tensor dw = Tensor::zeros(c.w), db = c.bias ? Tensor::zeros(Shape{c.w[0]}) : Tensor();
-    const Tensor dx = ops::conv2d_backward(cpu(), dy, x, w, c.p, true, dw, db);
-    auto loss = [&] { return dot(dy, ops::conv2d(cpu(), x, w, b, c.p)); };
-    EXPECT_TRUE(check_gradient("conv2d dx", x, dx, loss));
-    EXPECT_TRUE(check_gradient("conv2d dw", w, dw, loss));
-    if (c.bias) {
-      EXPECT_TRUE(check_gradient("conv2d db", b, db, loss));
+  for (const PathMode& mode : kAllPathModes) {
+    for (const auto& c : cases) {
+      SCOPED_TRACE(c.x.str() + " * " + c.w.str() + " (" + mode.str() + ")");
+      mode.apply();
+      const Tensor x = random_tensor(c.x, seed++), w = random_tensor(c.w, seed++, -0.5f, 0.5f);
+      const Tensor b = c.bias ? random_tensor(Shape{c.w[0]}, seed++) : Tensor();
+      const Tensor dy = random_tensor(remat::conv2d_output_shape(c.x, c.w, c.p), seed++);
+      const Tensor dw = Tensor::zeros(c.w), db = c.bias ? Tensor::zeros(Shape{c.w[0]}) : Tensor();
+      const Tensor dx = ops::conv2d_backward(cpu(), dy, x, w, c.p, true, dw, db);
+      auto loss = [&] { return dot(dy, ops::conv2d(cpu(), x, w, b, c.p)); };
+      EXPECT_TRUE(check_gradient("conv2d dx", x, dx, loss));
+      EXPECT_TRUE(check_gradient("conv2d dw", w, dw, loss));
+      if (c.bias) {
+        EXPECT_TRUE(check_gradient("conv2d db", b, db, loss));
+      }
     }
   }
 }
@@ -392,32 +428,36 @@ Direct direct_conv(const Tensor& x, const Tensor& w, const Tensor& b, const Tens
 }
 
 TEST(CnnReference, Conv2dMatchesDirectLoops) {
-  // Several chunks (the last one partial), groups, stride, padding and dilation together.
+  // Groups, stride, padding and dilation together (the first case takes the implicit GEMM).
   const std::vector<ConvCase> cases = {
       {Shape{7, 4, 30, 30}, Shape{6, 2, 3, 3}, make_conv(1, 1, 1, 1, 1, 1, 2), true},
       {Shape{5, 3, 41, 37}, Shape{4, 3, 3, 2}, make_conv(1, 2, 2, 1, 2, 1, 1), true},
       {Shape{9, 2, 12, 12}, Shape{4, 2, 5, 5}, make_conv(2, 2, 2, 2, 1, 1, 1), true},
   };
+  ConvMode restore;
   uint32_t seed = 70;
-  for (const auto& c : cases) {
-    SCOPED_TRACE(c.x.str() + " * " + c.w.str());
-    const Tensor x = random_tensor(c.x, seed++), w = random_tensor(c.w, seed++, -0.5f, 0.5f);
-    const Tensor b = random_tensor(Shape{c.w[0]}, seed++);
-    const Tensor dy = random_tensor(remat::conv2d_output_shape(c.x, c.w, c.p), seed++);
-    const Direct ref = direct_conv(x, w, b, dy, c.p);
-    EXPECT_ALL_CLOSE(ops::conv2d(cpu(), x, w, b, c.p), ref.y, kRtol, kAtol);
-    const Tensor dw = Tensor::zeros(c.w), db = Tensor::zeros(Shape{c.w[0]});
-    const Tensor dx = ops::conv2d_backward(cpu(), dy, x, w, c.p, true, dw, db);
-    EXPECT_ALL_CLOSE(dx, ref.dx, kRtol, kAtol);
-    // dw and db sum over every output position (hundreds to thousands of terms).
-    EXPECT_ALL_CLOSE(dw, ref.dw, kRtol, 1e-4);
-    EXPECT_ALL_CLOSE(db, ref.db, kRtol, 1e-4);
+  for (const PathMode& mode : kAllPathModes) {
+    for (const auto& c : cases) {
+      SCOPED_TRACE(c.x.str() + " * " + c.w.str() + " (" + mode.str() + ")");
+      mode.apply();
+      const Tensor x = random_tensor(c.x, seed++), w = random_tensor(c.w, seed++, -0.5f, 0.5f);
+      const Tensor b = random_tensor(Shape{c.w[0]}, seed++);
+      const Tensor dy = random_tensor(remat::conv2d_output_shape(c.x, c.w, c.p), seed++);
+      const Direct ref = direct_conv(x, w, b, dy, c.p);
+      EXPECT_ALL_CLOSE(ops::conv2d(cpu(), x, w, b, c.p), ref.y, kRtol, kAtol);
+      const Tensor dw = Tensor::zeros(c.w), db = Tensor::zeros(Shape{c.w[0]});
+      const Tensor dx = ops::conv2d_backward(cpu(), dy, x, w, c.p, true, dw, db);
+      EXPECT_ALL_CLOSE(dx, ref.dx, kRtol, kAtol);
+      // dw and db sum over every output position (hundreds to thousands of terms).
+      EXPECT_ALL_CLOSE(dw, ref.dw, kRtol, 1e-4);
+      EXPECT_ALL_CLOSE(db, ref.db, kRtol, 1e-4);
+    }
   }
 }
 
 // ---- Pooling details --------------------------------------------------------------------------
 
-TEST(CnnPool, MaxPoolTiesAndPadding) {
+TEST(CnnPool, MaxPoolTiesPaddingAndNaN) {
   Pool2dParams p;
   p.kernel_h = p.kernel_w = 2;
   p.stride_h = p.stride_w = 1;
@@ -433,6 +473,19 @@ TEST(CnnPool, MaxPoolTiesAndPadding) {
   const auto rn = ops::maxpool2d(cpu(), neg, p);
   EXPECT_EQ(rn.y.to_vector(), (std::vector<float>{-2, -2, -2, -2}));
   EXPECT_EQ(rn.indices.to_ints(), (std::vector<int32_t>{3, 3, 3, 3}));
+  // NaN wins, the last one in scan order; all -inf picks the window's first input element
+  // (both as PyTorch 1.13's max_pool2d).
+  p.kernel_h = p.kernel_w = 2;
+  p.pad_h = p.pad_w = 0;
+  const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
+  const auto rnan = ops::maxpool2d(cpu(), Tensor::from_vector({1, nan, 3, nan, 2, 5}, Shape{1, 1, 2, 3}), p);
+  EXPECT_TRUE(std::isnan(rnan.y.to_vector()[0]) && std::isnan(rnan.y.to_vector()[1]));
+  EXPECT_EQ(rnan.indices.to_ints(), (std::vector<int32_t>{3, 1}));
+  p.kernel_h = p.kernel_w = 3;
+  p.pad_h = p.pad_w = 1;
+  const auto rinf = ops::maxpool2d(cpu(), filled(Shape{1, 1, 2, 2}, -inf), p);
+  EXPECT_EQ(rinf.y.to_vector(), (std::vector<float>(4, -inf)));
+  EXPECT_EQ(rinf.indices.to_ints(), (std::vector<int32_t>{0, 0, 0, 0}));
   // Backward gathers every window's gradient at its maximum.
   const Tensor dy = Tensor::from_vector({1, 2, 3, 4}, Shape{1, 1, 2, 2});
   const Tensor dx = filled(neg.shape(), 99.0f);
@@ -455,12 +508,12 @@ struct ConvRun {
 
 ConvRun run_conv(const ConvCase& c) {
   const Tensor x = random_tensor(c.x, 80), w = random_tensor(c.w, 81, -0.5f, 0.5f);
-  const Tensor b = random_tensor(Shape{c.w[0]}, 82);
+  const Tensor b = c.bias ? random_tensor(Shape{c.w[0]}, 82) : Tensor();
   ConvRun r;
   r.y = ops::conv2d(cpu(), x, w, b, c.p);
   const Tensor dy = random_tensor(r.y.shape(), 83);
   r.dw = random_tensor(c.w, 84);  // accumulation onto non-zero values
-  r.db = random_tensor(Shape{c.w[0]}, 85);
+  r.db = c.bias ? random_tensor(Shape{c.w[0]}, 85) : Tensor();
   r.dx = ops::conv2d_backward(cpu(), dy, x, w, c.p, true, r.dw, r.db);
   return r;
 }
@@ -513,7 +566,10 @@ void expect_same(const ConvRun& a, const ConvRun& b) {
   EXPECT_TRUE(bitwise_equal(a.y, b.y));
   EXPECT_TRUE(bitwise_equal(a.dx, b.dx));
   EXPECT_TRUE(bitwise_equal(a.dw, b.dw));
-  EXPECT_TRUE(bitwise_equal(a.db, b.db));
+  ASSERT_EQ(a.db.defined(), b.db.defined());
+  if (a.db.defined()) {
+    EXPECT_TRUE(bitwise_equal(a.db, b.db));
+  }
 }
 
 void expect_same(const BnRun& a, const BnRun& b) {
@@ -527,45 +583,160 @@ void expect_same(const PoolRun& a, const PoolRun& b) {
     EXPECT_TRUE(bitwise_equal(a.*m, b.*m));
 }
 
-// Large enough that every parallel loop has work for several threads, with several conv
-// chunks (the last partial) and groups.
-const ConvCase kDetConv{Shape{5, 8, 40, 40}, Shape{12, 4, 3, 3}, make_conv(1, 1, 1, 1, 1, 1, 2), true};
-const Shape kDetBn{6, 5, 17, 19};
-const Shape kDetPool{3, 5, 17, 19};
+// Large enough that every parallel loop has work for several threads; conv2d with groups,
+// by the implicit GEMM (stride 1) and by im2col (stride 2), in several chunks.
+const std::vector<ConvCase> kDetConvs = {
+    {Shape{5, 8, 40, 40}, Shape{12, 4, 3, 3}, make_conv(1, 1, 1, 1, 1, 1, 2), true},
+    {Shape{5, 8, 40, 40}, Shape{12, 4, 3, 3}, make_conv(2, 2, 1, 1, 1, 1, 2), true},
+};
+const Shape kDetBn{8, 6, 40, 37};
+const Shape kDetPool{4, 6, 41, 37};
+
+std::vector<ConvRun> run_det_convs() {
+  std::vector<ConvRun> out;
+  for (const PathMode& mode : {PathMode{false, 0}, PathMode{false, 2}}) {
+    mode.apply();
+    for (const auto& c : kDetConvs) out.push_back(run_conv(c));
+  }
+  return out;
+}
+
+void expect_same(const std::vector<ConvRun>& a, const std::vector<ConvRun>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    SCOPED_TRACE("conv run " + std::to_string(i));
+    expect_same(a[i], b[i]);
+  }
+}
 
 TEST(CnnDeterminism, RunToRunBitwiseEqual) {
-  expect_same(run_conv(kDetConv), run_conv(kDetConv));
+  ConvMode restore;
+  expect_same(run_det_convs(), run_det_convs());
   expect_same(run_bn(kDetBn), run_bn(kDetBn));
   expect_same(run_pools(kDetPool), run_pools(kDetPool));
 }
 
-// Pooling and batchnorm: any OpenMP thread count gives the same bits.
-TEST(CnnDeterminism, ThreadCountDoesNotChangePoolingOrBatchNorm) {
-  ThreadCounts restore;
-  ThreadCounts::set(1, 1);
+// Any thread count gives the same bits: every output is computed by one thread in a fixed
+// order (conv2d's GEMM included; it does not use a BLAS thread pool).
+TEST(CnnDeterminism, ThreadCountDoesNotChangeResults) {
+  ConvMode restore_conv;
+  ThreadCount restore;
+  omp_set_num_threads(1);
+  const auto c1 = run_det_convs();
   const BnRun b1 = run_bn(kDetBn);
   const PoolRun p1 = run_pools(kDetPool);
   for (int threads : {2, 3}) {
     SCOPED_TRACE(std::to_string(threads) + " threads");
-    ThreadCounts::set(threads, threads);
+    omp_set_num_threads(threads);
+    expect_same(c1, run_det_convs());
     expect_same(b1, run_bn(kDetBn));
     expect_same(p1, run_pools(kDetPool));
   }
 }
 
-// conv2d: our own loops (im2col, col2im, the chunk copies, db) do not depend on the
-// OpenMP thread count. OpenBLAS's sgemm does depend on *its* thread count (1, 2 and 3
-// threads give different roundings; each is reproducible), so conv2d is bitwise
-// reproducible for a given OpenBLAS thread count, which this test holds fixed.
-TEST(CnnDeterminism, OpenMpThreadCountDoesNotChangeConv) {
-  ThreadCounts restore;
-  for (int blas : {1, 2}) {
-    ThreadCounts::set(1, blas);
-    const ConvRun c1 = run_conv(kDetConv);
-    for (int threads : {2, 3}) {
-      SCOPED_TRACE(std::to_string(threads) + " OpenMP threads, " + std::to_string(blas) + " OpenBLAS threads");
-      ThreadCounts::set(threads, blas);
-      expect_same(c1, run_conv(kDetConv));
+// ---- The two conv2d paths and the micro-kernels --------------------------------------------
+
+// Stride-1 shapes that take the implicit GEMM (for y and dw; for dx too except where the
+// padding exceeds the dilated kernel's reach, as with the padded 1x1 convolution).
+const std::vector<ConvCase> kImplicitCases = {
+    {Shape{5, 8, 40, 40}, Shape{12, 4, 3, 3}, make_conv(1, 1, 1, 1, 1, 1, 2), true},
+    {Shape{3, 4, 20, 24}, Shape{6, 2, 3, 3}, make_conv(1, 1, 2, 2, 2, 2, 2), true},      // dilation 2
+    {Shape{2, 3, 20, 20}, Shape{4, 3, 1, 1}, make_conv(1, 1, 1, 1, 1, 1, 1), false},     // dx explicit
+    {Shape{2, 3, 17, 19}, Shape{40, 3, 5, 3}, make_conv(1, 1, 2, 1, 1, 1, 1), true},     // K > NR, odd sizes
+    {Shape{4, 6, 18, 18}, Shape{6, 1, 3, 3}, make_conv(1, 1, 1, 1, 1, 1, 6), false},     // depthwise
+};
+
+TEST(CnnPaths, ImplicitAndExplicitGemmAgree) {
+  ConvMode restore;
+  // The same chunks for both paths (dw accumulates chunk by chunk).
+  remat::cpu_conv::set_chunk_images(2);
+  for (const auto& c : kImplicitCases) {
+    SCOPED_TRACE(c.x.str() + " * " + c.w.str());
+    remat::cpu_conv::set_explicit_only(false);
+    const size_t ws_implicit = cpu().conv2d_forward_workspace(c.x, c.w, c.p);
+    const ConvRun implicit = run_conv(c);
+    remat::cpu_conv::set_explicit_only(true);
+    const size_t ws_explicit = cpu().conv2d_forward_workspace(c.x, c.w, c.p);
+    const ConvRun expl = run_conv(c);
+    EXPECT_NE(ws_implicit, ws_explicit) << "the implicit path was not taken";
+    // The same products summed in the same order: y and dw are bitwise equal (the dropped
+    // columns of the padded width add exact zeros to dw).
+    EXPECT_TRUE(bitwise_equal(implicit.y, expl.y));
+    EXPECT_TRUE(bitwise_equal(implicit.dw, expl.dw));
+    if (c.bias) {
+      EXPECT_TRUE(bitwise_equal(implicit.db, expl.db));
+    }
+    // col2im sums each (r, s) separately, the implicit dx in one chain: rounding differs.
+    EXPECT_ALL_CLOSE(implicit.dx, expl.dx, kRtol, kAtol);
+  }
+}
+
+// The workspace as the ops get it may hold anything: filled with NaN, and with a NaN
+// canary region after the bytes the query asked for, results are unchanged (no output
+// reads workspace that was not written) and the canary is untouched (no write past the
+// query's size).
+TEST(CnnPaths, WorkspaceIsExactlyWhatIsUsed) {
+  ConvMode restore;
+  constexpr int64_t kCanary = 1024;
+  auto nan_workspace = [](size_t bytes) {
+    return Tensor::full(Shape{static_cast<int64_t>(bytes / sizeof(float)) + kCanary}, std::nanf(""));
+  };
+  auto canary_intact = [](const Tensor& ws, size_t bytes) {
+    const auto v = ws.to_vector();
+    for (size_t i = bytes / sizeof(float); i < v.size(); ++i)
+      if (!std::isnan(v[i])) return ::testing::AssertionFailure() << "workspace float " << i << " written";
+    return ::testing::AssertionSuccess();
+  };
+  std::vector<ConvCase> cases = kImplicitCases;
+  cases.push_back({Shape{3, 3, 7, 5}, Shape{6, 1, 3, 3}, make_conv(2, 1, 1, 1, 1, 2, 3), true});  // explicit
+  for (const PathMode& mode : kAllPathModes) {
+    mode.apply();
+    for (const auto& c : cases) {
+      SCOPED_TRACE(c.x.str() + " * " + c.w.str() + " (" + mode.str() + ")");
+      const ConvRun ref = run_conv(c);
+      const Tensor x = random_tensor(c.x, 80), w = random_tensor(c.w, 81, -0.5f, 0.5f);
+      const Tensor b = c.bias ? random_tensor(Shape{c.w[0]}, 82) : Tensor();
+      const size_t fwd = cpu().conv2d_forward_workspace(c.x, c.w, c.p);
+      ASSERT_EQ(fwd % sizeof(float), 0u);
+      const Tensor wsf = nan_workspace(fwd), y = Tensor::empty(ref.y.shape());
+      cpu().conv2d_forward(x, w, b, c.p, y, wsf);
+      EXPECT_TRUE(bitwise_equal(y, ref.y));
+      EXPECT_TRUE(canary_intact(wsf, fwd));
+
+      const Tensor dy = random_tensor(ref.y.shape(), 83);
+      const Tensor dw = random_tensor(c.w, 84), db = c.bias ? random_tensor(Shape{c.w[0]}, 85) : Tensor();
+      const Tensor dx = filled(c.x, std::nanf(""));
+      const size_t bwd = cpu().conv2d_backward_workspace(c.x, c.w, c.p);
+      ASSERT_EQ(bwd % sizeof(float), 0u);
+      const Tensor wsb = nan_workspace(bwd);
+      cpu().conv2d_backward(dy, x, w, c.p, dx, dw, db, wsb);
+      EXPECT_TRUE(bitwise_equal(dx, ref.dx));
+      EXPECT_TRUE(bitwise_equal(dw, ref.dw));
+      EXPECT_TRUE(canary_intact(wsb, bwd));
+    }
+  }
+}
+
+TEST(CnnPaths, MicroKernelsAgreeBitwise) {
+  ConvMode restore;
+  const auto kernels = remat::cpu_conv::available_micro_kernels();
+  ASSERT_FALSE(kernels.empty());
+  EXPECT_EQ(kernels.back(), "portable");
+  EXPECT_EQ(remat::cpu_conv::micro_kernel(), kernels.front());  // the best one by default
+  EXPECT_REMAT_ERROR(remat::cpu_conv::use_micro_kernel("sse9"), "micro-kernel \"sse9\"");
+  std::vector<ConvCase> cases = kImplicitCases;
+  cases.push_back({Shape{3, 3, 7, 5}, Shape{5, 3, 3, 3}, make_conv(2, 2, 1, 1, 1, 1, 1), true});  // explicit
+  for (const PathMode& mode : kAllPathModes) {
+    mode.apply();
+    for (const auto& c : cases) {
+      SCOPED_TRACE(c.x.str() + " * " + c.w.str() + " (" + mode.str() + ")");
+      remat::cpu_conv::use_micro_kernel(kernels.front());
+      const ConvRun ref = run_conv(c);
+      for (size_t i = 1; i < kernels.size(); ++i) {
+        SCOPED_TRACE(kernels[i] + " vs " + kernels.front());
+        remat::cpu_conv::use_micro_kernel(kernels[i]);
+        expect_same(ref, run_conv(c));
+      }
     }
   }
 }
@@ -669,27 +840,34 @@ Footprint conv_footprint(Backend& be, const ConvCase& c) {
 }
 
 TEST(CnnMeta, ConvAllocatesExactlyWhatCpuAllocates) {
-  for (const ConvCase& c : {kDetConv, ConvCase{Shape{2, 3, 7, 5}, Shape{4, 3, 3, 3}, make_conv(2, 1, 1, 1, 1, 1, 1), true},
-                            ConvCase{Shape{64, 16, 32, 32}, Shape{16, 16, 3, 3}, make_conv(1, 1, 1, 1, 1, 1, 1), true}}) {
-    SCOPED_TRACE(c.x.str() + " * " + c.w.str());
-    const Footprint fc = conv_footprint(cpu(), c), fm = conv_footprint(meta(), c);
-    EXPECT_EQ(fc.peak, fm.peak);
-    EXPECT_EQ(fc.held, fm.held);
-    EXPECT_EQ(fc.ws_fwd, fm.ws_fwd);
-    EXPECT_EQ(fc.ws_bwd, fm.ws_bwd);
-    // The workspace was allocated and counted: the peak exceeds the outputs held (y, dx).
-    EXPECT_GT(fc.ws_fwd, 0u);
-    EXPECT_GE(fc.peak, fc.held + static_cast<int64_t>(std::min(fc.ws_fwd, fc.ws_bwd)));
+  ConvMode restore;
+  const std::vector<ConvCase> cases = {
+      kDetConvs[0], kDetConvs[1],
+      ConvCase{Shape{2, 3, 7, 5}, Shape{4, 3, 3, 3}, make_conv(2, 1, 1, 1, 1, 1, 1), true},
+      ConvCase{Shape{64, 16, 32, 32}, Shape{16, 16, 3, 3}, make_conv(1, 1, 1, 1, 1, 1, 1), true}};
+  for (const PathMode& mode : {PathMode{false, 0}, PathMode{true, 2}}) {
+    mode.apply();
+    for (const ConvCase& c : cases) {
+      SCOPED_TRACE(c.x.str() + " * " + c.w.str() + " (" + mode.str() + ")");
+      const Footprint fc = conv_footprint(cpu(), c), fm = conv_footprint(meta(), c);
+      EXPECT_EQ(fc.peak, fm.peak);
+      EXPECT_EQ(fc.held, fm.held);
+      EXPECT_EQ(fc.ws_fwd, fm.ws_fwd);
+      EXPECT_EQ(fc.ws_bwd, fm.ws_bwd);
+      // The workspace was allocated and counted: the peak exceeds the outputs held (y, dx).
+      EXPECT_GT(fc.ws_fwd, 0u);
+      EXPECT_GE(fc.peak, fc.held + static_cast<int64_t>(std::min(fc.ws_fwd, fc.ws_bwd)));
+    }
   }
 }
 
 TEST(CnnMeta, WorkspaceDependsOnlyOnShapes) {
-  ThreadCounts restore;
+  ThreadCount restore;
   const Shape x{64, 64, 32, 32}, w{64, 64, 3, 3};
   const Conv2dParams p = make_conv(1, 1, 1, 1, 1, 1, 1);
-  ThreadCounts::set(1, 1);
+  omp_set_num_threads(1);
   const size_t f1 = cpu().conv2d_forward_workspace(x, w, p), b1 = cpu().conv2d_backward_workspace(x, w, p);
-  ThreadCounts::set(2, 2);
+  omp_set_num_threads(2);
   EXPECT_EQ(cpu().conv2d_forward_workspace(x, w, p), f1);
   EXPECT_EQ(cpu().conv2d_backward_workspace(x, w, p), b1);
   // Bounded: a chunk of images, not the whole batch (64 images of 576 x 1024 columns).

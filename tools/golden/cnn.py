@@ -28,7 +28,7 @@ _CONVS = [
     ("conv_depthwise", (2, 4, 6, 5), (8, 1, 3, 3), False, (1, 2), 1, 1, 4),
     ("conv_asymmetric", (3, 3, 7, 5), (4, 3, 2, 3), True, (2, 1), (0, 1), (1, 2), 1),
     ("conv_1x1", (2, 5, 4, 3), (7, 5, 1, 1), False, 1, 0, 1, 1),
-    # 38x38 outputs: the CPU backend splits the batch of 3 into chunks of 2 and 1.
+    # Larger images; the C++ tests also run it in chunks of 2 images (2 + 1).
     ("conv_chunked", (3, 1, 40, 40), (2, 1, 3, 3), True, 1, 0, 1, 1),
 ]
 

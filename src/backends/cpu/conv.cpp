@@ -1,24 +1,39 @@
-// conv2d on the CPU: im2col + a packed GEMM of our own, a chunk of images at a time.
+// conv2d on the CPU: GEMMs of our own over a chunk of images at a time.
 //
-// For a chunk of nb images, L = nb * P * Q output positions, each group g computes
-//   forward   y_g [Kg, L]         = w_g [Kg, Cg*R*S] @ col_g [Cg*R*S, L]   (+ bias)
-//   backward  dw_g [Kg, Cg*R*S]  += dy_g [Kg, L] @ col_g^T
-//             col_g               = w_g^T @ dy_g, then col2im into dx
-// im2col writes the column matrix straight into the panel layout the GEMM micro-kernel
-// reads (no separate packing pass), and the GEMM epilogue writes y (NCHW, plus bias),
-// dw (+=) or the plain column matrix for col2im directly.
+// Per group g, with L the chunk's output positions:
+//   forward   y_g [Kg, L]        = w_g [Kg, Cg*R*S] @ col_g [Cg*R*S, L]   (+ bias)
+//   backward  dw_g [Kg, Cg*R*S] += dy_g [Kg, L] @ col_g^T
+//             dx_g               = col2im(w_g^T @ dy_g)
+// Two ways to feed the GEMMs:
+// - explicit (any stride): im2col writes the column matrix straight into the panel layout
+//   the micro-kernel reads, and col2im folds w^T @ dy back into dx;
+// - implicit (stride 1): with the input zero-padded to Hp x Wp, row (c, r, s) of the column
+//   matrix at output (p, q) is x_pad[c][p + r*dh][q + s*dw], i.e. x_pad at the flat offset
+//   off(c, r, s) + p*Wp + q. Computing outputs on the padded width (columns q >= Q are
+//   computed and dropped) makes every B row a contiguous run of x_pad, so the micro-kernel
+//   reads x_pad directly through a table of row offsets and no column matrix exists. dx is
+//   the same kind of convolution of the padded dy with the flipped, transposed filters, so
+//   no col2im either; dw reads x_pad rows as the A operand. It is used where the padded
+//   width wastes at most 20% of the columns.
+// The GEMM epilogues write y (NCHW, plus bias), dx, or add into dw directly.
+//
+// Determinism: every loop, the GEMM included, is an OpenMP loop over disjoint outputs, and
+// each output element is summed by one thread in a fixed order (one FMA chain over the
+// GEMM depth), so results are bitwise identical for any thread count. The micro-kernel has
+// AVX-512 and AVX2 versions chosen at run time and a portable one; all compute the same FMA
+// chains, so they agree bit for bit. The explicit and implicit paths give bitwise equal y
+// and dw (the same products in the same order; the dropped columns add exact zeros to dw)
+// and dx within rounding (col2im sums over (r, s) separately).
 //
 // Why not cblas_sgemm: OpenBLAS's pthread build runs its own thread pool beside OpenMP's,
-// and on a small machine the two oversubscribe the cores at every im2col/GEMM hand-over
-// (measured on 2 cores: 3-5x slower than either pool alone); and its results change with
-// its thread count. Here every loop, the GEMM included, is an OpenMP loop over disjoint
-// outputs, and each output element is summed by one thread in a fixed order (an FMA
-// chain over k), so results are bitwise identical for any thread count. The micro-kernel
-// has AVX-512 and AVX2 versions chosen at run time and a portable one; all three compute
-// the same FMA chain, so they agree bit for bit.
+// and the two oversubscribe the cores at every hand-over between im2col and GEMM (an
+// im2col + sgemm version of this file measured 2-5x slower on 2 busy cores than with
+// OMP_WAIT_POLICY=passive or one thread); its results also change with its thread count;
+// and its kernels for this CPU generation were AVX2 ones at about half our AVX-512 rate.
 //
-// Workspace: the packed operands of one chunk. The chunk size, and so the workspace,
-// depends only on the shapes (the meta backend reuses the queries).
+// Workspace: the packed operands and padded copies of one chunk. The chunk size and the
+// path, and so the workspace, depend only on the shapes (the meta backend reuses the
+// queries).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -29,6 +44,7 @@
 #define REMAT_CONV_X86 1
 #endif
 
+#include "backends/cpu/conv_internal.h"
 #include "backends/cpu/cpu_backend.h"
 #include "remat/error.h"
 
@@ -36,33 +52,59 @@ namespace remat {
 
 namespace {
 
-// ---- The GEMM micro-kernel: tile[MR][NR] = sum over k of a[k][i] * b[k][j] ----------------
-// A panel holds MR rows of A, k-major (a[k * MR + i]); a B panel NR columns of B, k-major
-// (b[k * NR + j]). Rows past M and columns past N are zero-filled and their results dropped.
+// ---- Micro-kernels: tile[MR][NR] (=, or += with accumulate) sum_k a(k, i) * b(k)[j] --------
+// One FMA chain per element, k in order. Rows past M and columns past N are computed on
+// whatever the operands hold there and dropped by the caller.
 constexpr int64_t MR = 8;
 constexpr int64_t NR = 32;
 
-using MicroKernel = void (*)(int64_t kdim, const float* a, const float* b, float* tile);
+struct PackedA {  // MR-row panel, k-major: a[k * MR + i]
+  const float* p;
+  float operator()(int64_t k, int64_t i) const { return p[k * MR + i]; }
+};
+struct RowsA {  // MR rows anywhere in memory: rows[i][k]
+  const float* rows[MR];
+  float operator()(int64_t k, int64_t i) const { return rows[i][k]; }
+};
+struct PackedB {  // NR-column panel, k-major: b[k * NR + j]
+  const float* p;
+  const float* operator()(int64_t k) const { return p + k * NR; }
+};
+struct OffsetB {  // row k of B starts at base + off[k]
+  const float* base;
+  const int64_t* off;
+  const float* operator()(int64_t k) const { return base + off[k]; }
+};
 
-void micro_kernel_portable(int64_t kdim, const float* a, const float* b, float* tile) {
-  float acc[MR][NR] = {};
-  for (int64_t k = 0; k < kdim; ++k)
+template <class A, class B>
+void tile_portable(int64_t kdim, const A& a, const B& b, float* tile, bool accumulate) {
+  float acc[MR][NR];
+  for (int64_t i = 0; i < MR; ++i)
+    for (int64_t j = 0; j < NR; ++j) acc[i][j] = accumulate ? tile[i * NR + j] : 0.0f;
+  for (int64_t k = 0; k < kdim; ++k) {
+    const float* bk = b(k);
     for (int64_t i = 0; i < MR; ++i) {
-      const float av = a[k * MR + i];
-      for (int64_t j = 0; j < NR; ++j) acc[i][j] = std::fma(av, b[k * NR + j], acc[i][j]);
+      const float av = a(k, i);
+      for (int64_t j = 0; j < NR; ++j) acc[i][j] = std::fma(av, bk[j], acc[i][j]);
     }
+  }
   std::memcpy(tile, acc, sizeof(acc));
 }
 
 #ifdef REMAT_CONV_X86
-__attribute__((target("avx512f"))) void micro_kernel_avx512(int64_t kdim, const float* a, const float* b,
-                                                             float* tile) {
+template <class A, class B>
+__attribute__((target("avx512f"))) void tile_avx512(int64_t kdim, const A& a, const B& b, float* tile,
+                                                     bool accumulate) {
   __m512 acc[MR][2];
-  for (int64_t i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < MR; ++i) {
+    acc[i][0] = accumulate ? _mm512_loadu_ps(tile + i * NR) : _mm512_setzero_ps();
+    acc[i][1] = accumulate ? _mm512_loadu_ps(tile + i * NR + 16) : _mm512_setzero_ps();
+  }
   for (int64_t k = 0; k < kdim; ++k) {
-    const __m512 b0 = _mm512_loadu_ps(b + k * NR), b1 = _mm512_loadu_ps(b + k * NR + 16);
+    const float* bk = b(k);
+    const __m512 b0 = _mm512_loadu_ps(bk), b1 = _mm512_loadu_ps(bk + 16);
     for (int64_t i = 0; i < MR; ++i) {
-      const __m512 av = _mm512_set1_ps(a[k * MR + i]);
+      const __m512 av = _mm512_set1_ps(a(k, i));
       acc[i][0] = _mm512_fmadd_ps(av, b0, acc[i][0]);
       acc[i][1] = _mm512_fmadd_ps(av, b1, acc[i][1]);
     }
@@ -74,38 +116,65 @@ __attribute__((target("avx512f"))) void micro_kernel_avx512(int64_t kdim, const 
 }
 
 // 16 ymm registers: the tile in four 4 x 16 quarters (8 accumulators each).
-__attribute__((target("avx2,fma"))) void micro_kernel_avx2(int64_t kdim, const float* a, const float* b,
-                                                            float* tile) {
+template <class A, class B>
+__attribute__((target("avx2,fma"))) void tile_avx2(int64_t kdim, const A& a, const B& b, float* tile,
+                                                    bool accumulate) {
   for (int64_t i0 = 0; i0 < MR; i0 += 4)
     for (int64_t j0 = 0; j0 < NR; j0 += 16) {
       __m256 acc[4][2];
-      for (int64_t i = 0; i < 4; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+      for (int64_t i = 0; i < 4; ++i) {
+        float* t = tile + (i0 + i) * NR + j0;
+        acc[i][0] = accumulate ? _mm256_loadu_ps(t) : _mm256_setzero_ps();
+        acc[i][1] = accumulate ? _mm256_loadu_ps(t + 8) : _mm256_setzero_ps();
+      }
       for (int64_t k = 0; k < kdim; ++k) {
-        const __m256 b0 = _mm256_loadu_ps(b + k * NR + j0), b1 = _mm256_loadu_ps(b + k * NR + j0 + 8);
+        const float* bk = b(k) + j0;
+        const __m256 b0 = _mm256_loadu_ps(bk), b1 = _mm256_loadu_ps(bk + 8);
         for (int64_t i = 0; i < 4; ++i) {
-          const __m256 av = _mm256_broadcast_ss(a + k * MR + i0 + i);
+          const __m256 av = _mm256_set1_ps(a(k, i0 + i));
           acc[i][0] = _mm256_fmadd_ps(av, b0, acc[i][0]);
           acc[i][1] = _mm256_fmadd_ps(av, b1, acc[i][1]);
         }
       }
       for (int64_t i = 0; i < 4; ++i) {
-        _mm256_storeu_ps(tile + (i0 + i) * NR + j0, acc[i][0]);
-        _mm256_storeu_ps(tile + (i0 + i) * NR + j0 + 8, acc[i][1]);
+        float* t = tile + (i0 + i) * NR + j0;
+        _mm256_storeu_ps(t, acc[i][0]);
+        _mm256_storeu_ps(t + 8, acc[i][1]);
       }
     }
 }
 #endif
 
-MicroKernel pick_micro_kernel() {
+struct MicroKernels {
+  const char* name;
+  void (*packed)(int64_t, const PackedA&, const PackedB&, float*, bool);
+  void (*offset_b)(int64_t, const PackedA&, const OffsetB&, float*, bool);
+  void (*rows_a)(int64_t, const RowsA&, const PackedB&, float*, bool);
+};
+
+const MicroKernels kPortable{"portable", &tile_portable<PackedA, PackedB>, &tile_portable<PackedA, OffsetB>,
+                             &tile_portable<RowsA, PackedB>};
+#ifdef REMAT_CONV_X86
+const MicroKernels kAvx512{"avx512", &tile_avx512<PackedA, PackedB>, &tile_avx512<PackedA, OffsetB>,
+                           &tile_avx512<RowsA, PackedB>};
+const MicroKernels kAvx2{"avx2", &tile_avx2<PackedA, PackedB>, &tile_avx2<PackedA, OffsetB>,
+                         &tile_avx2<RowsA, PackedB>};
+#endif
+
+std::vector<const MicroKernels*> supported_kernels() {
+  std::vector<const MicroKernels*> out;
 #ifdef REMAT_CONV_X86
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return micro_kernel_avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return micro_kernel_avx2;
+  if (__builtin_cpu_supports("avx512f")) out.push_back(&kAvx512);
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) out.push_back(&kAvx2);
 #endif
-  return micro_kernel_portable;
+  out.push_back(&kPortable);
+  return out;
 }
 
-const MicroKernel micro_kernel = pick_micro_kernel();
+const MicroKernels* g_kernels = supported_kernels().front();
+bool g_explicit_only = false;
+int64_t g_chunk_images = 0;  // 0: chosen from the shapes
 
 inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 inline int64_t ceil_div(int64_t v, int64_t m) { return (v + m - 1) / m; }
@@ -113,32 +182,33 @@ inline int64_t ceil_div(int64_t v, int64_t m) { return (v + m - 1) / m; }
 // Below this much work a loop runs on the calling thread (results are the same either way).
 constexpr int64_t kMinParallelWork = int64_t{1} << 15;
 
-// Packed GEMM over `groups` independent problems: C_g [M, N] = A_g [M, K] @ B_g [K, N], with
-// A_g in MR-row panels (a + g * a_stride) and B_g in NR-column panels (b + g * b_stride).
-// store(g, i0, j0, mr, nr, tile) receives each tile (row stride NR); tiles are disjoint,
-// one thread each.
-template <class Store>
-void packed_gemm(int64_t groups, int64_t m, int64_t n, int64_t kdim, const float* a, int64_t a_stride,
-                 const float* b, int64_t b_stride, const Store& store) {
-  const int64_t mp = ceil_div(m, MR), np = ceil_div(n, NR), tiles = groups * np * mp;
-  const bool par = tiles * MR * NR * std::max<int64_t>(kdim, 1) >= 64 * kMinParallelWork;
-  // Consecutive tiles share a B panel (it stays in cache while all A panels pass over it).
-#pragma omp parallel for schedule(static) if (par)
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t g = t / (np * mp), jp = (t / mp) % np, ip = t % mp;
-    alignas(64) float tile[MR * NR];
-    micro_kernel(kdim, a + g * a_stride + ip * MR * kdim, b + g * b_stride + jp * NR * kdim, tile);
-    store(g, ip * MR, jp * NR, std::min(MR, m - ip * MR), std::min(NR, n - jp * NR), tile);
-  }
+// Runs body(t) for t in [0, tiles): GEMM tiles, disjoint outputs, one thread each.
+// Consecutive tiles share their B operand, which stays in cache while A panels pass over it.
+template <class Body>
+void for_tiles(int64_t tiles, int64_t flops_per_tile, const Body& body) {
+#pragma omp parallel for schedule(static) if (tiles * flops_per_tile >= 64 * kMinParallelWork)
+  for (int64_t t = 0; t < tiles; ++t) body(t);
 }
 
-// ---- Geometry and chunking -------------------------------------------------------------
+// ---- Geometry, paths and workspace layout ----------------------------------------------
 
-// Output positions (columns) a chunk aims for: enough tiles for every thread and few
-// hand-overs between loops. The packed column matrix is capped at kMaxColBytes, but a
-// chunk always holds at least one image.
+// Chunk size: at least kTargetColumns output positions and kMinChunkFlops of forward work
+// (enough tiles for every thread, few hand-overs between loops, no fork/join for a
+// sliver of work), while the chunk's large buffers (the column matrix, or the padded
+// copies) stay within kMaxChunkBytes; always at least one image.
 constexpr int64_t kTargetColumns = 4096;
-constexpr int64_t kMaxColBytes = int64_t{16} << 20;
+constexpr int64_t kMinChunkFlops = int64_t{32} << 20;
+constexpr int64_t kMaxChunkBytes = int64_t{16} << 20;
+
+// Workspace regions, in floats, laid out one after the other.
+struct Regions {
+  int64_t total = 0;
+  int64_t add(int64_t floats) {
+    const int64_t at = total;
+    total += round_up(floats, 16);  // 64-byte aligned regions
+    return at;
+  }
+};
 
 struct ConvGeom {
   int64_t n, c, h, w;      // input
@@ -146,10 +216,17 @@ struct ConvGeom {
   int64_t p, q;            // output plane
   int64_t sh, sw, ph, pw, dh, dw;
   int64_t groups, cg, kg;  // channels and filters per group
-  int64_t grows;           // Cg * R * S: rows of a group's column matrix (GEMM depth forward)
+  int64_t grows;           // Cg * R * S: GEMM depth of the forward pass
+  int64_t krows;           // Kg * R * S: GEMM depth of the implicit dx
   int64_t plane;           // P * Q
   int64_t nb;              // images per chunk
-  int64_t len, len_pad;    // columns of a full chunk, and rounded up to NR
+  int64_t len, len_pad;    // explicit path: columns of a full chunk, and rounded up to NR
+  // Implicit paths (stride 1): x padded to hp x wp, outputs on the padded width (limg
+  // columns per image); dy padded to hq x wq for dx (ldx columns per image).
+  int64_t hp, wp, limg;
+  int64_t hq, wq, ldx, dy_top, dy_left;
+  bool implicit_y;   // forward and dw
+  bool implicit_dx;  // dx
 
   ConvGeom(const Shape& x, const Shape& wt, const Conv2dParams& prm) {
     n = x[0], c = x[1], h = x[2], w = x[3];
@@ -161,12 +238,28 @@ struct ConvGeom {
     p = (h + 2 * ph - dh * (r - 1) - 1) / sh + 1;
     q = (w + 2 * pw - dw * (s - 1) - 1) / sw + 1;
     grows = cg * r * s;
+    krows = kg * r * s;
     plane = p * q;
+    hp = h + 2 * ph, wp = w + 2 * pw;
+    limg = p > 0 && q > 0 ? (p - 1) * wp + q : 0;
+    dy_top = (r - 1) * dh - ph, dy_left = (s - 1) * dw - pw;
+    hq = h + (r - 1) * dh, wq = w + (s - 1) * dw;
+    ldx = h > 0 && w > 0 ? (h - 1) * wq + w : 0;
+    const bool stride1 = sh == 1 && sw == 1 && !g_explicit_only;
+    // Worth it while the computed columns (padded width, rounded up to NR) are at most
+    // 1.2x the outputs.
+    implicit_y = stride1 && plane > 0 && round_up(limg, NR) * 5 <= plane * 6;
+    implicit_dx = stride1 && dy_top >= 0 && dy_left >= 0 && h * w > 0 && round_up(ldx, NR) * 5 <= h * w * 6;
+
     nb = 1;
     if (plane > 0 && n > 0) {
-      nb = std::max<int64_t>(1, kTargetColumns / plane);
-      const int64_t col_bytes_per_image = std::max<int64_t>(1, c * r * s * plane * 4);
-      nb = std::min(nb, std::max<int64_t>(1, kMaxColBytes / col_bytes_per_image));
+      const int64_t flops = std::max<int64_t>(1, 2 * k * grows * plane);
+      nb = std::max(ceil_div(kTargetColumns, plane), ceil_div(kMinChunkFlops, flops));
+      const int64_t bytes = 4 * std::max<int64_t>(
+          1, (implicit_y ? c * hp * wp + groups * round_up(kg, NR) * limg : c * r * s * plane) +
+                 (implicit_dx ? k * hq * wq : k * plane));
+      nb = std::min(nb, std::max<int64_t>(1, kMaxChunkBytes / bytes));
+      if (g_chunk_images > 0) nb = g_chunk_images;
       nb = std::min(nb, n);
     }
     len = nb * plane;
@@ -176,20 +269,70 @@ struct ConvGeom {
   // Nothing to compute (empty output, or no input channels: y is the bias, dx and dw get 0).
   bool trivial() const { return n == 0 || k == 0 || plane == 0 || grows == 0; }
 
-  // Forward workspace (floats): packed w (A panels) and the packed column matrix (B panels).
-  int64_t fwd_a() const { return groups * round_up(kg, MR) * grows; }
-  int64_t fwd_b() const { return groups * grows * len_pad; }
-  // Backward: packed w^T (A for dx), dy as A panels (for dw) and as B panels (for dx), and
-  // one buffer for col^T in B panels (for dw) and then the plain column matrix (for dx).
-  int64_t bwd_wt() const { return groups * round_up(grows, MR) * kg; }
-  int64_t bwd_dya() const { return groups * round_up(kg, MR) * len; }
-  int64_t bwd_dyb() const { return groups * kg * len_pad; }
-  int64_t bwd_col() const { return std::max(groups * round_up(grows, NR) * len, groups * grows * len); }
+  int64_t xpad_floats() const { return nb * c * hp * wp + NR; }  // NR: over-read slack
+  int64_t dypad_floats() const { return nb * k * hq * wq + NR; }
+  static int64_t table_floats(int64_t entries) { return 2 * entries; }  // int64 entries
 
-  size_t fwd_bytes() const { return trivial() ? 0 : static_cast<size_t>(fwd_a() + fwd_b()) * sizeof(float); }
-  size_t bwd_bytes() const {
-    return trivial() ? 0 : static_cast<size_t>(bwd_wt() + bwd_dya() + bwd_dyb() + bwd_col()) * sizeof(float);
+  struct FwdLayout {
+    int64_t a, b, off, xpad, total;
+  };
+  FwdLayout fwd_layout() const {
+    Regions rg;
+    FwdLayout l{};
+    l.a = rg.add(groups * round_up(kg, MR) * grows);  // packed w
+    if (implicit_y) {
+      l.off = rg.add(table_floats(grows));
+      l.xpad = rg.add(xpad_floats());
+    } else {
+      l.b = rg.add(groups * grows * len_pad);  // packed column matrix
+    }
+    l.total = rg.total;
+    return l;
   }
+
+  struct BwdLayout {
+    // dw: explicit dy A panels + col^T B panels; implicit offsets + x_pad + dy^T B panels.
+    int64_t dya, colt, off, xpad, dyt;
+    // dx: explicit w^T A panels + dy B panels + plain col; implicit flipped w^T A panels,
+    // offsets, padded dy.
+    int64_t wt, dyb, col, wflip, offdx, dypad;
+    int64_t total;
+  };
+  BwdLayout bwd_layout() const {
+    Regions rg;
+    BwdLayout l{};
+    const int64_t colt = groups * round_up(grows, NR) * len, col = groups * grows * len;
+    if (!implicit_y && !implicit_dx) {  // col^T (dw) and then col (dx) share one buffer
+      l.dya = rg.add(groups * round_up(kg, MR) * len);
+      l.wt = rg.add(groups * round_up(grows, MR) * kg);
+      l.dyb = rg.add(groups * kg * len_pad);
+      l.colt = l.col = rg.add(std::max(colt, col));
+      l.total = rg.total;
+      return l;
+    }
+    if (implicit_y) {
+      l.off = rg.add(table_floats(grows));
+      l.xpad = rg.add(xpad_floats());
+      l.dyt = rg.add(groups * round_up(kg, NR) * nb * limg);
+    } else {
+      l.dya = rg.add(groups * round_up(kg, MR) * len);
+      l.colt = rg.add(colt);
+    }
+    if (implicit_dx) {
+      l.wflip = rg.add(groups * round_up(cg, MR) * krows);
+      l.offdx = rg.add(table_floats(krows));
+      l.dypad = rg.add(dypad_floats());
+    } else {
+      l.wt = rg.add(groups * round_up(grows, MR) * kg);
+      l.dyb = rg.add(groups * kg * len_pad);
+      l.col = rg.add(col);
+    }
+    l.total = rg.total;
+    return l;
+  }
+
+  size_t fwd_bytes() const { return trivial() ? 0 : static_cast<size_t>(fwd_layout().total) * sizeof(float); }
+  size_t bwd_bytes() const { return trivial() ? 0 : static_cast<size_t>(bwd_layout().total) * sizeof(float); }
 };
 
 // First output index o >= 0 with o * stride >= t.
@@ -201,47 +344,7 @@ inline void valid_range(int64_t off, int64_t stride, int64_t size, int64_t out, 
   *hi = std::min(out, std::max(*lo, first_at_least(size - off, stride)));
 }
 
-// Writes a run of values into one row of B panels (depth `kdim`, row `kk`): column l goes
-// to panel l / NR, slot l % NR.
-struct PanelRowWriter {
-  float* base;  // panel 0, row kk
-  int64_t panel_stride;
-  int64_t jp, j;
-  float* at;
-
-  PanelRowWriter(float* b, int64_t kdim, int64_t kk, int64_t l0)
-      : base(b + kk * NR), panel_stride(kdim * NR), jp(l0 / NR), j(l0 % NR), at(base + jp * panel_stride) {}
-
-  void advance(int64_t m) {
-    j += m;
-    if (j == NR) {
-      j = 0;
-      at += panel_stride;
-    }
-  }
-  void zeros(int64_t count) {
-    while (count > 0) {
-      const int64_t m = std::min(count, NR - j);
-      for (int64_t t = 0; t < m; ++t) at[j + t] = 0.0f;
-      count -= m;
-      advance(m);
-    }
-  }
-  void copy(const float* src, int64_t stride, int64_t count) {
-    while (count > 0) {
-      const int64_t m = std::min(count, NR - j);
-      float* d = at + j;
-      if (stride == 1) {  // runs are short (<= NR): a loop beats a memcpy call
-        for (int64_t t = 0; t < m; ++t) d[t] = src[t];
-      } else {
-        for (int64_t t = 0; t < m; ++t) d[t] = src[t * stride];
-      }
-      src += m * stride;
-      count -= m;
-      advance(m);
-    }
-  }
-};
+// ---- Explicit path: im2col / col2im and packing ------------------------------------------
 
 // im2col into B panels: B_g[kk][l] = x[n0 + i, g*Cg + c, p*sh - ph + r*dh, q*sw - pw + s*dw]
 // for kk = (c, r, s) and l = (i, p, q), 0 in the padding and past the chunk's columns.
@@ -271,8 +374,8 @@ void im2col_panels(const ConvGeom& g, const float* x, int64_t n0, int64_t nb, fl
     }
     const int64_t filled = std::min(len - jp * NR, NR);
     float* d = panel;  // row kk = (c, r, s), in order
-    for (int64_t c = 0; c < g.cg; ++c) {
-      const int64_t ch = gi * g.cg + c;
+    for (int64_t cc = 0; cc < g.cg; ++cc) {
+      const int64_t ch = gi * g.cg + cc;
       for (int64_t rr = 0; rr < g.r; ++rr) {
         const int64_t hoff = rr * g.dh - g.ph;
         for (int64_t ss = 0; ss < g.s; ++ss, d += NR) {
@@ -379,25 +482,19 @@ void col2im(const ConvGeom& g, const float* col, int64_t n0, int64_t nb, float* 
   }
 }
 
-// Packs rows [0, m) x depth [0, kdim) of a strided matrix into MR-row A panels
-// (a[(ip * kdim + k) * MR + i]), zero past m. Element (i, k) is src[i * rs + k * ks].
-void pack_a(const float* src, int64_t rs, int64_t ks, int64_t m, int64_t kdim, float* a) {
+// Packs an m x kdim matrix given by src(i, k) into MR-row A panels (a[(ip * kdim + k) * MR
+// + i]), zero past m.
+template <class Src>
+void pack_a(int64_t m, int64_t kdim, float* a, const Src& src) {
   const int64_t mp = ceil_div(m, MR);
 #pragma omp parallel for schedule(static) if (mp * MR * kdim >= kMinParallelWork)
   for (int64_t ip = 0; ip < mp; ++ip) {
     float* d = a + ip * MR * kdim;
     const int64_t rows = std::min(MR, m - ip * MR);
     for (int64_t k = 0; k < kdim; ++k)
-      for (int64_t i = 0; i < MR; ++i) d[k * MR + i] = i < rows ? src[(ip * MR + i) * rs + k * ks] : 0.0f;
+      for (int64_t i = 0; i < MR; ++i) d[k * MR + i] = i < rows ? src(ip * MR + i, k) : 0.0f;
   }
 }
-
-// Maps chunk column l to the offset of (image n0 + l / plane, position l % plane) in an
-// NCHW tensor with `k` channels, relative to channel 0.
-struct ChunkColumns {
-  int64_t plane, image_stride;
-  int64_t offset(int64_t l) const { return (l / plane) * image_stride + l % plane; }
-};
 
 // dy of a chunk (group g, channel rows) as A panels: A_g[m][l] = dy[n0 + l/PQ, g*Kg + m, l%PQ],
 // depth L. One (group, panel, image) per iteration.
@@ -415,6 +512,41 @@ void pack_dy_a(const ConvGeom& g, const float* dy, int64_t n0, int64_t nb, float
   }
 }
 
+// Writes runs of values into one row of B panels (depth `kdim`, row `kk`): column l goes to
+// panel l / NR, slot l % NR.
+struct PanelRowWriter {
+  int64_t panel_stride, j;
+  float* at;
+
+  PanelRowWriter(float* b, int64_t kdim, int64_t kk, int64_t l0)
+      : panel_stride(kdim * NR), j(l0 % NR), at(b + kk * NR + (l0 / NR) * kdim * NR) {}
+
+  void advance(int64_t m) {
+    j += m;
+    if (j == NR) {
+      j = 0;
+      at += panel_stride;
+    }
+  }
+  void zeros(int64_t count) {
+    while (count > 0) {
+      const int64_t m = std::min(count, NR - j);
+      std::fill(at + j, at + j + m, 0.0f);
+      count -= m;
+      advance(m);
+    }
+  }
+  void copy(const float* src, int64_t count) {
+    while (count > 0) {
+      const int64_t m = std::min(count, NR - j);
+      std::memcpy(at + j, src, static_cast<size_t>(m) * sizeof(float));
+      src += m;
+      count -= m;
+      advance(m);
+    }
+  }
+};
+
 // dy of a chunk as B panels: B_g[k][l] = dy[n0 + l/PQ, g*Kg + k, l%PQ], depth Kg.
 void pack_dy_b(const ConvGeom& g, const float* dy, int64_t n0, int64_t nb, float* b) {
   const int64_t len = nb * g.plane, len_pad = round_up(len, NR), units = g.k * nb;
@@ -423,12 +555,107 @@ void pack_dy_b(const ConvGeom& g, const float* dy, int64_t n0, int64_t nb, float
   for (int64_t u = 0; u < units; ++u) {
     const int64_t kk = u / nb, i = u % nb, gi = kk / g.kg;
     PanelRowWriter out(b + gi * g.kg * len_pad, g.kg, kk % g.kg, i * g.plane);
-    out.copy(dy + (n0 + i) * kplane + kk * g.plane, 1, g.plane);
+    out.copy(dy + (n0 + i) * kplane + kk * g.plane, g.plane);
     if (i == nb - 1 && len_pad > len) out.zeros(len_pad - len);
   }
 }
 
+// ---- Implicit path: padded copies --------------------------------------------------------
+
+// dst[i][ch] (rows x cols planes, plus NR zeros of slack at the end) = src[n0 + i][ch]
+// (h x w planes) placed at (top, left), zero elsewhere.
+void pad_planes(const float* src, int64_t n0, int64_t nb, int64_t channels, int64_t h, int64_t w, int64_t rows,
+                int64_t cols, int64_t top, int64_t left, float* dst) {
+  const int64_t units = nb * channels, dplane = rows * cols;
+#pragma omp parallel for schedule(static) if (units * dplane >= kMinParallelWork)
+  for (int64_t u = 0; u < units; ++u) {
+    float* d = dst + u * dplane;
+    const float* s = src + (n0 * channels + u) * h * w;
+    std::fill(d, d + top * cols, 0.0f);
+    for (int64_t y = 0; y < h; ++y) {
+      float* drow = d + (top + y) * cols;
+      std::fill(drow, drow + left, 0.0f);
+      std::memcpy(drow + left, s + y * w, static_cast<size_t>(w) * sizeof(float));
+      std::fill(drow + left + w, drow + cols, 0.0f);
+    }
+    std::fill(d + (top + h) * cols, d + dplane, 0.0f);
+  }
+  std::fill(dst + units * dplane, dst + units * dplane + NR, 0.0f);
+}
+
+// dy of a chunk, transposed, as B panels for the implicit dw: for image i, column l = p*Wp + q
+// of the padded width, B[l][k] = dy[n0 + i, g*Kg + k, p, q] (0 for q >= Q and k >= Kg).
+// Layout: [group][k panel][image][l][NR].
+void pack_dy_t(const ConvGeom& g, const float* dy, int64_t n0, int64_t nb, float* b) {
+  const int64_t nk = ceil_div(g.kg, NR), units = g.groups * nk * nb, kplane = g.k * g.plane;
+#pragma omp parallel for schedule(static) if (units * NR * g.limg >= kMinParallelWork)
+  for (int64_t u = 0; u < units; ++u) {
+    const int64_t gi = u / (nk * nb), jk = (u / nb) % nk, i = u % nb;
+    float* d = b + u * g.limg * NR;
+    const int64_t jn = std::min(NR, g.kg - jk * NR);
+    const float* src = dy + (n0 + i) * kplane + (gi * g.kg + jk * NR) * g.plane;
+    for (int64_t pp = 0; pp < g.p; ++pp) {
+      const int64_t cols = pp == g.p - 1 ? g.q : g.wp;
+      for (int64_t qq = 0; qq < cols; ++qq, d += NR) {
+        if (qq >= g.q) {
+          std::fill(d, d + NR, 0.0f);
+          continue;
+        }
+        const float* s = src + pp * g.q + qq;
+        for (int64_t j = 0; j < jn; ++j) d[j] = s[j * g.plane];
+        for (int64_t j = jn; j < NR; ++j) d[j] = 0.0f;
+      }
+    }
+  }
+}
+
+// Maps the columns of a tile on a padded width back to output positions: for the nr
+// columns starting at flat column l0 (row = l / pitch, col = l % pitch), calls
+// f(j, row, col, count) for each run of `count` columns with col < width, j the first
+// column's index in the tile.
+template <class F>
+inline void for_column_runs(int64_t l0, int64_t nr, int64_t pitch, int64_t width, const F& f) {
+  int64_t row = l0 / pitch, col = l0 % pitch;
+  for (int64_t j = 0; j < nr;) {
+    const int64_t step = std::min(nr - j, pitch - col);
+    if (col < width) f(j, row, col, std::min(step, width - col));
+    j += step;
+    col += step;
+    if (col == pitch) col = 0, ++row;
+  }
+}
+
 }  // namespace
+
+namespace cpu_conv {
+
+std::vector<std::string> available_micro_kernels() {
+  std::vector<std::string> out;
+  for (const MicroKernels* k : supported_kernels()) out.emplace_back(k->name);
+  return out;
+}
+
+std::string micro_kernel() { return g_kernels->name; }
+
+void use_micro_kernel(const std::string& name) {
+  for (const MicroKernels* k : supported_kernels())
+    if (name == k->name) {
+      g_kernels = k;
+      return;
+    }
+  REMAT_THROW("conv2d: micro-kernel \"", name, "\" is unknown or not supported by this CPU");
+}
+
+bool explicit_only() { return g_explicit_only; }
+void set_explicit_only(bool on) { g_explicit_only = on; }
+
+int64_t chunk_images() { return g_chunk_images; }
+void set_chunk_images(int64_t images) {
+  REMAT_CHECK(images >= 0, "conv2d: chunk_images must be >= 0, got ", images);
+  g_chunk_images = images;
+}
+
+}  // namespace cpu_conv
 
 size_t CpuBackend::conv2d_forward_workspace_impl(const Shape& x, const Shape& w, const Conv2dParams& p) {
   return ConvGeom(x, w, p).fwd_bytes();
@@ -451,34 +678,71 @@ void CpuBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, const Ten
       std::fill(yp + u * g.plane, yp + (u + 1) * g.plane, bp ? bp[u % g.k] : 0.0f);
     return;
   }
-  const float* xp = x.f32();
-  float* pa = workspace.f32();
-  float* pb = pa + g.fwd_a();
-  const int64_t a_stride = round_up(g.kg, MR) * g.grows;
+  const MicroKernels& mk = *g_kernels;
+  const auto lay = g.fwd_layout();
+  float* ws = workspace.f32();
+  float* pa = ws + lay.a;
+  const float* wp = w.f32();
+  const int64_t a_stride = round_up(g.kg, MR) * g.grows, mp = ceil_div(g.kg, MR);
   for (int64_t gi = 0; gi < g.groups; ++gi)
-    pack_a(w.f32() + gi * g.kg * g.grows, g.grows, 1, g.kg, g.grows, pa + gi * a_stride);
+    pack_a(g.kg, g.grows, pa + gi * a_stride,
+           [&](int64_t i, int64_t kk) { return wp[(gi * g.kg + i) * g.grows + kk]; });
+
+  if (g.implicit_y) {
+    auto* off = reinterpret_cast<int64_t*>(ws + lay.off);
+    for (int64_t cc = 0, kk = 0; cc < g.cg; ++cc)
+      for (int64_t rr = 0; rr < g.r; ++rr)
+        for (int64_t ss = 0; ss < g.s; ++ss) off[kk++] = (cc * g.hp + rr * g.dh) * g.wp + ss * g.dw;
+    float* xpad = ws + lay.xpad;
+    const int64_t ntl = ceil_div(g.limg, NR);
+    for (int64_t n0 = 0; n0 < g.n; n0 += g.nb) {
+      const int64_t nb = std::min(g.nb, g.n - n0);
+      pad_planes(x.f32(), n0, nb, g.c, g.h, g.w, g.hp, g.wp, g.ph, g.pw, xpad);
+      for_tiles(g.groups * nb * ntl * mp, 2 * MR * NR * g.grows, [&](int64_t t) {
+        const int64_t gi = t / (nb * ntl * mp), i = (t / (ntl * mp)) % nb, jt = (t / mp) % ntl, ip = t % mp;
+        alignas(64) float tile[MR * NR];
+        mk.offset_b(g.grows, PackedA{pa + gi * a_stride + ip * MR * g.grows},
+                    OffsetB{xpad + (i * g.c + gi * g.cg) * g.hp * g.wp + jt * NR, off}, tile, false);
+        const int64_t mr = std::min(MR, g.kg - ip * MR), nr = std::min(NR, g.limg - jt * NR);
+        float* out = yp + (n0 + i) * kplane + (gi * g.kg + ip * MR) * g.plane;
+        for (int64_t ii = 0; ii < mr; ++ii) {
+          const float bias = bp ? bp[gi * g.kg + ip * MR + ii] : 0.0f;
+          const float* tr = tile + ii * NR;
+          float* orow = out + ii * g.plane;
+          for_column_runs(jt * NR, nr, g.wp, g.q, [&](int64_t j, int64_t pp, int64_t qq, int64_t count) {
+            float* d = orow + pp * g.q + qq;
+            for (int64_t t = 0; t < count; ++t) d[t] = tr[j + t] + bias;
+          });
+        }
+      });
+    }
+    return;
+  }
+
+  const float* xp = x.f32();
+  float* pb = ws + lay.b;
   for (int64_t n0 = 0; n0 < g.n; n0 += g.nb) {
     const int64_t nb = std::min(g.nb, g.n - n0), len = nb * g.plane, len_pad = round_up(len, NR);
     im2col_panels(g, xp, n0, nb, pb);
-    const ChunkColumns cols{g.plane, kplane};
+    const int64_t np = len_pad / NR;
     float* out = yp + n0 * kplane;
-    packed_gemm(g.groups, g.kg, len, g.grows, pa, a_stride, pb, g.grows * len_pad,
-                [&](int64_t gi, int64_t i0, int64_t j0, int64_t mr, int64_t nr, const float* tile) {
-                  const int64_t pos = j0 % g.plane;
-                  const bool contiguous = pos + nr <= g.plane;
-                  const int64_t base = cols.offset(j0);
-                  for (int64_t i = 0; i < mr; ++i) {
-                    const int64_t m = gi * g.kg + i0 + i;
-                    const float bias = bp ? bp[m] : 0.0f;
-                    const float* t = tile + i * NR;
-                    if (contiguous) {
-                      float* d = out + base + m * g.plane;
-                      for (int64_t j = 0; j < nr; ++j) d[j] = t[j] + bias;
-                    } else {
-                      for (int64_t j = 0; j < nr; ++j) out[cols.offset(j0 + j) + m * g.plane] = t[j] + bias;
-                    }
-                  }
-                });
+    for_tiles(g.groups * np * mp, 2 * MR * NR * g.grows, [&](int64_t t) {
+      const int64_t gi = t / (np * mp), jp = (t / mp) % np, ip = t % mp;
+      alignas(64) float tile[MR * NR];
+      mk.packed(g.grows, PackedA{pa + gi * a_stride + ip * MR * g.grows},
+                PackedB{pb + gi * g.grows * len_pad + jp * NR * g.grows}, tile, false);
+      const int64_t mr = std::min(MR, g.kg - ip * MR), nr = std::min(NR, len - jp * NR);
+      const int64_t j0 = jp * NR;
+      for (int64_t ii = 0; ii < mr; ++ii) {
+        const int64_t m = gi * g.kg + ip * MR + ii;
+        const float bias = bp ? bp[m] : 0.0f;
+        const float* tr = tile + ii * NR;
+        for_column_runs(j0, nr, g.plane, g.plane, [&](int64_t j, int64_t img, int64_t pos, int64_t count) {
+          float* d = out + img * kplane + m * g.plane + pos;
+          for (int64_t t = 0; t < count; ++t) d[t] = tr[j + t] + bias;
+        });
+      }
+    });
   }
 }
 
@@ -517,42 +781,120 @@ void CpuBackend::conv2d_backward_impl(const Tensor& dy, const Tensor& x, const T
     if (need_dx) std::fill(dx.f32(), dx.f32() + dx.numel(), 0.0f);
     return;
   }
+  const MicroKernels& mk = *g_kernels;
+  const auto lay = g.bwd_layout();
+  float* ws = workspace.f32();
   const float* xp = x.f32();
+  const float* wp = w.f32();
   float* dxp = need_dx ? dx.f32() : nullptr;
   float* dwp = need_dw ? dw.f32() : nullptr;
-  float* wt = workspace.f32();
-  float* dya = wt + g.bwd_wt();
-  float* dyb = dya + g.bwd_dya();
-  float* col = dyb + g.bwd_dyb();
-  const int64_t wt_stride = round_up(g.grows, MR) * g.kg;
-  if (need_dx) {  // w_g^T [Cg*R*S, Kg] as A panels
+
+  // dx operands that do not depend on the chunk.
+  const int64_t wt_stride = round_up(g.grows, MR) * g.kg;     // explicit: w_g^T [Cg*R*S, Kg]
+  const int64_t wf_stride = round_up(g.cg, MR) * g.krows;     // implicit: flipped [Cg, Kg*R*S]
+  int64_t* offdx = nullptr;
+  if (need_dx && g.implicit_dx) {
     for (int64_t gi = 0; gi < g.groups; ++gi)
-      pack_a(w.f32() + gi * g.kg * g.grows, 1, g.grows, g.grows, g.kg, wt + gi * wt_stride);
+      pack_a(g.cg, g.krows, ws + lay.wflip + gi * wf_stride, [&](int64_t cc, int64_t d) {
+        const int64_t kk = d / (g.r * g.s), rr = g.r - 1 - (d / g.s) % g.r, ss = g.s - 1 - d % g.s;
+        return wp[(((gi * g.kg + kk) * g.cg + cc) * g.r + rr) * g.s + ss];
+      });
+    offdx = reinterpret_cast<int64_t*>(ws + lay.offdx);
+    for (int64_t kk = 0, d = 0; kk < g.kg; ++kk)
+      for (int64_t rr = 0; rr < g.r; ++rr)
+        for (int64_t ss = 0; ss < g.s; ++ss) offdx[d++] = (kk * g.hq + rr * g.dh) * g.wq + ss * g.dw;
+  } else if (need_dx) {
+    for (int64_t gi = 0; gi < g.groups; ++gi)
+      pack_a(g.grows, g.kg, ws + lay.wt + gi * wt_stride,
+             [&](int64_t kk, int64_t m) { return wp[(gi * g.kg + m) * g.grows + kk]; });
   }
+  int64_t* off = nullptr;
+  if (need_dw && g.implicit_y) {
+    off = reinterpret_cast<int64_t*>(ws + lay.off);
+    for (int64_t cc = 0, kk = 0; cc < g.cg; ++cc)
+      for (int64_t rr = 0; rr < g.r; ++rr)
+        for (int64_t ss = 0; ss < g.s; ++ss) off[kk++] = (cc * g.hp + rr * g.dh) * g.wp + ss * g.dw;
+  }
+
   for (int64_t n0 = 0; n0 < g.n; n0 += g.nb) {
     const int64_t nb = std::min(g.nb, g.n - n0), len = nb * g.plane, len_pad = round_up(len, NR);
-    if (need_dw) {
+
+    if (need_dw && g.implicit_y) {
+      // dw_g^T [Cg*R*S, Kg] = sum over images of x_pad rows [Cg*R*S, limg] @ dy^T [limg, Kg].
+      float* xpad = ws + lay.xpad;
+      float* dyt = ws + lay.dyt;
+      pad_planes(xp, n0, nb, g.c, g.h, g.w, g.hp, g.wp, g.ph, g.pw, xpad);
+      pack_dy_t(g, dyp, n0, nb, dyt);
+      const int64_t mpc = ceil_div(g.grows, MR), nk = ceil_div(g.kg, NR);
+      for_tiles(g.groups * mpc * nk, 2 * MR * NR * nb * g.limg, [&](int64_t t) {
+        const int64_t gi = t / (mpc * nk), ip = (t / nk) % mpc, jk = t % nk;
+        alignas(64) float tile[MR * NR];
+        for (int64_t i = 0; i < nb; ++i) {
+          RowsA rows;
+          const float* base = xpad + (i * g.c + gi * g.cg) * g.hp * g.wp;
+          for (int64_t ii = 0; ii < MR; ++ii) rows.rows[ii] = base + off[std::min(ip * MR + ii, g.grows - 1)];
+          mk.rows_a(g.limg, rows, PackedB{dyt + ((gi * nk + jk) * nb + i) * g.limg * NR}, tile, i > 0);
+        }
+        const int64_t mr = std::min(MR, g.grows - ip * MR), nr = std::min(NR, g.kg - jk * NR);
+        for (int64_t j = 0; j < nr; ++j) {
+          float* d = dwp + (gi * g.kg + jk * NR + j) * g.grows + ip * MR;
+          for (int64_t ii = 0; ii < mr; ++ii) d[ii] += tile[ii * NR + j];
+        }
+      });
+    } else if (need_dw) {
+      float* dya = ws + lay.dya;
+      float* colt = ws + lay.colt;
       pack_dy_a(g, dyp, n0, nb, dya);
-      im2col_t_panels(g, xp, n0, nb, col);
-      packed_gemm(g.groups, g.kg, g.grows, len, dya, round_up(g.kg, MR) * len, col,
-                  round_up(g.grows, NR) * len,
-                  [&](int64_t gi, int64_t i0, int64_t j0, int64_t mr, int64_t nr, const float* tile) {
-                    for (int64_t i = 0; i < mr; ++i) {
-                      float* d = dwp + (gi * g.kg + i0 + i) * g.grows + j0;
-                      const float* t = tile + i * NR;
-                      for (int64_t j = 0; j < nr; ++j) d[j] += t[j];
-                    }
-                  });
+      im2col_t_panels(g, xp, n0, nb, colt);
+      const int64_t mp = ceil_div(g.kg, MR), np = ceil_div(g.grows, NR);
+      for_tiles(g.groups * np * mp, 2 * MR * NR * len, [&](int64_t t) {
+        const int64_t gi = t / (np * mp), jp = (t / mp) % np, ip = t % mp;
+        alignas(64) float tile[MR * NR];
+        mk.packed(len, PackedA{dya + (gi * mp + ip) * MR * len}, PackedB{colt + (gi * np + jp) * NR * len}, tile,
+                  false);
+        const int64_t mr = std::min(MR, g.kg - ip * MR), nr = std::min(NR, g.grows - jp * NR);
+        for (int64_t ii = 0; ii < mr; ++ii) {
+          float* d = dwp + (gi * g.kg + ip * MR + ii) * g.grows + jp * NR;
+          for (int64_t j = 0; j < nr; ++j) d[j] += tile[ii * NR + j];
+        }
+      });
     }
-    if (need_dx) {
+
+    if (need_dx && g.implicit_dx) {
+      // dx_g [Cg, H x Wq] = flipped w_g^T [Cg, Kg*R*S] @ rows of the padded dy.
+      float* dypad = ws + lay.dypad;
+      pad_planes(dyp, n0, nb, g.k, g.p, g.q, g.hq, g.wq, g.dy_top, g.dy_left, dypad);
+      const int64_t ntl = ceil_div(g.ldx, NR), mp = ceil_div(g.cg, MR);
+      for_tiles(g.groups * nb * ntl * mp, 2 * MR * NR * g.krows, [&](int64_t t) {
+        const int64_t gi = t / (nb * ntl * mp), i = (t / (ntl * mp)) % nb, jt = (t / mp) % ntl, ip = t % mp;
+        alignas(64) float tile[MR * NR];
+        mk.offset_b(g.krows, PackedA{ws + lay.wflip + gi * wf_stride + ip * MR * g.krows},
+                    OffsetB{dypad + (i * g.k + gi * g.kg) * g.hq * g.wq + jt * NR, offdx}, tile, false);
+        const int64_t mr = std::min(MR, g.cg - ip * MR), nr = std::min(NR, g.ldx - jt * NR);
+        float* out = dxp + ((n0 + i) * g.c + gi * g.cg + ip * MR) * g.h * g.w;
+        for (int64_t ii = 0; ii < mr; ++ii) {
+          const float* tr = tile + ii * NR;
+          float* orow = out + ii * g.h * g.w;
+          for_column_runs(jt * NR, nr, g.wq, g.w, [&](int64_t j, int64_t hh, int64_t ww, int64_t count) {
+            std::memcpy(orow + hh * g.w + ww, tr + j, static_cast<size_t>(count) * sizeof(float));
+          });
+        }
+      });
+    } else if (need_dx) {
+      float* dyb = ws + lay.dyb;
+      float* col = ws + lay.col;
       pack_dy_b(g, dyp, n0, nb, dyb);
-      packed_gemm(g.groups, g.grows, len, g.kg, wt, wt_stride, dyb, g.kg * len_pad,
-                  [&](int64_t gi, int64_t i0, int64_t j0, int64_t mr, int64_t nr, const float* tile) {
-                    for (int64_t i = 0; i < mr; ++i) {
-                      float* d = col + (gi * g.grows + i0 + i) * len + j0;
-                      std::memcpy(d, tile + i * NR, static_cast<size_t>(nr) * sizeof(float));
-                    }
-                  });
+      const int64_t mp = ceil_div(g.grows, MR), np = len_pad / NR;
+      for_tiles(g.groups * np * mp, 2 * MR * NR * g.kg, [&](int64_t t) {
+        const int64_t gi = t / (np * mp), jp = (t / mp) % np, ip = t % mp;
+        alignas(64) float tile[MR * NR];
+        mk.packed(g.kg, PackedA{ws + lay.wt + gi * wt_stride + ip * MR * g.kg},
+                  PackedB{dyb + gi * g.kg * len_pad + jp * NR * g.kg}, tile, false);
+        const int64_t mr = std::min(MR, g.grows - ip * MR), nr = std::min(NR, len - jp * NR);
+        for (int64_t ii = 0; ii < mr; ++ii)
+          std::memcpy(col + (gi * g.grows + ip * MR + ii) * len + jp * NR, tile + ii * NR,
+                      static_cast<size_t>(nr) * sizeof(float));
+      });
       col2im(g, col, n0, nb, dxp);
     }
   }

@@ -14,6 +14,10 @@ namespace remat {
 
 namespace {
 
+// Below this many elements touched a loop runs on the calling thread (the results are the
+// same either way; it saves the fork/join on small tensors).
+constexpr int64_t kMinParallelWork = int64_t{1} << 15;
+
 struct PoolGeom {
   int64_t planes, h, w, p, q;
   int64_t kh, kw, sh, sw, ph, pw;
@@ -48,7 +52,7 @@ void CpuBackend::maxpool2d_forward_impl(const Tensor& x, const Pool2dParams& prm
   int32_t* ip = indices.i32();
   REMAT_CHECK(g.h * g.w <= std::numeric_limits<int32_t>::max(), "maxpool2d_forward: x ", x.str(),
               ": a plane is too large for i32 indices");
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (g.planes * g.p * g.q * g.kh * g.kw >= kMinParallelWork)
   for (int64_t pl = 0; pl < g.planes; ++pl) {
     const float* src = xp + pl * g.h * g.w;
     float* dst = yp + pl * g.p * g.q;
@@ -61,16 +65,24 @@ void CpuBackend::maxpool2d_forward_impl(const Tensor& x, const Pool2dParams& prm
         const int64_t ws = std::max<int64_t>(w0, 0), we = std::min(w0 + g.kw, g.w);
         // As PyTorch: the first maximum in scan order wins; a NaN wins (the last NaN);
         // padding never does (the window always holds an input element, as pad <= k / 2).
+        // Without NaNs, a branch-free scan (random data mispredicts every branch); a window
+        // holding a NaN is scanned again with PyTorch's rule.
         int64_t best = hs * g.w + ws;
         float bv = -std::numeric_limits<float>::infinity();
+        bool nan = false;
         for (int64_t hh = hs; hh < he; ++hh) {
           for (int64_t ww = ws; ww < we; ++ww) {
             const float v = src[hh * g.w + ww];
-            if (v > bv || std::isnan(v)) {
-              bv = v;
-              best = hh * g.w + ww;
-            }
+            const bool take = v > bv;
+            nan |= v != v;
+            best = take ? hh * g.w + ww : best;
+            bv = take ? v : bv;
           }
+        }
+        if (nan) {
+          for (int64_t hh = hs; hh < he; ++hh)
+            for (int64_t ww = ws; ww < we; ++ww)
+              if (std::isnan(src[hh * g.w + ww])) best = hh * g.w + ww;
         }
         dst[pp * g.q + qq] = src[best];
         idx[pp * g.q + qq] = static_cast<int32_t>(best);
@@ -86,7 +98,7 @@ void CpuBackend::maxpool2d_backward_impl(const Tensor& dy, const Tensor& indices
   const int32_t* ip = indices.i32();
   float* dxp = dx.f32();
   std::atomic<int64_t> bad{-1};  // the first flat position of an out-of-range index, if any
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (planes * (in_plane + out_plane) >= kMinParallelWork)
   for (int64_t pl = 0; pl < planes; ++pl) {
     float* dst = dxp + pl * in_plane;
     const float* g = dyp + pl * out_plane;
@@ -117,7 +129,7 @@ void CpuBackend::avgpool2d_forward_impl(const Tensor& x, const Pool2dParams& prm
   // count_include_pad: the padded window always fits (no ceil mode), so every window
   // divides by kh * kw.
   const float div = static_cast<float>(g.kh * g.kw);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (g.planes * g.p * g.q * g.kh * g.kw >= kMinParallelWork)
   for (int64_t pl = 0; pl < g.planes; ++pl) {
     const float* src = xp + pl * g.h * g.w;
     float* dst = yp + pl * g.p * g.q;
@@ -141,7 +153,7 @@ void CpuBackend::avgpool2d_backward_impl(const Tensor& dy, const Pool2dParams& p
   const float* dyp = dy.f32();
   float* dxp = dx.f32();
   const float div = static_cast<float>(g.kh * g.kw);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (g.planes * (g.h * g.w + g.p * g.q * g.kh * g.kw) >= kMinParallelWork)
   for (int64_t pl = 0; pl < g.planes; ++pl) {
     float* dst = dxp + pl * g.h * g.w;
     const float* src = dyp + pl * g.p * g.q;
@@ -164,7 +176,7 @@ void CpuBackend::global_avgpool_forward_impl(const Tensor& x, const Tensor& y) {
   const int64_t planes = x.size(0) * x.size(1), hw = x.size(2) * x.size(3);
   const float* xp = x.f32();
   float* yp = y.f32();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (planes * hw >= kMinParallelWork)
   for (int64_t pl = 0; pl < planes; ++pl)
     yp[pl] = hw == 0 ? std::numeric_limits<float>::quiet_NaN()
                      : static_cast<float>(sum_f64(xp + pl * hw, hw) / static_cast<double>(hw));
@@ -174,7 +186,7 @@ void CpuBackend::global_avgpool_backward_impl(const Tensor& dy, const Tensor& dx
   const int64_t planes = dx.size(0) * dx.size(1), hw = dx.size(2) * dx.size(3);
   const float* dyp = dy.f32();
   float* dxp = dx.f32();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (planes * hw >= kMinParallelWork)
   for (int64_t pl = 0; pl < planes; ++pl) {
     const float v = dyp[pl] / static_cast<float>(hw);
     std::fill(dxp + pl * hw, dxp + (pl + 1) * hw, v);

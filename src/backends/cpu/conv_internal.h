@@ -1,0 +1,30 @@
+// Test hooks into the CPU conv2d (conv.cpp): which GEMM micro-kernel runs, whether the
+// implicit-GEMM paths may be used, and how many images a chunk holds. Process-wide and not
+// thread-safe: for tests only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace remat::cpu_conv {
+
+// The micro-kernels this CPU can run ("avx512", "avx2", "portable"), best first.
+std::vector<std::string> available_micro_kernels();
+// The micro-kernel in use (the best available unless changed).
+std::string micro_kernel();
+// Throws remat::Error for a name that is unknown or that this CPU cannot run.
+void use_micro_kernel(const std::string& name);
+
+// When set, every convolution takes the explicit im2col / col2im path, even stride-1 ones
+// that the implicit GEMM handles. The workspace queries follow the setting.
+bool explicit_only();
+void set_explicit_only(bool on);
+
+// Images per chunk: 0 (the default) chooses from the shapes; n > 0 fixes chunks of n
+// images (the last one partial), to test chunking on small shapes. The workspace queries
+// follow the setting.
+int64_t chunk_images();
+void set_chunk_images(int64_t images);
+
+}  // namespace remat::cpu_conv
