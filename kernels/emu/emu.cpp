@@ -47,6 +47,7 @@ constexpr size_t kDefaultSharedPerBlock = 48 * 1024;
 constexpr size_t kMaxSharedPerBlockOptin = 227 * 1024;
 
 std::mutex g_launch_mutex;  // one launch at a time: the built-in variables are process-wide
+thread_local bool t_in_launch = false;  // this host thread is running a launch
 thread_local cudaError_t g_last_error = cudaSuccess;
 std::atomic<uint64_t> g_switches{0};
 std::mutex g_attr_mutex;
@@ -177,6 +178,7 @@ struct Launch {
 struct TlsBlock {
   const void* base = nullptr;
   size_t bytes = 0;
+  const char* module = nullptr;  // its file
 };
 
 TlsBlock module_tls(const void* code) {
@@ -185,7 +187,7 @@ TlsBlock module_tls(const void* code) {
   struct Query {
     const void* module_base;
     TlsBlock found;
-  } q{info.dli_fbase, {}};
+  } q{info.dli_fbase, {nullptr, 0, info.dli_fname}};
   dl_iterate_phdr(
       [](dl_phdr_info* m, size_t, void* data) -> int {
         auto& q = *static_cast<Query*>(data);
@@ -195,7 +197,9 @@ TlsBlock module_tls(const void* code) {
               reinterpret_cast<const void*>(m->dlpi_addr + ph.p_vaddr) == q.module_base) {
             for (int k = 0; k < m->dlpi_phnum; ++k) {
               if (m->dlpi_phdr[k].p_type == PT_TLS && m->dlpi_tls_data) {
-                q.found = TlsBlock{m->dlpi_tls_data, m->dlpi_phdr[k].p_memsz};
+                q.found.base = m->dlpi_tls_data;
+                if (!m->dlpi_name || !*m->dlpi_name) q.found.module = "/proc/self/exe";  // the executable
+                q.found.bytes = m->dlpi_phdr[k].p_memsz;
               }
             }
             return 1;
@@ -631,6 +635,7 @@ cudaError_t validate(const LaunchSpec& s) {
 
 struct LaunchGuard {
   ~LaunchGuard() {
+    t_in_launch = false;
     g_launch = nullptr;
     g_current = nullptr;
     race_end_launch();
@@ -643,6 +648,12 @@ struct LaunchGuard {
 // Entry points used by emu.h
 // ---------------------------------------------------------------------------
 void run_kernel(const LaunchSpec& spec) {
+  if (t_in_launch) {
+    ::remat::detail::throw_error(spec.file, spec.line,
+                                 ::remat::detail::str_cat("kernel ", spec.name,
+                                                          " launched from inside a kernel: the CUDA emulator does not "
+                                                          "support dynamic parallelism"));
+  }
   const cudaError_t err = validate(spec);
   if (err != cudaSuccess) {
     g_last_error = err;
@@ -662,9 +673,10 @@ void run_kernel(const LaunchSpec& spec) {
   gridDim = spec.grid;
   g_launch = &L;
   LaunchGuard guard;
+  t_in_launch = true;
   if (g_racecheck) {
     const TlsBlock tls = module_tls(spec.kernel);
-    race_begin_launch(L.dynamic_smem, spec.smem, tls.base, tls.bytes);
+    race_begin_launch(L.dynamic_smem, spec.smem, tls.base, tls.bytes, tls.module);
   }
 
   for (unsigned i = 0; i < L.nthreads; ++i) {

@@ -3,10 +3,15 @@
 // compiled with -fsanitize=thread.
 #include "kernels/emu/racecheck.h"
 
+#include <cxxabi.h>
 #include <dlfcn.h>
+#include <elf.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <vector>
 
 #include "remat/error.h"
@@ -31,7 +36,47 @@ struct Region {
   std::vector<Shadow> shadow;
 };
 
+// The thread-local variable of `module` (an ELF file) that holds byte `offset` of its TLS
+// block, as "name + k", from the symbol table; "" when unknown (e.g. a stripped binary).
+std::string tls_symbol(const std::string& module, size_t offset) {
+  std::ifstream f(module, std::ios::binary);
+  const std::vector<char> elf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (elf.size() < sizeof(Elf64_Ehdr) || std::memcmp(elf.data(), ELFMAG, SELFMAG) != 0 ||
+      elf[EI_CLASS] != ELFCLASS64) {
+    return "";
+  }
+  Elf64_Ehdr eh;
+  std::memcpy(&eh, elf.data(), sizeof eh);
+  auto section = [&](size_t i) {
+    Elf64_Shdr sh{};
+    const size_t at = eh.e_shoff + i * sizeof(Elf64_Shdr);
+    if (at + sizeof sh <= elf.size()) std::memcpy(&sh, elf.data() + at, sizeof sh);
+    return sh;
+  };
+  for (size_t i = 0; i < eh.e_shnum; ++i) {
+    const Elf64_Shdr symtab = section(i);
+    if (symtab.sh_type != SHT_SYMTAB || symtab.sh_offset + symtab.sh_size > elf.size()) continue;
+    const Elf64_Shdr strtab = section(symtab.sh_link);
+    for (size_t k = 0; k < symtab.sh_size / sizeof(Elf64_Sym); ++k) {
+      Elf64_Sym sym;
+      std::memcpy(&sym, elf.data() + symtab.sh_offset + k * sizeof sym, sizeof sym);
+      if (ELF64_ST_TYPE(sym.st_info) != STT_TLS || offset < sym.st_value || offset >= sym.st_value + sym.st_size ||
+          strtab.sh_offset + sym.st_name >= elf.size()) {
+        continue;
+      }
+      const char* mangled = elf.data() + strtab.sh_offset + sym.st_name;
+      int status = 0;
+      char* demangled = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+      std::string name = status == 0 && demangled ? demangled : mangled;
+      std::free(demangled);
+      return ::remat::detail::str_cat(name, " + ", offset - sym.st_value);
+    }
+  }
+  return "";
+}
+
 bool g_active = false;
+std::string g_static_module;  // the file that holds the static __shared__ variables
 Region g_dynamic, g_static;
 bool g_found = false;
 std::string g_report;
@@ -47,6 +92,11 @@ void report(const char* kind, const Region& r, size_t offset, const Rec& prev, c
             const void* pc) {
   if (g_found) return;
   g_found = true;
+  std::string what = ::remat::detail::str_cat(r.name, " byte ", offset);
+  if (&r == &g_static) {
+    const std::string sym = tls_symbol(g_static_module, offset);
+    if (!sym.empty()) what = ::remat::detail::str_cat("static __shared__ ", sym, " (byte ", offset, " of the thread-local block)");
+  }
   std::string at;
   Dl_info info{};
   if (pc && dladdr(pc, &info) && info.dli_fname) {
@@ -55,7 +105,7 @@ void report(const char* kind, const Region& r, size_t offset, const Rec& prev, c
                          reinterpret_cast<uintptr_t>(pc) - reinterpret_cast<uintptr_t>(info.dli_fbase), std::dec,
                          " (addr2line -e <binary> <offset> names the line)");
   }
-  g_report = ::remat::detail::str_cat("shared-memory race (", kind, ") on ", r.name, " byte ", offset, ": thread ",
+  g_report = ::remat::detail::str_cat("shared-memory race (", kind, ") on ", what, ": thread ",
                              race::thread_name(prev.thread), " and thread ", race::thread_name(cur.thread),
                              " access it in the same barrier interval (after ", race::interval_site(cur.thread),
                              ") with no __syncthreads between them", at);
@@ -104,7 +154,8 @@ void setup(Region& r, const void* base, size_t bytes, const char* name) {
 }  // namespace
 
 void race_begin_launch(const void* dynamic_base, size_t dynamic_bytes, const void* static_base,
-                       size_t static_bytes) {
+                       size_t static_bytes, const char* static_module) {
+  g_static_module = static_module ? static_module : "";
   setup(g_dynamic, dynamic_base, dynamic_bytes, "dynamic shared memory");
   setup(g_static, static_base, static_bytes, "static __shared__ memory");
   g_found = false;

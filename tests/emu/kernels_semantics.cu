@@ -158,7 +158,30 @@ __global__ void own_lane_kernel(int* out) {
   out[threadIdx.x] = __shfl_sync(0x1u, static_cast<int>(threadIdx.x), 0);
 }
 
+__global__ void shared_overflow_kernel(int* out) {
+  REMAT_DYNAMIC_SHARED(int, buf);
+  buf[threadIdx.x + 1] = 1;  // one past the end for the last thread
+  out[threadIdx.x] = buf[0];
+}
+
+__global__ void barrier_loop_kernel(int iterations, int* out) {
+  int x = static_cast<int>(threadIdx.x);
+  for (int i = 0; i < iterations; ++i) {
+    x += i;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = x;
+}
+
 }  // namespace
+
+void barrier_loop(int blocks, int threads, int iterations, int* out) {
+  REMAT_LAUNCH(barrier_loop_kernel, dim3(blocks), dim3(threads), 0, nullptr, iterations, out);
+}
+
+void overflow_dynamic_shared(int* out) {
+  REMAT_LAUNCH(shared_overflow_kernel, dim3(1), dim3(32), 32 * sizeof(int), nullptr, out);
+}
 
 void shuffles(const int* cases, int ncases, int block_threads, int* out) {
   REMAT_LAUNCH(shuffle_kernel, dim3(1), dim3(block_threads), 0, nullptr, cases, ncases, out);

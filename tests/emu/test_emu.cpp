@@ -303,6 +303,14 @@ TEST(EmuShared, DynamicSharedIsPoisonedBeforeEveryBlock) {
   }
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+// Dynamic shared memory is an exact-size heap block, so AddressSanitizer sees overflows.
+TEST(EmuSharedDeathTest, DynamicSharedOverflowIsCaughtByAsan) {
+  Dev<int> out(32);
+  EXPECT_DEATH(emu_test::overflow_dynamic_shared(out.get()), "heap-buffer-overflow");
+}
+#endif
+
 // ---------------------------------------------------------------------------
 // Whole kernels against CPU loops
 // ---------------------------------------------------------------------------

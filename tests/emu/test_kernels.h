@@ -39,6 +39,10 @@ cudaError_t allow_dynamic_shared(int bytes);
 // A warp whose lanes meet in different collectives / a mask without the caller's lane.
 void mismatched_collectives(int* out);
 void mask_without_own_lane(int* out);
+// Every thread passes `iterations` barriers (to measure fiber switches).
+void barrier_loop(int blocks, int threads, int iterations, int* out);
+// Writes one element past the dynamic shared buffer (for AddressSanitizer).
+void overflow_dynamic_shared(int* out);
 
 // kernels_deadlock.cu
 void divergent_barriers(int* out);
