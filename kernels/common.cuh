@@ -1,8 +1,13 @@
 // Definitions shared by host and device code: the host/device qualifier and small helpers.
-// This header compiles with nvcc and with a plain C++ compiler.
+// This header compiles with nvcc, with a plain C++ compiler, and with a plain C++
+// compiler on the CUDA emulator (REMAT_EMULATE: kernels/emu/emu.h).
 #pragma once
 
 #include <cstdint>
+
+#if defined(REMAT_EMULATE)
+#include "kernels/emu/emu.h"
+#endif
 
 #if defined(__CUDACC__)
 #define REMAT_HD __host__ __device__
@@ -10,6 +15,17 @@
 #else
 #define REMAT_HD
 #define REMAT_INLINE inline
+#endif
+
+// Dynamic shared memory of a kernel, as a `T*` named `name` (16-byte aligned), sized by
+// the launch's shared-memory argument. `extern __shared__` cannot be expressed in host
+// C++, so kernels declare it with this macro: REMAT_DYNAMIC_SHARED(float, smem);
+#if defined(__CUDACC__)
+#define REMAT_DYNAMIC_SHARED(T, name)                                       \
+  extern __shared__ __align__(16) unsigned char remat_dynamic_shared_[]; \
+  T* name = reinterpret_cast<T*>(remat_dynamic_shared_)
+#elif defined(REMAT_EMULATE)
+#define REMAT_DYNAMIC_SHARED(T, name) T* name = static_cast<T*>(::remat::emu::dynamic_shared())
 #endif
 
 namespace remat {

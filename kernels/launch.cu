@@ -2,9 +2,10 @@
 #include <cstring>
 
 #include "kernels/launch.cuh"
-#include "remat/cuda_check.h"
+#include "remat/error.h"
 
 namespace remat::kernels {
+REMAT_KERNELS_ABI_BEGIN
 
 bool sync_after_launch() {
   static const bool on = [] {
@@ -33,4 +34,5 @@ void check_launch(const char* name, dim3 grid, dim3 block, size_t smem, cudaStre
   }
 }
 
+REMAT_KERNELS_ABI_END
 }  // namespace remat::kernels

@@ -1,0 +1,425 @@
+// The CUDA emulator: CUDA's execution semantics, fault detection, and remat's own kernels
+// run through REMAT_LAUNCH. Kernels are in tests/emu/*.cu; every expectation here is
+// computed independently of the emulator (by hand or by a CPU loop).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/fill.cuh"
+#include "support/expect_error.h"
+#include "tests/emu/test_kernels.h"
+
+namespace {
+
+// A device buffer through the emulated runtime.
+template <typename T>
+class Dev {
+ public:
+  explicit Dev(size_t n, T init = T{}) : n_(n) {
+    EXPECT_EQ(cudaMalloc(&p_, n * sizeof(T)), cudaSuccess);
+    set(std::vector<T>(n, init));
+  }
+  explicit Dev(const std::vector<T>& h) : Dev(h.size()) { set(h); }
+  ~Dev() { EXPECT_EQ(cudaFree(p_), cudaSuccess); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  T* get() const { return p_; }
+  void set(const std::vector<T>& h) {
+    ASSERT_EQ(h.size(), n_);
+    ASSERT_EQ(cudaMemcpy(p_, h.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  std::vector<T> host() const {
+    std::vector<T> h(n_);
+    EXPECT_EQ(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_;
+};
+
+// Lines of a source file that carry a marker comment, as "path:line".
+std::string marked_line(const std::string& rel, const std::string& marker) {
+  std::ifstream f(std::string(REMAT_SOURCE_DIR) + "/" + rel);
+  std::string line;
+  for (int n = 1; std::getline(f, line); ++n) {
+    if (line.find("// " + marker) != std::string::npos) return rel + ":" + std::to_string(n);
+  }
+  ADD_FAILURE() << "marker " << marker << " not found in " << rel;
+  return "?";
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const remat::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::vector<float> random_floats(size_t n, unsigned seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Warp shuffles
+// ---------------------------------------------------------------------------
+
+// The expected source lane, written from CUDA's documentation rather than from PTX:
+// lanes form segments of `width`; up/down outside the segment keep their own value; idx
+// wraps within the segment; xor may read earlier segments but not later ones.
+int expected_shuffle(int op, int lane, int arg, int width) {
+  const int seg = lane / width * width, in_seg = lane % width;
+  switch (op) {
+    case emu_test::kIdx: return 100 + seg + (arg % width + width) % width;
+    case emu_test::kUp: return 100 + (in_seg - arg >= 0 ? lane - arg : lane);
+    case emu_test::kDown: return 100 + (in_seg + arg < width ? lane + arg : lane);
+    default: {
+      const int j = lane ^ arg;
+      return 100 + (j < seg + width ? j : lane);
+    }
+  }
+}
+
+TEST(EmuShuffle, WidthsAndOutOfRangeLanesMatchCuda) {
+  std::vector<int> cases;
+  for (int width : {32, 16, 8}) {
+    for (int arg : {0, 1, 3, 5, 7, 8, 13, 16, 31}) {
+      for (int op : {emu_test::kIdx, emu_test::kUp, emu_test::kDown, emu_test::kXor}) {
+        cases.insert(cases.end(), {op, arg, width});
+      }
+    }
+  }
+  const int ncases = static_cast<int>(cases.size() / 3);
+  Dev<int> dcases(cases), out(static_cast<size_t>(ncases) * 32);
+  emu_test::shuffles(dcases.get(), ncases, 32, out.get());
+  const auto got = out.host();
+  for (int c = 0; c < ncases; ++c) {
+    for (int lane = 0; lane < 32; ++lane) {
+      ASSERT_EQ(got[c * 32 + lane], expected_shuffle(cases[3 * c], lane, cases[3 * c + 1], cases[3 * c + 2]))
+          << "op " << cases[3 * c] << " arg " << cases[3 * c + 1] << " width " << cases[3 * c + 2] << " lane " << lane;
+    }
+  }
+}
+
+TEST(EmuShuffle, HandWrittenCases) {
+  // (op, arg, width) and the values lanes 0..15 must see (value = 100 + source lane).
+  const std::vector<int> cases = {emu_test::kDown, 3, 8, emu_test::kUp, 2, 16, emu_test::kXor, 8, 8,
+                                  emu_test::kIdx, 35, 8};
+  Dev<int> dcases(cases), out(4 * 32);
+  emu_test::shuffles(dcases.get(), 4, 32, out.get());
+  const auto got = out.host();
+  const std::vector<std::vector<int>> want = {
+      {103, 104, 105, 106, 107, 105, 106, 107, 111, 112, 113, 114, 115, 113, 114, 115},  // down 3, width 8
+      {100, 101, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112, 113},  // up 2, width 16
+      {100, 101, 102, 103, 104, 105, 106, 107, 100, 101, 102, 103, 104, 105, 106, 107},  // xor 8, width 8
+      {103, 103, 103, 103, 103, 103, 103, 103, 111, 111, 111, 111, 111, 111, 111, 111},  // idx 35 = 3, width 8
+  };
+  for (int c = 0; c < 4; ++c) {
+    for (int lane = 0; lane < 16; ++lane) EXPECT_EQ(got[c * 32 + lane], want[c][lane]) << "case " << c << " lane " << lane;
+  }
+}
+
+TEST(EmuShuffle, AbsentLanesGivePoison) {
+  // A block of 40 threads: warp 1 has lanes 0..7 only. Reading lane 8..11 (absent) is
+  // undefined on a GPU; the emulator returns all bits set.
+  const std::vector<int> cases = {emu_test::kDown, 4, 32};
+  Dev<int> dcases(cases), out(40);
+  emu_test::shuffles(dcases.get(), 1, 40, out.get());
+  const auto got = out.host();
+  for (int lane = 0; lane < 4; ++lane) EXPECT_EQ(got[32 + lane], 100 + 32 + lane + 4);
+  for (int lane = 4; lane < 8; ++lane) EXPECT_EQ(got[32 + lane], -1) << "lane " << lane;
+  EXPECT_EQ(got[0], 104);  // warp 0 is complete
+}
+
+TEST(EmuShuffle, DoublesMoveWhole) {
+  Dev<double> out(32);
+  emu_test::shuffle_doubles(out.get());
+  const auto got = out.host();
+  for (int lane = 0; lane < 32; ++lane) {
+    EXPECT_EQ(got[lane], 1.0e300 + static_cast<double>(lane ^ 5) * 1.0e290) << lane;
+  }
+}
+
+TEST(EmuWarp, BallotAnyAllPerHalfWarpMask) {
+  Dev<unsigned> out(96);
+  emu_test::votes(out.get());
+  const auto got = out.host();
+  // Lanes divisible by 3: 0,3,6,9,12,15 | 18,21,24,27,30.
+  const unsigned low = 0x9249u, high = 0x49240000u;
+  for (unsigned lane = 0; lane < 32; ++lane) {
+    EXPECT_EQ(got[lane], lane < 16 ? low : high) << lane;
+    EXPECT_EQ(got[32 + lane], lane < 16 ? 0u : 1u) << lane;  // lane 20 is in the upper half
+    EXPECT_EQ(got[64 + lane], lane < 16 ? 0u : 1u) << lane;  // lane 3 is in the lower half
+  }
+}
+
+TEST(EmuWarp, Reductions) {
+  Dev<int> out(96);
+  emu_test::warp_reductions(out.get());
+  const auto got = out.host();
+  int sum = 0;
+  for (int l = 0; l < 32; ++l) sum += l * 3 - 40;
+  for (int l = 0; l < 32; ++l) {
+    EXPECT_EQ(got[l], sum);
+    EXPECT_EQ(got[32 + l], -40);
+    EXPECT_EQ(got[64 + l], 31 * 3 - 40);
+  }
+}
+
+TEST(EmuWarp, MismatchedCollectivesAndForeignMasksAreErrors) {
+  Dev<int> out(32);
+  const std::string a = error_of([&] { emu_test::mismatched_collectives(out.get()); });
+  EXPECT_NE(a.find("different warp collectives"), std::string::npos) << a;
+  EXPECT_NE(a.find("__shfl_sync"), std::string::npos) << a;
+  EXPECT_NE(a.find("__ballot_sync"), std::string::npos) << a;
+  const std::string b = error_of([&] { emu_test::mask_without_own_lane(out.get()); });
+  EXPECT_NE(b.find("does not name its own lane 1"), std::string::npos) << b;
+}
+
+// ---------------------------------------------------------------------------
+// Barriers
+// ---------------------------------------------------------------------------
+
+TEST(EmuBarrier, ReleasesWhenAllNonExitedThreadsArrive) {
+  for (int active : {1, 31, 100, 255}) {
+    Dev<int> out(257, -7);
+    emu_test::early_exit(256, active, out.get());
+    const auto got = out.host();
+    for (int t = 0; t < active; ++t) ASSERT_EQ(got[t], 2 * ((t + 1) % active)) << "active " << active << " t " << t;
+    EXPECT_EQ(got[active], (active + 1) / 2) << "__syncthreads_count, active " << active;
+    for (int t = active + 1; t < 257; ++t) ASSERT_EQ(got[t], -7);
+  }
+}
+
+TEST(EmuDeadlock, ThreadsAtDifferentBarriersNameBothLines) {
+  Dev<int> out(32);
+  const std::string msg = error_of([&] { emu_test::divergent_barriers(out.get()); });
+  ASSERT_FALSE(msg.empty()) << "no error";
+  EXPECT_NE(msg.find("divergent_barrier_kernel"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("block (0,0,0)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("different barriers"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(marked_line("tests/emu/kernels_deadlock.cu", "DEADLOCK_A")), std::string::npos) << msg;
+  EXPECT_NE(msg.find(marked_line("tests/emu/kernels_deadlock.cu", "DEADLOCK_B")), std::string::npos) << msg;
+}
+
+TEST(EmuDeadlock, ShuffleSplitAcrossABarrierNamesBothLines) {
+  Dev<int> out(32);
+  const std::string msg = error_of([&] { emu_test::shuffle_split_by_barrier(out.get()); });
+  ASSERT_FALSE(msg.empty()) << "no error";
+  EXPECT_NE(msg.find("deadlock"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("split_shuffle_kernel"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("16 threads at __shfl_xor_sync (" + marked_line("tests/emu/kernels_deadlock.cu", "DEADLOCK_C")),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("16 threads at __syncthreads (" + marked_line("tests/emu/kernels_deadlock.cu", "DEADLOCK_D")),
+            std::string::npos)
+      << msg;
+  // The emulator is usable after a failed launch.
+  Dev<int> again(257);
+  emu_test::early_exit(64, 64, again.get());
+  EXPECT_EQ(again.host()[64], 32);
+}
+
+// ---------------------------------------------------------------------------
+// Atomics and shared memory
+// ---------------------------------------------------------------------------
+
+TEST(EmuAtomics, SumsAcrossBlocks) {
+  const int blocks = 64, threads = 128, n = blocks * threads;
+  Dev<int> isum(1, 0), imax(1, -1), exch_last(1, -5);
+  Dev<float> fsum(1, 0.0f);
+  Dev<unsigned> inc(1, 0u), cas(1, 0u);
+  Dev<long long> exch_sum(1, 0);
+  emu_test::atomics(blocks, threads, isum.get(), fsum.get(), imax.get(), inc.get(), cas.get(), exch_last.get(),
+                    exch_sum.get());
+  long long want_sum = 0;
+  int want_max = -1;
+  for (int i = 0; i < n; ++i) {
+    want_sum += i;
+    want_max = std::max(want_max, (i * 7919) % 10007);
+  }
+  EXPECT_EQ(isum.host()[0], want_sum);
+  EXPECT_EQ(fsum.host()[0], static_cast<float>(n / 4) * 1.5f);  // exact: quarters
+  EXPECT_EQ(imax.host()[0], want_max);
+  EXPECT_EQ(inc.host()[0], static_cast<unsigned>(n % 100));  // atomicInc wraps at 99
+  EXPECT_EQ(cas.host()[0], static_cast<unsigned>(n));
+  // Every value stored by atomicExch is returned exactly once, except the last one.
+  EXPECT_EQ(exch_sum.host()[0] + exch_last.host()[0], -5 + want_sum);
+}
+
+TEST(EmuShared, TemplateInstantiationsHaveTheirOwnStaticShared) {
+  const int blocks = 5;
+  for (int n : {64, 128}) {
+    std::vector<float> in(static_cast<size_t>(blocks) * n);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i % 17);
+    Dev<float> din(in), out(blocks);
+    Dev<unsigned long long> addr(1);
+    emu_test::tile_sums(n, blocks, din.get(), out.get(), addr.get());
+    const auto got = out.host();
+    for (int b = 0; b < blocks; ++b) {
+      float s = 0;
+      for (int k = 0; k < n; ++k) s += in[static_cast<size_t>(b) * n + k];
+      EXPECT_EQ(got[b], s) << "N " << n << " block " << b;
+    }
+  }
+  Dev<float> din(std::vector<float>(128, 1.0f)), out(1);
+  Dev<unsigned long long> a64(1), a128(1);
+  emu_test::tile_sums(64, 1, din.get(), out.get(), a64.get());
+  emu_test::tile_sums(128, 1, din.get(), out.get(), a128.get());
+  EXPECT_NE(a64.host()[0], a128.host()[0]) << "tile_sum_kernel<64> and <128> share their __shared__ tile";
+  EXPECT_EQ(a64.host()[0] % 16, 0u);
+}
+
+TEST(EmuShared, DynamicSharedIsPoisonedBeforeEveryBlock) {
+  const int blocks = 3, threads = 64;
+  Dev<unsigned> out(static_cast<size_t>(blocks) * 3 * threads);
+  emu_test::read_uninitialised_shared(blocks, threads, out.get());
+  const auto got = out.host();
+  for (int b = 0; b < blocks; ++b) {
+    const unsigned* o = got.data() + b * 3 * threads;
+    for (int t = 0; t < threads; ++t) {
+      ASSERT_EQ(o[t], 0xffffffffu) << "dynamic shared, block " << b << " thread " << t;
+      ASSERT_TRUE(std::isnan(__uint_as_float(o[t])));
+      // Static __shared__ is not poisoned (docs/kernels.md); the kernel only checks it works.
+      const unsigned r = static_cast<unsigned>(threads - 1 - t);
+      ASSERT_EQ(o[2 * threads + t], r + 1000u * static_cast<unsigned>(b) + r) << "block " << b << " thread " << t;
+    }
+  }
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+// Dynamic shared memory is an exact-size heap block, so AddressSanitizer sees overflows.
+TEST(EmuSharedDeathTest, DynamicSharedOverflowIsCaughtByAsan) {
+  Dev<int> out(32);
+  EXPECT_DEATH(emu_test::overflow_dynamic_shared(out.get()), "heap-buffer-overflow");
+}
+#endif
+
+// ---------------------------------------------------------------------------
+// Whole kernels against CPU loops
+// ---------------------------------------------------------------------------
+
+TEST(EmuKernels, BlockReductionMatchesCpu) {
+  const int n = 100000, blocks = 7, threads = 256;
+  const auto in = random_floats(n, 1);
+  Dev<float> din(in), out(blocks);
+  emu_test::block_sums(din.get(), n, blocks, threads, out.get());
+  const auto got = out.host();
+  double total = 0, want_total = 0;
+  for (int b = 0; b < blocks; ++b) {
+    double want = 0;
+    for (int i = b * threads; i < n; i += blocks * threads) {
+      for (int k = i; k < std::min(n, i + threads); ++k) want += in[k];
+    }
+    EXPECT_NEAR(got[b], want, 1e-3) << "block " << b;
+    total += got[b];
+  }
+  for (float x : in) want_total += x;
+  EXPECT_NEAR(total, want_total, 1e-2);
+}
+
+TEST(EmuKernels, WarpSoftmaxMatchesCpu) {
+  const int rows = 37, cols = 200;  // rows do not fill the last block; cols not a multiple of 32
+  const auto x = random_floats(static_cast<size_t>(rows) * cols, 2, -8.0f, 8.0f);
+  Dev<float> dx(x), dy(x.size(), -1.0f);
+  emu_test::softmax_rows(dx.get(), dy.get(), rows, cols, 128);
+  const auto y = dy.host();
+  for (int r = 0; r < rows; ++r) {
+    double m = -INFINITY, s = 0;
+    for (int c = 0; c < cols; ++c) m = std::max(m, static_cast<double>(x[r * cols + c]));
+    for (int c = 0; c < cols; ++c) s += std::exp(x[r * cols + c] - m);
+    for (int c = 0; c < cols; ++c) {
+      const double want = std::exp(x[r * cols + c] - m) / s;
+      ASSERT_NEAR(y[r * cols + c], want, 1e-6 + 1e-5 * want) << "row " << r << " col " << c;
+    }
+  }
+}
+
+TEST(EmuKernels, RematFillThroughRematLaunch) {
+  const int64_t n = 1000003;  // not a multiple of the block size
+  Dev<float> buf(static_cast<size_t>(n) + 8, -2.0f);
+  remat::kernels::fill_f32(buf.get(), n, 3.5f, nullptr);
+  const auto got = buf.host();
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], 3.5f) << i;
+  for (int64_t i = n; i < n + 8; ++i) ASSERT_EQ(got[i], -2.0f) << "canary " << i;
+  remat::kernels::fill_f32(buf.get(), 0, 9.0f, nullptr);  // empty: no launch
+  EXPECT_EQ(buf.host()[0], 3.5f);
+}
+
+// ---------------------------------------------------------------------------
+// Launch configuration errors, reported like CUDA through cudaGetLastError
+// ---------------------------------------------------------------------------
+
+TEST(EmuLaunch, ConfigurationErrorsAreReportedByCheckLaunch) {
+  Dev<int> out(1, 0);
+  EXPECT_REMAT_ERROR(emu_test::configured_launch(dim3(1), dim3(1025), 0, out.get()), "cudaErrorInvalidConfiguration");
+  EXPECT_REMAT_ERROR(emu_test::configured_launch(dim3(1), dim3(1, 1, 65), 0, out.get()),
+                     "cudaErrorInvalidConfiguration");
+  EXPECT_REMAT_ERROR(emu_test::configured_launch(dim3(1, 65536), dim3(32), 0, out.get()),
+                     "cudaErrorInvalidConfiguration");
+  EXPECT_REMAT_ERROR(emu_test::configured_launch(dim3(1), dim3(32), 48 * 1024 + 1, out.get()), "cudaErrorInvalidValue");
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "check_launch clears the error";
+  EXPECT_EQ(out.host()[0], 0) << "a failed launch ran";
+  // The message names the kernel and the launch shape.
+  const std::string msg = error_of([&] { emu_test::configured_launch(dim3(2), dim3(1025), 0, out.get()); });
+  EXPECT_NE(msg.find("configured_kernel <<<(2,1,1), (1025,1,1), 0>>>"), std::string::npos) << msg;
+
+  // 1024 threads in any shape, and more shared memory after opting in, are fine.
+  emu_test::configured_launch(dim3(2, 1, 1), dim3(8, 8, 16), 0, out.get());
+  EXPECT_EQ(out.host()[0], 2);
+  ASSERT_EQ(emu_test::allow_dynamic_shared(100 * 1024), cudaSuccess);
+  emu_test::configured_launch(dim3(1), dim3(32), 100 * 1024, out.get());
+  EXPECT_EQ(out.host()[0], 3);
+  EXPECT_NE(emu_test::allow_dynamic_shared(228 * 1024), cudaSuccess);
+}
+
+TEST(EmuRuntime, MemoryStreamsEventsAndErrors) {
+  float* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, 64 * sizeof(float)), cudaSuccess);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(e0, s), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(d, 0, 64 * sizeof(float), s), cudaSuccess);
+  remat::kernels::fill_f32(d, 10, 1.5f, s);
+  ASSERT_EQ(cudaEventRecord(e1, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  float ms = -1;
+  ASSERT_EQ(cudaEventElapsedTime(&ms, e0, e1), cudaSuccess);
+  EXPECT_GE(ms, 0.0f);
+  std::vector<float> h(64);
+  ASSERT_EQ(cudaMemcpyAsync(h.data(), d, 64 * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
+  EXPECT_EQ(h[9], 1.5f);
+  EXPECT_EQ(h[10], 0.0f);
+  EXPECT_EQ(cudaEventDestroy(e0), cudaSuccess);
+  EXPECT_EQ(cudaEventDestroy(e1), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+  EXPECT_EQ(cudaFree(d), cudaSuccess);
+  int not_allocated = 0;
+  EXPECT_EQ(cudaFree(&not_allocated), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_STREQ(cudaGetErrorName(cudaErrorInvalidConfiguration), "cudaErrorInvalidConfiguration");
+  EXPECT_STREQ(cudaGetErrorString(cudaErrorInvalidConfiguration), "invalid configuration argument");
+  int count = 0;
+  EXPECT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+  EXPECT_EQ(count, 1);
+}
