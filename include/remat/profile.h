@@ -71,6 +71,16 @@ struct PlanCandidate {
   double recompute_flops = 0.0;
 };
 
+// A plan from a mode per unit: 0 keep, 1 selective (GEMM/conv/embedding outputs kept, the
+// rest recomputed), 2 full recompute; consecutive full units with the same group form one
+// segment.
+struct UnitModeSpec {
+  int mode = 0;
+  int group = 0;
+};
+CheckpointPlan plan_from_unit_modes(const Graph& g, const std::string& name, const std::vector<UnitModeSpec>& modes);
+int64_t unit_count(const Graph& g);
+
 // Candidate plans, each simulated exactly on meta: none, selective, and for every K,
 // segments of K units recomputed in full ("every:K") or keeping GEMM/conv outputs inside
 // the segments ("every:K+selective").

@@ -52,7 +52,14 @@ ParamStore::ParamStore(const Graph& g, Device device, uint64_t seed) : graph_(&g
       TagScope scope(MemoryCategory::parameter, gp.name, Phase::setup);
       values[p] = Tensor::empty(gp.spec.shape, device);
     }
-    init_values(gp.spec, seed, offset, host);
+    if (device.is_meta()) {
+      // No data to initialise; keep the Philox offsets as they would be.
+      const auto n = static_cast<uint64_t>(gp.spec.shape.numel());
+      if (gp.spec.init == Init::uniform) offset += (n + 3) / 4 * 4;
+      if (gp.spec.init == Init::normal) offset += (2 * n + 3) / 4 * 4;
+    } else {
+      init_values(gp.spec, seed, offset, host);
+    }
     if (device.is_cpu()) {
       std::copy(host.begin(), host.end(), values[p].f32());
     } else if (!device.is_meta()) {

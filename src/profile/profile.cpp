@@ -196,28 +196,74 @@ PlanCandidate simulate(const Config& cfg, const Graph& g, const std::string& nam
 
 }  // namespace
 
+namespace {
+enum class UnitMode { keep, selective, full };
+
+bool kept_by_selective(const Layer& l) {
+  const LayerKind k = l.kind();
+  return k == LayerKind::gemm || k == LayerKind::conv || k == LayerKind::embedding;
+}
+}  // namespace
+
+CheckpointPlan plan_from_unit_modes(const Graph& g, const std::string& name, const std::vector<UnitModeSpec>& modes) {
+  const std::vector<Segment> us = units(g);
+  REMAT_CHECK(modes.size() == us.size(), "plan: ", modes.size(), " unit modes for ", us.size(), " units");
+  std::vector<bool> keep(static_cast<size_t>(g.size()), true);
+  std::vector<Segment> segs;
+  for (size_t u = 0; u < us.size(); ++u) {
+    const UnitModeSpec& m = modes[u];
+    if (m.mode == 0) continue;
+    for (int i = us[u].begin; i < us[u].end; ++i) keep[static_cast<size_t>(i)] = m.mode == 1 ? kept_by_selective(g.layer(i)) : false;
+    // A full unit joins the previous segment when both belong to the same group.
+    if (m.mode == 2 && u > 0 && modes[u - 1].mode == 2 && modes[u - 1].group == m.group && !segs.empty() && segs.back().end == us[u].begin)
+      segs.back().end = us[u].end;
+    else
+      segs.push_back({us[u].begin, us[u].end, true});
+  }
+  return make_plan_from_segments(g, name, segs, keep);
+}
+
 std::vector<PlanCandidate> plan_candidates(const Config& cfg, const Graph& g) {
   std::vector<PlanCandidate> out;
   out.push_back(simulate(cfg, g, "none", make_plan(g, "none")));
   out.push_back(simulate(cfg, g, "selective", make_plan(g, "selective")));
   const std::vector<Segment> us = units(g);
   const auto n = static_cast<int64_t>(us.size());
+  // Uniform segmentations: segments of K units, recomputed in full or keeping GEMM/conv
+  // outputs inside.
   for (int64_t k = 1; k <= n; ++k) {
-    std::vector<Segment> segs;
-    for (int64_t i = 0; i < n; i += k) segs.push_back({us[static_cast<size_t>(i)].begin, us[static_cast<size_t>(std::min(n, i + k) - 1)].end, true});
-    std::vector<bool> full(static_cast<size_t>(g.size()), true), sel(static_cast<size_t>(g.size()), true);
-    for (const auto& s : segs)
-      for (int i = s.begin; i < s.end; ++i) {
-        full[static_cast<size_t>(i)] = false;
-        const LayerKind kk = g.layer(i).kind();
-        sel[static_cast<size_t>(i)] = kk == LayerKind::gemm || kk == LayerKind::conv || kk == LayerKind::embedding;
-      }
+    std::vector<UnitModeSpec> full(static_cast<size_t>(n)), sel(static_cast<size_t>(n));
+    for (int64_t u = 0; u < n; ++u) {
+      full[static_cast<size_t>(u)] = {2, static_cast<int>(u / k)};
+      sel[static_cast<size_t>(u)] = {2, static_cast<int>(u / k)};
+    }
     const std::string name = "every:" + std::to_string(k);
-    out.push_back(simulate(cfg, g, name, make_plan_from_segments(g, name, segs, full)));
-    out.push_back(simulate(cfg, g, name + "+selective", make_plan_from_segments(g, name + "+selective", segs, sel)));
+    out.push_back(simulate(cfg, g, name, plan_from_unit_modes(g, name, full)));
+    // every:K+selective: the segments' GEMM/conv outputs are kept.
+    std::vector<Segment> segs;
+    for (int64_t i = 0; i < n; i += k)
+      segs.push_back({us[static_cast<size_t>(i)].begin, us[static_cast<size_t>(std::min(n, i + k) - 1)].end, true});
+    std::vector<bool> keep(static_cast<size_t>(g.size()), true);
+    for (const auto& s : segs)
+      for (int i = s.begin; i < s.end; ++i) keep[static_cast<size_t>(i)] = kept_by_selective(g.layer(i));
+    out.push_back(simulate(cfg, g, name + "+selective", make_plan_from_segments(g, name + "+selective", segs, keep)));
+  }
+  // Mixed plans: the first m units recomputed in full (one segment each), the rest
+  // selective, or the rest kept; they fill the gaps between the uniform plans.
+  for (int64_t m = 1; m < n; ++m) {
+    std::vector<UnitModeSpec> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
+    for (int64_t u = 0; u < n; ++u) {
+      a[static_cast<size_t>(u)] = u < m ? UnitModeSpec{2, static_cast<int>(u)} : UnitModeSpec{1, 0};
+      b[static_cast<size_t>(u)] = u < m ? UnitModeSpec{2, static_cast<int>(u)} : UnitModeSpec{0, 0};
+    }
+    const std::string tag = std::to_string(m) + "/" + std::to_string(n);
+    out.push_back(simulate(cfg, g, "first " + tag + " full, rest selective", plan_from_unit_modes(g, "mixed", a)));
+    out.push_back(simulate(cfg, g, "first " + tag + " full, rest kept", plan_from_unit_modes(g, "mixed", b)));
   }
   return out;
 }
+
+int64_t unit_count(const Graph& g) { return static_cast<int64_t>(units(g).size()); }
 
 std::vector<PlanCandidate> pareto_front(std::vector<PlanCandidate> c) {
   std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) {
@@ -234,19 +280,66 @@ std::vector<PlanCandidate> pareto_front(std::vector<PlanCandidate> c) {
   return front;
 }
 
+namespace {
+
+// The plan family the budget solver searches: units in forward order are
+//   [m_full units recomputed in full, in segments of k] [m_sel selective] [the rest kept].
+// Recomputed units come first: their recompute then happens last in backward, after the
+// later units' activations have been freed, which keeps the peak lowest.
+PlanCandidate ordered_plan(const Config& cfg, const Graph& g, int64_t n, int64_t m_full, int64_t k, int64_t m_sel) {
+  std::vector<UnitModeSpec> modes(static_cast<size_t>(n));
+  for (int64_t u = 0; u < n; ++u) {
+    if (u < m_full) modes[static_cast<size_t>(u)] = {2, static_cast<int>(u / k)};
+    else if (u < m_full + m_sel) modes[static_cast<size_t>(u)] = {1, 0};
+    else modes[static_cast<size_t>(u)] = {0, 0};
+  }
+  std::string name = m_full == 0 && m_sel == 0 ? "none" : "";
+  if (m_full > 0) name += std::to_string(m_full) + " full (every:" + std::to_string(k) + ")";
+  if (m_sel > 0) name += (name.empty() ? "" : " + ") + std::to_string(m_sel) + " selective";
+  if (n - m_full - m_sel > 0 && !(m_full == 0 && m_sel == 0))
+    name += " + " + std::to_string(n - m_full - m_sel) + " kept";
+  return simulate(cfg, g, name, plan_from_unit_modes(g, name, modes));
+}
+
+}  // namespace
+
 PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget) {
   REMAT_CHECK(budget > 0, "the memory budget must be positive");
-  std::vector<PlanCandidate> cands = plan_candidates(cfg, g);
-  const PlanCandidate* best = nullptr;
-  const PlanCandidate* smallest = nullptr;
-  for (const auto& c : cands) {
+  const int64_t n = unit_count(g);
+  std::optional<PlanCandidate> best, smallest;
+  auto consider = [&](const PlanCandidate& c) {
     if (!smallest || c.peak_bytes < smallest->peak_bytes ||
         (c.peak_bytes == smallest->peak_bytes && c.recompute_flops < smallest->recompute_flops))
-      smallest = &c;
-    if (c.peak_bytes > budget) continue;
-    if (!best || c.recompute_flops < best->recompute_flops ||
-        (c.recompute_flops == best->recompute_flops && c.peak_bytes < best->peak_bytes))
-      best = &c;
+      smallest = c;
+    if (c.peak_bytes <= budget &&
+        (!best || c.recompute_flops < best->recompute_flops ||
+         (c.recompute_flops == best->recompute_flops && c.peak_bytes < best->peak_bytes)))
+      best = c;
+  };
+  for (int64_t m_full = 0; m_full <= n; ++m_full) {
+    std::vector<int64_t> ks{1};
+    if (m_full > 1) {
+      const auto r = std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(m_full))));
+      for (int64_t k : {int64_t{2}, int64_t{3}, int64_t{4}, r - 1, r, r + 1, m_full})
+        if (k > 1 && k <= m_full && std::find(ks.begin(), ks.end(), k) == ks.end()) ks.push_back(k);
+    }
+    for (int64_t k : ks) {
+      // Peak falls as kept units become selective: find the fewest selective units that
+      // fit (binary search), which is the cheapest plan of this (m_full, k).
+      const int64_t rest = n - m_full;
+      PlanCandidate hi = ordered_plan(cfg, g, n, m_full, k, rest);
+      consider(hi);
+      if (hi.peak_bytes > budget) continue;
+      int64_t lo_sel = 0, hi_sel = rest;
+      while (lo_sel < hi_sel) {
+        const int64_t mid = (lo_sel + hi_sel) / 2;
+        PlanCandidate c = ordered_plan(cfg, g, n, m_full, k, mid);
+        consider(c);
+        if (c.peak_bytes <= budget) hi_sel = mid;
+        else lo_sel = mid + 1;
+      }
+      consider(ordered_plan(cfg, g, n, m_full, k, lo_sel));
+    }
   }
   if (!best)
     REMAT_THROW("no plan fits the budget of ", format_bytes(budget), " (", budget, " bytes) at batch ", g.batch,

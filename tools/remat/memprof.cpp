@@ -27,7 +27,7 @@ Runner add_memprof_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("memprof", "Profile the memory of one training step under checkpoint policies");
   struct Opts {
     std::string config, policies = "none,all,sqrt,selective", device = "meta", json, trace, svg;
-    int64_t batch = 0, seq = 0;
+    int64_t batch = -1, seq = 0;
     bool layers = false;
   };
   auto o = std::make_shared<Opts>();
@@ -43,7 +43,7 @@ Runner add_memprof_command(CLI::App& app) {
   return [cmd, o]() -> int {
     if (!cmd->parsed()) return -1;
     Config cfg = load_config(o->config);
-    REMAT_CHECK(o->batch >= 0, "--batch must be positive, got ", o->batch);
+    if (o->batch == 0 || o->batch < -1) REMAT_THROW("--batch must be positive, got ", o->batch);
     const int64_t batch = o->batch > 0 ? o->batch : cfg.training.batch;
     if (o->seq < 0) REMAT_THROW("--seq must be positive, got ", o->seq);
     const Device dev = Device::parse(o->device);
@@ -83,7 +83,7 @@ Runner add_plan_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("plan", "Find the cheapest checkpoint plan that fits a memory budget; print the Pareto front");
   struct Opts {
     std::string config, budget, svg;
-    int64_t batch = 0, seq = 0;
+    int64_t batch = -1, seq = 0;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("config", o->config, "Model config (models/*.json)")->required()->check(CLI::ExistingFile);
@@ -94,6 +94,8 @@ Runner add_plan_command(CLI::App& app) {
   return [cmd, o]() -> int {
     if (!cmd->parsed()) return -1;
     Config cfg = load_config(o->config);
+    if (o->batch == 0 || o->batch < -1) REMAT_THROW("--batch must be positive, got ", o->batch);
+    if (o->seq < 0) REMAT_THROW("--seq must be positive, got ", o->seq);
     const int64_t batch = o->batch > 0 ? o->batch : cfg.training.batch;
     Graph g = build_config_graph(cfg, batch, o->seq);
     const int64_t budget = o->budget.empty() ? 0 : parse_size(o->budget);

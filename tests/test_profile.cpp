@@ -1,0 +1,174 @@
+// The memory profiler and the planner: measured peak == predicted peak (meta) to the byte
+// for every shipped config (scaled down) and policy on cpu; the budget planner against
+// brute force over all unit-mode plans of small chains; sizes; bad input.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <functional>
+
+#include "remat/profile.h"
+#include "support/expect_error.h"
+#include "support/models.h"
+
+namespace {
+
+remat::Config chain_config(int blocks) {
+  nlohmann::json j = nlohmann::json::parse(R"({
+    "name": "chain",
+    "model": {
+      "input": {"type": "image", "shape": [1, 4, 4]},
+      "layers": [
+        {"type": "flatten"},
+        {"type": "linear", "name": "proj", "out_features": 32},
+        {"type": "repeat", "name": "b", "count": )" + std::to_string(blocks) + R"(, "layers": [
+          {"type": "layernorm", "name": "ln"},
+          {"type": "linear", "name": "fc1", "out_features": 96},
+          {"type": "gelu", "name": "act"},
+          {"type": "linear", "name": "fc2", "out_features": 32},
+          {"type": "dropout", "name": "drop", "p": 0.1},
+          {"type": "add", "name": "res", "inputs": ["in", "drop"]}
+        ]},
+        {"type": "linear", "name": "head", "out_features": 4}
+      ]
+    },
+    "data": {"dataset": "synthetic_images", "image_shape": [1, 4, 4], "classes": 4},
+    "training": {"batch": 16}
+  })");
+  return remat::parse_config(j, "chain.json");
+}
+
+}  // namespace
+
+TEST(Planner, MatchesBruteForceOverAllUnitModePlansOfSmallChains) {
+  for (int n : {3, 4, 5}) {
+    SCOPED_TRACE("blocks " + std::to_string(n));
+    remat::Config cfg = chain_config(n);
+    remat::Graph g = remat::build_config_graph(cfg, 16, 0);
+    ASSERT_EQ(remat::unit_count(g), n);
+    // Every plan: each unit keep / selective / full, full units grouped into segments in
+    // every possible way (a new group may start at any full unit).
+    std::vector<remat::PlanCandidate> all;
+    std::vector<remat::UnitModeSpec> modes(static_cast<size_t>(n));
+    std::function<void(int, int)> rec = [&](int u, int group) {
+      if (u == n) {
+        remat::CheckpointPlan plan = remat::plan_from_unit_modes(g, "brute", modes);
+        auto p = remat::profile_step(cfg, g, plan, remat::Device::meta(), false);
+        all.push_back({"brute", plan, p.peak_bytes, p.recompute_flops});
+        return;
+      }
+      for (int m = 0; m < 3; ++m) {
+        if (m < 2) {
+          modes[static_cast<size_t>(u)] = {m, 0};
+          rec(u + 1, group + 1);
+        } else {
+          modes[static_cast<size_t>(u)] = {2, group};  // continue the previous group
+          rec(u + 1, group);
+          if (u > 0 && modes[static_cast<size_t>(u - 1)].mode == 2) {
+            modes[static_cast<size_t>(u)] = {2, group + 1};  // or start a new one
+            rec(u + 1, group + 1);
+          }
+        }
+      }
+    };
+    rec(0, 0);
+    ASSERT_GT(all.size(), 27u);
+    std::vector<int64_t> budgets;
+    for (const auto& c : all) budgets.push_back(c.peak_bytes);
+    std::sort(budgets.begin(), budgets.end());
+    budgets.erase(std::unique(budgets.begin(), budgets.end()), budgets.end());
+    for (int64_t budget : budgets) {
+      double best = INFINITY;
+      for (const auto& c : all)
+        if (c.peak_bytes <= budget) best = std::min(best, c.recompute_flops);
+      remat::PlanCandidate chosen = remat::plan_for_budget(cfg, g, budget);
+      EXPECT_LE(chosen.peak_bytes, budget);
+      EXPECT_LE(chosen.recompute_flops, best * (1 + 1e-12)) << "budget " << budget << ": planner chose " << chosen.name;
+    }
+    // Below the smallest achievable peak: a clear error with the minimum and its plan.
+    EXPECT_REMAT_ERROR(remat::plan_for_budget(cfg, g, budgets.front() - 1), "the smallest achievable peak is");
+  }
+}
+
+TEST(Memprof, MeasuredPeakEqualsPredictedForEveryShippedConfigAndPolicy) {
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(REMAT_SOURCE_DIR) + "/models")) {
+    if (entry.path().extension() != ".json") continue;
+    SCOPED_TRACE(entry.path().filename().string());
+    remat::Config cfg = remat::load_config(entry.path().string());
+    cfg.model = remat::test::shrink_model(cfg.model);
+    cfg.data.dataset = cfg.model["input"].value("type", "image") == "tokens" ? "synthetic_text" : "synthetic_images";
+    cfg.data.vocab = 11;
+    remat::Graph g = remat::build_config_graph(cfg, 3, 0);
+    for (const char* policy : {"none", "all", "every:2", "sqrt", "selective", "manual"}) {
+      const remat::CheckpointPlan plan = remat::make_plan(g, policy);
+      const auto predicted = remat::profile_step(cfg, g, plan, remat::Device::meta());
+      const auto measured = remat::profile_step(cfg, g, plan, remat::Device::cpu());
+      EXPECT_EQ(measured.peak_bytes, predicted.peak_bytes) << policy;
+      EXPECT_EQ(measured.peak_by_category.bytes, predicted.peak_by_category.bytes) << policy;
+      EXPECT_EQ(measured.peak_reserved_bytes, predicted.peak_reserved_bytes) << policy;
+      EXPECT_EQ(measured.recomputed_layers, predicted.recomputed_layers) << policy;
+      ASSERT_EQ(measured.events.size(), predicted.events.size()) << policy;
+      EXPECT_TRUE(measured.step_ms.has_value());
+      EXPECT_FALSE(predicted.step_ms.has_value());
+      EXPECT_GT(predicted.peak_by_category[remat::MemoryCategory::parameter], 0);
+      EXPECT_GT(predicted.peak_by_category[remat::MemoryCategory::optimizer_state], 0);
+    }
+  }
+}
+
+TEST(Memprof, ReportsTraceAndSvgAreWellFormed) {
+  remat::Config cfg = chain_config(4);
+  remat::Graph g = remat::build_config_graph(cfg, 16, 0);
+  std::vector<remat::StepProfile> ps;
+  for (const char* policy : {"none", "all"}) ps.push_back(remat::profile_step(cfg, g, remat::make_plan(g, policy), remat::Device::meta()));
+  EXPECT_LT(ps[1].peak_by_category[remat::MemoryCategory::activation], ps[0].peak_by_category[remat::MemoryCategory::activation]);
+  const nlohmann::json j = remat::profile_json(ps, nullptr);
+  ASSERT_EQ(j["policies"].size(), 2u);
+  for (const char* key : {"policy", "peak_bytes", "peak_by_category", "recompute_flops", "step_flops",
+                          "predicted_peak_bytes", "measured_peak_bytes", "layers"})
+    EXPECT_TRUE(j["policies"][0].contains(key)) << key;
+  EXPECT_TRUE(j["policies"][0]["measured_peak_bytes"].is_null());
+  // Chrome trace: counters replay to the same peak; every layer ran forward and backward.
+  const nlohmann::json t = remat::chrome_trace(ps);
+  int64_t max_total = 0;
+  int spans_fwd = 0, spans_bwd = 0, spans_rec = 0;
+  for (const auto& e : t["traceEvents"]) {
+    if (e["ph"] == "C" && e["pid"] == 2) {
+      int64_t total = 0;
+      for (auto it = e["args"].begin(); it != e["args"].end(); ++it) total += it.value().get<int64_t>();
+      max_total = std::max(max_total, total);
+    }
+    if (e["ph"] == "X" && e["pid"] == 2) {
+      spans_fwd += e["cat"] == "forward";
+      spans_bwd += e["cat"] == "backward";
+      spans_rec += e["cat"] == "recompute";
+    }
+  }
+  EXPECT_EQ(max_total, ps[1].peak_bytes);
+  EXPECT_GT(spans_fwd, 0);
+  EXPECT_GT(spans_bwd, 0);
+  EXPECT_EQ(spans_rec, ps[1].recomputed_layers);
+  const std::string svg = remat::memory_svg(ps, "a <title> & more");
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find("&lt;title&gt; &amp; more"), std::string::npos);
+  EXPECT_NE(svg.find("peak " + remat::format_bytes(ps[0].peak_bytes)), std::string::npos);
+  EXPECT_EQ(svg.substr(svg.size() - 7), "</svg>\n");
+}
+
+TEST(Memprof, SizesAndBadInput) {
+  EXPECT_EQ(remat::parse_size("512"), 512);
+  EXPECT_EQ(remat::parse_size("2KiB"), 2048);
+  EXPECT_EQ(remat::parse_size("1.5G"), int64_t{3} << 29);
+  EXPECT_EQ(remat::parse_size("3GB"), 3000000000);
+  EXPECT_REMAT_ERROR(remat::parse_size("12XB"), "malformed size \"12XB\"");
+  EXPECT_REMAT_ERROR(remat::parse_size("-1G"), "malformed size");
+  EXPECT_REMAT_ERROR(remat::parse_size("GiB"), "malformed size");
+  remat::Config cfg = chain_config(2);
+  remat::Graph g = remat::build_config_graph(cfg, 4, 0);
+  EXPECT_REMAT_ERROR(remat::resolve_policy(cfg, g, "budget:12XB"), "malformed size");
+  EXPECT_REMAT_ERROR(remat::resolve_policy(cfg, g, "budget:1"), "no plan fits the budget of 1 B");
+  EXPECT_REMAT_ERROR(remat::resolve_policy(cfg, g, "sometimes"), "unknown checkpoint policy");
+  EXPECT_REMAT_ERROR(remat::build_config_graph(cfg, 0, 0), "batch size must be positive");
+  EXPECT_REMAT_ERROR(remat::build_config_graph(cfg, 4, 16), "--seq applies to token models only");
+  const remat::CheckpointPlan fits = remat::resolve_policy(cfg, g, "budget:1GiB");
+  EXPECT_EQ(fits.recomputed_layers(), 0);  // everything fits: nothing recomputed
+}
