@@ -172,3 +172,27 @@ TEST(Memprof, SizesAndBadInput) {
   const remat::CheckpointPlan fits = remat::resolve_policy(cfg, g, "budget:1GiB");
   EXPECT_EQ(fits.recomputed_layers(), 0);  // everything fits: nothing recomputed
 }
+
+TEST(Memprof, TransformerBlockActivationsMatchTheAnalyticCount) {
+  // Korthikanti et al. 2022 count s*b*h*(34 + 5*a*s/h) bytes per layer in 16-bit with 1-byte
+  // dropout masks. remat stores in fp32, regenerates dropout masks from Philox and does
+  // not store the dropped attention probabilities, and keeps layernorm statistics:
+  //   saved bytes per block = 64*s*b*h + 4*a*s^2*b + 16*s*b   (docs/memory.md)
+  remat::Config cfg = remat::load_config(std::string(REMAT_SOURCE_DIR) + "/models/gpt2_124m.json");
+  const int64_t b = 2, s = 256, h = 768, a = 12;
+  remat::Graph g = remat::build_config_graph(cfg, b, s);
+  const auto p = remat::profile_step(cfg, g, remat::make_plan(g, "none"), remat::Device::meta());
+  for (int block : {1, 5, 11}) {
+    int64_t saved = 0;
+    const std::string prefix = "h" + std::to_string(block) + ".";
+    for (const auto& l : p.layers)
+      if (l.name.rfind(prefix, 0) == 0) saved += l.saved_bytes;
+    EXPECT_EQ(saved, 64 * s * b * h + 4 * a * s * s * b + 16 * s * b) << "block " << block;
+  }
+  // Checkpointing every block keeps only each block's output (s*b*h floats) from forward.
+  const auto all = remat::profile_step(cfg, g, remat::make_plan(g, "all"), remat::Device::meta());
+  int64_t saved = 0;
+  for (const auto& l : all.layers)
+    if (l.name.rfind("h5.", 0) == 0) saved += l.saved_bytes;
+  EXPECT_EQ(saved, 4 * s * b * h);
+}
