@@ -11,6 +11,7 @@ if ((${#presets[@]} == 0)); then presets=(default cpu asan); fi
 
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
 export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-5G}"
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"  # relative paths: cache hits across clones
 
 for p in "${presets[@]}"; do
   echo "=== [$p] configure"
