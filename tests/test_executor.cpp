@@ -314,3 +314,23 @@ TEST(Executor, ShippedConfigsScaledDownAreBitwiseEqualUnderEveryPolicy) {
     }
   }
 }
+
+TEST(Executor, RecomputeSkipsLayersBackwardNeverReads) {
+  // In a checkpointed block fc1 -> act -> fc2 -> drop -> res, backward reads fc1's output
+  // (GELU) and act's output (fc2), but nothing reads fc2's or drop's outputs: they are
+  // not re-run.
+  remat::Graph g = remat::build_graph(chain_model(2, 8, 0.1), 2, "test");
+  const auto plan = remat::make_plan(g, "all");
+  auto rerun = [&](const std::string& name) {
+    for (int i = 0; i < g.size(); ++i)
+      if (g.layer(i).name == name) return static_cast<bool>(plan.rerun[static_cast<size_t>(i)]);
+    ADD_FAILURE() << "no layer " << name;
+    return false;
+  };
+  EXPECT_TRUE(rerun("block0.fc1"));
+  EXPECT_TRUE(rerun("block0.act"));
+  EXPECT_FALSE(rerun("block0.fc2"));
+  EXPECT_FALSE(rerun("block0.drop"));
+  EXPECT_FALSE(rerun("block0.res"));  // the segment's output is kept
+  EXPECT_EQ(plan.recomputed_layers(), 4);
+}

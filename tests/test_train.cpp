@@ -5,6 +5,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include <map>
+
+#include <nlohmann/json.hpp>
+
 #include "remat/io.h"
 #include "remat/train.h"
 #include "support/expect_error.h"
@@ -84,11 +88,20 @@ TEST(Train, ResumeContinuesBitwise) {
   for (const auto& e : wa.entries()) {
     EXPECT_EQ(wa.tensor(e.name).to_vector(), wb.tensor(e.name).to_vector()) << e.name;
   }
-  // metrics.jsonl has one line per logged step (5 before the interruption... 4 checkpointed) and evals.
+  // metrics.jsonl: exactly one record per step 1..8, although steps after the step-4
+  // checkpoint ran twice (the interrupted run logged them before it stopped).
   std::ifstream m(dir + "/split/metrics.jsonl");
-  int lines = 0;
-  for (std::string l; std::getline(m, l);) ++lines;
-  EXPECT_GE(lines, 8);
+  std::map<int64_t, int> step_records;
+  for (std::string l; std::getline(m, l);) {
+    auto j = nlohmann::json::parse(l);
+    if (j.contains("loss")) step_records[j["step"].get<int64_t>()]++;
+  }
+  ASSERT_EQ(step_records.size(), 8u);
+  for (auto [st, count] : step_records) EXPECT_EQ(count, 1) << "step " << st;
+  // Resuming with another batch size would not continue the same run.
+  remat::TrainOptions other = resume;
+  other.batch = 4;
+  EXPECT_REMAT_ERROR(remat::train(other), "resuming would not continue the same run");
   EXPECT_TRUE(fs::exists(dir + "/split/config.json"));
   fs::remove_all(dir);
 }
@@ -147,5 +160,33 @@ TEST(Train, BadOptionsAreClearErrors) {
   o.device = "cpu";
   o.batch = 1000;
   EXPECT_REMAT_ERROR(remat::train(o), "fewer than one batch");
+  fs::remove_all(dir);
+}
+
+TEST(Train, CheckpointSurvivesACrashBetweenTheRenames) {
+  const std::string dir = tmp_dir("swap");
+  const std::string cfg = write_config(dir);
+  remat::TrainOptions o;
+  o.config = cfg;
+  o.quiet = true;
+  o.out = dir + "/run";
+  o.steps = 2;
+  remat::train(o);
+  const std::string ck = dir + "/run/checkpoint";
+  // A crash after the old checkpoint was moved aside and before the new one was installed:
+  fs::rename(ck, ck + ".old");
+  remat::TrainOptions r;
+  r.config = cfg;
+  r.quiet = true;
+  r.resume = dir + "/run";
+  r.steps = 3;
+  remat::TrainResult res = remat::train(r);  // loads .old, saves a new checkpoint
+  EXPECT_EQ(res.steps, 3);
+  EXPECT_TRUE(fs::exists(ck + "/state.json"));
+  EXPECT_FALSE(fs::exists(ck + ".old"));
+  // A crash after the new checkpoint was complete but before it was renamed:
+  fs::rename(ck, ck + ".new");
+  r.steps = 4;
+  EXPECT_EQ(remat::train(r).steps, 4);
   fs::remove_all(dir);
 }

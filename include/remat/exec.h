@@ -36,6 +36,9 @@ struct CheckpointPlan {
   std::vector<Segment> segments;  // cover every layer, in order
   std::vector<bool> keep;         // per layer
   std::vector<int> segment_of;    // per layer
+  // Per layer: not kept and re-run in backward because backward (or another re-run
+  // layer) reads what it produces. A non-kept layer nobody reads again is not re-run.
+  std::vector<bool> rerun;
 
   int recomputed_layers() const;  // layers re-run in each backward
   std::string describe(const Graph& g) const;

@@ -33,6 +33,7 @@ struct LayerSpan {
 struct StepProfile {
   std::string policy;
   Device device;
+  int64_t base_bytes = 0;            // allocated before the step (not counted below)
   int64_t peak_bytes = 0;            // peak allocated during the step
   CategoryCounts peak_by_category;   // split of that peak
   int64_t peak_reserved_bytes = 0;

@@ -75,6 +75,7 @@ struct CheckpointState {
   int64_t epoch = 0, position = 0;  // batch sampler
   int64_t optimizer_steps = 0;
   std::string policy, config_name;
+  int64_t batch = 0, train_size = 0;  // the data order depends on them: checked on resume
 };
 void save_checkpoint(const std::string& dir, const ParamStore& params, const Optimizer& opt,
                      const CheckpointState& state);

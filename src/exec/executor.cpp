@@ -48,7 +48,7 @@ Executor::Executor(const Graph& g, ParamStore& params, Backend& be, CheckpointPl
   // segment's last layer.
   needed_rec_.assign(n, false);
   for (int i = 0; i < g.size(); ++i) {
-    if (plan_.keep[static_cast<size_t>(i)]) continue;
+    if (!plan_.rerun[static_cast<size_t>(i)]) continue;
     const int seg_last = plan_.segments[static_cast<size_t>(plan_.segment_of[static_cast<size_t>(i)])].end - 1;
     for (int j : g.layer(i).inputs) {
       if (!plan_.keep[static_cast<size_t>(j)]) continue;
@@ -64,7 +64,7 @@ Executor::Executor(const Graph& g, ParamStore& params, Backend& be, CheckpointPl
   }
   // Within a recompute pass, the last recomputed consumer of each recomputed output.
   for (int i = 0; i < g.size(); ++i) {
-    if (plan_.keep[static_cast<size_t>(i)]) continue;
+    if (!plan_.rerun[static_cast<size_t>(i)]) continue;
     for (int j : g.layer(i).inputs)
       if (plan_.segment_of[static_cast<size_t>(j)] == plan_.segment_of[static_cast<size_t>(i)])
         rec_last_[static_cast<size_t>(j)] = std::max(rec_last_[static_cast<size_t>(j)], i);
@@ -102,6 +102,7 @@ StepStats Executor::train_step(const Batch& batch, RngGenerator& gen) {
   rng_.assign(static_cast<size_t>(n), RngState{});
   recomputed_.assign(plan_.segments.size(), false);
   hashes_.clear();
+  gen.clear_reservations();  // keep only this step's record
   out_[static_cast<size_t>(g_.input_id)] = batch.input;
   out_[static_cast<size_t>(g_.targets_id)] = batch.targets;
   REMAT_CHECK(batch.input.shape() == g_.layer(g_.input_id).out_shape, "batch input ", batch.input.str(),
@@ -140,7 +141,6 @@ StepStats Executor::train_step(const Batch& batch, RngGenerator& gen) {
 
   // ---- backward ----
   std::vector<Tensor> dgrad(static_cast<size_t>(n));
-  std::vector<bool> owned(static_cast<size_t>(n), false);
   for (int i = n - 1; i >= 0; --i) {
     const Layer& l = g_.layer(i);
     if (l.kind() == LayerKind::input) continue;
@@ -176,12 +176,10 @@ StepStats Executor::train_step(const Batch& batch, RngGenerator& gen) {
         Tensor& d = c.din[k];
         if (!dgrad[j].defined()) {
           dgrad[j] = d;
-          owned[j] = d.storage_use_count() == 1;  // not an alias of another gradient
-        } else if (owned[j]) {
-          be_.accumulate(dgrad[j], d);
+        } else if (dgrad[j].storage_use_count() == 1) {
+          be_.accumulate(dgrad[j], d);  // no other tensor shares it: add in place
         } else {
-          dgrad[j] = ops::add(be_, dgrad[j], d);
-          owned[j] = true;
+          dgrad[j] = ops::add(be_, dgrad[j], d);  // an alias (e.g. of dout through add): fresh sum
         }
         d = Tensor();
       }
@@ -201,7 +199,7 @@ void Executor::recompute_segment(int s, StepStats& st) {
   const Segment& seg = plan_.segments[static_cast<size_t>(s)];
   recomputed_[static_cast<size_t>(s)] = true;
   for (int i = seg.begin; i < seg.end; ++i) {
-    if (plan_.keep[static_cast<size_t>(i)]) continue;
+    if (!plan_.rerun[static_cast<size_t>(i)]) continue;
     const Layer& l = g_.layer(i);
     forward_layer(i, /*training=*/true, /*recompute=*/true, Phase::recompute);
     st.recomputed_layers++;

@@ -77,9 +77,30 @@ CheckpointPlan make_plan_from_segments(const Graph& g, const std::string& name, 
     for (int j : l.inputs)
       if (p.segment_of[static_cast<size_t>(j)] != p.segment_of[static_cast<size_t>(i)]) p.keep[static_cast<size_t>(j)] = true;
   }
+  // Which non-kept layers backward needs again: those with extras (read by their own
+  // backward), those whose output some backward reads, and, walking each segment
+  // backwards, those whose output a re-run layer reads.
+  const auto n = static_cast<size_t>(g.size());
+  std::vector<bool> out_read_by_backward(n, false);
+  for (int i = 0; i < g.size(); ++i) {
+    const Layer& l = g.layer(i);
+    for (int k : l.backward_inputs()) out_read_by_backward[static_cast<size_t>(l.inputs[static_cast<size_t>(k)])] = true;
+    if (l.backward_uses_output()) out_read_by_backward[static_cast<size_t>(i)] = true;
+  }
+  p.rerun.assign(n, false);
+  for (int i = g.size() - 1; i >= 0; --i) {
+    if (p.keep[static_cast<size_t>(i)]) continue;
+    const Layer& l = g.layer(i);
+    bool need = !l.extra_names().empty() || out_read_by_backward[static_cast<size_t>(i)];
+    for (int j = i + 1; j < g.size() && !need; ++j) {
+      if (!p.rerun[static_cast<size_t>(j)]) continue;
+      for (int in : g.layer(j).inputs) need = need || in == i;
+    }
+    p.rerun[static_cast<size_t>(i)] = need;
+  }
   for (Segment& s : p.segments) {
     bool any = false;
-    for (int i = s.begin; i < s.end; ++i) any = any || !p.keep[static_cast<size_t>(i)];
+    for (int i = s.begin; i < s.end; ++i) any = any || p.rerun[static_cast<size_t>(i)];
     s.recompute = any;
   }
   return p;
@@ -135,7 +156,7 @@ CheckpointPlan make_plan(const Graph& g, const std::string& policy) {
 
 int CheckpointPlan::recomputed_layers() const {
   int n = 0;
-  for (bool k : keep) n += !k;
+  for (bool r : rerun) n += r;
   return n;
 }
 

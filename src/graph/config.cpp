@@ -10,6 +10,13 @@
 namespace remat {
 
 namespace {
+// A key as a JSON-pointer reference token (RFC 6901): ~ -> ~0, / -> ~1.
+std::string escape(const std::string& key) {
+  std::string o;
+  for (char c : key) o += c == '~' ? "~0" : c == '/' ? "~1" : std::string(1, c);
+  return o;
+}
+
 std::string show(const nlohmann::json& v) {
   std::string s = v.dump();
   return s.size() > 60 ? s.substr(0, 57) + "..." : s;
@@ -23,7 +30,7 @@ ConfigReader::ConfigReader(const nlohmann::json& obj, std::string pointer, std::
 }
 
 void ConfigReader::fail(const std::string& key, const std::string& message) const {
-  REMAT_THROW(source_, ": ", pointer_, "/", key, ": ", message);
+  REMAT_THROW(source_, ": ", pointer_, "/", escape(key), ": ", message);
 }
 
 bool ConfigReader::has(const std::string& key) const { return obj_.contains(key); }
@@ -135,14 +142,14 @@ const nlohmann::json& ConfigReader::raw(const std::string& key) { return get(key
 ConfigReader ConfigReader::child(const std::string& key) {
   const auto& v = get(key);
   if (!v.is_object()) fail(key, "expected an object, got " + show(v));
-  return ConfigReader(v, pointer_ + "/" + key, source_, vars_);
+  return ConfigReader(v, pointer_ + "/" + escape(key), source_, vars_);
 }
 
 ConfigReader ConfigReader::child(const std::string& key, size_t index) {
   const auto& arr = get(key);
   const auto& v = arr.at(index);
   if (!v.is_object()) fail(key + "/" + std::to_string(index), "expected an object, got " + show(v));
-  return ConfigReader(v, pointer_ + "/" + key + "/" + std::to_string(index), source_, vars_);
+  return ConfigReader(v, pointer_ + "/" + escape(key) + "/" + std::to_string(index), source_, vars_);
 }
 
 size_t ConfigReader::array_size(const std::string& key) {

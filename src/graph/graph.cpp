@@ -3,6 +3,7 @@
 // the JSON pointer of the layer at fault.
 #include <cstdio>
 #include <map>
+#include <optional>
 
 #include "remat/config.h"
 #include "remat/error.h"
@@ -176,16 +177,17 @@ Graph build_graph(const nlohmann::json& model, int64_t batch, const std::string&
   std::map<std::string, int> scope{{"input", g.input_id}};
   g.logits_id = b.build_list(r, scope, g.input_id, "", -1, false);
   int ignore = -100;
+  std::optional<ConfigReader> loss_reader;
   if (r.has("loss")) {
-    ConfigReader lr = r.child("loss");
-    lr.one_of("type", {"cross_entropy"}, "cross_entropy");
-    ignore = static_cast<int>(lr.int_or("ignore_index", -100, -(int64_t{1} << 31), (int64_t{1} << 31) - 1));
-    lr.finish();
+    loss_reader.emplace(r.child("loss"));
+    loss_reader->one_of("type", {"cross_entropy"}, "cross_entropy");
+    ignore = static_cast<int>(loss_reader->int_or("ignore_index", -100, -(int64_t{1} << 31), (int64_t{1} << 31) - 1));
+    loss_reader->finish();
   }
   auto loss = make_cross_entropy(ignore);
   loss->name = "loss";
   loss->type = "cross_entropy";
-  g.loss_id = b.add(std::move(loss), {g.logits_id, g.targets_id}, &r);
+  g.loss_id = b.add(std::move(loss), {g.logits_id, g.targets_id}, loss_reader ? &*loss_reader : &r);
   r.finish();
   return g;
 }

@@ -17,7 +17,7 @@ namespace remat {
 Graph build_config_graph(const Config& cfg, int64_t batch, int64_t seq) {
   nlohmann::json model = cfg.model;
   if (seq > 0) {
-    REMAT_CHECK(model.contains("input") && model["input"].value("type", "image") == "tokens",
+    REMAT_CHECK(model.contains("input") && model["input"].is_object() && model["input"].value("type", "image") == "tokens",
                 cfg.source, ": --seq applies to token models only");
     model["input"]["seq_len"] = seq;
   }
@@ -111,6 +111,7 @@ StepProfile profile_step(const Config& cfg, const Graph& g, const CheckpointPlan
     throw;
   }
   const MemoryStats s = alloc.stats();
+  p.base_bytes = base.allocated;
   p.peak_bytes = s.peak_allocated - base.allocated;
   for (int c = 0; c < kNumMemoryCategories; ++c)
     p.peak_by_category.bytes[static_cast<size_t>(c)] =
@@ -337,8 +338,7 @@ PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget)
         consider(c);
         if (c.peak_bytes <= budget) hi_sel = mid;
         else lo_sel = mid + 1;
-      }
-      consider(ordered_plan(cfg, g, n, m_full, k, lo_sel));
+      }  // lo_sel's plan was simulated: the last fitting mid, or the all-selective one
     }
   }
   if (!best)

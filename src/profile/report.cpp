@@ -116,7 +116,7 @@ nlohmann::json chrome_trace(const std::vector<StepProfile>& ps) {
     const int pid = static_cast<int>(k) + 1;
     ev.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", "policy " + p.policy}}}});
     ev.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", 1}, {"args", {{"name", "layers"}}}});
-    CategoryCounts cur;
+    CategoryCounts cur;  // relative to the start of the step
     for (const auto& e : p.events) {
       if (e.kind != MemoryEvent::Kind::alloc && e.kind != MemoryEvent::Kind::free) continue;
       cur[e.category] += e.kind == MemoryEvent::Kind::alloc ? e.bytes : -e.bytes;
@@ -168,7 +168,7 @@ std::string memory_svg(const std::vector<StepProfile>& ps, const std::string& ti
     const size_t stride = std::max<size_t>(1, n / 4000);  // keep files small
     for (const auto& e : p.events) {
       if (e.kind != MemoryEvent::Kind::alloc && e.kind != MemoryEvent::Kind::free) continue;
-      const int64_t a = e.allocated_after;
+      const int64_t a = e.allocated_after - p.base_bytes;
       const double x = L + pw * static_cast<double>(i) / std::max<size_t>(1, n - 1);
       const double y = T + ph - ph * static_cast<double>(a) / static_cast<double>(ymax);
       if (a > peak) {

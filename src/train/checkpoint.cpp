@@ -16,6 +16,12 @@ void save_checkpoint(const std::string& dir, const ParamStore& params, const Opt
                      const CheckpointState& s) {
   const fs::path final_dir(dir), tmp = fs::path(dir + ".new"), old = fs::path(dir + ".old");
   std::error_code ec;
+  // A crash between the two renames below leaves only the previous checkpoint in .old:
+  // put it back before anything else, so there is always one complete checkpoint.
+  if (!fs::exists(final_dir) && fs::exists(old / "state.json")) {
+    fs::rename(old, final_dir, ec);
+    if (ec) REMAT_THROW("cannot restore the previous checkpoint ", old.string(), ": ", ec.message());
+  }
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp, ec);
   if (ec) REMAT_THROW("cannot create ", tmp.string(), ": ", ec.message());
@@ -24,7 +30,8 @@ void save_checkpoint(const std::string& dir, const ParamStore& params, const Opt
   save_safetensors((tmp / "optimizer.safetensors").string(), opt.named_state(), meta);
   nlohmann::json j{{"step", s.step},         {"seed", s.seed},     {"rng_offset", s.rng_offset},
                    {"epoch", s.epoch},       {"position", s.position}, {"optimizer_steps", s.optimizer_steps},
-                   {"policy", s.policy},     {"config_name", s.config_name}};
+                   {"policy", s.policy},     {"config_name", s.config_name}, {"batch", s.batch},
+                   {"train_size", s.train_size}};
   write_file_atomic((tmp / "state.json").string(), j.dump(2) + "\n");
   fs::remove_all(old, ec);
   if (fs::exists(final_dir)) {
@@ -54,8 +61,14 @@ void load_into(const SafetensorsFile& f, const std::vector<std::pair<std::string
 }  // namespace
 
 CheckpointState load_checkpoint(const std::string& dir, ParamStore& params, Optimizer& opt) {
+  // The complete checkpoint: the folder itself, or after a crash mid-swap the previous
+  // one (.old) or the new one (.new: state.json is written last, so it is complete).
   std::string d = dir;
-  if (!fs::exists(fs::path(d) / "state.json") && fs::exists(fs::path(d + ".old") / "state.json")) d += ".old";
+  if (!fs::exists(fs::path(d) / "state.json")) {
+    if (fs::exists(fs::path(d + ".new") / "state.json")) d += ".new";
+    else if (fs::exists(fs::path(d + ".old") / "state.json")) d += ".old";
+    else REMAT_THROW("no checkpoint in ", dir, " (state.json missing)");
+  }
   const std::string state_path = (fs::path(d) / "state.json").string();
   nlohmann::json j;
   try {
@@ -73,6 +86,8 @@ CheckpointState load_checkpoint(const std::string& dir, ParamStore& params, Opti
     s.optimizer_steps = j.at("optimizer_steps").get<int64_t>();
     s.policy = j.at("policy").get<std::string>();
     s.config_name = j.at("config_name").get<std::string>();
+    s.batch = j.at("batch").get<int64_t>();
+    s.train_size = j.at("train_size").get<int64_t>();
   } catch (const nlohmann::json::exception& e) {
     REMAT_THROW(state_path, ": missing or malformed field: ", e.what());
   }

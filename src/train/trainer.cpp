@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "kernels/philox.cuh"
 #include "remat/data.h"
@@ -71,7 +72,7 @@ struct Data {
 Data load_data(const Config& cfg, const nlohmann::json& model) {
   Data d;
   const DataConfig& dc = cfg.data;
-  const bool tokens = model.contains("input") && model["input"].value("type", "image") == "tokens";
+  const bool tokens = model.contains("input") && model["input"].is_object() && model["input"].value("type", "image") == "tokens";
   if (dc.dataset == "fashion_mnist" || dc.dataset == "synthetic_images") {
     if (tokens) REMAT_THROW(cfg.source, ": /data/dataset: ", dc.dataset, " gives images but the model takes tokens");
     if (dc.dataset == "fashion_mnist") {
@@ -251,6 +252,9 @@ TrainResult train(const TrainOptions& o) {
     if (s.config_name != cfg.name)
       REMAT_THROW(o.resume, ": the checkpoint is of config \"", s.config_name, "\", not \"", cfg.name, "\"");
     REMAT_CHECK(s.seed == tc.seed, o.resume, ": the checkpoint was made with seed ", s.seed, ", not ", tc.seed);
+    REMAT_CHECK(s.batch == tc.batch && s.train_size == n_train, o.resume, ": the checkpoint was made with batch ",
+                s.batch, " over ", s.train_size, " training samples, this run has batch ", tc.batch, " over ", n_train,
+                "; resuming would not continue the same run");
     gen.set_state({s.seed, s.rng_offset});
     sampler.seek(s.epoch, s.position);
     step = s.step;
@@ -261,7 +265,22 @@ TrainResult train(const TrainOptions& o) {
   if (!out_dir.empty()) {
     fs::create_directories(out_dir);
     write_file_atomic((fs::path(out_dir) / "config.json").string(), cfg.resolved().dump(2) + "\n");
-    metrics.open((fs::path(out_dir) / "metrics.jsonl").string(), std::ios::app);
+    const std::string mpath = (fs::path(out_dir) / "metrics.jsonl").string();
+    if (!o.resume.empty() && fs::exists(mpath)) {
+      // Records of steps after the checkpoint were made by the interrupted run; they are
+      // about to be made again.
+      std::string kept;
+      std::istringstream in(read_file(mpath));
+      for (std::string line; std::getline(in, line);) {
+        try {
+          if (nlohmann::json::parse(line).value("step", int64_t{0}) <= step) kept += line + "\n";
+        } catch (const nlohmann::json::exception&) {
+          // a torn last line from the crash: drop it
+        }
+      }
+      write_file_atomic(mpath, kept);
+    }
+    metrics.open(mpath, std::ios::app);
     REMAT_CHECK(metrics.good(), "cannot open ", (fs::path(out_dir) / "metrics.jsonl").string());
   }
   if (!out_dir.empty() && o.resume.empty()) {
@@ -278,7 +297,7 @@ TrainResult train(const TrainOptions& o) {
   auto checkpoint = [&] {
     if (out_dir.empty()) return;
     CheckpointState s{step, tc.seed, gen.state().offset, sampler.epoch(), sampler.position(), optimizer.steps_taken(),
-                      tc.policy, cfg.name};
+                      tc.policy, cfg.name, tc.batch, n_train};
     save_checkpoint((fs::path(out_dir) / "checkpoint").string(), params, optimizer, s);
   };
 
@@ -317,8 +336,9 @@ TrainResult train(const TrainOptions& o) {
     const StepStats st = ex.train_step(batch, gen);
     ++step;
     if (!std::isfinite(st.loss)) {
+      const bool have_ckpt = !out_dir.empty() && fs::exists(fs::path(out_dir) / "checkpoint" / "state.json");
       REMAT_THROW("step ", step, ": the loss is ", st.loss, "; stopping",
-                  out_dir.empty() ? std::string() : "; the last good checkpoint is in " + out_dir + "/checkpoint");
+                  have_ckpt ? "; the last good checkpoint is in " + out_dir + "/checkpoint" : std::string("; no checkpoint was written"));
     }
     const double lr = scheduled_lr(cfg.optimizer, cfg.schedule, step, total);
     optimizer.step(lr);
@@ -351,6 +371,9 @@ TrainResult train(const TrainOptions& o) {
     const bool epoch_end = tc.steps == 0 && sampler.position() == 0;
     if ((tc.eval_every > 0 && step % tc.eval_every == 0) || (tc.eval_every == 0 && epoch_end && step != total)) run_eval();
     if (tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0 && step != total) checkpoint();
+    if (data.text && o.sample && tc.sample_every > 0 && step % tc.sample_every == 0 && step != total && !o.quiet)
+      std::printf("sample at step %lld:\n%s\n", static_cast<long long>(step),
+                  generate_sample(data, cfg, vars, params, be, tc.sample_length, tc.seed + 7 + static_cast<uint64_t>(step)).c_str());
   }
   result.steps = step;
   if (step > first) {
