@@ -1,9 +1,23 @@
 #include "remat/error.h"
 
+#include <cstring>
+
 namespace remat::detail {
 
+namespace {
+// Source paths reach us absolute-with-prefix-map ("src/x.cpp") or relative to a build
+// folder when ccache rewrites them ("../../src/x.cpp"): report them from the repository.
+const char* repo_relative(const char* file) {
+  for (;;) {
+    if (std::strncmp(file, "../", 3) == 0) file += 3;
+    else if (std::strncmp(file, "./", 2) == 0) file += 2;
+    else return file;
+  }
+}
+}  // namespace
+
 void throw_error(const char* file, int line, const std::string& message) {
-  throw Error(str_cat(message, " (", file, ":", line, ")"));
+  throw Error(str_cat(message, " (", repo_relative(file), ":", line, ")"));
 }
 
 }  // namespace remat::detail
