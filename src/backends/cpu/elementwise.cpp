@@ -3,6 +3,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/parallel.h"
+#include "backends/cpu/vmath.h"
 #include "kernels/philox.cuh"
 
 namespace remat {
@@ -11,10 +12,24 @@ namespace {
 
 constexpr int64_t kGrain = 1 << 14;
 
+// y[i] = f(a[i]) and y[i] = f(a[i], b[i]) over chunks in parallel; tight loops over
+// restrict pointers so that they vectorise.
 template <typename F>
-void for_each(int64_t n, const F& f) {
+void map1(const float* a, float* y, int64_t n, F f) {
   cpu::parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) f(i);
+    const float* __restrict pa = a;
+    float* __restrict py = y;
+    for (int64_t i = b; i < e; ++i) py[i] = f(pa[i]);
+  });
+}
+
+template <typename F>
+void map2(const float* a, const float* b2, float* y, int64_t n, F f) {
+  cpu::parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
+    const float* __restrict pa = a;
+    const float* __restrict pb = b2;
+    float* __restrict py = y;
+    for (int64_t i = b; i < e; ++i) py[i] = f(pa[i], pb[i]);
   });
 }
 
@@ -26,64 +41,46 @@ constexpr float kKappa = 0.044715f;
 }  // namespace
 
 void CpuBackend::add_impl(const Tensor& a, const Tensor& b, const Tensor& y) {
-  const float *pa = a.f32(), *pb = b.f32();
-  float* py = y.f32();
-  for_each(y.numel(), [&](int64_t i) { py[i] = pa[i] + pb[i]; });
+  map2(a.f32(), b.f32(), y.f32(), y.numel(), [](float u, float v) { return u + v; });
 }
 
 void CpuBackend::accumulate_impl(const Tensor& dst, const Tensor& src) {
-  float* pd = dst.f32();
-  const float* ps = src.f32();
-  for_each(dst.numel(), [&](int64_t i) { pd[i] += ps[i]; });
+  map2(dst.f32(), src.f32(), dst.f32(), dst.numel(), [](float u, float v) { return u + v; });
 }
 
 void CpuBackend::scale_impl(const Tensor& x, float alpha, const Tensor& y) {
-  const float* px = x.f32();
-  float* py = y.f32();
-  for_each(y.numel(), [&](int64_t i) { py[i] = alpha * px[i]; });
+  map1(x.f32(), y.f32(), y.numel(), [alpha](float v) { return alpha * v; });
 }
 
 void CpuBackend::relu_forward_impl(const Tensor& x, const Tensor& y) {
-  const float* px = x.f32();
-  float* py = y.f32();
-  for_each(y.numel(), [&](int64_t i) { py[i] = px[i] > 0.0f ? px[i] : 0.0f; });
+  map1(x.f32(), y.f32(), y.numel(), [](float v) { return v > 0.0f ? v : 0.0f; });
 }
 
 void CpuBackend::relu_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& dx) {
-  const float *pdy = dy.f32(), *px = x.f32();
-  float* pdx = dx.f32();
-  for_each(dx.numel(), [&](int64_t i) { pdx[i] = px[i] > 0.0f ? pdy[i] : 0.0f; });
+  map2(dy.f32(), x.f32(), dx.f32(), dx.numel(), [](float g, float v) { return v > 0.0f ? g : 0.0f; });
 }
 
 void CpuBackend::gelu_forward_impl(const Tensor& x, GeluApprox approx, const Tensor& y) {
-  const float* px = x.f32();
-  float* py = y.f32();
   if (approx == GeluApprox::none) {
-    for_each(y.numel(), [&](int64_t i) { py[i] = 0.5f * px[i] * (1.0f + std::erf(px[i] * kSqrt1_2)); });
+    map1(x.f32(), y.f32(), y.numel(), [](float v) { return 0.5f * v * (1.0f + cpu::verf(v * kSqrt1_2)); });
   } else {
-    for_each(y.numel(), [&](int64_t i) {
-      const float v = px[i];
-      py[i] = 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + kKappa * v * v * v)));
-    });
+    map1(x.f32(), y.f32(), y.numel(),
+         [](float v) { return 0.5f * v * (1.0f + cpu::vtanh(kSqrt2OverPi * (v + kKappa * v * v * v))); });
   }
 }
 
 void CpuBackend::gelu_backward_impl(const Tensor& dy, const Tensor& x, GeluApprox approx, const Tensor& dx) {
-  const float *pdy = dy.f32(), *px = x.f32();
-  float* pdx = dx.f32();
   if (approx == GeluApprox::none) {
-    for_each(dx.numel(), [&](int64_t i) {
-      const float v = px[i];
-      const float cdf = 0.5f * (1.0f + std::erf(v * kSqrt1_2));
-      const float pdf = kInvSqrt2Pi * std::exp(-0.5f * v * v);
-      pdx[i] = pdy[i] * (cdf + v * pdf);
+    map2(dy.f32(), x.f32(), dx.f32(), dx.numel(), [](float g, float v) {
+      const float cdf = 0.5f * (1.0f + cpu::verf(v * kSqrt1_2));
+      const float pdf = kInvSqrt2Pi * cpu::vexp(-0.5f * v * v);
+      return g * (cdf + v * pdf);
     });
   } else {
-    for_each(dx.numel(), [&](int64_t i) {
-      const float v = px[i];
-      const float t = std::tanh(kSqrt2OverPi * (v + kKappa * v * v * v));
+    map2(dy.f32(), x.f32(), dx.f32(), dx.numel(), [](float g, float v) {
+      const float t = cpu::vtanh(kSqrt2OverPi * (v + kKappa * v * v * v));
       const float dinner = kSqrt2OverPi * (1.0f + 3.0f * kKappa * v * v);
-      pdx[i] = pdy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * dinner);
+      return g * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * dinner);
     });
   }
 }
@@ -93,11 +90,11 @@ namespace {
 // y[i] = x[i] * scale where element i is kept, else 0 (the same rule forward and backward).
 void apply_dropout(const float* x, float* y, int64_t n, float p, RngState rng) {
   if (p == 0.0f) {
-    for_each(n, [&](int64_t i) { y[i] = x[i]; });
+    map1(x, y, n, [](float v) { return v; });
     return;
   }
   if (p >= 1.0f) {
-    for_each(n, [&](int64_t i) { y[i] = 0.0f; });
+    map1(x, y, n, [](float) { return 0.0f; });
     return;
   }
   const float keep_prob = 1.0f - p, scale = 1.0f / keep_prob;
@@ -115,8 +112,9 @@ void apply_dropout(const float* x, float* y, int64_t n, float p, RngState rng) {
       }
     });
   } else {
-    for_each(n, [&](int64_t i) {
-      y[i] = philox::keep(rng.seed, rng.offset, static_cast<uint64_t>(i), keep_prob) ? x[i] * scale : 0.0f;
+    cpu::parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i)
+        y[i] = philox::keep(rng.seed, rng.offset, static_cast<uint64_t>(i), keep_prob) ? x[i] * scale : 0.0f;
     });
   }
 }

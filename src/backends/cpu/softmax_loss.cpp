@@ -4,6 +4,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/parallel.h"
+#include "backends/cpu/vmath.h"
 #include "remat/error.h"
 
 namespace remat {
@@ -14,10 +15,67 @@ int64_t last_dim(const Tensor& t) { return t.size(-1); }
 int64_t rows(const Tensor& t) { return last_dim(t) == 0 ? 0 : t.numel() / last_dim(t); }
 constexpr int64_t kRowGrain = 16;
 
+// Row reductions with 8 independent lanes combined in a fixed order: they vectorise,
+// and the result depends only on the row (never on threads).
+constexpr int kLanes = 8;
+
 float row_max(const float* x, int64_t n) {
-  float m = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < n; ++j) m = x[j] > m ? x[j] : m;
-  return m;
+  float m[kLanes];
+  for (float& v : m) v = -std::numeric_limits<float>::infinity();
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) m[l] = x[j + l] > m[l] ? x[j + l] : m[l];
+  for (; j < n; ++j) m[0] = x[j] > m[0] ? x[j] : m[0];
+  float r = m[0];
+  for (int l = 1; l < kLanes; ++l) r = m[l] > r ? m[l] : r;
+  return r;
+}
+
+// sum of exp(x[j] - m), writing the exponentials to e (two loops: no branch inside).
+float row_sum_exp(const float* x, int64_t n, float m, float* e) {
+  float s[kLanes] = {};
+  int64_t j = 0;
+  if (e) {
+    for (; j + kLanes <= n; j += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        const float v = cpu::vexp(x[j + l] - m);
+        e[j + l] = v;
+        s[l] += v;
+      }
+  } else {
+    for (; j + kLanes <= n; j += kLanes)
+      for (int l = 0; l < kLanes; ++l) s[l] += cpu::vexp(x[j + l] - m);
+  }
+  for (; j < n; ++j) {
+    const float v = cpu::vexp(x[j] - m);
+    if (e) e[j] = v;
+    s[0] += v;
+  }
+  float r = 0.0f;
+  for (int l = 0; l < kLanes; ++l) r += s[l];
+  return r;
+}
+
+float row_dot(const float* a, const float* b, int64_t n) {
+  float s[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) s[l] += a[j + l] * b[j + l];
+  for (; j < n; ++j) s[0] += a[j] * b[j];
+  float r = 0.0f;
+  for (int l = 0; l < kLanes; ++l) r += s[l];
+  return r;
+}
+
+float row_sum(const float* a, int64_t n) {
+  float s[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) s[l] += a[j + l];
+  for (; j < n; ++j) s[0] += a[j];
+  float r = 0.0f;
+  for (int l = 0; l < kLanes; ++l) r += s[l];
+  return r;
 }
 
 }  // namespace
@@ -31,12 +89,7 @@ void CpuBackend::softmax_forward_impl(const Tensor& x, bool log, const Tensor& y
       const float* xr = px + r * n;
       float* yr = py + r * n;
       const float m = row_max(xr, n);
-      float sum = 0.0f;
-      for (int64_t j = 0; j < n; ++j) {
-        const float e = std::exp(xr[j] - m);
-        sum += e;
-        if (!log) yr[j] = e;
-      }
+      const float sum = row_sum_exp(xr, n, m, log ? nullptr : yr);
       if (log) {
         const float lse = m + std::log(sum);
         for (int64_t j = 0; j < n; ++j) yr[j] = xr[j] - lse;
@@ -56,12 +109,11 @@ void CpuBackend::softmax_backward_impl(const Tensor& dy, const Tensor& y, bool l
     for (int64_t r = r0; r < r1; ++r) {
       const float *dyr = pdy + r * n, *yr = py + r * n;
       float* dxr = pdx + r * n;
-      float s = 0.0f;
       if (log) {
-        for (int64_t j = 0; j < n; ++j) s += dyr[j];
-        for (int64_t j = 0; j < n; ++j) dxr[j] = dyr[j] - std::exp(yr[j]) * s;
+        const float s = row_sum(dyr, n);
+        for (int64_t j = 0; j < n; ++j) dxr[j] = dyr[j] - cpu::vexp(yr[j]) * s;
       } else {
-        for (int64_t j = 0; j < n; ++j) s += dyr[j] * yr[j];
+        const float s = row_dot(dyr, yr, n);
         for (int64_t j = 0; j < n; ++j) dxr[j] = yr[j] * (dyr[j] - s);
       }
     }
@@ -83,9 +135,7 @@ void CpuBackend::cross_entropy_forward_impl(const Tensor& logits, const Tensor& 
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = px + r * v;
       const float m = row_max(xr, v);
-      float sum = 0.0f;
-      for (int64_t j = 0; j < v; ++j) sum += std::exp(xr[j] - m);
-      plse[r] = m + std::log(sum);
+      plse[r] = m + std::log(row_sum_exp(xr, v, m, nullptr));
     }
   });
   double total = 0.0;
@@ -115,7 +165,8 @@ void CpuBackend::cross_entropy_backward_impl(float dloss, const Tensor& logits, 
         continue;
       }
       const float* xr = px + r * v;
-      for (int64_t j = 0; j < v; ++j) dr[j] = scale * std::exp(xr[j] - plse[r]);
+      const float l = plse[r];
+      for (int64_t j = 0; j < v; ++j) dr[j] = scale * cpu::vexp(xr[j] - l);
       dr[pt[r]] -= scale;
     }
   });
