@@ -190,3 +190,24 @@ TEST(Train, CheckpointSurvivesACrashBetweenTheRenames) {
   EXPECT_EQ(remat::train(r).steps, 4);
   fs::remove_all(dir);
 }
+
+TEST(Train, EvaluatesAtTheEndOfEveryEpoch) {
+  const std::string dir = tmp_dir("epochs");
+  const std::string cfg = write_config(dir);
+  remat::TrainOptions o;
+  o.config = cfg;
+  o.quiet = true;
+  o.out = dir + "/run";
+  o.epochs = 3;  // 96 samples / batch 8 = 12 steps per epoch
+  const remat::TrainResult r = remat::train(o);
+  EXPECT_EQ(r.steps, 36);
+  std::ifstream m(dir + "/run/metrics.jsonl");
+  std::vector<int64_t> eval_steps;
+  for (std::string l; std::getline(m, l);) {
+    auto j = nlohmann::json::parse(l);
+    if (j.contains("eval_loss")) eval_steps.push_back(j["step"].get<int64_t>());
+  }
+  EXPECT_EQ(eval_steps, (std::vector<int64_t>{12, 24, 36}));
+  EXPECT_GE(r.eval_accuracy, 0.0);
+  fs::remove_all(dir);
+}

@@ -368,7 +368,9 @@ TrainResult train(const TrainOptions& o) {
         std::fflush(stdout);
       }
     }
-    const bool epoch_end = tc.steps == 0 && sampler.position() == 0;
+    // The sampler moves to the next epoch lazily: at an epoch's end position() is the
+    // number of batches per epoch.
+    const bool epoch_end = tc.steps == 0 && sampler.position() == sampler.batches_per_epoch();
     if ((tc.eval_every > 0 && step % tc.eval_every == 0) || (tc.eval_every == 0 && epoch_end && step != total)) run_eval();
     if (tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0 && step != total) checkpoint();
     if (data.text && o.sample && tc.sample_every > 0 && step % tc.sample_every == 0 && step != total && !o.quiet)
