@@ -198,7 +198,7 @@ void for_tiles(int64_t tiles, int64_t flops_per_tile, const Body& body) {
 // copies) stay within kMaxChunkBytes; always at least one image.
 constexpr int64_t kTargetColumns = 4096;
 constexpr int64_t kMinChunkFlops = int64_t{32} << 20;
-constexpr int64_t kMaxChunkBytes = int64_t{16} << 20;
+constexpr int64_t kMaxChunkBytes = int64_t{4} << 20;  // workspace is memory too: keep it small
 
 // Workspace regions, in floats, laid out one after the other.
 struct Regions {
