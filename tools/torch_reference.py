@@ -6,6 +6,7 @@ Run with Debian's Python (python3-torch):
 
     /usr/bin/python3 tools/torch_reference.py golden tests/configs/gpt_char_tiny.json
     /usr/bin/python3 tools/torch_reference.py curve --run RUN_DIR [--steps N]
+    /usr/bin/python3 tools/torch_reference.py eval --run RUN_DIR
     /usr/bin/python3 tools/torch_reference.py time CONFIG [--steps N] [--threads 2] [--remat-run DIR]
     /usr/bin/python3 tools/torch_reference.py derive CONFIG OUT.json training.log_every=1 dropout=0
 
@@ -22,6 +23,9 @@ curve   Trains the twin from a remat run's initial weights (RUN/init.safetensors
         false), optimizer, schedule and clipping, in float32; writes the losses and
         compares them with RUN/metrics.jsonl step by step (the run needs log_every 1 for
         a per-step comparison; steps missing from metrics.jsonl are skipped).
+eval    The evaluation loss and accuracy of a run's final weights (RUN/checkpoint/
+        model.safetensors) on its evaluation set, batched as remat's end-of-run evaluation,
+        compared with the last eval record of RUN/metrics.jsonl.
 time    Median time of one twin training step (batch, forward, backward, clipping,
         optimizer) over N steps after one warm-up, at a given thread count; with
         --remat-run, also the median step_ms of remat runs (their first step skipped).
@@ -567,14 +571,22 @@ class Data:
                 raise ConfigError(f"{ds} gives images but the model takes tokens")
             if ds == "fashion_mnist":
                 d = dc["path"] or os.environ.get("REMAT_FASHION_MNIST_DIR") or FASHION_MNIST_DIR
-                px = _idx(_idx_file(d, "train-images-idx3-ubyte"))
                 lut = (np.arange(256, dtype=np.float32) / np.float32(255.0) - np.float32(0.2860)) / np.float32(0.3530)
-                self.images = torch.from_numpy(lut[px][:, None, :, :].astype(np.float32))
-                self.labels = torch.from_numpy(_idx(_idx_file(d, "train-labels-idx1-ubyte")).astype(np.int32))
+
+                def split(prefix):
+                    px = _idx(_idx_file(d, prefix + "-images-idx3-ubyte"))
+                    lab = _idx(_idx_file(d, prefix + "-labels-idx1-ubyte"))
+                    return (torch.from_numpy(lut[px][:, None, :, :].astype(np.float32)),
+                            torch.from_numpy(lab.astype(np.int32)))
+                self.images, self.labels = split("train")
+                self.eval_images, self.eval_labels = split("t10k")
             else:
-                self.images, self.labels = self._synthetic_images(int(dc["synthetic_size"]), dc["image_shape"],
-                                                                  int(dc["classes"]), seed)
+                size, shape, classes = int(dc["synthetic_size"]), dc["image_shape"], int(dc["classes"])
+                self.images, self.labels = self._synthetic_images(size, shape, classes, seed)
+                self.eval_images, self.eval_labels = self._synthetic_images(max(size // 4, 1), shape, classes,
+                                                                            seed + 1)
             self.n = self.labels.shape[0]
+            self.n_eval = self.eval_labels.shape[0]
             return
         if not tokens:
             raise ConfigError(f"{ds} gives text but the model takes images")
@@ -595,7 +607,12 @@ class Data:
             self.vocab = int(dc["vocab"])
         n_eval = int(float(len(toks)) * float(dc["eval_fraction"]))
         self.tokens = torch.from_numpy(np.ascontiguousarray(toks[:len(toks) - n_eval]).astype(np.int32))
-        self.n = (len(self.tokens) - 1) // seq_len if len(self.tokens) > seq_len else 0
+        self.eval_tokens = torch.from_numpy(np.ascontiguousarray(toks[len(toks) - n_eval:]).astype(np.int32))
+        self.n = self._windows(self.tokens)
+        self.n_eval = self._windows(self.eval_tokens)
+
+    def _windows(self, toks):
+        return (len(toks) - 1) // self.seq_len if len(toks) > self.seq_len else 0
 
     @staticmethod
     def _synthetic_text(n, v, seed):
@@ -629,13 +646,19 @@ class Data:
         per_epoch = self.n // b
         if per_epoch == 0:
             raise ConfigError(f"the training set has {self.n} samples, fewer than one batch of {b}")
-        start = (k % per_epoch) * b
-        idx = range(start, start + b)
+        return self._slice(False, (k % per_epoch) * b, b)
+
+    def eval_batch(self, k, b):
+        """Evaluation batch k: samples k*b .. k*b+b-1 of the evaluation set."""
+        return self._slice(True, k * b, b)
+
+    def _slice(self, ev, start, b):
         if not self.text:
-            return self.images[start:start + b], self.labels[start:start + b]
-        t = self.seq_len
-        x = torch.stack([self.tokens[i * t:i * t + t] for i in idx])
-        y = torch.stack([self.tokens[i * t + 1:i * t + t + 1] for i in idx])
+            images, labels = (self.eval_images, self.eval_labels) if ev else (self.images, self.labels)
+            return images[start:start + b], labels[start:start + b]
+        toks, t = (self.eval_tokens if ev else self.tokens), self.seq_len
+        x = torch.stack([toks[i * t:i * t + t] for i in range(start, start + b)])
+        y = torch.stack([toks[i * t + 1:i * t + t + 1] for i in range(start, start + b)])
         return x, y
 
 
@@ -808,6 +831,48 @@ def cmd_curve(a):
         sys.exit(f"curve: max relative difference {worst:.3e} exceeds {a.max_rel}")
 
 
+def _largest_divisor_at_most(n, cap):
+    for b in range(min(n, cap), 1, -1):
+        if n % b == 0:
+            return b
+    return 1
+
+
+def cmd_eval(a):
+    """Evaluation loss and accuracy of a run's final weights, as remat's end-of-run evaluation."""
+    torch.set_num_threads(a.threads)
+    cfg = load_config(os.path.join(a.run, "config.json"))
+    vars_, data = model_vars(cfg)
+    tc = cfg["training"]
+    eval_b = _largest_divisor_at_most(max(data.n_eval, 1), int(tc["batch"]) if data.text else 500)
+    g = Graph(cfg["model"], eval_b, vars_, cfg["source"])
+    path = a.weights or os.path.join(a.run, "checkpoint", "model.safetensors")
+    w = load_weights(path, g)
+    batches = data.n_eval // eval_b
+    if tc["eval_batches"] > 0:
+        batches = min(batches, int(tc["eval_batches"]))
+    loss_sum, correct, counted = 0.0, 0, 0
+    with torch.no_grad():
+        for k in range(batches):
+            x, y = data.eval_batch(k, eval_b)
+            loss, logits = g.forward(w, x, y, training=False)
+            loss_sum += float(loss)
+            yv = y.reshape(-1).long()
+            keep = yv != -100  # remat's evaluation counts accuracy with ignore_index -100
+            pred = logits.reshape(-1, logits.shape[-1]).argmax(dim=1)
+            correct += int((pred[keep] == yv[keep]).sum())
+            counted += int(keep.sum())
+    el, ea = loss_sum / batches, correct / counted
+    print(f"eval {path}: {batches} batches of {eval_b}: loss {el:.6f}, accuracy {ea:.4f}")
+    evals = []
+    with open(os.path.join(a.run, "metrics.jsonl")) as f:
+        evals = [json.loads(line) for line in f if "eval_loss" in line]
+    if evals:
+        r = evals[-1]
+        print(f"remat (step {r['step']}): loss {r['eval_loss']:.6f}, accuracy {r['eval_accuracy']:.4f}; "
+              f"relative loss difference {abs(el - r['eval_loss']) / abs(r['eval_loss']):.3e}")
+
+
 def cmd_time(a):
     torch.set_num_threads(a.threads)
     cfg = load_config(a.config)
@@ -901,6 +966,11 @@ def main(argv):
     p.add_argument("--max-rel", type=float, help="fail when the max relative loss difference exceeds this")
     p.add_argument("--verbose", action="store_true")
     p.set_defaults(fn=cmd_curve)
+    p = sub.add_parser("eval", help="evaluation loss of a remat run's final weights")
+    p.add_argument("--run", required=True, help="remat run folder (config.json, checkpoint/, metrics.jsonl)")
+    p.add_argument("--weights", help="default: RUN/checkpoint/model.safetensors")
+    p.add_argument("--threads", type=int, default=2)
+    p.set_defaults(fn=cmd_eval)
     p = sub.add_parser("time", help="median time of one twin training step")
     p.add_argument("config")
     p.add_argument("--steps", type=int, default=20)
