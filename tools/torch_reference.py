@@ -858,7 +858,7 @@ def cmd_eval(a):
             loss, logits = g.forward(w, x, y, training=False)
             loss_sum += float(loss)
             yv = y.reshape(-1).long()
-            keep = yv != -100  # remat's evaluation counts accuracy with ignore_index -100
+            keep = yv != g.ignore_index  # accuracy over the rows the loss counts
             pred = logits.reshape(-1, logits.shape[-1]).argmax(dim=1)
             correct += int((pred[keep] == yv[keep]).sum())
             counted += int(keep.sum())

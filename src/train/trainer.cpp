@@ -118,8 +118,9 @@ int64_t largest_divisor_at_most(int64_t n, int64_t cap) {
 }
 
 // Loss and accuracy over (up to max_batches of) the eval set, in evaluation mode.
+// Accuracy skips the rows the loss ignores (the model's loss.ignore_index).
 std::pair<double, double> evaluate(const Data& data, const Graph& eval_graph, ParamStore& params, Backend& be,
-                                   int64_t max_batches) {
+                                   int64_t max_batches, int ignore_index) {
   Executor ex(eval_graph, params, be, make_plan(eval_graph, "none"));
   const int64_t b = eval_graph.batch;
   int64_t batches = data.eval_size() / b;
@@ -136,7 +137,7 @@ std::pair<double, double> evaluate(const Data& data, const Graph& eval_graph, Pa
     const int64_t v = logits.size(-1);
     int64_t n = 0;
     correct += be.accuracy(logits.view(Shape{logits.numel() / v, v}), batch.targets.view(Shape{batch.targets.numel()}),
-                           -100, &n);
+                           ignore_index, &n);
     counted += n;
     loss_sum += loss;
   }
@@ -245,6 +246,8 @@ TrainResult train(const TrainOptions& o) {
   RngGenerator gen(tc.seed);
   const int64_t eval_b = largest_divisor_at_most(std::max<int64_t>(data.eval_size(), 1), data.text ? tc.batch : 500);
   Graph eval_graph = build_graph(cfg.model, eval_b, cfg.source, vars);
+  // build_graph has validated the loss section.
+  const int ignore_index = cfg.model.contains("loss") ? cfg.model["loss"].value("ignore_index", -100) : -100;
 
   int64_t step = 0;
   if (!o.resume.empty()) {
@@ -315,7 +318,7 @@ TrainResult train(const TrainOptions& o) {
   double time_ms = 0;
   const int64_t per_sample = data.text ? data.seq_len : 1;
   auto run_eval = [&] {
-    auto [el, ea] = evaluate(data, eval_graph, params, be, tc.eval_batches);
+    auto [el, ea] = evaluate(data, eval_graph, params, be, tc.eval_batches, ignore_index);
     result.eval_loss = el;
     result.eval_accuracy = ea;
     write_metrics({{"step", step}, {"eval_loss", el}, {"eval_accuracy", ea}});

@@ -1,0 +1,66 @@
+// remat train's evaluation: accuracy counts the rows the loss counts, i.e. it skips the
+// targets equal to the model's loss.ignore_index (not always -100).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "remat/config.h"
+#include "remat/data.h"
+#include "remat/io.h"
+#include "remat/train.h"
+
+namespace fs = std::filesystem;
+using remat::Device;
+using remat::Tensor;
+
+TEST(Eval, AccuracySkipsTheTargetsTheLossIgnores) {
+  // seq_mix_tiny: synthetic text (vocab 10, 2048 tokens, 10% held out), seq_len 8, loss
+  // ignore_index 0. Its 25 evaluation windows make evaluation batches of 1.
+  const std::string cfg_path = std::string(REMAT_SOURCE_DIR) + "/tests/configs/seq_mix_tiny.json";
+  const fs::path dir = fs::temp_directory_path() / ("remat_eval_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  remat::TrainOptions o;
+  o.config = cfg_path;
+  o.steps = 2;
+  o.out = dir.string();
+  o.quiet = true;
+  o.sample = false;
+  const remat::TrainResult r = remat::train(o);
+
+  // The same evaluation by hand, from the final weights.
+  const remat::Config cfg = remat::load_config(cfg_path);
+  const remat::TextDataset all = remat::synthetic_text(2048, 10, 0);
+  remat::TextDataset ev = all;
+  const auto n_eval = static_cast<int64_t>(2048 * 0.1);
+  ev.tokens.assign(all.tokens.end() - n_eval, all.tokens.end());
+  const int64_t t = 8, windows = remat::text_windows(ev, t);
+  ASSERT_EQ(windows, 25);
+  remat::Graph g = remat::build_graph(cfg.model, 1, cfg_path, {{"vocab", 10}});
+  remat::ParamStore ps(g, Device::cpu(), 0);
+  const remat::SafetensorsFile w = remat::SafetensorsFile::load((dir / "checkpoint" / "model.safetensors").string());
+  for (size_t p = 0; p < g.params.size(); ++p) ps.values[p].copy_from(w.tensor(g.params[p].name));
+  remat::Executor ex(g, ps, remat::backend_for(Device::cpu()), remat::make_plan(g, "none"));
+  int64_t correct = 0, counted = 0, correct_all = 0, rows = 0;
+  for (int64_t k = 0; k < windows; ++k) {
+    const remat::Batch b = remat::text_batch(ev, {k * t}, t, Device::cpu());
+    const std::vector<float> logits = ex.evaluate(b, nullptr).to_vector();
+    const int32_t* target = b.targets.i32();
+    for (int64_t i = 0; i < t; ++i) {
+      int64_t best = 0;
+      for (int64_t j = 1; j < 10; ++j)
+        if (logits[static_cast<size_t>(i * 10 + j)] > logits[static_cast<size_t>(i * 10 + best)]) best = j;
+      const int64_t y = target[i];
+      ++rows;
+      correct_all += best == y;
+      if (y == 0) continue;
+      ++counted;
+      correct += best == y;
+    }
+  }
+  ASSERT_LT(counted, rows) << "no ignored target in the evaluation set: the test would not tell";
+  const double want = static_cast<double>(correct) / static_cast<double>(counted);
+  const double with_all_rows = static_cast<double>(correct_all) / static_cast<double>(rows);
+  ASSERT_NE(want, with_all_rows) << "ignoring the targets makes no difference here: the test would not tell";
+  EXPECT_DOUBLE_EQ(r.eval_accuracy, want);
+  fs::remove_all(dir);
+}
