@@ -208,6 +208,7 @@ TEST(Train, EvaluatesAtTheEndOfEveryEpoch) {
     if (j.contains("eval_loss")) eval_steps.push_back(j["step"].get<int64_t>());
   }
   EXPECT_EQ(eval_steps, (std::vector<int64_t>{12, 24, 36}));
-  EXPECT_GE(r.eval_accuracy, 0.0);
+  // The held-out samples follow the same classes: well above chance (0.25).
+  EXPECT_GT(r.eval_accuracy, 0.6);
   fs::remove_all(dir);
 }

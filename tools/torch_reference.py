@@ -582,9 +582,11 @@ class Data:
                 self.eval_images, self.eval_labels = split("t10k")
             else:
                 size, shape, classes = int(dc["synthetic_size"]), dc["image_shape"], int(dc["classes"])
-                self.images, self.labels = self._synthetic_images(size, shape, classes, seed)
-                self.eval_images, self.eval_labels = self._synthetic_images(max(size // 4, 1), shape, classes,
-                                                                            seed + 1)
+                # As remat: one set of the seed's classes, the next quarter evaluates.
+                n_eval = max(size // 4, 1)
+                imgs, labs = self._synthetic_images(size + n_eval, shape, classes, seed)
+                self.images, self.labels = imgs[:size], labs[:size]
+                self.eval_images, self.eval_labels = imgs[size:], labs[size:]
             self.n = self.labels.shape[0]
             self.n_eval = self.eval_labels.shape[0]
             return

@@ -84,11 +84,25 @@ Data load_data(const Config& cfg, const nlohmann::json& model) {
     } else {
       const auto& s = dc.image_shape;
       REMAT_CHECK(s.size() == 3, cfg.source, ": /data/image_shape: expected [C, H, W]");
-      d.train_images = synthetic_images(dc.synthetic_size, static_cast<int>(s[0]), static_cast<int>(s[1]),
-                                        static_cast<int>(s[2]), static_cast<int>(dc.classes), cfg.training.seed);
-      d.eval_images = synthetic_images(std::max<int64_t>(dc.synthetic_size / 4, 1), static_cast<int>(s[0]),
-                                       static_cast<int>(s[1]), static_cast<int>(s[2]), static_cast<int>(dc.classes),
-                                       cfg.training.seed + 1);
+      // One set of the seed's classes: the first synthetic_size samples train, the next
+      // quarter evaluates (sample i depends only on (seed, i)).
+      const int64_t n_train = dc.synthetic_size, n_eval = std::max<int64_t>(dc.synthetic_size / 4, 1);
+      ImageDataset all = synthetic_images(n_train + n_eval, static_cast<int>(s[0]), static_cast<int>(s[1]),
+                                          static_cast<int>(s[2]), static_cast<int>(dc.classes), cfg.training.seed);
+      const int64_t per = all.images.numel() / (n_train + n_eval);
+      auto slice = [&](int64_t b, int64_t n) {
+        ImageDataset d2;
+        d2.num_classes = all.num_classes;
+        d2.source = all.source;
+        TagScope scope(MemoryCategory::input, "data", Phase::setup);
+        d2.images = Tensor::empty(Shape{n, s[0], s[1], s[2]});
+        d2.labels = Tensor::empty(Shape{n}, Device::cpu(), DType::i32);
+        std::copy(all.images.f32() + b * per, all.images.f32() + (b + n) * per, d2.images.f32());
+        std::copy(all.labels.i32() + b, all.labels.i32() + b + n, d2.labels.i32());
+        return d2;
+      };
+      d.train_images = slice(0, n_train);
+      d.eval_images = slice(n_train, n_eval);
     }
     return d;
   }
