@@ -49,6 +49,12 @@ struct ForwardContext {
   std::vector<Tensor> extras;  // set by forward
 };
 
+struct BackwardContext;
+// The output gradient as the buffer for an elementwise op's input gradient when no other
+// tensor shares its storage (saves one activation-sized buffer per pointwise layer in
+// backward); a fresh tensor of `shape` otherwise.
+Tensor reuse_dout(BackwardContext& c, const Shape& shape);
+
 struct BackwardContext {
   Backend& be;
   RngState rng;

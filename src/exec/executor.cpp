@@ -148,8 +148,11 @@ StepStats Executor::train_step(const Batch& batch, RngGenerator& gen) {
     if (plan_.segments[static_cast<size_t>(s)].recompute && !recomputed_[static_cast<size_t>(s)]) recompute_segment(s, st);
     if (i == g_.loss_id || dgrad[static_cast<size_t>(i)].defined()) {
       TagScope scope(MemoryCategory::temporary, l.name, Phase::backward);
+      // The context takes the only reference to the output gradient, so a layer may write
+      // its input gradient into it when nothing else shares it (Layer::reuse_dout).
       BackwardContext c{be_, rng_[static_cast<size_t>(i)], {}, Tensor(), extras_[static_cast<size_t>(i)],
-                        dgrad[static_cast<size_t>(i)], {}, {}, {}, {}};
+                        std::move(dgrad[static_cast<size_t>(i)]), {}, {}, {}, {}};
+      dgrad[static_cast<size_t>(i)] = Tensor();
       c.in.resize(l.inputs.size());
       for (int p : l.backward_inputs()) {
         const int j = l.inputs[static_cast<size_t>(p)];

@@ -29,6 +29,11 @@ const char* layer_kind_name(LayerKind k) {
   return "?";
 }
 
+Tensor reuse_dout(BackwardContext& c, const Shape& shape) {
+  if (c.dout.defined() && c.dout.storage_use_count() == 1 && c.dout.shape() == shape) return c.dout;
+  return Tensor::empty(shape, c.be.device());
+}
+
 namespace {
 
 double numel_of(const Shape& s) { return static_cast<double>(s.numel()); }
@@ -188,7 +193,8 @@ class BatchNorm2d final : public Layer {
     c.extras = {r.mean, r.invstd};
   }
   void backward(BackwardContext& c) override {
-    Tensor dx = c.need_din[0] ? Tensor::empty(c.in[0].shape(), c.be.device()) : Tensor();
+    // The CPU batchnorm backward reads a channel's dy whole before writing its dx: dx may be dy.
+    Tensor dx = c.need_din[0] ? reuse_dout(c, c.in[0].shape()) : Tensor();
     c.be.batchnorm2d_backward(c.dout, c.in[0], c.params[0], c.extras[0], c.extras[1], dx, c.grads[0], c.grads[1]);
     c.din = {dx};
   }
@@ -222,7 +228,8 @@ class LayerNorm final : public Layer {
     c.extras = {r.mean, r.invstd};
   }
   void backward(BackwardContext& c) override {
-    Tensor dx = c.need_din[0] ? Tensor::empty(c.in[0].shape(), c.be.device()) : Tensor();
+    // The CPU layernorm backward computes the parameter gradients before dx, so dx may be dy.
+    Tensor dx = c.need_din[0] ? reuse_dout(c, c.in[0].shape()) : Tensor();
     c.be.layernorm_backward(c.dout, c.in[0], c.params[0], c.extras[0], c.extras[1], dx, c.grads[0], c.grads[1]);
     c.din = {dx};
   }
@@ -249,7 +256,7 @@ class Relu final : public Layer {
   double backward_flops() const override { return static_cast<double>(n_); }
   void forward(ForwardContext& c) override { c.out = ops::relu(c.be, c.in[0]); }
   void backward(BackwardContext& c) override {
-    Tensor dx = Tensor::empty(c.in[0].shape(), c.be.device());
+    Tensor dx = reuse_dout(c, c.in[0].shape());
     c.be.relu_backward(c.dout, c.in[0], dx);
     c.din = {dx};
   }
@@ -272,7 +279,7 @@ class Gelu final : public Layer {
   double forward_flops() const override { return 8.0 * n_; }
   void forward(ForwardContext& c) override { c.out = ops::gelu(c.be, c.in[0], approx_); }
   void backward(BackwardContext& c) override {
-    Tensor dx = Tensor::empty(c.in[0].shape(), c.be.device());
+    Tensor dx = reuse_dout(c, c.in[0].shape());
     c.be.gelu_backward(c.dout, c.in[0], approx_, dx);
     c.din = {dx};
   }
@@ -303,7 +310,7 @@ class Dropout final : public Layer {
       c.din = {c.dout};
       return;
     }
-    Tensor dx = Tensor::empty(c.dout.shape(), c.be.device());
+    Tensor dx = reuse_dout(c, c.dout.shape());
     c.be.dropout_backward(c.dout, p_, c.rng, dx);
     c.din = {dx};
   }

@@ -12,13 +12,14 @@ namespace {
 
 constexpr int64_t kGrain = 1 << 14;
 
-// y[i] = f(a[i]) and y[i] = f(a[i], b[i]) over chunks in parallel; tight loops over
-// restrict pointers so that they vectorise.
+// y[i] = f(a[i]) and y[i] = f(a[i], b[i]) over chunks in parallel, in tight loops that
+// vectorise. y may be a or b (in-place backward): each element is read before it is
+// written, so no restrict (GCC adds a run-time overlap check and still vectorises).
 template <typename F>
 void map1(const float* a, float* y, int64_t n, F f) {
   cpu::parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
-    const float* __restrict pa = a;
-    float* __restrict py = y;
+    const float* pa = a;
+    float* py = y;
     for (int64_t i = b; i < e; ++i) py[i] = f(pa[i]);
   });
 }
@@ -26,9 +27,9 @@ void map1(const float* a, float* y, int64_t n, F f) {
 template <typename F>
 void map2(const float* a, const float* b2, float* y, int64_t n, F f) {
   cpu::parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
-    const float* __restrict pa = a;
-    const float* __restrict pb = b2;
-    float* __restrict py = y;
+    const float* pa = a;
+    const float* pb = b2;
+    float* py = y;
     for (int64_t i = b; i < e; ++i) py[i] = f(pa[i], pb[i]);
   });
 }
