@@ -1,7 +1,8 @@
 // Branch-free float math written so that GCC vectorises loops calling it (no libm calls,
 // selects instead of branches). Same code on every thread and chunk, so results do not
 // depend on the thread count.
-//   exp:  Cody-Waite range reduction + degree-6 polynomial, max relative error ~2 ulp
+//   exp:  Cody-Waite range reduction + degree-6 polynomial, max relative error ~2 ulp;
+//         arguments are clamped to [-87.3, 88.3] (callers never need more), NaN propagates
 //   tanh: 1 - 2 / (exp(2x) + 1), absolute error < 2e-7
 //   erf:  Abramowitz & Stegun 7.1.26 (with the exp above), absolute error < 2e-7
 #pragma once
@@ -12,9 +13,11 @@
 namespace remat::cpu {
 
 inline float vexp(float x) {
-  x = x < -87.3f ? -87.3f : x;  // two plain selects: GCC if-converts them
-  x = x > 88.7f ? 88.7f : x;
-  // Round to nearest with the 1.5 * 2^23 trick (SSE2 has no vector floor); |n| <= 128.
+  const float in = x;
+  x = x != x ? 0.0f : x;  // NaN: computed on 0, returned as NaN below (no UB on the way)
+  x = x < -87.3f ? -87.3f : x;  // plain selects: GCC if-converts them
+  x = x > 88.3f ? 88.3f : x;    // keeps 2^n normal: n in [-126, 127]
+  // Round to nearest with the 1.5 * 2^23 trick (SSE2 has no vector floor).
   const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   float r = x - n * 0.693359375f;  // ln2 split in two for an exact product
   r = r - n * -2.12194440e-4f;
@@ -25,10 +28,11 @@ inline float vexp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
+  const float y = p * scale;
+  return in != in ? in : y;
 }
 
 inline float vtanh(float x) { return 1.0f - 2.0f / (vexp(2.0f * x) + 1.0f); }
