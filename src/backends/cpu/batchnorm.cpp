@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/parallel.h"
 #include "remat/error.h"
 
 namespace remat {
@@ -23,18 +24,7 @@ struct BnGeom {
   int64_t plane(int64_t i, int64_t ch) const { return (i * c + ch) * hw; }
 };
 
-double sum_f64(const float* s, int64_t n) {
-  double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-  int64_t j = 0;
-  for (; j + 4 <= n; j += 4) {
-    a0 += s[j];
-    a1 += s[j + 1];
-    a2 += s[j + 2];
-    a3 += s[j + 3];
-  }
-  for (; j < n; ++j) a0 += s[j];
-  return (a0 + a1) + (a2 + a3);
-}
+using cpu::sum_f64;
 
 // sum((s - mean)^2)
 double sum_sq_dev_f64(const float* s, int64_t n, double mean) {

@@ -34,6 +34,20 @@ void parallel_for(int64_t n, int64_t grain, const Fn& fn) {
 // in block order.
 void column_sums(const float* x, int64_t rows, int64_t cols, float* out, bool accumulate);
 
+// Sum of n floats in double with four partial sums combined in a fixed order.
+inline double sum_f64(const float* s, int64_t n) {
+  double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    a0 += s[j];
+    a1 += s[j + 1];
+    a2 += s[j + 2];
+    a3 += s[j + 3];
+  }
+  for (; j < n; ++j) a0 += s[j];
+  return (a0 + a1) + (a2 + a3);
+}
+
 // Sum of f(i) over [0, n) in double, chunked (fixed chunk size) and combined in order.
 template <typename F>
 double chunked_sum(int64_t n, const F& f) {

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/parallel.h"
 #include "remat/error.h"
 
 namespace remat {
@@ -28,19 +29,7 @@ struct PoolGeom {
   }
 };
 
-// Sum of n floats in double with four partial sums combined in a fixed order.
-double sum_f64(const float* s, int64_t n) {
-  double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-  int64_t j = 0;
-  for (; j + 4 <= n; j += 4) {
-    a0 += s[j];
-    a1 += s[j + 1];
-    a2 += s[j + 2];
-    a3 += s[j + 3];
-  }
-  for (; j < n; ++j) a0 += s[j];
-  return (a0 + a1) + (a2 + a3);
-}
+using cpu::sum_f64;
 
 }  // namespace
 
