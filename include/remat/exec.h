@@ -48,6 +48,12 @@ struct CheckpointPlan {
 // Units are the repeated-block instances of the model, or, in a model without repeated
 // blocks, its layers.
 CheckpointPlan make_plan(const Graph& g, const std::string& policy);
+// The units the policies group: repeated-block instances, or in a model without repeated
+// blocks every layer but the inputs and the loss. Each unit is a range of layer ids.
+std::vector<Segment> plan_units(const Graph& g);
+// What the selective policy keeps: outputs of GEMMs, convolutions and embeddings.
+bool kept_by_selective(const Layer& l);
+
 // A plan from explicit per-layer keep flags grouped into segments (used by the planner
 // and tests); enforces that every tensor read across a segment boundary is kept.
 CheckpointPlan make_plan_from_segments(const Graph& g, const std::string& name, const std::vector<Segment>& segments,

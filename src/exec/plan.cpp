@@ -12,9 +12,21 @@ namespace {
 
 bool always_kept(const Layer& l) { return l.kind() == LayerKind::input || l.kind() == LayerKind::loss; }
 
+// Recompute segments made of groups of `k` consecutive units.
+std::vector<Segment> group_units(const std::vector<Segment>& units, int64_t k) {
+  std::vector<Segment> out;
+  for (size_t i = 0; i < units.size(); i += static_cast<size_t>(k)) {
+    const size_t last = std::min(units.size(), i + static_cast<size_t>(k)) - 1;
+    out.push_back({units[i].begin, units[last].end, true});
+  }
+  return out;
+}
+
+}  // namespace
+
 // Units: repeated-block instances if the model has them, else every layer that can be
 // recomputed. Each unit is a contiguous range of layer ids.
-std::vector<Segment> units_of(const Graph& g) {
+std::vector<Segment> plan_units(const Graph& g) {
   std::vector<Segment> units;
   if (g.num_units > 0) {
     for (int i = 0; i < g.size(); ++i) {
@@ -33,17 +45,10 @@ std::vector<Segment> units_of(const Graph& g) {
   return units;
 }
 
-// Recompute segments made of groups of `k` consecutive units.
-std::vector<Segment> group_units(const std::vector<Segment>& units, int64_t k) {
-  std::vector<Segment> out;
-  for (size_t i = 0; i < units.size(); i += static_cast<size_t>(k)) {
-    const size_t last = std::min(units.size(), i + static_cast<size_t>(k)) - 1;
-    out.push_back({units[i].begin, units[last].end, true});
-  }
-  return out;
+bool kept_by_selective(const Layer& l) {
+  const LayerKind k = l.kind();
+  return k == LayerKind::gemm || k == LayerKind::conv || k == LayerKind::embedding;
 }
-
-}  // namespace
 
 CheckpointPlan make_plan_from_segments(const Graph& g, const std::string& name, const std::vector<Segment>& given,
                                        const std::vector<bool>& keep_in) {
@@ -107,7 +112,7 @@ CheckpointPlan make_plan_from_segments(const Graph& g, const std::string& name, 
 }
 
 CheckpointPlan make_plan(const Graph& g, const std::string& policy) {
-  const std::vector<Segment> units = units_of(g);
+  const std::vector<Segment> units = plan_units(g);
   std::vector<bool> keep(static_cast<size_t>(g.size()), true);
   auto recompute_all = [&](const std::vector<Segment>& segs) {
     for (const auto& s : segs)
@@ -138,10 +143,7 @@ CheckpointPlan make_plan(const Graph& g, const std::string& policy) {
     // pointwise, norm, dropout, softmax/attention-core and pooling layers (cheap).
     auto segs = group_units(units, 1);
     for (const auto& s : segs)
-      for (int i = s.begin; i < s.end; ++i) {
-        const LayerKind k = g.layer(i).kind();
-        keep[static_cast<size_t>(i)] = k == LayerKind::gemm || k == LayerKind::conv || k == LayerKind::embedding;
-      }
+      for (int i = s.begin; i < s.end; ++i) keep[static_cast<size_t>(i)] = kept_by_selective(g.layer(i));
     return make_plan_from_segments(g, policy, segs, keep);
   }
   if (policy == "manual") {

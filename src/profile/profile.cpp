@@ -175,19 +175,6 @@ int64_t parse_size(const std::string& s) {
 
 namespace {
 
-// Units of the graph as the policies see them (see plan.cpp).
-std::vector<Segment> units(const Graph& g) {
-  std::vector<Segment> out;
-  for (int i = 0; i < g.size(); ++i) {
-    const Layer& l = g.layer(i);
-    const bool unit_layer = g.num_units > 0 ? l.unit >= 0 : (l.kind() != LayerKind::input && l.kind() != LayerKind::loss);
-    if (!unit_layer) continue;
-    if (g.num_units > 0 && !out.empty() && out.back().end == i && g.layer(out.back().begin).unit == l.unit) out.back().end = i + 1;
-    else out.push_back({i, i + 1, true});
-  }
-  return out;
-}
-
 PlanCandidate simulate(const Config& cfg, const Graph& g, const std::string& name, const CheckpointPlan& plan) {
   StepProfile p = profile_step(cfg, g, plan, Device::meta(), /*keep_events=*/false);
   CheckpointPlan named = plan;
@@ -197,17 +184,8 @@ PlanCandidate simulate(const Config& cfg, const Graph& g, const std::string& nam
 
 }  // namespace
 
-namespace {
-enum class UnitMode { keep, selective, full };
-
-bool kept_by_selective(const Layer& l) {
-  const LayerKind k = l.kind();
-  return k == LayerKind::gemm || k == LayerKind::conv || k == LayerKind::embedding;
-}
-}  // namespace
-
 CheckpointPlan plan_from_unit_modes(const Graph& g, const std::string& name, const std::vector<UnitModeSpec>& modes) {
-  const std::vector<Segment> us = units(g);
+  const std::vector<Segment> us = plan_units(g);
   REMAT_CHECK(modes.size() == us.size(), "plan: ", modes.size(), " unit modes for ", us.size(), " units");
   std::vector<bool> keep(static_cast<size_t>(g.size()), true);
   std::vector<Segment> segs;
@@ -228,16 +206,13 @@ std::vector<PlanCandidate> plan_candidates(const Config& cfg, const Graph& g) {
   std::vector<PlanCandidate> out;
   out.push_back(simulate(cfg, g, "none", make_plan(g, "none")));
   out.push_back(simulate(cfg, g, "selective", make_plan(g, "selective")));
-  const std::vector<Segment> us = units(g);
+  const std::vector<Segment> us = plan_units(g);
   const auto n = static_cast<int64_t>(us.size());
   // Uniform segmentations: segments of K units, recomputed in full or keeping GEMM/conv
   // outputs inside.
   for (int64_t k = 1; k <= n; ++k) {
-    std::vector<UnitModeSpec> full(static_cast<size_t>(n)), sel(static_cast<size_t>(n));
-    for (int64_t u = 0; u < n; ++u) {
-      full[static_cast<size_t>(u)] = {2, static_cast<int>(u / k)};
-      sel[static_cast<size_t>(u)] = {2, static_cast<int>(u / k)};
-    }
+    std::vector<UnitModeSpec> full(static_cast<size_t>(n));
+    for (int64_t u = 0; u < n; ++u) full[static_cast<size_t>(u)] = {2, static_cast<int>(u / k)};
     const std::string name = "every:" + std::to_string(k);
     out.push_back(simulate(cfg, g, name, plan_from_unit_modes(g, name, full)));
     // every:K+selective: the segments' GEMM/conv outputs are kept.
@@ -264,7 +239,7 @@ std::vector<PlanCandidate> plan_candidates(const Config& cfg, const Graph& g) {
   return out;
 }
 
-int64_t unit_count(const Graph& g) { return static_cast<int64_t>(units(g).size()); }
+int64_t unit_count(const Graph& g) { return static_cast<int64_t>(plan_units(g).size()); }
 
 std::vector<PlanCandidate> pareto_front(std::vector<PlanCandidate> c) {
   std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) {

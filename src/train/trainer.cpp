@@ -55,17 +55,16 @@ struct Data {
   int64_t seq_len = 0;
   int64_t train_size() const { return text ? text_windows(train_text, seq_len) : train_images.labels.numel(); }
   int64_t eval_size() const { return text ? text_windows(eval_text, seq_len) : eval_images.labels.numel(); }
-  Batch train_batch(const std::vector<int64_t>& idx, Device d) const {
-    if (!text) return image_batch(train_images, idx, d);
+  Batch train_batch(const std::vector<int64_t>& idx, Device d) const { return batch(train_images, train_text, idx, d); }
+  Batch eval_batch(const std::vector<int64_t>& idx, Device d) const { return batch(eval_images, eval_text, idx, d); }
+
+ private:
+  // Sample i is image i, or the text window starting at token i * seq_len.
+  Batch batch(const ImageDataset& images, const TextDataset& txt, const std::vector<int64_t>& idx, Device d) const {
+    if (!text) return image_batch(images, idx, d);
     std::vector<int64_t> starts;
     for (int64_t i : idx) starts.push_back(i * seq_len);
-    return text_batch(train_text, starts, seq_len, d);
-  }
-  Batch eval_batch(const std::vector<int64_t>& idx, Device d) const {
-    if (!text) return image_batch(eval_images, idx, d);
-    std::vector<int64_t> starts;
-    for (int64_t i : idx) starts.push_back(i * seq_len);
-    return text_batch(eval_text, starts, seq_len, d);
+    return text_batch(txt, starts, seq_len, d);
   }
 };
 
