@@ -28,6 +28,17 @@
 #define REMAT_DYNAMIC_SHARED(T, name) T* name = static_cast<T*>(::remat::emu::dynamic_shared())
 #endif
 
+// Host functions of remat's CUDA code that take no cudaStream_t (whose type differs
+// between the builds) get their own inline namespace in an emulated build, so an emulated
+// and a CUDA build of the kernels and of the CUDA backend can be linked into one program.
+#if defined(REMAT_EMULATE)
+#define REMAT_KERNELS_ABI_BEGIN inline namespace emulated {
+#define REMAT_KERNELS_ABI_END }
+#else
+#define REMAT_KERNELS_ABI_BEGIN
+#define REMAT_KERNELS_ABI_END
+#endif
+
 namespace remat {
 
 template <typename T>

@@ -17,16 +17,6 @@
 
 #include "kernels/common.cuh"
 
-// The non-template helpers get their own (inline) namespace in an emulated build, so an
-// emulated and a CUDA build of the kernels can be linked into one program.
-#if defined(REMAT_EMULATE)
-#define REMAT_KERNELS_ABI_BEGIN inline namespace emulated {
-#define REMAT_KERNELS_ABI_END }
-#else
-#define REMAT_KERNELS_ABI_BEGIN
-#define REMAT_KERNELS_ABI_END
-#endif
-
 namespace remat::kernels {
 REMAT_KERNELS_ABI_BEGIN
 

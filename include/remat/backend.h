@@ -260,9 +260,20 @@ class Backend {
   virtual double global_norm_impl(const std::vector<Tensor>& tensors) = 0;
 };
 
-// The backend for a device (cpu, meta, cuda:N), created on first use.
+// The backend for a device (cpu, meta, cuda:N, cuda-emu), created on first use.
 Backend& backend_for(Device d);
 std::unique_ptr<Backend> make_cpu_backend();
 std::unique_ptr<Backend> make_meta_backend();
+#ifdef REMAT_WITH_CUDA
+std::unique_ptr<Backend> make_cuda_backend(int device);  // src/backends/cuda
+#endif
+
+// Backends that live outside the core library register a factory for their device type
+// before first use: the emulated CUDA backend (library remat_cuda_emu) through
+// register_cuda_emu_backend(), which the remat command and the tests call at startup.
+using BackendFactory = std::unique_ptr<Backend> (*)(Device);
+void register_backend_factory(DeviceType type, BackendFactory factory);
+bool backend_registered(DeviceType type);
+void register_cuda_emu_backend();  // defined in remat_cuda_emu
 
 }  // namespace remat

@@ -1,24 +1,26 @@
 // Check macros for the CUDA runtime, cuBLAS, cuDNN and cuRAND. Each throws remat::Error
 // with the library, the numeric code, its name, the expression and the source location.
-// Only for translation units that include the CUDA headers.
+// Only for translation units that include the CUDA headers. In an emulated build
+// (REMAT_EMULATE: the cuda-emu backend) the runtime and cuBLAS are the emulator's
+// stand-ins (kernels/emu/include) and cuRAND and cuDNN do not exist.
 #pragma once
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
-#include <curand.h>
 
 #include <string>
 
 #include "remat/error.h"
 
+#if !defined(REMAT_EMULATE)
+#include <curand.h>
 #ifdef REMAT_WITH_CUDNN
 #include <cudnn.h>
 #endif
-
 namespace remat::detail {
-std::string cublas_status_name(cublasStatus_t s);
 std::string curand_status_name(curandStatus_t s);
 }  // namespace remat::detail
+#endif
 
 #define REMAT_CUDA_CHECK(expr)                                                                  \
   do {                                                                                          \
@@ -35,10 +37,11 @@ std::string curand_status_name(curandStatus_t s);
     cublasStatus_t remat_st_ = (expr);                                                           \
     if (remat_st_ != CUBLAS_STATUS_SUCCESS) {                                                    \
       REMAT_THROW("cuBLAS error ", static_cast<int>(remat_st_), " (",                            \
-                  ::remat::detail::cublas_status_name(remat_st_), ") in `", #expr, "`");         \
+                  cublasGetStatusName(remat_st_), ") in `", #expr, "`");         \
     }                                                                                            \
   } while (0)
 
+#if !defined(REMAT_EMULATE)
 #define REMAT_CURAND_CHECK(expr)                                                                 \
   do {                                                                                           \
     curandStatus_t remat_st_ = (expr);                                                           \
@@ -48,7 +51,9 @@ std::string curand_status_name(curandStatus_t s);
     }                                                                                            \
   } while (0)
 
-#ifdef REMAT_WITH_CUDNN
+#endif
+
+#if defined(REMAT_WITH_CUDNN) && !defined(REMAT_EMULATE)
 #define REMAT_CUDNN_CHECK(expr)                                                                  \
   do {                                                                                           \
     cudnnStatus_t remat_st_ = (expr);                                                            \

@@ -1,5 +1,9 @@
-// Devices: cpu, cuda:N (when built with CUDA and a driver and GPU exist) and meta (no
-// data; every allocation is still accounted, so plans can be profiled without memory).
+// Devices: cpu, cuda:N (when built with CUDA and a driver and GPU exist), meta (no
+// data; every allocation is still accounted, so plans can be profiled without memory) and
+// cuda-emu: remat's CUDA backend with its real kernels run on the CUDA emulator
+// (kernels/emu) over host memory, for machines without a GPU. cuda-emu exists in programs
+// that link remat_cuda_emu and call register_cuda_emu_backend() (the remat command and
+// the tests do).
 #pragma once
 
 #include <string>
@@ -7,7 +11,7 @@
 
 namespace remat {
 
-enum class DeviceType { cpu, cuda, meta };
+enum class DeviceType { cpu, cuda, meta, cuda_emu };
 
 struct Device {
   DeviceType type = DeviceType::cpu;
@@ -16,14 +20,18 @@ struct Device {
   static Device cpu() { return {DeviceType::cpu, 0}; }
   static Device meta() { return {DeviceType::meta, 0}; }
   static Device cuda(int i = 0) { return {DeviceType::cuda, i}; }
+  static Device cuda_emu() { return {DeviceType::cuda_emu, 0}; }
 
-  // "cpu", "meta", "cuda", "cuda:N". Throws remat::Error for anything else.
+  // "cpu", "meta", "cuda", "cuda:N", "cuda-emu". Throws remat::Error for anything else.
   static Device parse(const std::string& s);
   std::string str() const;
 
   bool is_cpu() const { return type == DeviceType::cpu; }
   bool is_cuda() const { return type == DeviceType::cuda; }
   bool is_meta() const { return type == DeviceType::meta; }
+  bool is_cuda_emu() const { return type == DeviceType::cuda_emu; }
+  // Its memory is host memory (cpu, cuda-emu): copies and fills are plain memory operations.
+  bool host_memory() const { return type == DeviceType::cpu || type == DeviceType::cuda_emu; }
   bool operator==(const Device& o) const { return type == o.type && index == o.index; }
   bool operator!=(const Device& o) const { return !(*this == o); }
 };

@@ -58,6 +58,8 @@ class Tensor {
   // A view with a new shape of the same element count; one dimension may be -1.
   Tensor reshape(const std::vector<int64_t>& dims) const;
   Tensor view(const Shape& shape) const;  // as reshape, with a complete shape
+  // A contiguous view of `shape` starting `element_offset` elements into this tensor.
+  Tensor view_at(int64_t element_offset, const Shape& shape) const;
 
   // Raw and typed element access. Throw on undefined or meta tensors and wrong dtypes.
   void* raw_data() const;
@@ -86,7 +88,8 @@ class Tensor {
 };
 
 namespace detail {
-// Device memory primitives (src/backends/cuda); only called for cuda tensors.
+// Device memory primitives (src/backends/cuda); only called when a cuda tensor is involved
+// (cuda-emu counts as host memory).
 void device_memcpy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
 void device_fill_f32(float* dst, Device dev, int64_t n, float value);
 }  // namespace detail

@@ -44,7 +44,8 @@
 #define __constant__
 #define __managed__
 #define __forceinline__ inline
-#define __noinline__ __attribute__((noinline))
+// __noinline__ is not defined: libstdc++ spells __attribute__((__noinline__)) itself, which
+// the macro would break in every header included after this one.
 #define __align__(n) __attribute__((aligned(n)))
 #define __launch_bounds__(...)
 #define __grid_constant__

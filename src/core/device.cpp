@@ -15,12 +15,13 @@ Device Device::parse(const std::string& s) {
   if (s == "cpu") return cpu();
   if (s == "meta") return meta();
   if (s == "cuda") return cuda(0);
+  if (s == "cuda-emu") return cuda_emu();
   if (s.rfind("cuda:", 0) == 0 && s.size() > 5 && s.size() < 10) {
     bool digits = true;
     for (size_t i = 5; i < s.size(); ++i) digits = digits && std::isdigit(static_cast<unsigned char>(s[i]));
     if (digits) return cuda(std::atoi(s.c_str() + 5));
   }
-  REMAT_THROW("unknown device \"", s, "\" (expected cpu, meta, cuda or cuda:N)");
+  REMAT_THROW("unknown device \"", s, "\" (expected cpu, meta, cuda, cuda:N or cuda-emu)");
 }
 
 std::string Device::str() const {
@@ -28,6 +29,7 @@ std::string Device::str() const {
     case DeviceType::cpu: return "cpu";
     case DeviceType::meta: return "meta";
     case DeviceType::cuda: return "cuda:" + std::to_string(index);
+    case DeviceType::cuda_emu: return "cuda-emu";
   }
   return "?";
 }

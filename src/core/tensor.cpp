@@ -41,7 +41,7 @@ Tensor Tensor::empty(const Shape& shape, Device device, DType dtype, const Alloc
 Tensor Tensor::zeros(const Shape& shape, Device device, DType dtype) {
   Tensor t = empty(shape, device, dtype);
   if (t.storage_->has_data()) {
-    if (device.is_cpu()) {
+    if (device.host_memory()) {
       std::memset(t.raw_data(), 0, t.nbytes());
     } else {
       REMAT_CHECK(dtype == DType::f32, "zeros on ", device.str(), " supports f32 only");
@@ -61,7 +61,7 @@ Tensor Tensor::from_vector(const std::vector<float>& values, const Shape& shape,
   REMAT_CHECK(static_cast<int64_t>(values.size()) == shape.numel(), "from_vector: ", values.size(),
               " values do not fill shape ", shape.str(), " (", shape.numel(), " elements)");
   Tensor t = empty(shape, device, DType::f32);
-  if (device.is_cpu()) {
+  if (device.host_memory()) {
     std::copy(values.begin(), values.end(), t.f32());
   } else if (device.is_cuda()) {
     detail::device_memcpy(t.raw_data(), device, values.data(), Device::cpu(), t.nbytes());
@@ -73,7 +73,7 @@ Tensor Tensor::from_ints(const std::vector<int32_t>& values, const Shape& shape,
   REMAT_CHECK(static_cast<int64_t>(values.size()) == shape.numel(), "from_ints: ", values.size(),
               " values do not fill shape ", shape.str(), " (", shape.numel(), " elements)");
   Tensor t = empty(shape, device, DType::i32);
-  if (device.is_cpu()) {
+  if (device.host_memory()) {
     std::copy(values.begin(), values.end(), t.i32());
   } else if (device.is_cuda()) {
     detail::device_memcpy(t.raw_data(), device, values.data(), Device::cpu(), t.nbytes());
@@ -100,6 +100,16 @@ Tensor Tensor::reshape(const std::vector<int64_t>& dims) const {
     d[static_cast<size_t>(infer)] = numel() / known;
   }
   return view(Shape(d));
+}
+
+Tensor Tensor::view_at(int64_t element_offset, const Shape& shape) const {
+  REMAT_CHECK(defined(), "view_at of an undefined tensor");
+  REMAT_CHECK(element_offset >= 0 && shape.numel() <= numel() - element_offset, "view_at(", element_offset, ", ",
+              shape.str(), ") does not fit in ", str());
+  Tensor t = *this;
+  t.shape_ = shape;
+  t.offset_ += static_cast<size_t>(element_offset) * dtype_size(dtype_);
+  return t;
 }
 
 Tensor Tensor::view(const Shape& shape) const {
@@ -129,7 +139,7 @@ int32_t* Tensor::i32() const {
 std::vector<int32_t> Tensor::to_ints() const {
   REMAT_CHECK(dtype_ == DType::i32, "to_ints of ", str(), ": not i32");
   std::vector<int32_t> out(static_cast<size_t>(numel()));
-  if (device().is_cpu()) {
+  if (device().host_memory()) {
     std::copy(i32(), i32() + numel(), out.begin());
   } else {
     detail::device_memcpy(out.data(), Device::cpu(), raw_data(), device(), nbytes());
@@ -140,7 +150,7 @@ std::vector<int32_t> Tensor::to_ints() const {
 std::vector<float> Tensor::to_vector() const {
   REMAT_CHECK(dtype_ == DType::f32, "to_vector of ", str(), ": only f32 is supported");
   std::vector<float> out(static_cast<size_t>(numel()));
-  if (device().is_cpu()) {
+  if (device().host_memory()) {
     std::copy(f32(), f32() + numel(), out.begin());
   } else {
     detail::device_memcpy(out.data(), Device::cpu(), raw_data(), device(), nbytes());
@@ -165,7 +175,7 @@ void Tensor::copy_from(const Tensor& src) {
     return;  // nothing to move
   }
   if (nbytes() == 0) return;
-  if (dd.is_cpu() && sd.is_cpu()) {
+  if (dd.host_memory() && sd.host_memory()) {
     std::memmove(raw_data(), src.raw_data(), nbytes());
   } else {
     detail::device_memcpy(raw_data(), dd, src.raw_data(), sd, nbytes());
@@ -176,7 +186,7 @@ void Tensor::fill_(float value) {
   REMAT_CHECK(dtype_ == DType::f32, "fill_ of ", str(), ": only f32 is supported");
   const Device d = device();
   if (d.is_meta()) return;
-  if (d.is_cpu()) {
+  if (d.host_memory()) {
     std::fill(f32(), f32() + numel(), value);
   } else {
     detail::device_fill_f32(f32(), d, numel(), value);

@@ -335,6 +335,8 @@ CachingAllocator& allocator_for(Device d) {
     switch (d.type) {
       case DeviceType::cpu: slot = std::make_unique<CachingAllocator>(d, make_cpu_raw_allocator()); break;
       case DeviceType::meta: slot = std::make_unique<CachingAllocator>(d, make_meta_raw_allocator()); break;
+      // The emulated GPU's memory is host memory (as cudaMalloc on the emulator).
+      case DeviceType::cuda_emu: slot = std::make_unique<CachingAllocator>(d, make_cpu_raw_allocator()); break;
       case DeviceType::cuda:
         require_available(d);
 #ifdef REMAT_WITH_CUDA

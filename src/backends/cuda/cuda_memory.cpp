@@ -46,6 +46,7 @@ namespace detail {
 
 void device_memcpy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) {
   REMAT_CHECK(!dst_dev.is_meta() && !src_dev.is_meta(), "copy between ", src_dev.str(), " and ", dst_dev.str());
+  // cuda-emu memory is host memory
   cudaMemcpyKind kind = dst_dev.is_cuda() ? (src_dev.is_cuda() ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
                                           : (src_dev.is_cuda() ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
   if (dst_dev.is_cuda()) REMAT_CUDA_CHECK(cudaSetDevice(dst_dev.index));

@@ -1,0 +1,118 @@
+// The CUDA backend's device, stream and handles; GEMM and linear layers through cuBLAS.
+#include "backends/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "kernels/bias.cuh"
+#include "remat/cuda_check.h"
+#include "remat/error.h"
+
+namespace remat {
+REMAT_KERNELS_ABI_BEGIN
+
+namespace {
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::strcmp(v, "0") != 0;
+}
+
+int to_int(int64_t v, const char* what) {
+  REMAT_CHECK(v <= std::numeric_limits<int>::max(), "GEMM ", what, " = ", v, " exceeds cuBLAS's 32-bit sizes");
+  return static_cast<int>(v);
+}
+
+// c[m, n] = alpha * op(a) op(b) + beta * c for row-major matrices, batched with element
+// strides (stride 0 shares a matrix across the batch). Row-major C = A B is column-major
+// C^T = B^T A^T, so cuBLAS gets the operands swapped.
+void sgemm_rowmajor(cublasHandle_t h, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                    int64_t stride_a, const float* b, int64_t stride_b, float beta, float* c, int64_t stride_c,
+                    int64_t batch) {
+  if (m == 0 || n == 0 || batch == 0) return;
+  const int M = to_int(m, "m"), N = to_int(n, "n"), K = to_int(k, "k");
+  const int lda = ta ? M : std::max(K, 1), ldb = tb ? std::max(K, 1) : N;
+  const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (batch == 1) {
+    REMAT_CUBLAS_CHECK(cublasSgemm(h, op_b, op_a, N, M, K, &alpha, b, ldb, a, lda, &beta, c, N));
+  } else {
+    REMAT_CUBLAS_CHECK(cublasSgemmStridedBatched(h, op_b, op_a, N, M, K, &alpha, b, ldb, stride_b, a, lda, stride_a,
+                                                 &beta, c, N, stride_c, to_int(batch, "batch")));
+  }
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(Device device) : device_(device) {
+  REMAT_CHECK(device.is_cuda() || device.is_cuda_emu(), "CudaBackend on ", device.str());
+  activate();
+  REMAT_CUDA_CHECK(cudaStreamCreate(&stream_));  // blocking: ordered with cudaMemcpy on the default stream
+  REMAT_CUBLAS_CHECK(cublasCreate(&cublas_));
+  REMAT_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+  set_tf32(env_flag("REMAT_TF32"));
+  REMAT_CUDA_CHECK(cudaMalloc(&scratch_, kScratchBytes));
+}
+
+CudaBackend::~CudaBackend() {
+  activate();
+  if (scratch_) cudaFree(scratch_);
+  if (cublas_) cublasDestroy(cublas_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+void CudaBackend::activate() const {
+  if (device_.is_cuda()) REMAT_CUDA_CHECK(cudaSetDevice(device_.index));
+}
+
+void CudaBackend::set_tf32(bool on) {
+  // Pedantic math keeps fp32 GEMMs in fp32 even under NVIDIA_TF32_OVERRIDE.
+  REMAT_CUBLAS_CHECK(cublasSetMathMode(cublas_, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
+  tf32_ = on;
+}
+
+void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) const {
+  REMAT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  REMAT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::gemm_impl(const Tensor& a, const Tensor& b, const Tensor& c, const GemmParams& p) {
+  activate();
+  const int64_t m = c.size(-2), n = c.size(-1);
+  const int64_t k = p.trans_a ? a.size(-2) : a.size(-1);
+  const int64_t batch = m * n == 0 ? 0 : c.numel() / (m * n);
+  const bool shared_b = b.rank() == 2;
+  sgemm_rowmajor(cublas_, p.trans_a, p.trans_b, m, n, k, p.alpha, a.f32(), m * k, b.f32(), shared_b ? 0 : k * n,
+                 p.beta, c.f32(), m * n, batch);
+}
+
+void CudaBackend::linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) {
+  activate();
+  const int64_t in = w.size(1), out = w.size(0), rows = in == 0 ? x.numel() : x.numel() / in;
+  if (b.defined()) kernels::bias_broadcast(b.f32(), rows, out, y.f32(), stream_);
+  sgemm_rowmajor(cublas_, false, true, rows, out, in, 1.0f, x.f32(), 0, w.f32(), 0, b.defined() ? 1.0f : 0.0f,
+                 y.f32(), 0, 1);
+}
+
+void CudaBackend::linear_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx,
+                                       const Tensor& dw, const Tensor& db) {
+  activate();
+  const int64_t in = w.size(1), out = w.size(0), rows = dy.numel() / std::max<int64_t>(out, 1);
+  if (dx.defined()) sgemm_rowmajor(cublas_, false, false, rows, in, out, 1.0f, dy.f32(), 0, w.f32(), 0, 0.0f, dx.f32(), 0, 1);
+  if (dw.defined()) sgemm_rowmajor(cublas_, true, false, out, in, rows, 1.0f, dy.f32(), 0, x.f32(), 0, 1.0f, dw.f32(), 0, 1);
+  if (db.defined()) kernels::column_sums(dy.f32(), rows, out, db.f32(), /*accumulate=*/true, stream_);
+}
+
+REMAT_KERNELS_ABI_END
+
+#if defined(REMAT_EMULATE)
+void register_cuda_emu_backend() {
+  register_backend_factory(DeviceType::cuda_emu,
+                           [](Device d) -> std::unique_ptr<Backend> { return std::make_unique<CudaBackend>(d); });
+}
+#else
+std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<CudaBackend>(Device::cuda(device)); }
+#endif
+
+}  // namespace remat

@@ -1,0 +1,165 @@
+#include "backend_ops/harness.h"
+
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "remat/device.h"
+#include "remat/error.h"
+
+namespace remat::test {
+
+namespace {
+
+constexpr int64_t kGuard = 67;  // elements each side; odd, so vector-width overruns land in it
+constexpr uint32_t kGuardBits = 0x7fa5a5a5u;  // a NaN payload no kernel produces
+constexpr uint32_t kPoisonI32 = 0x7f7f7f7fu;
+
+std::vector<uint32_t> host_bits(const Tensor& t) {
+  std::vector<uint32_t> out(static_cast<size_t>(t.numel()));
+  if (t.dtype() == DType::f32) {
+    auto v = t.to_vector();
+    std::memcpy(out.data(), v.data(), out.size() * 4);
+  } else {
+    auto v = t.to_ints();
+    std::memcpy(out.data(), v.data(), out.size() * 4);
+  }
+  return out;
+}
+
+Tensor from_bits(const std::vector<uint32_t>& bits, const Shape& s, DType dtype, Device d) {
+  if (dtype == DType::f32) {
+    std::vector<float> f(bits.size());
+    std::memcpy(f.data(), bits.data(), bits.size() * 4);
+    return Tensor::from_vector(f, s, d);
+  }
+  std::vector<int32_t> i(bits.size());
+  std::memcpy(i.data(), bits.data(), bits.size() * 4);
+  return Tensor::from_ints(i, s, d);
+}
+
+}  // namespace
+
+OpCheck::OpCheck(Backend& ref, Backend& dut, uint64_t seed) : ref_(ref), dut_(dut), rng_(seed) {}
+
+OpCheck::~OpCheck() = default;
+
+Pair OpCheck::uniform(const Shape& s, float lo, float hi) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(static_cast<size_t>(s.numel()));
+  for (auto& x : v) x = dist(rng_);
+  return values(v, s);
+}
+
+Pair OpCheck::values(const std::vector<float>& v, const Shape& s) {
+  return {Tensor::from_vector(v, s, ref_.device()), Tensor::from_vector(v, s, dut_.device())};
+}
+
+Pair OpCheck::ints(const Shape& s, int lo, int hi) {
+  std::uniform_int_distribution<int> dist(lo, hi);
+  std::vector<int32_t> v(static_cast<size_t>(s.numel()));
+  for (auto& x : v) x = dist(rng_);
+  return int_values(v, s);
+}
+
+Pair OpCheck::int_values(const std::vector<int32_t>& v, const Shape& s) {
+  return {Tensor::from_ints(v, s, ref_.device()), Tensor::from_ints(v, s, dut_.device())};
+}
+
+Pair OpCheck::guarded(const Shape& s, DType dtype) {
+  const int64_t n = s.numel();
+  std::vector<uint32_t> bits(static_cast<size_t>(n + 2 * kGuard), kGuardBits);
+  const uint32_t poison = dtype == DType::f32 ? 0x7fc00000u : kPoisonI32;
+  std::fill(bits.begin() + kGuard, bits.begin() + kGuard + n, poison);
+  const Shape whole({n + 2 * kGuard});
+  Guarded g;
+  g.ref_storage = from_bits(bits, whole, dtype, ref_.device());
+  g.dut_storage = from_bits(bits, whole, dtype, dut_.device());
+  g.numel = n;
+  g.dtype = dtype;
+  guarded_.push_back(g);
+  return {g.ref_storage.view_at(kGuard, s), g.dut_storage.view_at(kGuard, s)};
+}
+
+Pair OpCheck::output(const Shape& s, DType dtype) { return guarded(s, dtype); }
+
+Pair OpCheck::output_like(const Pair& init) {
+  Pair p = guarded(init.ref.shape(), init.ref.dtype());
+  p.ref.copy_from(init.ref);
+  p.dut.copy_from(init.ref);  // the reference's values, so both start bitwise equal
+  return p;
+}
+
+void OpCheck::run(const std::function<void(Backend&, Side)>& f) {
+  f(ref_, Side{true});
+  f(dut_, Side{false});
+}
+
+void OpCheck::check_guards() {
+  for (const auto& g : guarded_) {
+    for (const Tensor* t : {&g.ref_storage, &g.dut_storage}) {
+      const auto bits = host_bits(*t);
+      for (int64_t i = 0; i < kGuard; ++i) {
+        const int64_t lo = i, hi = kGuard + g.numel + i;
+        ASSERT_EQ(bits[static_cast<size_t>(lo)], kGuardBits)
+            << "write before an output (" << (kGuard - i) << " elements before it) on " << t->device().str();
+        ASSERT_EQ(bits[static_cast<size_t>(hi)], kGuardBits)
+            << "write after an output (element " << (g.numel + i) << " of " << g.numel << ") on "
+            << t->device().str();
+      }
+    }
+  }
+}
+
+void OpCheck::expect_close(const Pair& p, double atol, double rtol, const std::string& what) {
+  check_guards();
+  ASSERT_EQ(p.ref.numel(), p.dut.numel()) << what;
+  const int64_t n = p.ref.numel();
+  int64_t bad = 0, first = -1;
+  double worst = 0.0;
+  std::ostringstream first_msg;
+  if (p.ref.dtype() == DType::i32) {
+    const auto r = p.ref.to_ints(), d = p.dut.to_ints();
+    for (int64_t i = 0; i < n; ++i) {
+      if (r[static_cast<size_t>(i)] != d[static_cast<size_t>(i)]) {
+        if (bad++ == 0) {
+          first = i;
+          first_msg << "ref " << r[static_cast<size_t>(i)] << ", " << p.dut.device().str() << " "
+                    << d[static_cast<size_t>(i)];
+        }
+      }
+    }
+  } else {
+    const auto r = p.ref.to_vector(), d = p.dut.to_vector();
+    for (int64_t i = 0; i < n; ++i) {
+      const double a = r[static_cast<size_t>(i)], b = d[static_cast<size_t>(i)];
+      bool ok;
+      if (std::isnan(a) || std::isnan(b)) ok = std::isnan(a) && std::isnan(b);
+      else if (std::isinf(a) || std::isinf(b)) ok = a == b;
+      else {
+        const double err = std::fabs(a - b);
+        worst = std::max(worst, err);
+        ok = err <= atol + rtol * std::fabs(a);
+      }
+      if (!ok && bad++ == 0) {
+        first = i;
+        first_msg.precision(9);
+        first_msg << "ref " << a << ", " << p.dut.device().str() << " " << b;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0) << what << " " << p.ref.shape().str() << ": " << bad << " of " << n
+                    << " elements differ beyond atol " << atol << " + rtol " << rtol << "; first at flat index "
+                    << first << " (" << first_msg.str() << "); max abs error " << worst;
+}
+
+std::vector<const OpCase*>& op_cases() {
+  static std::vector<const OpCase*> cases;
+  return cases;
+}
+
+OpCaseRegistrar::OpCaseRegistrar(const char* family, const char* name, void (*fn)(OpCheck&)) {
+  op_cases().push_back(new OpCase{family, name, fn});
+}
+
+}  // namespace remat::test

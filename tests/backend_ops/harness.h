@@ -1,0 +1,110 @@
+// The op-by-op test of a backend against the CPU backend (ggml's test-backend-ops
+// pattern): a registry of op cases, each run on the cpu reference and on the device under
+// test with the same inputs, outputs compared with a stated tolerance.
+//
+// - Inputs are created on the host and copied to both devices (Pair: ref on cpu, dut on
+//   the device under test).
+// - Outputs live between guard zones (canaries) and are poisoned with NaN before the op,
+//   so an element the op forgets to write, or one it writes out of bounds, fails.
+// - NaN or inf where the reference is finite (or the other way round) fails; NaN == NaN
+//   and equal infinities match.
+// - An op the device does not implement (remat::Unsupported) is reported as skipped.
+//
+// Write a case with REMAT_OP_CASE(family, name) { ... } in cases_<family>.cpp:
+//
+//   REMAT_OP_CASE(elementwise, relu_forward_odd) {
+//     auto x = t.uniform({3, 1001});
+//     auto y = t.output({3, 1001});
+//     t.run([&](Backend& be, Side s) { be.relu_forward(s(x), s(y)); });
+//     t.expect_close(y, 0, 0, "y");
+//   }
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "remat/backend.h"
+#include "remat/tensor.h"
+
+namespace remat::test {
+
+// The same tensor on the reference (cpu) and on the device under test.
+struct Pair {
+  Tensor ref;
+  Tensor dut;
+};
+
+// Picks a Pair's tensor for the backend being run.
+struct Side {
+  bool ref = true;
+  const Tensor& operator()(const Pair& p) const { return ref ? p.ref : p.dut; }
+};
+
+class OpCheck {
+ public:
+  OpCheck(Backend& ref, Backend& dut, uint64_t seed);
+  ~OpCheck();
+
+  Device device() const { return dut_.device(); }
+
+  // Inputs: uniform in [lo, hi), or given values.
+  Pair uniform(const Shape& s, float lo = -1.0f, float hi = 1.0f);
+  Pair values(const std::vector<float>& v, const Shape& s);
+  // i32 inputs uniform in [lo, hi] (inclusive).
+  Pair ints(const Shape& s, int lo, int hi);
+  Pair int_values(const std::vector<int32_t>& v, const Shape& s);
+  // An output: guarded on both sides, every element NaN (f32) or 0x7f7f7f7f (i32).
+  Pair output(const Shape& s, DType dtype = DType::f32);
+  // An output that starts with given contents (for ops that accumulate, or update in
+  // place): guarded, a copy of `init` on both sides.
+  Pair output_like(const Pair& init);
+
+  // Runs f(backend, side) on the reference, then on the device under test.
+  void run(const std::function<void(Backend&, Side)>& f);
+
+  // Element-wise |dut - ref| <= atol + rtol * |ref|; checks the output's guards too.
+  void expect_close(const Pair& p, double atol, double rtol, const std::string& what);
+  // Bitwise equality.
+  void expect_equal(const Pair& p, const std::string& what) { expect_close(p, 0.0, 0.0, what); }
+
+  std::mt19937_64& rng() { return rng_; }
+
+ private:
+  Pair guarded(const Shape& s, DType dtype);
+  void check_guards();
+
+  Backend& ref_;
+  Backend& dut_;
+  std::mt19937_64 rng_;
+  struct Guarded {
+    Tensor ref_storage, dut_storage;  // the whole allocations, guards included
+    int64_t numel = 0;
+    DType dtype = DType::f32;
+  };
+  std::vector<Guarded> guarded_;
+};
+
+struct OpCase {
+  std::string family;
+  std::string name;
+  void (*fn)(OpCheck&);
+};
+
+std::vector<const OpCase*>& op_cases();
+
+struct OpCaseRegistrar {
+  OpCaseRegistrar(const char* family, const char* name, void (*fn)(OpCheck&));
+};
+
+}  // namespace remat::test
+
+#define REMAT_OP_CASE(family, name)                                                                  \
+  static void remat_op_case_##family##_##name(::remat::test::OpCheck& t);                           \
+  static const ::remat::test::OpCaseRegistrar remat_op_case_reg_##family##_##name(                  \
+      #family, #name, &remat_op_case_##family##_##name);                                             \
+  static void remat_op_case_##family##_##name([[maybe_unused]] ::remat::test::OpCheck& t)

@@ -1,0 +1,38 @@
+// Every registered op case (cases_*.cpp) on the device under test, against the cpu
+// backend. Built twice (tests/CMakeLists.txt): on cuda-emu (label kernels) and on cuda
+// (label gpu, skipped without a GPU). REMAT_TEST_DEVICE names the device.
+#include <gtest/gtest.h>
+
+#include "backend_ops/harness.h"
+#include "remat/device.h"
+#include "remat/error.h"
+
+namespace remat::test {
+namespace {
+
+#if defined(REMAT_TEST_EMU)
+const bool kRegistered = (register_cuda_emu_backend(), true);
+#endif
+
+class BackendOps : public ::testing::TestWithParam<const OpCase*> {};
+
+TEST_P(BackendOps, MatchesCpu) {
+  const Device dut = Device::parse(REMAT_TEST_DEVICE);
+  if (dut.is_cuda() && !cuda_status().available) GTEST_SKIP() << "no CUDA device: " << cuda_status().error;
+  const OpCase& c = *GetParam();
+  try {
+    OpCheck check(backend_for(Device::cpu()), backend_for(dut), /*seed=*/0x5eed0000u + std::hash<std::string>{}(c.name) % 1000);
+    c.fn(check);
+  } catch (const Unsupported& e) {
+    GTEST_SKIP() << "unsupported on " << dut.str() << ": " << e.what();
+  }
+}
+
+std::string case_name(const ::testing::TestParamInfo<const OpCase*>& info) {
+  return info.param->family + "_" + info.param->name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, BackendOps, ::testing::ValuesIn(op_cases()), case_name);
+
+}  // namespace
+}  // namespace remat::test
