@@ -263,7 +263,8 @@ class Backend {
 // The backend for a device (cpu, meta, cuda:N, cuda-emu), created on first use.
 Backend& backend_for(Device d);
 std::unique_ptr<Backend> make_cpu_backend();
-std::unique_ptr<Backend> make_meta_backend();
+// A meta backend whose workspace queries are those of `workspace_model` (default: cpu's).
+std::unique_ptr<Backend> make_meta_backend(Backend* workspace_model = nullptr);
 #ifdef REMAT_WITH_CUDA
 std::unique_ptr<Backend> make_cuda_backend(int device);  // src/backends/cuda
 #endif

@@ -58,8 +58,10 @@ struct ProfileInput {
 // the config names (the text corpus is read for its vocabulary; synthetic sets use data.vocab).
 Graph build_config_graph(const Config& cfg, int64_t batch, int64_t seq);
 
+// On meta, `workspace_model` (a real backend) answers the workspace queries, so the
+// prediction is for that backend (default: the cpu's).
 StepProfile profile_step(const Config& cfg, const Graph& g, const CheckpointPlan& plan, Device device,
-                         bool keep_events = true);
+                         bool keep_events = true, Backend* workspace_model = nullptr);
 
 // Parses a byte size: "123", "512MiB", "12GiB", "1.5G" (K/M/G/T and KiB/MiB/GiB/TiB are
 // powers of 1024; KB/MB/GB/TB powers of 1000). Throws a clear error otherwise.

@@ -70,11 +70,13 @@ Batch synthetic_batch(const Graph& g, Device d, uint64_t seed) {
 }  // namespace
 
 StepProfile profile_step(const Config& cfg, const Graph& g, const CheckpointPlan& plan, Device device,
-                         bool keep_events) {
+                         bool keep_events, Backend* workspace_model) {
   StepProfile p;
   p.policy = plan.policy;
   p.device = device;
-  Backend& be = backend_for(device);
+  std::unique_ptr<Backend> modelled;
+  if (device.is_meta() && workspace_model) modelled = make_meta_backend(workspace_model);
+  Backend& be = modelled ? *modelled : backend_for(device);
   CachingAllocator& alloc = allocator_for(device);
   alloc.empty_cache();
   const MemoryStats base = alloc.stats();

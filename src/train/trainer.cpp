@@ -36,14 +36,10 @@ std::string format_duration(double seconds) {
 }
 
 Device resolve_device(const std::string& name) {
-  if (name == "auto") {
-    // The CUDA backend arrives with its issue; until then auto means the CPU.
-    return Device::cpu();
-  }
+  if (name == "auto") return cuda_status().available ? Device::cuda(0) : Device::cpu();
   Device d = Device::parse(name);
   require_available(d);
   if (d.is_meta()) REMAT_THROW("cannot train on meta (it holds no data); use `remat memprof --device meta`");
-  if (d.is_cuda()) REMAT_THROW("device ", d.str(), ": the CUDA backend is not built yet; use --device cpu");
   return d;
 }
 

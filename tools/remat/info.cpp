@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "commands.h"
+#include "remat/backend.h"
 #include "remat/device.h"
 #include "remat/memory.h"
 
@@ -39,6 +40,8 @@ Runner add_info_command(CLI::App& app) {
     } else {
       std::printf("  cuda            unavailable: %s\n", cs.error.c_str());
     }
+    if (backend_registered(DeviceType::cuda_emu))
+      std::printf("  cuda-emu        available (the CUDA kernels on the host emulator: exact semantics, slow)\n");
     std::printf("  meta            available (shapes and allocations only, no data)\n");
     return 0;
   };

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "remat/backend.h"
 #include "remat/error.h"
 
 // OpenMP threads that spin-wait between parallel regions steal the cores that BLAS and
@@ -22,6 +23,9 @@ static void prefer_passive_openmp_waits(char** argv) {
 
 int main(int argc, char** argv) {
   prefer_passive_openmp_waits(argv);
+#ifdef REMAT_HAVE_CUDA_EMU
+  remat::register_cuda_emu_backend();
+#endif
   CLI::App app{"remat: train deep models in less memory (gradient checkpointing on CUDA and CPU)"};
   app.require_subcommand(1);
   std::vector<remat::cli::Runner> runners;

@@ -35,7 +35,7 @@ Runner add_memprof_command(CLI::App& app) {
   cmd->add_option("--batch", o->batch, "Batch size (default: the config's)");
   cmd->add_option("--seq", o->seq, "Sequence length for token models (default: the config's)");
   cmd->add_option("--policy", o->policies, "Comma-separated policies, e.g. none,all,every:4,sqrt,selective,budget:8GiB");
-  cmd->add_option("--device", o->device, "meta (predict, computes nothing), cpu (measure too), cuda")->default_val("meta");
+  cmd->add_option("--device", o->device, "meta (predict, computes nothing); cpu, cuda[:N] or cuda-emu (measure too)")->default_val("meta");
   cmd->add_option("--json", o->json, "Write a machine-readable report");
   cmd->add_option("--trace", o->trace, "Write a Chrome Trace Event file (Perfetto, chrome://tracing)");
   cmd->add_option("--svg", o->svg, "Write a plot of memory over the step, one line per policy");
@@ -48,12 +48,12 @@ Runner add_memprof_command(CLI::App& app) {
     if (o->seq < 0) REMAT_THROW("--seq must be positive, got ", o->seq);
     const Device dev = Device::parse(o->device);
     require_available(dev);
-    if (dev.is_cuda()) REMAT_THROW("memprof --device ", dev.str(), ": the CUDA backend is not built yet");
     Graph g = build_config_graph(cfg, batch, o->seq);
     std::vector<StepProfile> predicted, measured;
     for (const std::string& pol : split_policies(o->policies)) {
       CheckpointPlan plan = resolve_policy(cfg, g, pol);
-      predicted.push_back(profile_step(cfg, g, plan, Device::meta()));
+      // predicted on meta with the measured device's workspace sizes
+      predicted.push_back(profile_step(cfg, g, plan, Device::meta(), true, dev.is_meta() ? nullptr : &backend_for(dev)));
       if (!dev.is_meta()) measured.push_back(profile_step(cfg, g, plan, dev));
     }
     std::printf("remat memprof %s: %s, batch %lld, %lld parameters, device %s\n\n", o->config.c_str(), cfg.name.c_str(),

@@ -11,7 +11,7 @@ Runner add_train_command(CLI::App& app) {
   auto opt = std::make_shared<TrainOptions>();
   cmd->add_option("config", opt->config, "Model config (models/*.json)")->required()->check(CLI::ExistingFile);
   cmd->add_option("--policy", opt->policy, "Checkpoint policy: none, all, every:K, sqrt, selective, manual (default: the config's)");
-  cmd->add_option("--device", opt->device, "cpu, cuda, cuda:N or auto")->default_val("auto");
+  cmd->add_option("--device", opt->device, "cpu, cuda, cuda:N, cuda-emu (the CUDA kernels on the emulator: slow) or auto (cuda:0 when a GPU is present)")->default_val("auto");
   auto* steps = cmd->add_option("--steps", opt->steps, "Training steps (overrides the config)");
   cmd->add_option("--epochs", opt->epochs, "Epochs (overrides the config)")->excludes(steps);
   cmd->add_option("--batch", opt->batch, "Batch size (overrides the config)");

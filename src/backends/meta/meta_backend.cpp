@@ -1,6 +1,7 @@
 // The meta backend: shapes and allocations only. Every op is validated like on the CPU
 // and does nothing; the workspace queries are the CPU backend's, so a plan profiled on
-// meta holds exactly what it holds on cpu. Results (accuracy, norms) are zero.
+// meta holds exactly what it holds on cpu, or those of a given backend (the workspace
+// model: cuda's, to predict a GPU step). Results (accuracy, norms) are zero.
 #include "backends/cpu/cpu_backend.h"
 
 namespace remat {
@@ -9,10 +10,23 @@ namespace {
 
 class MetaBackend final : public CpuBackend {
  public:
+  explicit MetaBackend(Backend* workspace_model) : ws_(workspace_model) {}
   Device device() const override { return Device::meta(); }
   std::string name() const override { return "meta"; }
 
  protected:
+  size_t conv2d_forward_workspace_impl(const Shape& x, const Shape& w, const Conv2dParams& p) override {
+    return ws_ ? ws_->conv2d_forward_workspace(x, w, p) : CpuBackend::conv2d_forward_workspace_impl(x, w, p);
+  }
+  size_t conv2d_backward_workspace_impl(const Shape& x, const Shape& w, const Conv2dParams& p) override {
+    return ws_ ? ws_->conv2d_backward_workspace(x, w, p) : CpuBackend::conv2d_backward_workspace_impl(x, w, p);
+  }
+  size_t attention_forward_workspace_impl(const Shape& qkv, const AttentionParams& p) override {
+    return ws_ ? ws_->attention_forward_workspace(qkv, p) : CpuBackend::attention_forward_workspace_impl(qkv, p);
+  }
+  size_t attention_backward_workspace_impl(const Shape& qkv, const AttentionParams& p) override {
+    return ws_ ? ws_->attention_backward_workspace(qkv, p) : CpuBackend::attention_backward_workspace_impl(qkv, p);
+  }
   void gemm_impl(const Tensor&, const Tensor&, const Tensor&, const GemmParams&) override {}
   void linear_forward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
   void linear_backward_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) override {}
@@ -54,10 +68,15 @@ class MetaBackend final : public CpuBackend {
   void sgd_step_impl(const Tensor&, const Tensor&, const Tensor&, const SgdParams&, int64_t) override {}
   void adamw_step_impl(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamWParams&, int64_t) override {}
   double global_norm_impl(const std::vector<Tensor>&) override { return 0.0; }
+
+ private:
+  Backend* ws_;  // answers the workspace queries when set
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_meta_backend() { return std::make_unique<MetaBackend>(); }
+std::unique_ptr<Backend> make_meta_backend(Backend* workspace_model) {
+  return std::make_unique<MetaBackend>(workspace_model);
+}
 
 }  // namespace remat

@@ -1,0 +1,181 @@
+// The executor and the trainer on the CUDA backend: built twice (tests/CMakeLists.txt),
+// on cuda-emu (label kernels, every build) and on cuda (label gpu). REMAT_TEST_DEVICE
+// names the device under test.
+// - Every shipped config, scaled down, and the tiny test configs: three steps with dropout
+//   on give bitwise the same losses, gradients and weights under every checkpoint policy
+//   as the plain step, on the device (the executor's invariant holds on this backend too).
+// - The same plain run on the device matches the cpu backend within stated tolerances.
+// - A short `remat train` run on the device matches the cpu run's losses.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "remat/config.h"
+#include "remat/error.h"
+#include "remat/exec.h"
+#include "remat/train.h"
+#include "support/golden.h"
+#include "support/models.h"
+
+using remat::Batch;
+using remat::Device;
+using remat::Tensor;
+using remat::test::bitwise_equal;
+
+namespace {
+
+#if defined(REMAT_TEST_EMU)
+const bool kRegistered = (remat::register_cuda_emu_backend(), true);
+#endif
+
+Device dut() { return Device::parse(REMAT_TEST_DEVICE); }
+
+bool skip_without_device() { return dut().is_cuda() && !remat::cuda_status().available; }
+
+// Deterministic inputs for any graph (token ids or images, and targets), built on the host.
+Batch batch_for(const remat::Graph& g, uint32_t seed, Device d) {
+  const remat::Layer& in = g.layer(g.input_id);
+  const remat::Layer& tg = g.layer(g.targets_id);
+  Batch b;
+  int64_t vocab = 0;
+  for (int i = 0; i < g.size(); ++i)
+    if (g.layer(i).type == "embedding")
+      vocab = g.params[static_cast<size_t>(g.layer_params[static_cast<size_t>(i)][0])].spec.shape[0];
+  const int64_t classes = g.layer(g.logits_id).out_shape[-1];
+  if (in.out_dtype == remat::DType::i32) {
+    std::vector<int32_t> ids(static_cast<size_t>(in.out_shape.numel()));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 5 + seed) % static_cast<size_t>(vocab));
+    b.input = Tensor::from_ints(ids, in.out_shape, d);
+  } else {
+    b.input = remat::test::random_tensor(in.out_shape, seed).to(d);
+  }
+  std::vector<int32_t> t(static_cast<size_t>(tg.out_shape.numel()));
+  for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<int32_t>((i * 3 + seed) % static_cast<size_t>(classes));
+  b.targets = Tensor::from_ints(t, tg.out_shape, d);
+  return b;
+}
+
+struct StepRun {
+  std::vector<float> losses;
+  std::vector<Tensor> state;  // on the host: weights (and BN running statistics), then gradients
+  std::vector<std::string> names;
+};
+
+// Three steps (SGD between them), dropout on where the model has it.
+StepRun run(const remat::Graph& g, Device d, const std::string& policy) {
+  remat::Backend& be = remat::backend_for(d);
+  remat::ParamStore params(g, d, 5);
+  remat::Executor ex(g, params, be, remat::make_plan(g, policy), remat::ExecOptions{policy != "none"});
+  remat::RngGenerator gen(9);
+  StepRun r;
+  for (int step = 1; step <= 3; ++step) {
+    params.zero_grads(be);
+    r.losses.push_back(ex.train_step(batch_for(g, static_cast<uint32_t>(step), d), gen).loss);
+    remat::SgdParams sp;
+    sp.lr = 0.01;
+    for (size_t p = 0; p < params.values.size(); ++p)
+      if (params.grads[p].defined() && step < 3) be.sgd_step(params.values[p], params.grads[p], Tensor(), sp, step);
+  }
+  for (size_t p = 0; p < params.values.size(); ++p) {
+    r.state.push_back(params.values[p].to(Device::cpu()));
+    r.names.push_back(g.params[p].name);
+    if (params.grads[p].defined()) {
+      r.state.push_back(params.grads[p].to(Device::cpu()));
+      r.names.push_back(g.params[p].name + ".grad");
+    }
+  }
+  return r;
+}
+
+struct Model {
+  std::string name;
+  remat::Graph graph;
+};
+
+std::vector<Model> test_models() {
+  std::vector<Model> out;
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(REMAT_SOURCE_DIR) + "/models")) {
+    if (entry.path().extension() != ".json") continue;
+    remat::Config c = remat::load_config(entry.path().string());
+    out.push_back({entry.path().filename().string(),
+                   remat::build_graph(remat::test::shrink_model(c.model), 3, entry.path().string(), {{"vocab", 11}})});
+  }
+  for (const char* tiny : {"gpt_char_tiny.json", "fashion_cnn_tiny.json"}) {
+    const std::string path = std::string(REMAT_SOURCE_DIR) + "/tests/configs/" + tiny;
+    remat::Config c = remat::load_config(path);
+    out.push_back({tiny, remat::build_graph(c.model, 2, path, {{"vocab", 24}})});
+  }
+  return out;
+}
+
+// max |a - b| <= atol + rtol * max |a| over the tensor
+::testing::AssertionResult close(const Tensor& a, const Tensor& b, double atol, double rtol) {
+  const auto va = a.to_vector(), vb = b.to_vector();
+  if (va.size() != vb.size()) return ::testing::AssertionFailure() << "sizes differ";
+  double worst = 0.0, scale = 0.0;
+  size_t at = 0;
+  for (size_t i = 0; i < va.size(); ++i) {
+    scale = std::max(scale, std::fabs(static_cast<double>(va[i])));
+    const double e = std::fabs(static_cast<double>(va[i]) - vb[i]);
+    if (!(e <= worst)) {
+      worst = e;
+      at = i;
+    }
+  }
+  if (worst <= atol + rtol * scale) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "max abs difference " << worst << " at " << at << " (cpu " << va[at]
+                                       << ", device " << vb[at] << "), allowed " << atol + rtol * scale;
+}
+
+}  // namespace
+
+TEST(DeviceExec, EveryPolicyIsBitwiseThePlainStepAndMatchesCpu) {
+  if (skip_without_device()) GTEST_SKIP() << "no CUDA device: " << remat::cuda_status().error;
+  try {
+    for (const Model& m : test_models()) {
+      SCOPED_TRACE(m.name);
+      const StepRun plain = run(m.graph, dut(), "none");
+      for (float l : plain.losses) EXPECT_TRUE(std::isfinite(l));
+      for (const char* policy : {"all", "every:2", "sqrt", "selective", "manual"}) {
+        const StepRun r = run(m.graph, dut(), policy);
+        EXPECT_EQ(r.losses, plain.losses) << policy;
+        ASSERT_EQ(r.state.size(), plain.state.size());
+        for (size_t k = 0; k < r.state.size(); ++k)
+          EXPECT_TRUE(bitwise_equal(r.state[k], plain.state[k])) << policy << " " << r.names[k];
+      }
+      // Against the cpu backend. Tolerance: three steps of fp32 arithmetic whose sums run
+      // in other orders (cuBLAS tiles, tree reductions); relative to each tensor's scale.
+      const StepRun cpu = run(m.graph, Device::cpu(), "none");
+      for (size_t i = 0; i < cpu.losses.size(); ++i)
+        EXPECT_NEAR(plain.losses[i], cpu.losses[i], 1e-4 * std::max(1.0f, std::fabs(cpu.losses[i]))) << "step " << i + 1;
+      for (size_t k = 0; k < cpu.state.size(); ++k)
+        EXPECT_TRUE(close(cpu.state[k], plain.state[k], 1e-5, 2e-3)) << cpu.names[k];
+    }
+  } catch (const remat::Unsupported& e) {
+    GTEST_SKIP() << "unsupported on " << dut().str() << ": " << e.what();
+  }
+}
+
+TEST(DeviceExec, TrainingRunMatchesCpu) {
+  if (skip_without_device()) GTEST_SKIP() << "no CUDA device: " << remat::cuda_status().error;
+  auto train_on = [](const std::string& device) {
+    remat::TrainOptions o;
+    o.config = std::string(REMAT_SOURCE_DIR) + "/tests/configs/gpt_char_tiny.json";
+    o.device = device;
+    o.steps = 4;
+    o.quiet = true;
+    o.sample = false;
+    return remat::train(o);
+  };
+  try {
+    const remat::TrainResult on_device = train_on(dut().str());
+    const remat::TrainResult on_cpu = train_on("cpu");
+    ASSERT_EQ(on_device.losses.size(), on_cpu.losses.size());
+    for (size_t i = 0; i < on_cpu.losses.size(); ++i)
+      EXPECT_NEAR(on_device.losses[i], on_cpu.losses[i], 1e-4 * std::fabs(on_cpu.losses[i])) << "step " << i + 1;
+    EXPECT_GT(on_device.peak_bytes, 0);
+  } catch (const remat::Unsupported& e) {
+    GTEST_SKIP() << "unsupported on " << dut().str() << ": " << e.what();
+  }
+}
