@@ -1,20 +1,60 @@
-// STUB: replaced by the optim family (kernels + host glue).
+// Optimizer steps and the global norm on the CUDA backend (kernels/optim.cu). The fp32
+// coefficients come from the double hyperparameters exactly as in the CPU backend
+// (src/backends/cpu/optim.cpp), which follows torch.optim.
+#include <cmath>
+
 #include "backends/cuda/cuda_backend.h"
-#include "remat/error.h"
+#include "kernels/optim.cuh"
 
 namespace remat {
 REMAT_KERNELS_ABI_BEGIN
 
-void CudaBackend::sgd_step_impl(const Tensor& /*param*/, const Tensor& /*grad*/, const Tensor& /*momentum_buf*/, const SgdParams& /*p*/, int64_t /*step*/) {
-  throw Unsupported("sgd_step: not implemented on " + name() + " yet");
+void CudaBackend::sgd_step_impl(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
+                                const SgdParams& p, int64_t step) {
+  activate();
+  kernels::SgdCoefficients c;
+  c.weight_decay = static_cast<float>(p.weight_decay);
+  c.momentum = static_cast<float>(p.momentum);
+  c.one_minus_dampening = static_cast<float>(1.0 - p.dampening);
+  c.neg_lr = static_cast<float>(-p.lr);
+  c.first_step = step == 1;
+  c.nesterov = p.nesterov;
+  float* buf = p.momentum != 0.0 ? momentum_buf.f32() : nullptr;
+  kernels::sgd_step(param.f32(), grad.f32(), buf, param.numel(), c, stream_);
 }
 
-void CudaBackend::adamw_step_impl(const Tensor& /*param*/, const Tensor& /*grad*/, const Tensor& /*exp_avg*/, const Tensor& /*exp_avg_sq*/, const AdamWParams& /*p*/, int64_t /*step*/) {
-  throw Unsupported("adamw_step: not implemented on " + name() + " yet");
+void CudaBackend::adamw_step_impl(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                                  const Tensor& exp_avg_sq, const AdamWParams& p, int64_t step) {
+  activate();
+  // Scalars in double (Python floats in torch.optim.AdamW), applied in float.
+  const double bc1 = 1.0 - std::pow(p.beta1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(p.beta2, static_cast<double>(step));
+  kernels::AdamWCoefficients c;
+  c.decay = static_cast<float>(1.0 - p.lr * p.weight_decay);
+  c.step_size = static_cast<float>(p.lr / bc1);
+  c.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  c.eps = static_cast<float>(p.eps);
+  c.beta1 = static_cast<float>(p.beta1);
+  c.beta2 = static_cast<float>(p.beta2);
+  c.one_minus_beta1 = static_cast<float>(1.0 - p.beta1);
+  c.one_minus_beta2 = static_cast<float>(1.0 - p.beta2);
+  kernels::adamw_step(param.f32(), grad.f32(), exp_avg.f32(), exp_avg_sq.f32(), param.numel(), c, stream_);
 }
 
-double CudaBackend::global_norm_impl(const std::vector<Tensor>& /*tensors*/) {
-  throw Unsupported("global_norm: not implemented on " + name() + " yet");
+double CudaBackend::global_norm_impl(const std::vector<Tensor>& tensors) {
+  activate();
+  // scratch(): the running total, then the per-block partial sums of one tensor.
+  static_assert((1 + kernels::kSumSquaresMaxBlocks) * sizeof(double) <= kScratchBytes,
+                "global_norm: scratch too small");
+  auto* total = static_cast<double*>(scratch_);
+  double* partials = total + 1;
+  double sum = 0.0;
+  if (tensors.empty()) return sum;
+  // Tensor by tensor in list order, each added to the total in double on the device.
+  for (size_t i = 0; i < tensors.size(); ++i)
+    kernels::sum_squares(tensors[i].f32(), tensors[i].numel(), partials, total, /*accumulate=*/i > 0, stream_);
+  copy_to_host(&sum, total, sizeof sum);
+  return std::sqrt(sum);
 }
 
 REMAT_KERNELS_ABI_END

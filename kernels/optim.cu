@@ -1,0 +1,153 @@
+#include "kernels/launch.cuh"
+#include "kernels/optim.cuh"
+#include "kernels/reduce.cuh"
+#include "kernels/vec4.cuh"
+
+namespace remat::kernels {
+
+namespace {
+
+constexpr int kBlock = 256;
+
+// ---- SGD and AdamW: one element -------------------------------------------------------
+// The operations and their order are the CPU backend's, so results agree to the rounding
+// of fused multiply-adds (which nvcc forms and the CPU build does not).
+
+template <bool kMomentum>
+__device__ REMAT_INLINE void sgd_update(float& w, float g, float& buf, const SgdCoefficients& c) {
+  float d = g;
+  if (c.weight_decay != 0.0f) d = d + c.weight_decay * w;
+  if (kMomentum) {
+    buf = c.first_step ? d : buf * c.momentum + c.one_minus_dampening * d;
+    d = c.nesterov ? d + c.momentum * buf : buf;
+  }
+  w = w + c.neg_lr * d;
+}
+
+__device__ REMAT_INLINE void adamw_update(float& w, float g, float& m, float& v, const AdamWCoefficients& c) {
+  w = w * c.decay;
+  m = m * c.beta1 + g * c.one_minus_beta1;
+  v = v * c.beta2 + c.one_minus_beta2 * g * g;
+  const float denom = sqrtf(v) / c.bc2_sqrt + c.eps;
+  w = w + (-c.step_size) * (m / denom);
+}
+
+// ---- Kernels: grid-stride over float4s when vec (every pointer 16-byte aligned), then
+// the last n % 4 elements one by one; without vec, element by element. -------------------
+
+template <bool kMomentum>
+__global__ void sgd_kernel(float* w, const float* g, float* buf, int64_t n, SgdCoefficients c, bool vec) {
+  const int64_t start = grid_start(), stride = grid_stride();
+  int64_t done = 0;
+  if (vec) {
+    const int64_t n4 = n / 4;
+    for (int64_t q = start; q < n4; q += stride) {
+      float4 w4 = load4(w, q), b4 = kMomentum ? load4(buf, q) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const float4 g4 = load4(g, q);
+      sgd_update<kMomentum>(w4.x, g4.x, b4.x, c);
+      sgd_update<kMomentum>(w4.y, g4.y, b4.y, c);
+      sgd_update<kMomentum>(w4.z, g4.z, b4.z, c);
+      sgd_update<kMomentum>(w4.w, g4.w, b4.w, c);
+      store4(w, q, w4);
+      if (kMomentum) store4(buf, q, b4);
+    }
+    done = n4 * 4;
+  }
+  for (int64_t i = done + start; i < n; i += stride) {
+    float b = kMomentum ? buf[i] : 0.0f;
+    sgd_update<kMomentum>(w[i], g[i], b, c);
+    if (kMomentum) buf[i] = b;
+  }
+}
+
+__global__ void adamw_kernel(float* w, const float* g, float* m, float* v, int64_t n, AdamWCoefficients c, bool vec) {
+  const int64_t start = grid_start(), stride = grid_stride();
+  int64_t done = 0;
+  if (vec) {
+    const int64_t n4 = n / 4;
+    for (int64_t q = start; q < n4; q += stride) {
+      float4 w4 = load4(w, q), m4 = load4(m, q), v4 = load4(v, q);
+      const float4 g4 = load4(g, q);
+      adamw_update(w4.x, g4.x, m4.x, v4.x, c);
+      adamw_update(w4.y, g4.y, m4.y, v4.y, c);
+      adamw_update(w4.z, g4.z, m4.z, v4.z, c);
+      adamw_update(w4.w, g4.w, m4.w, v4.w, c);
+      store4(w, q, w4);
+      store4(m, q, m4);
+      store4(v, q, v4);
+    }
+    done = n4 * 4;
+  }
+  for (int64_t i = done + start; i < n; i += stride) adamw_update(w[i], g[i], m[i], v[i], c);
+}
+
+unsigned blocks_for(int64_t n, bool vec) { return grid_stride_blocks(vec ? ceil_div<int64_t>(n, 4) : n, kBlock); }
+
+// ---- Sum of squares ---------------------------------------------------------------------
+
+__device__ REMAT_INLINE double square(float v) { return static_cast<double>(v) * v; }
+
+// Thread t of the grid sums, in double, the squares of the groups of four elements
+// q = t, t + stride, ... in index order (a float4 when vec, else up to four loads); the
+// block's sum goes to partials[blockIdx.x]. The same grouping with or without vec, so
+// alignment does not change the bits.
+__global__ void sum_squares_partial_kernel(const float* x, int64_t n, bool vec, double* partials) {
+  __shared__ double warp_sums[kBlock / 32];
+  const int64_t groups = ceil_div<int64_t>(n, 4);
+  double s = 0.0;
+  for (int64_t q = grid_start(); q < groups; q += grid_stride()) {
+    if (vec && 4 * q + 3 < n) {
+      const float4 v = load4(x, q);
+      s += square(v.x);
+      s += square(v.y);
+      s += square(v.z);
+      s += square(v.w);
+    } else {
+      for (int64_t i = 4 * q; i < 4 * q + 4 && i < n; ++i) s += square(x[i]);
+    }
+  }
+  s = block_sum<kBlock>(s, warp_sums);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+// One block: thread t adds partials t, t + kBlock, ... in order, then a block sum.
+__global__ void sum_partials_kernel(const double* partials, int count, double* total, bool accumulate) {
+  __shared__ double warp_sums[kBlock / 32];
+  double s = 0.0;
+  for (int i = threadIdx.x; i < count; i += kBlock) s += partials[i];
+  s = block_sum<kBlock>(s, warp_sums);
+  if (threadIdx.x == 0) *total = accumulate ? *total + s : s;
+}
+
+}  // namespace
+
+void sgd_step(float* param, const float* grad, float* momentum_buf, int64_t n, const SgdCoefficients& c,
+              cudaStream_t stream) {
+  const bool vec = aligned16(param) && aligned16(grad) && aligned16(momentum_buf);
+  const dim3 grid(blocks_for(n, vec)), block(kBlock);
+  if (momentum_buf)
+    REMAT_LAUNCH(sgd_kernel<true>, grid, block, 0, stream, param, grad, momentum_buf, n, c, vec);
+  else
+    REMAT_LAUNCH(sgd_kernel<false>, grid, block, 0, stream, param, grad, momentum_buf, n, c, vec);
+}
+
+void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+                const AdamWCoefficients& c, cudaStream_t stream) {
+  const bool vec = aligned16(param) && aligned16(grad) && aligned16(exp_avg) && aligned16(exp_avg_sq);
+  REMAT_LAUNCH(adamw_kernel, dim3(blocks_for(n, vec)), dim3(kBlock), 0, stream, param, grad, exp_avg, exp_avg_sq, n, c,
+               vec);
+}
+
+void sum_squares(const float* x, int64_t n, double* partials, double* total, bool accumulate, cudaStream_t stream) {
+  const int64_t groups = ceil_div<int64_t>(n, 4);
+  const int blocks = static_cast<int>(std::min<int64_t>(ceil_div<int64_t>(groups, kBlock), kSumSquaresMaxBlocks));
+  if (blocks == 0) {  // no elements: the sum is 0
+    REMAT_LAUNCH(sum_partials_kernel, dim3(1), dim3(kBlock), 0, stream, partials, 0, total, accumulate);
+    return;
+  }
+  const bool vec = aligned16(x);
+  REMAT_LAUNCH(sum_squares_partial_kernel, dim3(blocks), dim3(kBlock), 0, stream, x, n, vec, partials);
+  REMAT_LAUNCH(sum_partials_kernel, dim3(1), dim3(kBlock), 0, stream, partials, blocks, total, accumulate);
+}
+
+}  // namespace remat::kernels

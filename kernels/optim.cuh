@@ -1,0 +1,50 @@
+// Optimizer kernels (torch.optim.SGD and AdamW, the single-tensor formulas of the CPU
+// backend, src/backends/cpu/optim.cpp) and the sum of squares behind the global gradient
+// norm. The coefficients are fp32 values the caller derives from the double
+// hyperparameters, as PyTorch does from its Python floats.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace remat::kernels {
+
+struct SgdCoefficients {
+  float weight_decay = 0.0f;
+  float momentum = 0.0f;
+  float one_minus_dampening = 1.0f;
+  float neg_lr = 0.0f;
+  bool first_step = true;  // step 1: the momentum buffer starts as the gradient
+  bool nesterov = false;
+};
+
+// d = grad + weight_decay * param; with a momentum buffer (not null):
+// buf = first_step ? d : momentum * buf + (1 - dampening) * d, d = nesterov ? d + momentum * buf : buf;
+// then param += -lr * d.
+void sgd_step(float* param, const float* grad, float* momentum_buf, int64_t n, const SgdCoefficients& c,
+              cudaStream_t stream);
+
+struct AdamWCoefficients {
+  float decay = 1.0f;      // 1 - lr * weight_decay
+  float step_size = 0.0f;  // lr / (1 - beta1^step)
+  float bc2_sqrt = 1.0f;   // sqrt(1 - beta2^step)
+  float eps = 0.0f;
+  float beta1 = 0.0f, beta2 = 0.0f;
+  float one_minus_beta1 = 1.0f, one_minus_beta2 = 1.0f;
+};
+
+// param *= decay; m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
+// param -= step_size * m / (sqrt(v) / bc2_sqrt + eps).
+void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+                const AdamWCoefficients& c, cudaStream_t stream);
+
+// The most per-block partial sums sum_squares writes: `partials` holds that many doubles.
+constexpr int kSumSquaresMaxBlocks = 1024;
+
+// *total = sum of x[i]^2 (accumulate: *total += ...), in double. Two passes: blocks write
+// partial sums, one block adds them. The order of the additions depends on n alone (not on
+// the pointers' alignment or the device), so the result is the same bits on every run.
+void sum_squares(const float* x, int64_t n, double* partials, double* total, bool accumulate, cudaStream_t stream);
+
+}  // namespace remat::kernels

@@ -1,0 +1,133 @@
+// Optimizer steps (SGD, AdamW) and the global norm.
+//
+// Each optimizer runs three steps in a row (step counts 1, 2, 3, a new gradient each
+// step) on the same state on both sides, into guarded state (not 16-byte aligned: the
+// kernels' scalar path) and into plain aligned state (the float4 path). Tolerance 1e-6
+// absolute + 1e-6 relative: the operations are the CPU backend's, in the same order, but
+// nvcc fuses multiply-adds (one rounding fewer) and the CPU build does not, so a GPU may
+// differ by a few ulps after three steps (the emulator compiles like the CPU: equal bits).
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend_ops/harness.h"
+
+namespace remat::test {
+
+namespace {
+
+const std::vector<int64_t> kSizes = {1, 3, 4, 1001, 4096 + 3};
+constexpr double kAtol = 1e-6, kRtol = 1e-6;
+
+bool aligned16(const Tensor& x) { return reinterpret_cast<uintptr_t>(x.f32()) % 16 == 0; }
+
+std::string sgd_name(const SgdParams& p) {
+  return "sgd lr=" + std::to_string(p.lr) + " momentum=" + std::to_string(p.momentum) +
+         " dampening=" + std::to_string(p.dampening) + " wd=" + std::to_string(p.weight_decay) +
+         (p.nesterov ? " nesterov" : "");
+}
+
+void check_sgd(OpCheck& t, const SgdParams& p) {
+  for (int64_t n : kSizes) {
+    const std::string what = sgd_name(p) + " n=" + std::to_string(n);
+    // guarded state, and aligned state (the buffer's contents before step 1 are unused)
+    auto w = t.output_like(t.uniform({n})), buf = t.output_like(t.uniform({n}, 5.0f, 6.0f));
+    auto w_al = t.uniform({n}), buf_al = t.uniform({n}, 5.0f, 6.0f);
+    ASSERT_TRUE(aligned16(w_al.dut) && aligned16(buf_al.dut)) << "the float4 path is not exercised";
+    for (int64_t step = 1; step <= 3; ++step) {
+      auto g = t.uniform({n}, -2.0f, 2.0f);
+      t.run([&](Backend& be, Side s) {
+        be.sgd_step(s(w), s(g), p.momentum != 0.0 ? s(buf) : Tensor(), p, step);
+        be.sgd_step(s(w_al), s(g), p.momentum != 0.0 ? s(buf_al) : Tensor(), p, step);
+      });
+    }
+    t.expect_close(w, kAtol, kRtol, what + " param");
+    t.expect_close(w_al, kAtol, kRtol, what + " param (aligned)");
+    if (p.momentum != 0.0) {
+      t.expect_close(buf, kAtol, kRtol, what + " momentum_buf");
+      t.expect_close(buf_al, kAtol, kRtol, what + " momentum_buf (aligned)");
+    }
+  }
+}
+
+std::string adamw_name(const AdamWParams& p) {
+  return "adamw lr=" + std::to_string(p.lr) + " betas=" + std::to_string(p.beta1) + "," + std::to_string(p.beta2) +
+         " eps=" + std::to_string(p.eps) + " wd=" + std::to_string(p.weight_decay);
+}
+
+void check_adamw(OpCheck& t, const AdamWParams& p) {
+  for (int64_t n : kSizes) {
+    const std::string what = adamw_name(p) + " n=" + std::to_string(n);
+    // moments start at zero, as in torch.optim; the aligned copy starts from random moments
+    const std::vector<float> zeros(static_cast<size_t>(n), 0.0f);
+    auto w = t.output_like(t.uniform({n}));
+    auto m = t.output_like(t.values(zeros, {n})), v = t.output_like(t.values(zeros, {n}));
+    auto w_al = t.uniform({n}), m_al = t.uniform({n}, -0.1f, 0.1f), v_al = t.uniform({n}, 0.0f, 0.01f);
+    ASSERT_TRUE(aligned16(w_al.dut) && aligned16(m_al.dut) && aligned16(v_al.dut))
+        << "the float4 path is not exercised";
+    for (int64_t step = 1; step <= 3; ++step) {
+      auto g = t.uniform({n}, -2.0f, 2.0f);
+      t.run([&](Backend& be, Side s) {
+        be.adamw_step(s(w), s(g), s(m), s(v), p, step);
+        be.adamw_step(s(w_al), s(g), s(m_al), s(v_al), p, step);
+      });
+    }
+    t.expect_close(w, kAtol, kRtol, what + " param");
+    t.expect_close(m, kAtol, kRtol, what + " exp_avg");
+    t.expect_close(v, kAtol, kRtol, what + " exp_avg_sq");
+    t.expect_close(w_al, kAtol, kRtol, what + " param (aligned)");
+    t.expect_close(m_al, kAtol, kRtol, what + " exp_avg (aligned)");
+    t.expect_close(v_al, kAtol, kRtol, what + " exp_avg_sq (aligned)");
+  }
+}
+
+}  // namespace
+
+REMAT_OP_CASE(optim, sgd_plain) { check_sgd(t, SgdParams{0.1, 0.0, 0.0, 0.0, false}); }
+REMAT_OP_CASE(optim, sgd_weight_decay) { check_sgd(t, SgdParams{0.05, 0.0, 0.0, 1e-2, false}); }
+REMAT_OP_CASE(optim, sgd_momentum) { check_sgd(t, SgdParams{0.1, 0.9, 0.0, 0.0, false}); }
+REMAT_OP_CASE(optim, sgd_momentum_dampening_wd) { check_sgd(t, SgdParams{0.03, 0.8, 0.1, 5e-3, false}); }
+REMAT_OP_CASE(optim, sgd_nesterov) { check_sgd(t, SgdParams{0.1, 0.9, 0.0, 1e-4, true}); }
+
+REMAT_OP_CASE(optim, adamw_default) { check_adamw(t, AdamWParams{}); }
+REMAT_OP_CASE(optim, adamw_no_decay) { check_adamw(t, AdamWParams{3e-3, 0.9, 0.999, 1e-8, 0.0}); }
+REMAT_OP_CASE(optim, adamw_other_betas) { check_adamw(t, AdamWParams{1e-2, 0.8, 0.99, 1e-6, 0.1}); }
+
+// global_norm: squares are exact in double (24-bit by 24-bit mantissas), so only the order
+// of double additions differs from the CPU: relative error about n * 2^-53, far below the
+// 1e-9 allowed. Several tensors, odd sizes, an empty one, and one above 1024 blocks x 256
+// threads x 4 elements (the partial sums' grid loops).
+REMAT_OP_CASE(optim, global_norm) {
+  const std::vector<int64_t> sizes = {1, 3, 0, 1001, 4096 + 3, 4 * 256 * 1024 + 4 * 1000 + 5};
+  std::vector<Pair> ts;
+  for (int64_t n : sizes) ts.push_back(t.uniform({n}, -3.0f, 3.0f));
+  auto norm_of = [&](const std::vector<Pair>& list) {
+    double r[2] = {0.0, 0.0};
+    t.run([&](Backend& be, Side s) {
+      std::vector<Tensor> side;
+      for (const auto& p : list) side.push_back(s(p));
+      r[s.ref ? 0 : 1] = be.global_norm(side);
+    });
+    return std::vector<double>{r[0], r[1]};
+  };
+  const auto all = norm_of(ts);
+  EXPECT_NEAR(all[1], all[0], 1e-9 * all[0]) << "global_norm of " << ts.size() << " tensors";
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const auto one = norm_of({ts[i]});
+    EXPECT_NEAR(one[1], one[0], 1e-9 * one[0]) << "global_norm of one tensor of " << sizes[i];
+  }
+  const auto none = norm_of({});
+  EXPECT_EQ(none[1], 0.0) << "global_norm of no tensors";
+
+  // Reproducible: the same bits on a second run, and whether or not the data is 16-byte
+  // aligned (the float4 path sums the same groups of four in the same order).
+  const auto again = norm_of(ts);
+  EXPECT_EQ(again[1], all[1]) << "global_norm differs between two runs";
+  std::vector<Pair> misaligned;
+  for (const auto& p : ts) misaligned.push_back(t.output_like(p));
+  ASSERT_FALSE(aligned16(misaligned[3].dut));
+  EXPECT_EQ(norm_of(misaligned)[1], all[1]) << "global_norm depends on the alignment";
+}
+
+}  // namespace remat::test
