@@ -43,7 +43,7 @@ REMAT_HD REMAT_INLINE Bits4 round(Bits4 c, uint32_t k0, uint32_t k1) {
 
 // Ten rounds; the key is bumped between rounds (nine bumps).
 REMAT_HD REMAT_INLINE Bits4 philox4x32_10(Bits4 counter, uint32_t k0, uint32_t k1) {
-#if defined(__CUDACC__)
+#if defined(__CUDA_ARCH__)  // device pass only: the host compiler would warn
 #pragma unroll
 #endif
   for (int r = 0; r < 9; ++r) {
