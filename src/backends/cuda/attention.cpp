@@ -1,28 +1,173 @@
-// STUB: replaced by the attention family (kernels + host glue).
+// Multi-head self-attention on the GPU, with the CPU backend's semantics
+// (src/backends/cpu/attention.cpp): qkv [B, T, 3C] with q, k, v side by side and head h in
+// columns h*hs .. (h+1)*hs of each; probs [B, H, T, T] saved before dropout; dropout mask
+// bits from Philox, element index = flat index in probs.
+//
+// The products run on cuBLAS as strided-batched GEMMs that read the heads in place through
+// their leading dimensions (row stride 3C in qkv, C in out): no permute copies. A head
+// (b, h) sits at b * stride_b + h * stride_h, two strides, so one call batches over
+// heads (or over the batch, whichever is longer) and a loop covers the other. The row
+// work (scaled causal softmax, dropout, softmax backward) is kernels/attention.cu.
+//
+// Forward:  S = Q K^T / sqrt(hs) -> probs; softmax (+ dropout) in place -> probs
+//           (dropped copy in the workspace); out = Pd V.
+// Backward: dPd = dO V^T; dS = softmax backward through dropout (dropped probs rebuilt in
+//           the workspace); dV = Pd^T dO; dQ = dS K / sqrt(hs); dK = dS^T Q / sqrt(hs).
+//
+// The [T, T] scratch goes by groups of whole batch elements, at most kGroupBytes per
+// buffer (one batch element at least), like the CPU backend's head groups.
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
 #include "backends/cuda/cuda_backend.h"
+#include "kernels/attention.cuh"
+#include "remat/cuda_check.h"
 #include "remat/error.h"
 
 namespace remat {
 REMAT_KERNELS_ABI_BEGIN
 
-size_t CudaBackend::attention_forward_workspace_impl(const Shape& /*qkv*/, const AttentionParams& /*p*/) {
-  throw Unsupported("attention_forward_workspace: not implemented on " + name() + " yet");
+namespace {
+
+struct AttnDims {
+  int64_t b, t, c, h, hs;
+};
+
+AttnDims attn_dims(const Shape& qkv, const AttentionParams& p) {
+  AttnDims d{qkv[0], qkv[1], qkv[2] / 3, p.n_head, 0};
+  d.hs = d.c / d.h;
+  REMAT_CHECK(d.t <= INT_MAX && qkv[2] <= INT_MAX, "attention: qkv ", qkv.str(), " is too large for cuBLAS");
+  return d;
 }
 
-void CudaBackend::attention_forward_impl(const Tensor& /*qkv*/, const AttentionParams& /*p*/, RngState /*rng*/, const Tensor& /*out*/, const Tensor& /*probs*/, const Tensor& /*workspace*/) {
-  throw Unsupported("attention_forward: not implemented on " + name() + " yet");
+// As the CPU backend: a keep probability that rounds to 1 keeps everything.
+bool has_dropout(const AttentionParams& p) { return 1.0f - p.dropout < 1.0f; }
+
+kernels::AttentionDropout dropout_args(const AttentionParams& p, RngState rng) {
+  kernels::AttentionDropout d;
+  d.on = has_dropout(p);
+  d.keep_prob = 1.0f - p.dropout;
+  d.scale = d.keep_prob > 0.0f ? 1.0f / d.keep_prob : 0.0f;
+  d.seed = rng.seed;
+  d.offset = rng.offset;
+  return d;
 }
 
-size_t CudaBackend::attention_backward_workspace_impl(const Shape& /*qkv*/, const AttentionParams& /*p*/) {
-  throw Unsupported("attention_backward_workspace: not implemented on " + name() + " yet");
+constexpr int64_t kGroupBytes = int64_t{64} << 20;
+
+// Batch elements per group: each [T, T] scratch buffer holds a group's B' * H matrices.
+int64_t group_batch(const AttnDims& d) {
+  const int64_t per_b = std::max<int64_t>(d.h * d.t * d.t * static_cast<int64_t>(sizeof(float)), 1);
+  return std::clamp<int64_t>(kGroupBytes / per_b, 1, std::max<int64_t>(d.b, 1));
 }
 
-void CudaBackend::attention_backward_impl(const Tensor& /*dout*/, const Tensor& /*qkv*/, const Tensor& /*probs*/, const AttentionParams& /*p*/, RngState /*rng*/, const Tensor& /*dqkv*/, const Tensor& /*workspace*/) {
-  throw Unsupported("attention_backward: not implemented on " + name() + " yet");
+size_t group_floats(const AttnDims& d) { return static_cast<size_t>(group_batch(d) * d.h * d.t * d.t); }
+
+// A matrix per head (b, h): data + b * per_b + h * per_h, rows ld floats apart.
+template <typename T>
+struct HeadMatrices {
+  T* data;
+  int64_t ld, per_b, per_h;
+  T* at(int64_t b, int64_t h) const { return data + b * per_b + h * per_h; }
+};
+using HeadMatrix = HeadMatrices<const float>;
+using HeadOutput = HeadMatrices<float>;
+
+int to_int(int64_t v) { return static_cast<int>(v); }  // sizes checked against INT_MAX in attn_dims
+
+// C = alpha op(A) op(B) for the heads (b, h) of nb batch elements, row-major [m, n] results
+// (the row-major trick of cuda_backend.cpp: cuBLAS computes C^T = op(B)^T op(A)^T).
+void head_gemm(cublasHandle_t handle, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+               const HeadMatrix& a, const HeadMatrix& b, const HeadOutput& c, int64_t nb, int64_t nh) {
+  const float beta = 0.0f;
+  const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const bool over_heads = nh >= nb;  // batch the longer of the two
+  const int64_t loops = over_heads ? nb : nh, batch = over_heads ? nh : nb;
+  for (int64_t l = 0; l < loops; ++l) {
+    const int64_t bi = over_heads ? l : 0, hi = over_heads ? 0 : l;
+    auto stride = [&](const auto& x) -> long long { return over_heads ? x.per_h : x.per_b; };
+    REMAT_CUBLAS_CHECK(cublasSgemmStridedBatched(
+        handle, op_b, op_a, to_int(n), to_int(m), to_int(k), &alpha, b.at(bi, hi), to_int(b.ld), stride(b),
+        a.at(bi, hi), to_int(a.ld), stride(a), &beta, c.at(bi, hi), to_int(c.ld), stride(c),
+        to_int(batch)));
+  }
 }
 
-void CudaBackend::permute_0213_impl(const Tensor& /*x*/, const Tensor& /*y*/) {
-  throw Unsupported("permute_0213: not implemented on " + name() + " yet");
+}  // namespace
+
+size_t CudaBackend::attention_forward_workspace_impl(const Shape& qkv, const AttentionParams& p) {
+  const AttnDims d = attn_dims(qkv, p);
+  return has_dropout(p) ? group_floats(d) * sizeof(float) : 0;
+}
+
+size_t CudaBackend::attention_backward_workspace_impl(const Shape& qkv, const AttentionParams& p) {
+  const AttnDims d = attn_dims(qkv, p);
+  return group_floats(d) * (has_dropout(p) ? 2 : 1) * sizeof(float);
+}
+
+void CudaBackend::attention_forward_impl(const Tensor& qkv, const AttentionParams& p, RngState rng, const Tensor& out,
+                                         const Tensor& probs, const Tensor& workspace) {
+  activate();
+  const AttnDims d = attn_dims(qkv.shape(), p);
+  if (d.b == 0 || d.t == 0) return;
+  const int64_t T = d.t, C = d.c, H = d.h, hs = d.hs, TT = T * T;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const kernels::AttentionDropout drop = dropout_args(p, rng);
+  const int64_t G = group_batch(d);
+  float* dropped = drop.on ? workspace.f32() : nullptr;
+
+  for (int64_t b0 = 0; b0 < d.b; b0 += G) {
+    const int64_t nb = std::min(G, d.b - b0);
+    const float* x = qkv.f32() + b0 * T * 3 * C;
+    float* pr = probs.f32() + b0 * H * TT;
+    const HeadMatrix q{x, 3 * C, T * 3 * C, hs}, k{x + C, 3 * C, T * 3 * C, hs}, v{x + 2 * C, 3 * C, T * 3 * C, hs};
+    const HeadOutput s{pr, T, H * TT, TT};
+    const HeadOutput o{out.f32() + b0 * T * C, C, T * C, hs};
+    head_gemm(cublas_, false, true, T, T, hs, scale, q, k, s, nb, H);  // S = Q K^T / sqrt(hs)
+    kernels::attention_softmax_forward(pr, dropped, nb * H * T, T, b0 * H * T, p.causal, drop, stream_);
+    const HeadMatrix pd{drop.on ? dropped : pr, T, H * TT, TT};
+    head_gemm(cublas_, false, false, T, hs, T, 1.0f, pd, v, o, nb, H);  // out = Pd V
+  }
+}
+
+void CudaBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv, const Tensor& probs,
+                                          const AttentionParams& p, RngState rng, const Tensor& dqkv,
+                                          const Tensor& workspace) {
+  activate();
+  const AttnDims d = attn_dims(qkv.shape(), p);
+  if (d.b == 0 || d.t == 0) return;
+  const int64_t T = d.t, C = d.c, H = d.h, hs = d.hs, TT = T * T;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const kernels::AttentionDropout drop = dropout_args(p, rng);
+  const int64_t G = group_batch(d);
+  float* ds = workspace.f32();                                                    // [G, H, T, T]: dPd, then dS
+  float* dropped = drop.on ? ds + static_cast<int64_t>(group_floats(d)) : nullptr;  // [G, H, T, T]
+
+  for (int64_t b0 = 0; b0 < d.b; b0 += G) {
+    const int64_t nb = std::min(G, d.b - b0);
+    const float* x = qkv.f32() + b0 * T * 3 * C;
+    float* dx = dqkv.f32() + b0 * T * 3 * C;
+    const float* pr = probs.f32() + b0 * H * TT;
+    const HeadMatrix q{x, 3 * C, T * 3 * C, hs}, k{x + C, 3 * C, T * 3 * C, hs}, v{x + 2 * C, 3 * C, T * 3 * C, hs};
+    const HeadOutput dq{dx, 3 * C, T * 3 * C, hs}, dk{dx + C, 3 * C, T * 3 * C, hs},
+        dv{dx + 2 * C, 3 * C, T * 3 * C, hs};
+    const HeadMatrix go{dout.f32() + b0 * T * C, C, T * C, hs};
+    const HeadOutput dpd{ds, T, H * TT, TT};
+    const HeadMatrix dsm{ds, T, H * TT, TT};
+    const HeadMatrix pd{drop.on ? dropped : pr, T, H * TT, TT};
+    head_gemm(cublas_, false, true, T, T, hs, 1.0f, go, v, dpd, nb, H);  // dPd = dO V^T
+    kernels::attention_softmax_backward(ds, pr, dropped, nb * H * T, T, b0 * H * T, p.causal, drop, stream_);
+    head_gemm(cublas_, true, false, T, hs, T, 1.0f, pd, go, dv, nb, H);     // dV = Pd^T dO
+    head_gemm(cublas_, false, false, T, hs, T, scale, dsm, k, dq, nb, H);  // dQ = dS K / sqrt(hs)
+    head_gemm(cublas_, true, false, T, hs, T, scale, dsm, q, dk, nb, H);   // dK = dS^T Q / sqrt(hs)
+  }
+}
+
+void CudaBackend::permute_0213_impl(const Tensor& x, const Tensor& y) {
+  activate();
+  kernels::permute_0213(x.f32(), x.size(0), x.size(1), x.size(2), x.size(3), y.f32(), stream_);
 }
 
 REMAT_KERNELS_ABI_END

@@ -1,16 +1,62 @@
-// STUB: replaced by the embedding family (kernels + host glue).
+// Token (+ position) embedding on the GPU (kernels/embedding.cu).
+//
+// The ids live on the device, so the range check the CPU backend does before it starts
+// runs as a kernel that flags the first out-of-range position in the backend's scratch;
+// the op reads the flag back (one synchronisation per call) and throws the CPU backend's
+// error before it writes anything. The table gradient is a deterministic scatter: no
+// floating-point atomics, the same additions in the same order as the CPU backend.
+#include <cstdint>
+
 #include "backends/cuda/cuda_backend.h"
+#include "kernels/embedding.cuh"
+#include "remat/cuda_check.h"
 #include "remat/error.h"
 
 namespace remat {
 REMAT_KERNELS_ABI_BEGIN
 
-void CudaBackend::embedding_forward_impl(const Tensor& /*ids*/, const Tensor& /*table*/, const Tensor& /*pos_table*/, const Tensor& /*y*/) {
-  throw Unsupported("embedding_forward: not implemented on " + name() + " yet");
+namespace {
+
+// Throws (as the CPU backend) if any id is outside [0, rows); names the first offending
+// position.
+void check_ids(const CudaBackend& be, const char* op, const Tensor& ids, int64_t rows, const char* table_name,
+               const Tensor& table) {
+  constexpr unsigned long long kNone = ~0ull;
+  auto* flag = static_cast<unsigned long long*>(be.scratch());
+  REMAT_CUDA_CHECK(cudaMemsetAsync(flag, 0xff, sizeof(*flag), be.stream()));  // kNone
+  kernels::find_bad_id(ids.i32(), ids.numel(), rows, flag, be.stream());
+  unsigned long long first = kNone;
+  be.copy_to_host(&first, flag, sizeof(first));
+  if (first == kNone) return;
+  int32_t id = 0;
+  be.copy_to_host(&id, ids.i32() + first, sizeof(id));
+  const int64_t t = ids.size(1), i = static_cast<int64_t>(first);
+  REMAT_THROW(op, ": ids[", i / t, ", ", i % t, "] = ", id, " is out of range [0, ", rows, ") of ", table_name, " ",
+              table.str(), " (ids ", ids.str(), ")");
 }
 
-void CudaBackend::embedding_backward_impl(const Tensor& /*dy*/, const Tensor& /*ids*/, const Tensor& /*dtable*/, const Tensor& /*dpos_table*/) {
-  throw Unsupported("embedding_backward: not implemented on " + name() + " yet");
+}  // namespace
+
+void CudaBackend::embedding_forward_impl(const Tensor& ids, const Tensor& table, const Tensor& pos_table,
+                                         const Tensor& y) {
+  activate();
+  if (ids.numel() == 0) return;
+  check_ids(*this, "embedding_forward", ids, table.size(0), "table", table);
+  kernels::embedding_forward(ids.i32(), ids.numel(), ids.size(1), table.f32(), table.size(1),
+                             pos_table.defined() ? pos_table.f32() : nullptr, y.f32(), stream_);
+}
+
+void CudaBackend::embedding_backward_impl(const Tensor& dy, const Tensor& ids, const Tensor& dtable,
+                                          const Tensor& dpos_table) {
+  activate();
+  if (ids.numel() == 0) return;
+  const int64_t c = dy.size(2);
+  if (dtable.defined()) {
+    check_ids(*this, "embedding_backward", ids, dtable.size(0), "dtable", dtable);
+    kernels::embedding_backward_table(dy.f32(), ids.i32(), ids.numel(), c, dtable.f32(), stream_);
+  }
+  if (dpos_table.defined())
+    kernels::embedding_backward_pos(dy.f32(), ids.size(0), ids.size(1), c, dpos_table.f32(), stream_);
 }
 
 REMAT_KERNELS_ABI_END

@@ -1,0 +1,147 @@
+#include "kernels/attention.cuh"
+#include "kernels/launch.cuh"
+#include "kernels/philox.cuh"
+#include "kernels/reduce.cuh"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+namespace remat::kernels {
+
+namespace {
+
+constexpr int kRowWarps = 4;  // rows per block: one warp per row
+constexpr int64_t kMaxBlocks = 65535;
+
+unsigned row_blocks(int64_t rows) {
+  return static_cast<unsigned>(std::min(ceil_div<int64_t>(rows, kRowWarps), kMaxBlocks));
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Calls f(j, factor) for the first n elements of a row whose element j uses Philox word
+// w0 + j, with factor = drop.scale if the element is kept, else 0. Each lane takes whole
+// Philox blocks (four words, one philox4x32_10 call), blocks lane, lane + 32, ... of the
+// row; so lanes touch four consecutive elements each, in coalesced runs.
+template <typename F>
+__device__ REMAT_INLINE void for_each_dropout_factor(const AttentionDropout& drop, uint64_t w0, int64_t n, int lane,
+                                                     F&& f) {
+  const uint64_t last = w0 + static_cast<uint64_t>(n) - 1;
+  for (uint64_t blk = (w0 >> 2) + static_cast<uint64_t>(lane); blk <= (last >> 2); blk += 32) {
+    const philox::Bits4 bits = philox::block(drop.seed, blk);
+    for (unsigned k = 0; k < 4; ++k) {
+      const uint64_t w = blk * 4 + k;
+      if (w < w0 || w > last) continue;
+      const float u = philox::uniform(philox::component(bits, k));
+      f(static_cast<int64_t>(w - w0), u < drop.keep_prob ? drop.scale : 0.0f);
+    }
+  }
+}
+
+// One warp per row: max, sum of exponentials, then the normalised row (and its dropped
+// copy). The masked tail is written with zeros.
+__global__ void softmax_forward_kernel(float* probs, float* dropped, int64_t rows, int64_t t, int64_t row0,
+                                       bool causal, AttentionDropout drop) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kRowWarps;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / 32; r < rows; r += warps) {
+    float* row = probs + r * t;
+    const int64_t n = causal ? (row0 + r) % t + 1 : t;
+    float mx = -INFINITY;
+    for (int64_t j = lane; j < n; j += 32) mx = fmaxf(mx, row[j]);
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (int64_t j = lane; j < n; j += 32) sum += expf(row[j] - mx);
+    const float inv = 1.0f / warp_sum(sum);
+    if (!drop.on) {
+      for (int64_t j = lane; j < t; j += 32) row[j] = j < n ? expf(row[j] - mx) * inv : 0.0f;
+      continue;
+    }
+    float* drow = dropped + r * t;
+    const uint64_t w0 = drop.offset + static_cast<uint64_t>(row0 + r) * static_cast<uint64_t>(t);
+    for_each_dropout_factor(drop, w0, n, lane, [&](int64_t j, float factor) {
+      const float p = expf(row[j] - mx) * inv;
+      row[j] = p;
+      drow[j] = p * factor;
+    });
+    for (int64_t j = n + lane; j < t; j += 32) {
+      row[j] = 0.0f;
+      drow[j] = 0.0f;
+    }
+  }
+}
+
+// One warp per row: through dropout (g = ds * factor, dropped = probs * factor), the dot
+// product sum(g * probs), then ds = probs * (g - dot).
+__global__ void softmax_backward_kernel(float* ds, const float* probs, float* dropped, int64_t rows, int64_t t,
+                                        int64_t row0, bool causal, AttentionDropout drop) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kRowWarps;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / 32; r < rows; r += warps) {
+    float* g = ds + r * t;
+    const float* p = probs + r * t;
+    const int64_t n = causal ? (row0 + r) % t + 1 : t;
+    float dot = 0.0f;
+    if (drop.on) {
+      float* drow = dropped + r * t;
+      const uint64_t w0 = drop.offset + static_cast<uint64_t>(row0 + r) * static_cast<uint64_t>(t);
+      for_each_dropout_factor(drop, w0, n, lane, [&](int64_t j, float factor) {
+        const float gj = g[j] * factor;
+        g[j] = gj;
+        drow[j] = p[j] * factor;
+        dot += gj * p[j];
+      });
+      for (int64_t j = n + lane; j < t; j += 32) drow[j] = 0.0f;
+      __syncwarp();  // g is read back below by other lanes
+    } else {
+      for (int64_t j = lane; j < n; j += 32) dot += g[j] * p[j];
+    }
+    dot = warp_sum(dot);
+    for (int64_t j = lane; j < t; j += 32) g[j] = j < n ? p[j] * (g[j] - dot) : 0.0f;
+  }
+}
+
+// One thread per unit of an output row y[a, c, b, :] (float4 when kVec4: d % 4 == 0 and
+// 16-byte aligned buffers), read from x[a, b, c, :].
+template <bool kVec4>
+__global__ void permute_0213_kernel(const float* x, int64_t a, int64_t b, int64_t c, int64_t d, float* y) {
+  using Unit = typename std::conditional<kVec4, float4, float>::type;
+  const int64_t width = kVec4 ? d / 4 : d;
+  const int64_t total = a * b * c * width, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const Unit* src = reinterpret_cast<const Unit*>(x);
+  Unit* dst = reinterpret_cast<Unit*>(y);
+  for (int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < total; u += stride) {
+    const int64_t k = u % width, r = u / width;  // r = (ai * c + ci) * b + bi
+    const int64_t bi = r % b, ci = (r / b) % c, ai = r / (b * c);
+    dst[u] = src[((ai * b + bi) * c + ci) * width + k];
+  }
+}
+
+}  // namespace
+
+void attention_softmax_forward(float* probs, float* dropped, int64_t rows, int64_t t, int64_t row0, bool causal,
+                               const AttentionDropout& drop, cudaStream_t stream) {
+  REMAT_LAUNCH(softmax_forward_kernel, dim3(row_blocks(rows)), dim3(32 * kRowWarps), 0, stream, probs, dropped, rows,
+               t, row0, causal, drop);
+}
+
+void attention_softmax_backward(float* ds, const float* probs, float* dropped, int64_t rows, int64_t t, int64_t row0,
+                                bool causal, const AttentionDropout& drop, cudaStream_t stream) {
+  REMAT_LAUNCH(softmax_backward_kernel, dim3(row_blocks(rows)), dim3(32 * kRowWarps), 0, stream, ds, probs, dropped,
+               rows, t, row0, causal, drop);
+}
+
+void permute_0213(const float* x, int64_t a, int64_t b, int64_t c, int64_t d, float* y, cudaStream_t stream) {
+  constexpr int kBlock = 256;
+  const bool vec4 = d % 4 == 0 && aligned16(x) && aligned16(y);
+  const int64_t units = a * b * c * (vec4 ? d / 4 : d);
+  const auto blocks = dim3(static_cast<unsigned>(std::min(ceil_div<int64_t>(units, kBlock), kMaxBlocks)));
+  if (vec4)
+    REMAT_LAUNCH(permute_0213_kernel<true>, blocks, dim3(kBlock), 0, stream, x, a, b, c, d, y);
+  else
+    REMAT_LAUNCH(permute_0213_kernel<false>, blocks, dim3(kBlock), 0, stream, x, a, b, c, d, y);
+}
+
+}  // namespace remat::kernels

@@ -1,0 +1,39 @@
+// Attention row kernels (the GEMMs go through cuBLAS, src/backends/cuda/attention.cpp):
+// the causal/scaled softmax with dropout over rows of attention scores, its backward, and
+// the head permute.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace remat::kernels {
+
+// Dropout on the attention probabilities. Element e of probs [B, H, T, T] (flat index) is
+// kept when philox::uniform(word(seed, offset + e)) < keep_prob, and then scaled by
+// `scale` (1 / keep_prob); `on` is false when nothing can be dropped.
+struct AttentionDropout {
+  bool on = false;
+  float keep_prob = 1.0f;
+  float scale = 1.0f;
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+};
+
+// Rows r < rows of length t (row0 + r is the row's index in probs [B, H, T, T], so the
+// query position is (row0 + r) % t). probs holds scores on entry and the softmax over the
+// first n entries of each row on exit (n = i + 1 when causal, else t), zeros after them.
+// With dropout, dropped (rows x t) receives the dropped probabilities.
+void attention_softmax_forward(float* probs, float* dropped, int64_t rows, int64_t t, int64_t row0, bool causal,
+                               const AttentionDropout& drop, cudaStream_t stream);
+
+// Rows as above; ds holds dL/d(dropped probs) on entry and dL/d(scores) on exit:
+// g = ds * mask * scale (dropout), ds = probs * (g - sum(g * probs)) over the first n
+// entries, zeros after. With dropout, dropped receives the dropped probabilities.
+void attention_softmax_backward(float* ds, const float* probs, float* dropped, int64_t rows, int64_t t, int64_t row0,
+                                bool causal, const AttentionDropout& drop, cudaStream_t stream);
+
+// x [a, b, c, d] -> y [a, c, b, d].
+void permute_0213(const float* x, int64_t a, int64_t b, int64_t c, int64_t d, float* y, cudaStream_t stream);
+
+}  // namespace remat::kernels

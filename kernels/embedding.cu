@@ -1,0 +1,181 @@
+#include "kernels/embedding.cuh"
+#include "kernels/launch.cuh"
+#include "kernels/reduce.cuh"
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+namespace remat::kernels {
+
+namespace {
+
+constexpr int kBlock = 256;
+constexpr int64_t kMaxBlocks = 65535;
+
+unsigned grid_for(int64_t units) {
+  return static_cast<unsigned>(std::min(ceil_div<int64_t>(units, kBlock), kMaxBlocks));
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// *first_bad = min(*first_bad, i) for every i < n with ids[i] outside [0, rows).
+__global__ void find_bad_id_kernel(const int32_t* ids, int64_t n, int64_t rows, unsigned long long* first_bad) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    if (ids[i] < 0 || ids[i] >= rows) atomicMin(first_bad, static_cast<unsigned long long>(i));
+}
+
+// One thread per unit of a row of y: a float4 when kVec4 (c % 4 == 0, 16-byte aligned
+// rows), else a float. Grid-stride over all n rows.
+template <bool kVec4>
+__global__ void embedding_forward_kernel(const int32_t* ids, int64_t n, int64_t t, const float* table, int64_t c,
+                                         const float* pos, float* y) {
+  using Unit = typename std::conditional<kVec4, float4, float>::type;
+  const int64_t width = kVec4 ? c / 4 : c;  // units per row
+  const int64_t total = n * width, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < total; u += stride) {
+    const int64_t i = u / width, k = u % width;
+    Unit v = reinterpret_cast<const Unit*>(table + static_cast<int64_t>(ids[i]) * c)[k];
+    if (pos) {
+      const Unit p = reinterpret_cast<const Unit*>(pos + (i % t) * c)[k];
+      if constexpr (kVec4) {
+        v.x += p.x;
+        v.y += p.y;
+        v.z += p.z;
+        v.w += p.w;
+      } else {
+        v += p;
+      }
+    }
+    reinterpret_cast<Unit*>(y + i * c)[k] = v;
+  }
+}
+
+// Table gradient: one warp per (position i, chunk of kChunk channels). The warp of i
+// returns unless i is the first position holding its id; that warp then owns the id's row
+// of dtable (for its channels) and adds the dy rows of every position j >= i with the same
+// id, in order of j. Lane l handles channels c0 + l, c0 + l + 32, ... (coalesced). Ids are
+// scanned kScanTiles tiles of 32 at a time (independent loads in flight). The op has no
+// workspace to sort positions by id in, so the scans cost O(n * distinct ids) reads of the
+// (cache-resident) ids; dy is read once. A warp that owns a very frequent id adds its rows
+// alone (all n rows in the worst case, one id everywhere).
+constexpr int kWarpsPerBlock = 4;
+constexpr int kPerLane = 8;
+constexpr int64_t kChunk = 32 * kPerLane;
+constexpr int kScanTiles = 4;
+constexpr int64_t kScanStep = 32 * kScanTiles;
+
+// match[q]: ballot of the positions j0 + 32 q + lane below `end` that hold `id`.
+__device__ REMAT_INLINE void match_tiles(const int32_t* ids, int64_t j0, int64_t end, int32_t id, int lane,
+                                         unsigned (&match)[kScanTiles]) {
+  int32_t v[kScanTiles];
+  for (int q = 0; q < kScanTiles; ++q) {
+    const int64_t j = j0 + 32 * q + lane;
+    v[q] = j < end ? ids[j] : -1;  // valid ids are >= 0
+  }
+  for (int q = 0; q < kScanTiles; ++q) match[q] = __ballot_sync(kFullMask, v[q] == id);
+}
+
+__global__ void embedding_backward_table_kernel(const float* dy, const int32_t* ids, int64_t n, int64_t c,
+                                                float* dtable) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (i >= n) return;  // the whole warp
+  const int32_t id = ids[i];
+  unsigned match[kScanTiles];
+  // An earlier position with this id owns the row.
+  for (int64_t j0 = 0; j0 < i; j0 += kScanStep) {
+    match_tiles(ids, j0, i, id, lane, match);
+    unsigned any = 0;
+    for (int q = 0; q < kScanTiles; ++q) any |= match[q];
+    if (any) return;
+  }
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kChunk;
+  float* dst = dtable + static_cast<int64_t>(id) * c;
+  float acc[kPerLane];
+  for (int k = 0; k < kPerLane; ++k) {
+    const int64_t col = c0 + k * 32 + lane;
+    acc[k] = col < c ? dst[col] : 0.0f;
+  }
+  for (int64_t j0 = i; j0 < n; j0 += kScanStep) {
+    match_tiles(ids, j0, n, id, lane, match);
+    for (int q = 0; q < kScanTiles; ++q) {
+      for (unsigned m = match[q]; m != 0; m &= m - 1) {  // in order of position
+        const float* src = dy + (j0 + 32 * q + __ffs(static_cast<int>(m)) - 1) * c;
+        for (int k = 0; k < kPerLane; ++k) {
+          const int64_t col = c0 + k * 32 + lane;
+          if (col < c) acc[k] += src[col];
+        }
+      }
+    }
+  }
+  for (int k = 0; k < kPerLane; ++k) {
+    const int64_t col = c0 + k * 32 + lane;
+    if (col < c) dst[col] = acc[k];
+  }
+}
+
+// Position gradient: one thread per unit of dpos[p, :] (float4 when kVec4), adding the
+// batch in order.
+template <bool kVec4>
+__global__ void embedding_backward_pos_kernel(const float* dy, int64_t batch, int64_t t, int64_t c, float* dpos) {
+  using Unit = typename std::conditional<kVec4, float4, float>::type;
+  const int64_t width = kVec4 ? c / 4 : c;
+  const int64_t total = t * width, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const Unit* src = reinterpret_cast<const Unit*>(dy);
+  Unit* dst = reinterpret_cast<Unit*>(dpos);
+  for (int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < total; u += stride) {
+    Unit acc = dst[u];
+    for (int64_t b = 0; b < batch; ++b) {
+      const Unit g = src[b * total + u];
+      if constexpr (kVec4) {
+        acc.x += g.x;
+        acc.y += g.y;
+        acc.z += g.z;
+        acc.w += g.w;
+      } else {
+        acc += g;
+      }
+    }
+    dst[u] = acc;
+  }
+}
+
+}  // namespace
+
+void find_bad_id(const int32_t* ids, int64_t n, int64_t rows, unsigned long long* first_bad, cudaStream_t stream) {
+  REMAT_LAUNCH(find_bad_id_kernel, dim3(grid_for(n)), dim3(kBlock), 0, stream, ids, n, rows, first_bad);
+}
+
+void embedding_forward(const int32_t* ids, int64_t n, int64_t t, const float* table, int64_t c, const float* pos,
+                       float* y, cudaStream_t stream) {
+  const bool vec4 = c % 4 == 0 && aligned16(table) && aligned16(y) && (pos == nullptr || aligned16(pos));
+  const int64_t units = n * (vec4 ? c / 4 : c);
+  if (vec4)
+    REMAT_LAUNCH(embedding_forward_kernel<true>, dim3(grid_for(units)), dim3(kBlock), 0, stream, ids, n, t, table, c,
+                 pos, y);
+  else
+    REMAT_LAUNCH(embedding_forward_kernel<false>, dim3(grid_for(units)), dim3(kBlock), 0, stream, ids, n, t, table,
+                 c, pos, y);
+}
+
+void embedding_backward_table(const float* dy, const int32_t* ids, int64_t n, int64_t c, float* dtable,
+                              cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(n, kWarpsPerBlock)),
+                  static_cast<unsigned>(ceil_div<int64_t>(c, kChunk)));
+  REMAT_LAUNCH(embedding_backward_table_kernel, grid, dim3(32 * kWarpsPerBlock), 0, stream, dy, ids, n, c, dtable);
+}
+
+void embedding_backward_pos(const float* dy, int64_t batch, int64_t t, int64_t c, float* dpos, cudaStream_t stream) {
+  const bool vec4 = c % 4 == 0 && aligned16(dy) && aligned16(dpos);
+  const int64_t units = t * (vec4 ? c / 4 : c);
+  if (vec4)
+    REMAT_LAUNCH(embedding_backward_pos_kernel<true>, dim3(grid_for(units)), dim3(kBlock), 0, stream, dy, batch, t,
+                 c, dpos);
+  else
+    REMAT_LAUNCH(embedding_backward_pos_kernel<false>, dim3(grid_for(units)), dim3(kBlock), 0, stream, dy, batch, t,
+                 c, dpos);
+}
+
+}  // namespace remat::kernels

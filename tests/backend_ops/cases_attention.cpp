@@ -1,0 +1,224 @@
+// Multi-head self-attention and the head permute.
+//
+// Tolerances: probs agree to 2e-6 + 2e-5 relative (scores are sums of hs <= 64 products in
+// [-1, 1], scaled; the CPU's exp is a polynomial good to 2.5e-7); out and dqkv are further
+// sums over T <= 33 positions, 2e-5 + 1e-4 relative. The dropout masks must be identical:
+// cases with a one-hot V (forward) or a one-hot dout (backward) copy the dropped
+// probabilities into out / dV, whose zeros are then compared exactly.
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "backend_ops/harness.h"
+
+namespace remat::test {
+
+namespace {
+
+struct AttnShape {
+  int64_t b, t, c;
+  int n_head;
+};
+
+std::string label(const AttnShape& s, const AttentionParams& p) {
+  return "B=" + std::to_string(s.b) + " T=" + std::to_string(s.t) + " C=" + std::to_string(s.c) +
+         " H=" + std::to_string(s.n_head) + (p.causal ? " causal" : " full") + " p=" + std::to_string(p.dropout);
+}
+
+// A workspace of `bytes` (at least one float) filled with NaN: an op must not read what it
+// did not write.
+Tensor nan_workspace(Backend& be, size_t bytes) {
+  const int64_t n = std::max<int64_t>(static_cast<int64_t>((bytes + 3) / 4), 1);
+  return Tensor::full({n}, std::numeric_limits<float>::quiet_NaN(), be.device());
+}
+
+void forward(Backend& be, Side s, const Pair& qkv, const AttentionParams& p, RngState rng, const Pair& out,
+             const Pair& probs) {
+  Tensor ws = nan_workspace(be, be.attention_forward_workspace(s(qkv).shape(), p));
+  be.attention_forward(s(qkv), p, rng, s(out), s(probs), ws);
+}
+
+void backward(Backend& be, Side s, const Pair& dout, const Pair& qkv, const Pair& probs, const AttentionParams& p,
+              RngState rng, const Pair& dqkv) {
+  Tensor ws = nan_workspace(be, be.attention_backward_workspace(s(qkv).shape(), p));
+  be.attention_backward(s(dout), s(qkv), s(probs), p, rng, s(dqkv), ws);
+}
+
+// Zero where the reference is zero, and nowhere else.
+void expect_same_zeros(const Pair& p, const std::string& what) {
+  const auto r = p.ref.to_vector(), d = p.dut.to_vector();
+  int64_t bad = 0, first = -1, zeros = 0;
+  for (size_t i = 0; i < r.size(); ++i) {
+    zeros += r[i] == 0.0f;
+    if ((r[i] == 0.0f) != (d[i] == 0.0f) && bad++ == 0) first = static_cast<int64_t>(i);
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " zeros differ, first at flat index " << first;
+  EXPECT_GT(zeros, 0) << what << ": no zeros at all, the check checks nothing";
+}
+
+const AttnShape kShapes[] = {{2, 1, 8, 1}, {2, 5, 8, 2}, {2, 16, 24, 4}, {2, 33, 64, 4}, {2, 33, 12, 1}, {1, 7, 6, 2}};
+
+constexpr double kProbsAtol = 2e-6, kProbsRtol = 2e-5;
+constexpr double kSumAtol = 2e-5, kSumRtol = 1e-4;
+
+}  // namespace
+
+REMAT_OP_CASE(attention, forward) {
+  for (const auto& s : kShapes) {
+    for (bool causal : {true, false}) {
+      for (float dropout : {0.0f, 0.1f}) {
+        const AttentionParams p{s.n_head, causal, dropout};
+        const RngState rng{1234, 8};
+        auto qkv = t.uniform({s.b, s.t, 3 * s.c});
+        auto out = t.output({s.b, s.t, s.c}), probs = t.output({s.b, s.n_head, s.t, s.t});
+        t.run([&](Backend& be, Side sd) { forward(be, sd, qkv, p, rng, out, probs); });
+        t.expect_close(probs, kProbsAtol, kProbsRtol, "probs " + label(s, p));
+        t.expect_close(out, kSumAtol, kSumRtol, "out " + label(s, p));
+      }
+    }
+  }
+}
+
+REMAT_OP_CASE(attention, backward) {
+  for (const auto& s : kShapes) {
+    for (bool causal : {true, false}) {
+      for (float dropout : {0.0f, 0.1f}) {
+        const AttentionParams p{s.n_head, causal, dropout};
+        const RngState rng{99, 4};
+        auto qkv = t.uniform({s.b, s.t, 3 * s.c});
+        auto dout = t.uniform({s.b, s.t, s.c});
+        auto out = t.output({s.b, s.t, s.c}), probs = t.output({s.b, s.n_head, s.t, s.t});
+        auto dqkv = t.output({s.b, s.t, 3 * s.c});
+        t.run([&](Backend& be, Side sd) {
+          forward(be, sd, qkv, p, rng, out, probs);
+          backward(be, sd, dout, qkv, probs, p, rng, dqkv);
+        });
+        t.expect_close(dqkv, kSumAtol, kSumRtol, "dqkv " + label(s, p));
+      }
+    }
+  }
+}
+
+REMAT_OP_CASE(attention, dropout_mask_forward) {
+  // V one-hot (v[b, j, h*hs + j] = 1, hs >= T): out[b, i, h*hs + j] = dropped probs[b, h, i, j].
+  // Offsets 6 (not a whole Philox block) and 12.
+  const int64_t B = 2, T = 16, H = 2, hs = 16, C = H * hs;
+  for (uint64_t offset : {6u, 12u}) {
+    for (bool causal : {true, false}) {
+      const AttentionParams p{static_cast<int>(H), causal, 0.5f};
+      const RngState rng{7, offset};
+      std::vector<float> x(static_cast<size_t>(B * T * 3 * C));
+      std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t j = 0; j < T; ++j)
+          for (int64_t col = 0; col < 3 * C; ++col) {
+            float& v = x[static_cast<size_t>((b * T + j) * 3 * C + col)];
+            v = col < 2 * C ? u(t.rng()) : ((col - 2 * C) % hs == j ? 1.0f : 0.0f);
+          }
+      auto qkv = t.values(x, {B, T, 3 * C});
+      auto out = t.output({B, T, C}), probs = t.output({B, H, T, T});
+      t.run([&](Backend& be, Side sd) { forward(be, sd, qkv, p, rng, out, probs); });
+      const std::string what = std::string("out (dropped probs) offset ") + std::to_string(offset) +
+                               (causal ? " causal" : " full");
+      t.expect_close(out, kProbsAtol, kProbsRtol, what);
+      expect_same_zeros(out, what);
+    }
+  }
+}
+
+REMAT_OP_CASE(attention, dropout_mask_backward) {
+  // dout one-hot (dout[b, i, h*hs + i] = 1, hs >= T): dV[b, j, h*hs + i] = dropped probs[b, h, i, j].
+  const int64_t B = 2, T = 13, H = 2, hs = 16, C = H * hs;
+  for (bool causal : {true, false}) {
+    const AttentionParams p{static_cast<int>(H), causal, 0.5f};
+    const RngState rng{31, 6};
+    std::vector<float> g(static_cast<size_t>(B * T * C), 0.0f);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t h = 0; h < H; ++h) g[static_cast<size_t>((b * T + i) * C + h * hs + i)] = 1.0f;
+    auto qkv = t.uniform({B, T, 3 * C});
+    auto dout = t.values(g, {B, T, C});
+    auto out = t.output({B, T, C}), probs = t.output({B, H, T, T});
+    auto dqkv = t.output({B, T, 3 * C});
+    t.run([&](Backend& be, Side sd) {
+      forward(be, sd, qkv, p, rng, out, probs);
+      backward(be, sd, dout, qkv, probs, p, rng, dqkv);
+    });
+    const std::string what = causal ? "dqkv (dV: dropped probs) causal" : "dqkv (dV: dropped probs) full";
+    t.expect_close(dqkv, kSumAtol, kSumRtol, what);
+    // Compare the zeros of the dV columns only (dQ and dK have no exact zeros).
+    const auto r = dqkv.ref.to_vector(), d = dqkv.dut.to_vector();
+    std::vector<float> rv, dv;
+    for (size_t i = 0; i < r.size(); ++i)
+      if (static_cast<int64_t>(i) % (3 * C) >= 2 * C) {
+        rv.push_back(r[i]);
+        dv.push_back(d[i]);
+      }
+    const int64_t n = static_cast<int64_t>(rv.size());
+    expect_same_zeros(Pair{Tensor::from_vector(rv, {n}), Tensor::from_vector(dv, {n})}, what);
+  }
+}
+
+REMAT_OP_CASE(attention, dropout_one) {
+  // p = 1 drops everything: out and dqkv are exactly 0; probs are still the softmax.
+  const AttentionParams p{2, true, 1.0f};
+  const RngState rng{5, 0};
+  auto qkv = t.uniform({2, 9, 3 * 16});
+  auto dout = t.uniform({2, 9, 16});
+  auto out = t.output({2, 9, 16}), probs = t.output({2, 2, 9, 9});
+  auto dqkv = t.output({2, 9, 3 * 16});
+  t.run([&](Backend& be, Side sd) {
+    forward(be, sd, qkv, p, rng, out, probs);
+    backward(be, sd, dout, qkv, probs, p, rng, dqkv);
+  });
+  t.expect_close(probs, kProbsAtol, kProbsRtol, "probs");
+  t.expect_equal(out, "out");
+  t.expect_equal(dqkv, "dqkv");
+}
+
+REMAT_OP_CASE(attention, several_groups_gpu) {
+  // More scratch than one group holds (64 MiB per buffer): three groups of one batch
+  // element each. Too slow emulated; runs on a GPU.
+  if (!t.device().is_cuda()) GTEST_SKIP() << "a GPU-only case (too slow emulated)";
+  const AttnShape s{3, 1100, 28, 14};
+  for (float dropout : {0.0f, 0.1f}) {
+    const AttentionParams p{s.n_head, true, dropout};
+    const RngState rng{77, 16};
+    auto qkv = t.uniform({s.b, s.t, 3 * s.c});
+    auto dout = t.uniform({s.b, s.t, s.c});
+    auto out = t.output({s.b, s.t, s.c}), probs = t.output({s.b, s.n_head, s.t, s.t});
+    auto dqkv = t.output({s.b, s.t, 3 * s.c});
+    t.run([&](Backend& be, Side sd) {
+      forward(be, sd, qkv, p, rng, out, probs);
+      backward(be, sd, dout, qkv, probs, p, rng, dqkv);
+    });
+    // Sums over up to 1100 positions.
+    t.expect_close(probs, kProbsAtol, kProbsRtol, "probs " + label(s, p));
+    t.expect_close(out, 1e-4, 1e-3, "out " + label(s, p));
+    t.expect_close(dqkv, 1e-4, 1e-3, "dqkv " + label(s, p));
+  }
+}
+
+REMAT_OP_CASE(attention, permute_0213) {
+  // A pure copy: bit-identical. [2, 5, 3, 8] from an aligned buffer takes the float4 path.
+  const Shape shapes[] = {{2, 3, 5, 7}, {1, 1, 1, 1}, {3, 4, 2, 1}, {2, 5, 3, 8}};
+  for (const auto& sh : shapes) {
+    auto x = t.uniform(sh);
+    const Shape ysh{sh[0], sh[2], sh[1], sh[3]};
+    auto y = t.output(ysh);
+    auto y_aligned = t.uniform(ysh);
+    auto back = t.uniform(sh);
+    t.run([&](Backend& be, Side s) {
+      be.permute_0213(s(x), s(y));
+      be.permute_0213(s(x), s(y_aligned));
+      be.permute_0213(s(y_aligned), s(back));
+    });
+    t.expect_equal(y, "y " + sh.str());
+    t.expect_equal(y_aligned, "y (aligned) " + sh.str());
+    t.expect_equal(back, "permute twice " + sh.str());
+    EXPECT_EQ(back.dut.to_vector(), x.dut.to_vector()) << "permute_0213 is its own inverse";
+  }
+}
+
+}  // namespace remat::test
