@@ -1,28 +1,65 @@
-// STUB: replaced by the softmax_loss family (kernels + host glue).
+// Softmax and log-softmax over the last dimension, cross-entropy, accuracy
+// (kernels/softmax_loss.cu).
+//
+// cross_entropy_forward checks the targets as the CPU does (a target outside [0, V) that
+// is not ignore_index throws): the loss kernel records the first bad row in the backend's
+// scratch buffer, which is read back, so the call waits for the stream; the executor
+// reads the loss right after the forward anyway. cross_entropy_backward keeps its scale
+// (dloss / rows counted) in scratch between its two kernels; accuracy counts there.
+#include <cstdint>
+
 #include "backends/cuda/cuda_backend.h"
+#include "kernels/softmax_loss.cuh"
+#include "remat/cuda_check.h"
 #include "remat/error.h"
 
 namespace remat {
 REMAT_KERNELS_ABI_BEGIN
 
-void CudaBackend::softmax_forward_impl(const Tensor& /*x*/, bool /*log*/, const Tensor& /*y*/) {
-  throw Unsupported("softmax_forward: not implemented on " + name() + " yet");
+namespace {
+int64_t rows_of(const Tensor& t) { return t.size(-1) == 0 ? 0 : t.numel() / t.size(-1); }
+}  // namespace
+
+void CudaBackend::softmax_forward_impl(const Tensor& x, bool log, const Tensor& y) {
+  activate();
+  kernels::softmax_forward(x.f32(), rows_of(x), x.size(-1), log, y.f32(), stream());
 }
 
-void CudaBackend::softmax_backward_impl(const Tensor& /*dy*/, const Tensor& /*y*/, bool /*log*/, const Tensor& /*dx*/) {
-  throw Unsupported("softmax_backward: not implemented on " + name() + " yet");
+void CudaBackend::softmax_backward_impl(const Tensor& dy, const Tensor& y, bool log, const Tensor& dx) {
+  activate();
+  kernels::softmax_backward(dy.f32(), y.f32(), rows_of(y), y.size(-1), log, dx.f32(), stream());
 }
 
-void CudaBackend::cross_entropy_forward_impl(const Tensor& /*logits*/, const Tensor& /*targets*/, int /*ignore_index*/, const Tensor& /*loss*/, const Tensor& /*lse*/) {
-  throw Unsupported("cross_entropy_forward: not implemented on " + name() + " yet");
+void CudaBackend::cross_entropy_forward_impl(const Tensor& logits, const Tensor& targets, int ignore_index,
+                                             const Tensor& loss, const Tensor& lse) {
+  activate();
+  const int64_t n = logits.size(0), v = logits.size(1);
+  auto* check = static_cast<kernels::CrossEntropyCheck*>(scratch());
+  kernels::cross_entropy_forward(logits.f32(), targets.i32(), n, v, ignore_index, loss.f32(), lse.f32(), check,
+                                 stream());
+  kernels::CrossEntropyCheck found{};
+  copy_to_host(&found, check, sizeof found);
+  if (found.bad_row >= 0)
+    REMAT_THROW("cross_entropy_forward: target ", found.bad_target, " at row ", found.bad_row, " is outside [0, ", v,
+                ") for logits ", logits.str());
 }
 
-void CudaBackend::cross_entropy_backward_impl(float /*dloss*/, const Tensor& /*logits*/, const Tensor& /*targets*/, const Tensor& /*lse*/, int /*ignore_index*/, const Tensor& /*dlogits*/) {
-  throw Unsupported("cross_entropy_backward: not implemented on " + name() + " yet");
+void CudaBackend::cross_entropy_backward_impl(float dloss, const Tensor& logits, const Tensor& targets,
+                                              const Tensor& lse, int ignore_index, const Tensor& dlogits) {
+  activate();
+  kernels::cross_entropy_backward(dloss, logits.f32(), targets.i32(), lse.f32(), logits.size(0), logits.size(1),
+                                  ignore_index, dlogits.f32(), static_cast<float*>(scratch()), stream());
 }
 
-int64_t CudaBackend::accuracy_impl(const Tensor& /*logits*/, const Tensor& /*targets*/, int /*ignore_index*/, int64_t* /*counted*/) {
-  throw Unsupported("accuracy: not implemented on " + name() + " yet");
+int64_t CudaBackend::accuracy_impl(const Tensor& logits, const Tensor& targets, int ignore_index, int64_t* counted) {
+  activate();
+  auto* counts = static_cast<unsigned long long*>(scratch());
+  REMAT_CUDA_CHECK(cudaMemsetAsync(counts, 0, 2 * sizeof(unsigned long long), stream()));
+  kernels::accuracy(logits.f32(), targets.i32(), logits.size(0), logits.size(1), ignore_index, counts, stream());
+  unsigned long long host[2] = {0, 0};
+  copy_to_host(host, counts, sizeof host);
+  if (counted) *counted = static_cast<int64_t>(host[0]);
+  return static_cast<int64_t>(host[1]);
 }
 
 REMAT_KERNELS_ABI_END

@@ -1,0 +1,258 @@
+#include "kernels/softmax_loss.cuh"
+
+#include <math.h>
+
+#include "kernels/launch.cuh"
+#include "kernels/reduce.cuh"
+#include "kernels/rows.cuh"
+
+namespace remat::kernels {
+
+namespace {
+
+using rows::Group;
+using rows::Pack;
+
+// ---- kernels -----------------------------------------------------------------------------
+
+// The softmax normaliser of a set of values, built in one pass: their maximum m and
+// s = sum of exp(x - m). s = 0 means no values yet.
+struct MaxSum {
+  float m;
+  float s;
+};
+
+__device__ REMAT_INLINE MaxSum empty_max_sum() { return {-INFINITY, 0.0f}; }
+
+__device__ REMAT_INLINE MaxSum push(MaxSum a, float x) {
+  if (x > a.m) return {x, a.s * expf(a.m - x) + 1.0f};  // a new maximum rescales the sum
+  return {a.m, a.s + expf(x - a.m)};  // (a NaN x makes s NaN, as on the CPU)
+}
+
+__device__ REMAT_INLINE MaxSum merge(MaxSum a, MaxSum b) {
+  if (a.s == 0.0f) return b;
+  if (b.s == 0.0f) return a;
+  const float m = a.m > b.m ? a.m : b.m;
+  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+
+__device__ REMAT_INLINE MaxSum shfl_xor(MaxSum v, int lane_mask) {
+  return {__shfl_xor_sync(kFullMask, v.m, lane_mask), __shfl_xor_sync(kFullMask, v.s, lane_mask)};
+}
+
+// MaxSum of row xr of length n over the row's threads; every thread gets the whole row's.
+template <int kThreads, bool kVec>
+__device__ REMAT_INLINE MaxSum row_max_sum(const float* xr, int64_t n, MaxSum* shared) {
+  using P = Pack<kVec>;
+  using G = Group<kThreads>;
+  MaxSum ms = empty_max_sum();
+  for (int64_t j = int64_t{G::lane()} * P::kWidth; j < n; j += int64_t{kThreads} * P::kWidth) {
+    const P x = P::load(xr + j);
+    for (int k = 0; k < P::kWidth; ++k) ms = push(ms, x.v[k]);
+  }
+  return G::reduce(ms, shared, [](MaxSum a, MaxSum b) { return merge(a, b); });
+}
+
+template <int kThreads, bool kVec>
+__global__ void softmax_forward_kernel(const float* x, int64_t rows, int64_t n, bool log, float* y) {
+  using P = Pack<kVec>;
+  using G = Group<kThreads>;
+  __shared__ MaxSum shared[G::kWarps];
+  for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
+    const float* xr = x + r * n;
+    float* yr = y + r * n;
+    const MaxSum ms = row_max_sum<kThreads, kVec>(xr, n, shared);
+    const float lse = ms.m + logf(ms.s), inv = 1.0f / ms.s;
+    for (int64_t j = int64_t{G::lane()} * P::kWidth; j < n; j += int64_t{kThreads} * P::kWidth) {
+      P v = P::load(xr + j);
+      for (int k = 0; k < P::kWidth; ++k) v.v[k] = log ? v.v[k] - lse : expf(v.v[k] - ms.m) * inv;
+      v.store(yr + j);
+    }
+  }
+}
+
+template <int kThreads, bool kVec>
+__global__ void softmax_backward_kernel(const float* dy, const float* y, int64_t rows, int64_t n, bool log,
+                                        float* dx) {
+  using P = Pack<kVec>;
+  using G = Group<kThreads>;
+  __shared__ float shared[G::kWarps];
+  for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
+    const float *dyr = dy + r * n, *yr = y + r * n;
+    float* dxr = dx + r * n;
+    float s = 0.0f;  // sum(dy) for log-softmax, sum(dy * y) for softmax
+    for (int64_t j = int64_t{G::lane()} * P::kWidth; j < n; j += int64_t{kThreads} * P::kWidth) {
+      const P g = P::load(dyr + j), v = P::load(yr + j);
+      for (int k = 0; k < P::kWidth; ++k) s += log ? g.v[k] : g.v[k] * v.v[k];
+    }
+    s = G::sum(s, shared);
+    for (int64_t j = int64_t{G::lane()} * P::kWidth; j < n; j += int64_t{kThreads} * P::kWidth) {
+      P g = P::load(dyr + j);
+      const P v = P::load(yr + j);
+      for (int k = 0; k < P::kWidth; ++k) g.v[k] = log ? g.v[k] - expf(v.v[k]) * s : v.v[k] * (g.v[k] - s);
+      g.store(dxr + j);
+    }
+  }
+}
+
+template <int kThreads, bool kVec>
+__global__ void logsumexp_kernel(const float* x, int64_t rows, int64_t n, float* lse) {
+  using G = Group<kThreads>;
+  __shared__ MaxSum shared[G::kWarps];
+  for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
+    const MaxSum ms = row_max_sum<kThreads, kVec>(x + r * n, n, shared);
+    if (G::lane() == 0) lse[r] = ms.m + logf(ms.s);
+  }
+}
+
+constexpr int kRowsReduceThreads = 256;  // one block reduces over all rows
+
+// loss[0] = mean of lse[r] - x[r, t[r]] over the rows not ignored, in double: each
+// thread sums rows tid, tid + 256, ... in order, then the block sums the threads.
+__global__ void cross_entropy_loss_kernel(const float* x, const int32_t* targets, const float* lse, int64_t rows,
+                                          int64_t n, int ignore_index, float* loss, CrossEntropyCheck* check) {
+  __shared__ double dshared[kRowsReduceThreads / 32];
+  __shared__ long long ishared[kRowsReduceThreads / 32];
+  constexpr long long kNone = 0x7fffffffffffffffLL;
+  double total = 0.0;
+  long long count = 0, first_bad = kNone;
+  for (int64_t r = threadIdx.x; r < rows; r += kRowsReduceThreads) {
+    const int32_t t = targets[r];
+    if (t == ignore_index) continue;
+    if (t < 0 || t >= n) {
+      if (first_bad == kNone) first_bad = r;
+      continue;
+    }
+    total += static_cast<double>(lse[r]) - static_cast<double>(x[r * n + t]);
+    ++count;
+  }
+  total = block_sum<kRowsReduceThreads>(total, dshared);
+  count = block_sum<kRowsReduceThreads>(count, ishared);
+  first_bad = -block_max<kRowsReduceThreads>(-first_bad, ishared);  // the smallest bad row
+  if (threadIdx.x == 0) {
+    loss[0] = count == 0 ? __int_as_float(0x7fc00000) : static_cast<float>(total / static_cast<double>(count));
+    check->bad_row = first_bad == kNone ? -1 : first_bad;
+    check->bad_target = first_bad == kNone ? 0 : targets[first_bad];
+  }
+}
+
+// *scale = dloss / (rows not ignored), or 0 when every row is ignored.
+__global__ void cross_entropy_scale_kernel(const int32_t* targets, int64_t rows, int ignore_index, float dloss,
+                                           float* scale) {
+  __shared__ long long shared[kRowsReduceThreads / 32];
+  long long count = 0;
+  for (int64_t r = threadIdx.x; r < rows; r += kRowsReduceThreads) count += targets[r] != ignore_index;
+  count = block_sum<kRowsReduceThreads>(count, shared);
+  if (threadIdx.x == 0) *scale = count == 0 ? 0.0f : dloss / static_cast<float>(count);
+}
+
+template <int kThreads, bool kVec>
+__global__ void cross_entropy_backward_kernel(const float* x, const int32_t* targets, const float* lse,
+                                              const float* scale, int64_t rows, int64_t n, int ignore_index,
+                                              float* dx) {
+  using P = Pack<kVec>;
+  using G = Group<kThreads>;
+  const float s = *scale;
+  for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
+    const float* xr = x + r * n;
+    float* dxr = dx + r * n;
+    const int32_t t = targets[r];
+    const bool ignored = t == ignore_index;
+    const float l = lse[r];
+    for (int64_t j = int64_t{G::lane()} * P::kWidth; j < n; j += int64_t{kThreads} * P::kWidth) {
+      P v;
+      if (ignored) {
+        for (float& e : v.v) e = 0.0f;
+      } else {
+        v = P::load(xr + j);
+        for (int k = 0; k < P::kWidth; ++k) v.v[k] = s * expf(v.v[k] - l) - (j + k == t ? s : 0.0f);
+      }
+      v.store(dxr + j);
+    }
+  }
+}
+
+// A candidate maximum: value and column (kNoColumn: none yet).
+struct ArgMax {
+  float v;
+  long long i;
+};
+constexpr long long kNoColumn = 0x7fffffffffffffffLL;
+
+__device__ REMAT_INLINE ArgMax shfl_xor(ArgMax a, int lane_mask) {
+  return {__shfl_xor_sync(kFullMask, a.v, lane_mask), __shfl_xor_sync(kFullMask, a.i, lane_mask)};
+}
+
+// The larger value; of equal values the first column.
+__device__ REMAT_INLINE ArgMax first_max(ArgMax a, ArgMax b) {
+  return b.v > a.v || (b.v == a.v && b.i < a.i) ? b : a;
+}
+
+template <int kThreads, bool kVec>
+__global__ void accuracy_kernel(const float* x, const int32_t* targets, int64_t rows, int64_t n, int ignore_index,
+                                unsigned long long* counts) {
+  using P = Pack<kVec>;
+  using G = Group<kThreads>;
+  __shared__ ArgMax shared[G::kWarps];
+  for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
+    const int32_t t = targets[r];
+    if (t == ignore_index) continue;  // the same for the whole row group
+    const float* xr = x + r * n;
+    ArgMax best{-INFINITY, kNoColumn};
+    for (int64_t j = int64_t{G::lane()} * P::kWidth; j < n; j += int64_t{kThreads} * P::kWidth) {
+      const P v = P::load(xr + j);
+      for (int k = 0; k < P::kWidth; ++k)
+        if (v.v[k] > best.v) best = {v.v[k], j + k};  // NaN never wins
+    }
+    best = G::reduce(best, shared, [](ArgMax a, ArgMax b) { return first_max(a, b); });
+    if (G::lane() == 0) {
+      // The CPU scans from column 0 keeping the first strictly larger value: it ends at
+      // 0 when nothing beats x[0] (all -inf) or x[0] is NaN (nothing compares larger).
+      const long long col = best.i == kNoColumn || isnan(xr[0]) ? 0 : best.i;
+      atomicAdd(&counts[0], 1ull);
+      if (col == t) atomicAdd(&counts[1], 1ull);
+    }
+  }
+}
+
+}  // namespace
+
+void softmax_forward(const float* x, int64_t rows, int64_t n, bool log, float* y, cudaStream_t stream) {
+  if (rows == 0 || n == 0) return;
+  const bool vec = rows::can_vectorise(n, x, y);
+  REMAT_LAUNCH_ROWS(softmax_forward_kernel, rows, n, vec, stream, x, rows, n, log, y);
+}
+
+void softmax_backward(const float* dy, const float* y, int64_t rows, int64_t n, bool log, float* dx,
+                      cudaStream_t stream) {
+  if (rows == 0 || n == 0) return;
+  const bool vec = rows::can_vectorise(n, dy, y, dx);
+  REMAT_LAUNCH_ROWS(softmax_backward_kernel, rows, n, vec, stream, dy, y, rows, n, log, dx);
+}
+
+void cross_entropy_forward(const float* x, const int32_t* targets, int64_t rows, int64_t n, int ignore_index,
+                           float* loss, float* lse, CrossEntropyCheck* check, cudaStream_t stream) {
+  const bool vec = rows::can_vectorise(n, x);
+  if (rows > 0) REMAT_LAUNCH_ROWS(logsumexp_kernel, rows, n, vec, stream, x, rows, n, lse);
+  REMAT_LAUNCH(cross_entropy_loss_kernel, dim3(1), dim3(kRowsReduceThreads), 0, stream, x, targets, lse, rows, n,
+               ignore_index, loss, check);
+}
+
+void cross_entropy_backward(float dloss, const float* x, const int32_t* targets, const float* lse, int64_t rows,
+                            int64_t n, int ignore_index, float* dx, float* scale, cudaStream_t stream) {
+  if (rows == 0 || n == 0) return;
+  REMAT_LAUNCH(cross_entropy_scale_kernel, dim3(1), dim3(kRowsReduceThreads), 0, stream, targets, rows, ignore_index,
+               dloss, scale);
+  const bool vec = rows::can_vectorise(n, x, dx);
+  REMAT_LAUNCH_ROWS(cross_entropy_backward_kernel, rows, n, vec, stream, x, targets, lse, scale, rows, n,
+                    ignore_index, dx);
+}
+
+void accuracy(const float* x, const int32_t* targets, int64_t rows, int64_t n, int ignore_index,
+              unsigned long long* counts, cudaStream_t stream) {
+  if (rows == 0) return;
+  const bool vec = rows::can_vectorise(n, x);
+  REMAT_LAUNCH_ROWS(accuracy_kernel, rows, n, vec, stream, x, targets, rows, n, ignore_index, counts);
+}
+
+}  // namespace remat::kernels

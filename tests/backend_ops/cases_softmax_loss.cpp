@@ -1,0 +1,322 @@
+// Softmax, log-softmax, cross-entropy and accuracy against the cpu backend.
+//
+// Tolerances: the device sums a row in a different order than the CPU's 8 lanes, with
+// an online maximum (exp(x - m) rescaled when m grows), and its expf differs from the
+// CPU's polynomial vexp by ~2 ulp (vexp also clamps its argument at -87.3, so where the
+// GPU underflows to 0 the CPU gives ~1e-38). So probabilities and gradients agree to a
+// few ulp relative plus a tiny absolute term; log-probabilities and lse to a few ulp of
+// their magnitude (up to ~170 with logits of +-80).
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "backend_ops/harness.h"
+#include "remat/error.h"
+
+namespace remat::test {
+
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// An output at the start of its own allocation (16-byte aligned, so the kernels' float4
+// path runs; OpCheck::output views sit after a guard zone and are not aligned). It has no
+// guards, but starts as NaN: an element the device does not write fails against the
+// reference, which writes every element.
+Pair aligned_output(OpCheck& t, const Shape& s) { return t.values(std::vector<float>(s.numel(), kNaN), s); }
+
+std::string shape_name(int64_t rows, int64_t n) { return "[" + std::to_string(rows) + ", " + std::to_string(n) + "]"; }
+
+// Row lengths: 1, under a warp, a warp, over a warp, warp-per-row at its limit, just past
+// it (a block per row), and rows several block-lengths long.
+constexpr int64_t kLengths[] = {1, 7, 32, 33, 1000, 1024, 1025, 5003};
+constexpr int64_t kRows[] = {1, 3, 64};
+
+void check_softmax_forward(OpCheck& t, const Pair& x, const Pair& y, bool log, const std::string& what) {
+  t.run([&](Backend& be, Side side) { be.softmax_forward(side(x), log, side(y)); });
+  if (log) t.expect_close(y, 1e-5, 1e-6, what);  // |y| up to ~15 here: a few ulp of it
+  else t.expect_close(y, 1e-8, 1e-5, what);     // rows of up to 5003 terms summed in another order
+}
+
+}  // namespace
+
+REMAT_OP_CASE(softmax_loss, softmax_forward_shapes) {
+  for (int log = 0; log < 2; ++log)
+    for (int64_t rows : kRows)
+      for (int64_t n : kLengths) {
+        if (rows == 64 && n > 1100) continue;  // keep the emulator fast: the longest rows, few of them
+        const Shape s{rows, n};
+        auto x = t.uniform(s, -3.0f, 3.0f);
+        auto y = t.output(s);
+        check_softmax_forward(t, x, y, log != 0, std::string(log ? "log_softmax " : "softmax ") + shape_name(rows, n));
+      }
+}
+
+REMAT_OP_CASE(softmax_loss, softmax_forward_vectorised_and_rank3) {
+  // float4 packs (aligned output, length % 4 == 0), warp and block per row; and a rank-3
+  // input whose leading dims are the rows.
+  for (int log = 0; log < 2; ++log) {
+    for (const Shape& s : {Shape{5, 1000}, Shape{3, 5004}, Shape{2, 3, 36}}) {
+      auto x = t.uniform(s, -3.0f, 3.0f);
+      auto y = aligned_output(t, s);
+      check_softmax_forward(t, x, y, log != 0, std::string(log ? "log_softmax " : "softmax ") + s.str());
+    }
+  }
+}
+
+REMAT_OP_CASE(softmax_loss, softmax_forward_large_logits) {
+  // Logits of +-80: exp overflows unless the maximum is subtracted. Row 0 has one large
+  // value among small ones (probabilities of exp(-160): 0 here, ~1e-38 from vexp).
+  for (int log = 0; log < 2; ++log) {
+    for (int64_t n : {int64_t{33}, int64_t{2000}}) {
+      auto v = t.uniform({4, n}, -80.0f, 80.0f).ref.to_vector();
+      for (int64_t j = 0; j < n; ++j) v[static_cast<size_t>(j)] = j == n / 2 ? 80.0f : -80.0f;
+      auto x = t.values(v, {4, n});
+      auto y = t.output({4, n});
+      t.run([&](Backend& be, Side s) { be.softmax_forward(s(x), log != 0, s(y)); });
+      if (log) t.expect_close(y, 3e-5, 1e-6, "log_softmax +-80, n=" + std::to_string(n));  // |y| up to 160
+      else t.expect_close(y, 1e-8, 1e-5, "softmax +-80, n=" + std::to_string(n));
+    }
+  }
+}
+
+REMAT_OP_CASE(softmax_loss, softmax_forward_in_place) {
+  for (int64_t n : {int64_t{33}, int64_t{3000}}) {
+    auto x = t.output_like(t.uniform({3, n}, -3.0f, 3.0f));
+    t.run([&](Backend& be, Side s) { be.softmax_forward(s(x), false, s(x)); });
+    t.expect_close(x, 1e-8, 1e-5, "softmax in place, n=" + std::to_string(n));
+  }
+}
+
+namespace {
+
+// A softmax output as backward sees one: rows of positive values summing to 1 (or their
+// logs), made on the host.
+Pair softmax_output(OpCheck& t, int64_t rows, int64_t n, bool log) {
+  auto p = t.uniform({rows, n}, 0.01f, 1.0f).ref.to_vector();
+  for (int64_t r = 0; r < rows; ++r) {
+    double sum = 0.0;
+    for (int64_t j = 0; j < n; ++j) sum += p[static_cast<size_t>(r * n + j)];
+    for (int64_t j = 0; j < n; ++j) {
+      float& e = p[static_cast<size_t>(r * n + j)];
+      e = static_cast<float>(e / sum);
+      if (log) e = std::log(e);
+    }
+  }
+  return t.values(p, {rows, n});
+}
+
+}  // namespace
+
+REMAT_OP_CASE(softmax_loss, softmax_backward_shapes) {
+  for (int log = 0; log < 2; ++log)
+    for (int64_t rows : kRows)
+      for (int64_t n : kLengths) {
+        if (rows == 64 && n > 1100) continue;
+        const Shape s{rows, n};
+        auto dy = t.uniform(s);
+        auto y = softmax_output(t, rows, n, log != 0);
+        auto dx = t.output(s);
+        t.run([&](Backend& be, Side side) { be.softmax_backward(side(dy), side(y), log != 0, side(dx)); });
+        // dx = y * (dy - s) or dy - exp(y) * s, with s a sum of n terms taken in another
+        // order: its rounding error is a few ulp of s, times y (at most 1) in dx.
+        t.expect_close(dx, 1e-7, 1e-5, std::string(log ? "log_softmax dx " : "softmax dx ") + shape_name(rows, n));
+      }
+}
+
+REMAT_OP_CASE(softmax_loss, softmax_backward_vectorised) {
+  for (int log = 0; log < 2; ++log) {
+    for (const Shape& s : {Shape{5, 1000}, Shape{3, 5004}}) {
+      auto dy = t.uniform(s);
+      auto y = softmax_output(t, s[0], s[1], log != 0);
+      auto dx = aligned_output(t, s);
+      t.run([&](Backend& be, Side side) { be.softmax_backward(side(dy), side(y), log != 0, side(dx)); });
+      t.expect_close(dx, 1e-7, 1e-5, std::string(log ? "log_softmax dx " : "softmax dx ") + s.str());
+    }
+  }
+}
+
+namespace {
+
+// Targets in [0, v) with the rows in `ignored` set to ignore_index.
+Pair targets_with_ignored(OpCheck& t, int64_t rows, int64_t v, const std::vector<int64_t>& ignored, int ignore_index) {
+  auto tg = t.ints({rows}, 0, static_cast<int>(v - 1)).ref.to_ints();
+  for (int64_t r : ignored)
+    if (r < rows) tg[static_cast<size_t>(r)] = ignore_index;
+  return t.int_values(tg, {rows});
+}
+
+// Forward (loss, lse) and backward (dlogits) of one cross-entropy against the CPU.
+void check_cross_entropy(OpCheck& t, const Pair& logits, const Pair& targets, int ignore_index, const Pair& dlogits,
+                         float dloss, double lse_atol, const std::string& what) {
+  const int64_t rows = logits.ref.size(0);
+  auto loss = t.output({1});
+  auto lse = t.output({rows});
+  t.run([&](Backend& be, Side s) { be.cross_entropy_forward(s(logits), s(targets), ignore_index, s(loss), s(lse)); });
+  // lse: a few ulp of its magnitude (see the top); the loss is a mean of lse - x in double.
+  t.expect_close(lse, lse_atol, 1e-6, what + " lse");
+  t.expect_close(loss, lse_atol, 1e-6, what + " loss");
+  t.run([&](Backend& be, Side s) {
+    be.cross_entropy_backward(dloss, s(logits), s(targets), s(lse), ignore_index, s(dlogits));
+  });
+  // scale * (p - onehot): a few ulp of p relative, with the 1e-38-vs-0 underflow absolute.
+  t.expect_close(dlogits, 1e-9, 1e-5, what + " dlogits");
+}
+
+}  // namespace
+
+REMAT_OP_CASE(softmax_loss, cross_entropy_shapes) {
+  struct Case {
+    int64_t rows, v;
+  };
+  for (const Case& c : {Case{1, 1}, Case{3, 7}, Case{64, 32}, Case{64, 33}, Case{64, 1000}, Case{3, 1025},
+                        Case{3, 5003}, Case{2, 50257}}) {
+    const std::string what = "cross_entropy " + shape_name(c.rows, c.v);
+    auto logits = t.uniform({c.rows, c.v}, -4.0f, 4.0f);
+    auto targets = targets_with_ignored(t, c.rows, c.v, {1, 5, 40}, -100);
+    auto dlogits = t.output({c.rows, c.v});
+    check_cross_entropy(t, logits, targets, -100, dlogits, 1.0f, 1e-5, what);
+  }
+}
+
+REMAT_OP_CASE(softmax_loss, cross_entropy_vectorised_and_dloss) {
+  // Aligned dlogits with V % 4 == 0 (float4 path), and dloss != 1.
+  for (int64_t v : {int64_t{36}, int64_t{2048}}) {
+    auto logits = t.uniform({9, v}, -4.0f, 4.0f);
+    auto targets = targets_with_ignored(t, 9, v, {2}, -100);
+    auto dlogits = aligned_output(t, {9, v});
+    check_cross_entropy(t, logits, targets, -100, dlogits, 0.37f, 1e-5, "cross_entropy V=" + std::to_string(v));
+  }
+}
+
+REMAT_OP_CASE(softmax_loss, cross_entropy_ignore_index) {
+  // ignore_index that is also a class: rows with target 0 are left out.
+  {
+    auto logits = t.uniform({64, 33}, -4.0f, 4.0f);
+    auto targets = t.ints({64}, 0, 3);
+    auto dlogits = t.output({64, 33});
+    check_cross_entropy(t, logits, targets, 0, dlogits, 1.0f, 1e-5, "cross_entropy ignore_index=0");
+  }
+  // Every row ignored: the loss is NaN (as PyTorch), the gradient 0.
+  for (int64_t v : {int64_t{7}, int64_t{3000}}) {
+    auto logits = t.uniform({5, v}, -4.0f, 4.0f);
+    auto targets = t.int_values(std::vector<int32_t>(5, -1), {5});
+    auto dlogits = t.output({5, v});
+    check_cross_entropy(t, logits, targets, -1, dlogits, 1.0f, 1e-5, "cross_entropy all ignored V=" + std::to_string(v));
+  }
+}
+
+REMAT_OP_CASE(softmax_loss, cross_entropy_large_logits) {
+  // Logits of +-80 (exp(160) overflows a float): lse near 80, losses up to 160.
+  for (int64_t v : {int64_t{33}, int64_t{5003}}) {
+    auto logits = t.uniform({8, v}, -80.0f, 80.0f);
+    auto targets = targets_with_ignored(t, 8, v, {3}, -100);
+    auto dlogits = t.output({8, v});
+    check_cross_entropy(t, logits, targets, -100, dlogits, 1.0f, 5e-5, "cross_entropy +-80 V=" + std::to_string(v));
+  }
+}
+
+REMAT_OP_CASE(softmax_loss, cross_entropy_bad_target) {
+  // A target outside [0, V) that is not ignore_index: both backends throw, naming the
+  // first bad row (row 2 here; row 4 is bad too).
+  auto logits = t.uniform({6, 9});
+  auto targets = t.int_values({1, -100, 9, 0, -3, 8}, {6});
+  auto loss = t.output({1});
+  auto lse = t.output({6});
+  t.run([&](Backend& be, Side s) {
+    try {
+      be.cross_entropy_forward(s(logits), s(targets), -100, s(loss), s(lse));
+      ADD_FAILURE() << "no error on " << be.name();
+    } catch (const Unsupported&) {
+      throw;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("target 9 at row 2 is outside [0, 9)"), std::string::npos)
+          << be.name() << ": " << e.what();
+    }
+  });
+}
+
+namespace {
+
+// accuracy on both backends; the results must be equal, and equal `want` when given.
+void check_accuracy(OpCheck& t, const Pair& logits, const Pair& targets, int ignore_index, const std::string& what,
+                    int64_t want_correct = -1, int64_t want_counted = -1) {
+  int64_t correct[2] = {-1, -1}, counted[2] = {-1, -1};
+  t.run([&](Backend& be, Side s) { correct[s.ref] = be.accuracy(s(logits), s(targets), ignore_index, &counted[s.ref]); });
+  EXPECT_EQ(correct[0], correct[1]) << what << ": correct (device, cpu)";
+  EXPECT_EQ(counted[0], counted[1]) << what << ": counted (device, cpu)";
+  if (want_correct >= 0) {
+    EXPECT_EQ(correct[1], want_correct) << what;
+  }
+  if (want_counted >= 0) {
+    EXPECT_EQ(counted[1], want_counted) << what;
+  }
+}
+
+}  // namespace
+
+REMAT_OP_CASE(softmax_loss, accuracy_shapes) {
+  struct Case {
+    int64_t rows, v;
+  };
+  for (const Case& c : {Case{1, 1}, Case{3, 7}, Case{64, 33}, Case{64, 1000}, Case{64, 1028}, Case{3, 5003},
+                        Case{2, 50257}}) {
+    // Small integers as logits: many ties, and targets drawn near the maxima often hit.
+    auto logits = t.ints({c.rows, c.v}, 0, 3);
+    std::vector<float> lv;
+    for (int32_t i : logits.ref.to_ints()) lv.push_back(static_cast<float>(i));
+    auto x = t.values(lv, {c.rows, c.v});
+    auto targets = targets_with_ignored(t, c.rows, std::min<int64_t>(c.v, 4), {0, 7}, -100);
+    check_accuracy(t, x, targets, -100, "accuracy " + shape_name(c.rows, c.v));
+  }
+}
+
+REMAT_OP_CASE(softmax_loss, accuracy_ties_and_specials) {
+  // Known answers. Each row: logits, target, whether it counts as correct.
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const int64_t v = 40;  // longer than a warp: the maximum and its tie sit in different lanes
+  std::vector<std::vector<float>> rows;
+  std::vector<int32_t> targets;
+  int64_t want = 0;
+  auto add = [&](std::vector<float> row, int32_t target, bool correct) {
+    row.resize(static_cast<size_t>(v), -1.0f);
+    rows.push_back(row);
+    targets.push_back(target);
+    want += correct;
+  };
+  std::vector<float> tie(static_cast<size_t>(v), 0.0f);
+  tie[3] = 5.0f, tie[35] = 5.0f;
+  add(tie, 3, true);    // the first maximum wins the tie...
+  add(tie, 35, false);  // ...not the second
+  add(std::vector<float>(static_cast<size_t>(v), 2.0f), 0, true);  // all equal: column 0
+  add(std::vector<float>(static_cast<size_t>(v), -kInf), 0, true);  // all -inf: column 0
+  std::vector<float> nan0(static_cast<size_t>(v), 1.0f);
+  nan0[0] = kNaN, nan0[9] = 7.0f;
+  add(nan0, 0, true);  // NaN in column 0: nothing compares larger, column 0
+  std::vector<float> nan9(static_cast<size_t>(v), 1.0f);
+  nan9[9] = kNaN, nan9[20] = 7.0f;
+  add(nan9, 20, true);  // a NaN elsewhere never wins
+  std::vector<float> inf(static_cast<size_t>(v), 1.0f);
+  inf[30] = kInf, inf[31] = kInf;
+  add(inf, 30, true);  // +inf ties: the first
+  add(tie, -100, false);  // ignored
+  std::vector<float> flat;
+  for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
+  const int64_t n = static_cast<int64_t>(rows.size());
+  auto x = t.values(flat, {n, v});
+  auto tg = t.int_values(targets, {n});
+  check_accuracy(t, x, tg, -100, "accuracy ties", want, n - 1);
+
+  // The same rows with every column repeated 125 times (5000 wide: a block per row, the
+  // maxima far apart); the first maximum of column c is at c * 125.
+  constexpr int64_t kRepeat = 125;
+  std::vector<float> wide;
+  for (const auto& r : rows)
+    for (int64_t j = 0; j < v * kRepeat; ++j) wide.push_back(r[static_cast<size_t>(j / kRepeat)]);
+  std::vector<int32_t> wide_targets;
+  for (int32_t tj : targets) wide_targets.push_back(tj < 0 ? tj : tj * static_cast<int32_t>(kRepeat));
+  check_accuracy(t, t.values(wide, {n, v * kRepeat}), t.int_values(wide_targets, {n}), -100, "accuracy ties (wide)",
+                 want, n - 1);
+}
+
+}  // namespace remat::test
