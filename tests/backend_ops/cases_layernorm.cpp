@@ -1,0 +1,155 @@
+// Layer norm forward and backward against the cpu backend.
+//
+// Tolerances: both backends take the row statistics and the dgamma/dbeta column sums in
+// double (in different orders, so they may round to a different float in the last bit),
+// and the elementwise formulas in float, which a GPU may contract into FMAs. So mean and
+// rstd agree to ~1 ulp, y and dx to a few ulp of their terms, dgamma/dbeta to ~1 ulp.
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "backend_ops/harness.h"
+
+namespace remat::test {
+
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// An output at the start of its own allocation (16-byte aligned: the float4 path runs),
+// NaN so that an element the device does not write fails against the reference.
+Pair aligned_output(OpCheck& t, const Shape& s) { return t.values(std::vector<float>(s.numel(), kNaN), s); }
+
+// C = 1 (variance 0: y = beta), under and over a warp, GPT-2's 768, warp-per-row at its
+// limit and past it, and rows several block-lengths long.
+constexpr int64_t kChannels[] = {1, 7, 32, 33, 768, 1024, 1025, 5003};
+constexpr int64_t kRows[] = {1, 3, 64};
+
+struct Forward {
+  Pair y, mean, rstd;
+};
+
+Forward run_forward(OpCheck& t, const Pair& x, const Pair& gamma, const Pair& beta, float eps, bool aligned_y) {
+  const Shape& s = x.ref.shape();
+  const int64_t n = s.numel() / s[-1];
+  Forward f{aligned_y ? aligned_output(t, s) : t.output(s), t.output({n}), t.output({n})};
+  t.run([&](Backend& be, Side side) {
+    be.layernorm_forward(side(x), side(gamma), side(beta), eps, side(f.y), side(f.mean), side(f.rstd));
+  });
+  return f;
+}
+
+void expect_forward(OpCheck& t, const Forward& f, const std::string& what) {
+  t.expect_close(f.mean, 1e-7, 1e-6, what + " mean");  // a double mean rounded to float
+  t.expect_close(f.rstd, 0, 1e-6, what + " rstd");
+  t.expect_close(f.y, 1e-6, 1e-5, what + " y");  // (x - m) * rs * g + b: a few ulp of ~3
+}
+
+std::string shape_name(int64_t rows, int64_t c) { return "[" + std::to_string(rows) + ", " + std::to_string(c) + "]"; }
+
+}  // namespace
+
+REMAT_OP_CASE(layernorm, forward_shapes) {
+  for (int64_t rows : kRows)
+    for (int64_t c : kChannels) {
+      if (rows == 64 && c > 1100) continue;  // keep the emulator fast: the longest rows, few of them
+      auto x = t.uniform({rows, c}, 1.0f, 5.0f);  // mean far from 0: the two passes matter
+      auto gamma = t.uniform({c}, 0.5f, 1.5f), beta = t.uniform({c}, -0.5f, 0.5f);
+      expect_forward(t, run_forward(t, x, gamma, beta, 1e-5f, false), "layernorm " + shape_name(rows, c));
+    }
+}
+
+REMAT_OP_CASE(layernorm, forward_vectorised_rank3_eps) {
+  // float4 packs (aligned y, C % 4 == 0) with a warp and with a block per row; rank-3
+  // input (rows = leading dims); a large eps; a large offset (1000 + [-1, 1]).
+  for (const Shape& s : {Shape{5, 768}, Shape{3, 2048}, Shape{2, 3, 36}}) {
+    auto x = t.uniform(s, -2.0f, 2.0f);
+    auto gamma = t.uniform({s[-1]}, 0.5f, 1.5f), beta = t.uniform({s[-1]}, -0.5f, 0.5f);
+    expect_forward(t, run_forward(t, x, gamma, beta, 1e-5f, true), "layernorm aligned " + s.str());
+    expect_forward(t, run_forward(t, x, gamma, beta, 0.5f, false), "layernorm eps=0.5 " + s.str());
+  }
+  auto x = t.uniform({4, 300}, 999.0f, 1001.0f);
+  auto gamma = t.uniform({300}, 0.5f, 1.5f), beta = t.uniform({300}, -0.5f, 0.5f);
+  expect_forward(t, run_forward(t, x, gamma, beta, 1e-5f, false), "layernorm offset 1000");
+}
+
+namespace {
+
+struct Backward {
+  Pair dx, dgamma, dbeta;
+};
+
+// Forward on both backends, then backward with dgamma/dbeta accumulated into random
+// starting values.
+Backward run_backward(OpCheck& t, const Shape& s, bool aligned_dx) {
+  const int64_t c = s[-1];
+  auto x = t.uniform(s, -2.0f, 3.0f);
+  auto gamma = t.uniform({c}, 0.5f, 1.5f), beta = t.uniform({c}, -0.5f, 0.5f);
+  const Forward f = run_forward(t, x, gamma, beta, 1e-5f, false);
+  auto dy = t.uniform(s);
+  Backward b{aligned_dx ? aligned_output(t, s) : t.output(s), t.output_like(t.uniform({c})),
+             t.output_like(t.uniform({c}))};
+  t.run([&](Backend& be, Side side) {
+    be.layernorm_backward(side(dy), side(x), side(gamma), side(f.mean), side(f.rstd), side(b.dx), side(b.dgamma),
+                          side(b.dbeta));
+  });
+  return b;
+}
+
+void expect_backward(OpCheck& t, const Backward& b, const std::string& what) {
+  t.expect_close(b.dx, 1e-5, 1e-5, what + " dx");          // rs * (g - mean(g) - xhat * mean(g xhat))
+  t.expect_close(b.dgamma, 1e-6, 1e-6, what + " dgamma");  // column sums in double, + a start value
+  t.expect_close(b.dbeta, 1e-6, 1e-6, what + " dbeta");
+}
+
+}  // namespace
+
+REMAT_OP_CASE(layernorm, backward_shapes) {
+  for (int64_t rows : kRows)
+    for (int64_t c : kChannels) {
+      if (rows == 64 && c > 1100) continue;
+      expect_backward(t, run_backward(t, {rows, c}, false), "layernorm backward " + shape_name(rows, c));
+    }
+}
+
+REMAT_OP_CASE(layernorm, backward_vectorised_and_many_rows) {
+  expect_backward(t, run_backward(t, {5, 768}, true), "layernorm backward aligned [5, 768]");
+  expect_backward(t, run_backward(t, {3, 2048}, true), "layernorm backward aligned [3, 2048]");
+  // dgamma/dbeta over rows split into chunks: 47 chunks of 64 rows; 5 chunks (as many as
+  // the scratch buffer holds for C = 768) of 200 rows; one chunk for C = 5003.
+  expect_backward(t, run_backward(t, {3000, 45}, false), "layernorm backward [3000, 45]");
+  expect_backward(t, run_backward(t, {1000, 768}, false), "layernorm backward [1000, 768]");
+  expect_backward(t, run_backward(t, {70, 5003}, false), "layernorm backward [70, 5003]");
+}
+
+REMAT_OP_CASE(layernorm, backward_optional_grads_and_in_place) {
+  const int64_t rows = 40, c = 96;
+  auto x = t.uniform({rows, c}, -2.0f, 3.0f);
+  auto gamma = t.uniform({c}, 0.5f, 1.5f), beta = t.uniform({c}, -0.5f, 0.5f);
+  const Forward f = run_forward(t, x, gamma, beta, 1e-5f, false);
+  auto dy = t.uniform({rows, c});
+
+  // Only dgamma; only dbeta; only dx.
+  auto dgamma = t.output_like(t.uniform({c})), dbeta = t.output_like(t.uniform({c}));
+  auto dx = t.output({rows, c});
+  t.run([&](Backend& be, Side s) {
+    be.layernorm_backward(s(dy), s(x), s(gamma), s(f.mean), s(f.rstd), Tensor(), s(dgamma), Tensor());
+    be.layernorm_backward(s(dy), s(x), s(gamma), s(f.mean), s(f.rstd), Tensor(), Tensor(), s(dbeta));
+    be.layernorm_backward(s(dy), s(x), s(gamma), s(f.mean), s(f.rstd), s(dx), Tensor(), Tensor());
+  });
+  t.expect_close(dgamma, 1e-6, 1e-6, "dgamma alone");
+  t.expect_close(dbeta, 1e-6, 1e-6, "dbeta alone");
+  t.expect_close(dx, 1e-5, 1e-5, "dx alone");
+
+  // dx written over dy: the parameter gradients must still see the original dy.
+  auto dy_dx = t.output_like(dy);
+  auto dgamma2 = t.output_like(t.uniform({c})), dbeta2 = t.output_like(t.uniform({c}));
+  t.run([&](Backend& be, Side s) {
+    be.layernorm_backward(s(dy_dx), s(x), s(gamma), s(f.mean), s(f.rstd), s(dy_dx), s(dgamma2), s(dbeta2));
+  });
+  t.expect_close(dy_dx, 1e-5, 1e-5, "dx over dy");
+  t.expect_close(dgamma2, 1e-6, 1e-6, "dgamma (dx over dy)");
+  t.expect_close(dbeta2, 1e-6, 1e-6, "dbeta (dx over dy)");
+}
+
+}  // namespace remat::test
