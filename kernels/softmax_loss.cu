@@ -16,7 +16,11 @@ using rows::Pack;
 // ---- kernels -----------------------------------------------------------------------------
 
 // The softmax normaliser of a set of values, built in one pass: their maximum m and
-// s = sum of exp(x - m). s = 0 means no values yet.
+// s = sum of exp(x - m). s = 0 means no values yet (or only -inf ones).
+//
+// Special values give what the CPU's two passes (maximum, then sum of exp(x - max)) give:
+// a NaN makes s NaN; a +inf maximum makes s NaN (exp(inf - inf)); -inf values add
+// exp(-inf - m) = 0, and a row of only -inf has s = 0, whose log_normaliser is NaN.
 struct MaxSum {
   float m;
   float s;
@@ -25,8 +29,10 @@ struct MaxSum {
 __device__ REMAT_INLINE MaxSum empty_max_sum() { return {-INFINITY, 0.0f}; }
 
 __device__ REMAT_INLINE MaxSum push(MaxSum a, float x) {
-  if (x > a.m) return {x, a.s * expf(a.m - x) + 1.0f};  // a new maximum rescales the sum
-  return {a.m, a.s + expf(x - a.m)};  // (a NaN x makes s NaN, as on the CPU)
+  // A new maximum rescales the sum; its own term exp(x - x) is 1 (NaN for x = +inf).
+  if (x > a.m) return {x, a.s * expf(a.m - x) + expf(x - x)};
+  if (x == -INFINITY) return a;  // its term exp(-inf - m) is 0 (and -inf - m is NaN while m = -inf)
+  return {a.m, a.s + expf(x - a.m)};
 }
 
 __device__ REMAT_INLINE MaxSum merge(MaxSum a, MaxSum b) {
@@ -34,6 +40,11 @@ __device__ REMAT_INLINE MaxSum merge(MaxSum a, MaxSum b) {
   if (b.s == 0.0f) return a;
   const float m = a.m > b.m ? a.m : b.m;
   return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+
+// log(sum of exp(x)) = m + log(s); NaN for a row of only -inf, as on the CPU.
+__device__ REMAT_INLINE float log_normaliser(MaxSum ms) {
+  return ms.s == 0.0f ? __int_as_float(0x7fc00000) : ms.m + logf(ms.s);
 }
 
 __device__ REMAT_INLINE MaxSum shfl_xor(MaxSum v, int lane_mask) {
@@ -45,8 +56,9 @@ template <int kThreads, bool kVec>
 __device__ REMAT_INLINE MaxSum row_max_sum(const float* xr, int64_t n, MaxSum* shared) {
   using P = Pack<kVec>;
   using G = Group<kThreads>;
+  const int64_t first = int64_t{G::lane()} * P::kWidth, step = int64_t{kThreads} * P::kWidth;
   MaxSum ms = empty_max_sum();
-  for (int64_t j = int64_t{G::lane()} * P::kWidth; j < n; j += int64_t{kThreads} * P::kWidth) {
+  for (int64_t j = first; j < n; j += step) {
     const P x = P::load(xr + j);
     for (int k = 0; k < P::kWidth; ++k) ms = push(ms, x.v[k]);
   }
@@ -57,13 +69,14 @@ template <int kThreads, bool kVec>
 __global__ void softmax_forward_kernel(const float* x, int64_t rows, int64_t n, bool log, float* y) {
   using P = Pack<kVec>;
   using G = Group<kThreads>;
+  const int64_t first = int64_t{G::lane()} * P::kWidth, step = int64_t{kThreads} * P::kWidth;
   __shared__ MaxSum shared[G::kWarps];
   for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
     const float* xr = x + r * n;
     float* yr = y + r * n;
     const MaxSum ms = row_max_sum<kThreads, kVec>(xr, n, shared);
-    const float lse = ms.m + logf(ms.s), inv = 1.0f / ms.s;
-    for (int64_t j = int64_t{G::lane()} * P::kWidth; j < n; j += int64_t{kThreads} * P::kWidth) {
+    const float lse = log_normaliser(ms), inv = 1.0f / ms.s;
+    for (int64_t j = first; j < n; j += step) {
       P v = P::load(xr + j);
       for (int k = 0; k < P::kWidth; ++k) v.v[k] = log ? v.v[k] - lse : expf(v.v[k] - ms.m) * inv;
       v.store(yr + j);
@@ -76,17 +89,18 @@ __global__ void softmax_backward_kernel(const float* dy, const float* y, int64_t
                                         float* dx) {
   using P = Pack<kVec>;
   using G = Group<kThreads>;
+  const int64_t first = int64_t{G::lane()} * P::kWidth, step = int64_t{kThreads} * P::kWidth;
   __shared__ float shared[G::kWarps];
   for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
     const float *dyr = dy + r * n, *yr = y + r * n;
     float* dxr = dx + r * n;
     float s = 0.0f;  // sum(dy) for log-softmax, sum(dy * y) for softmax
-    for (int64_t j = int64_t{G::lane()} * P::kWidth; j < n; j += int64_t{kThreads} * P::kWidth) {
+    for (int64_t j = first; j < n; j += step) {
       const P g = P::load(dyr + j), v = P::load(yr + j);
       for (int k = 0; k < P::kWidth; ++k) s += log ? g.v[k] : g.v[k] * v.v[k];
     }
     s = G::sum(s, shared);
-    for (int64_t j = int64_t{G::lane()} * P::kWidth; j < n; j += int64_t{kThreads} * P::kWidth) {
+    for (int64_t j = first; j < n; j += step) {
       P g = P::load(dyr + j);
       const P v = P::load(yr + j);
       for (int k = 0; k < P::kWidth; ++k) g.v[k] = log ? g.v[k] - expf(v.v[k]) * s : v.v[k] * (g.v[k] - s);
@@ -101,7 +115,7 @@ __global__ void logsumexp_kernel(const float* x, int64_t rows, int64_t n, float*
   __shared__ MaxSum shared[G::kWarps];
   for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
     const MaxSum ms = row_max_sum<kThreads, kVec>(x + r * n, n, shared);
-    if (G::lane() == 0) lse[r] = ms.m + logf(ms.s);
+    if (G::lane() == 0) lse[r] = log_normaliser(ms);
   }
 }
 
@@ -152,6 +166,7 @@ __global__ void cross_entropy_backward_kernel(const float* x, const int32_t* tar
                                               float* dx) {
   using P = Pack<kVec>;
   using G = Group<kThreads>;
+  const int64_t first = int64_t{G::lane()} * P::kWidth, step = int64_t{kThreads} * P::kWidth;
   const float s = *scale;
   for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
     const float* xr = x + r * n;
@@ -159,7 +174,7 @@ __global__ void cross_entropy_backward_kernel(const float* x, const int32_t* tar
     const int32_t t = targets[r];
     const bool ignored = t == ignore_index;
     const float l = lse[r];
-    for (int64_t j = int64_t{G::lane()} * P::kWidth; j < n; j += int64_t{kThreads} * P::kWidth) {
+    for (int64_t j = first; j < n; j += step) {
       P v;
       if (ignored) {
         for (float& e : v.v) e = 0.0f;
@@ -193,13 +208,14 @@ __global__ void accuracy_kernel(const float* x, const int32_t* targets, int64_t 
                                 unsigned long long* counts) {
   using P = Pack<kVec>;
   using G = Group<kThreads>;
+  const int64_t first = int64_t{G::lane()} * P::kWidth, step = int64_t{kThreads} * P::kWidth;
   __shared__ ArgMax shared[G::kWarps];
   for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
     const int32_t t = targets[r];
     if (t == ignore_index) continue;  // the same for the whole row group
     const float* xr = x + r * n;
     ArgMax best{-INFINITY, kNoColumn};
-    for (int64_t j = int64_t{G::lane()} * P::kWidth; j < n; j += int64_t{kThreads} * P::kWidth) {
+    for (int64_t j = first; j < n; j += step) {
       const P v = P::load(xr + j);
       for (int k = 0; k < P::kWidth; ++k)
         if (v.v[k] > best.v) best = {v.v[k], j + k};  // NaN never wins
@@ -216,6 +232,8 @@ __global__ void accuracy_kernel(const float* x, const int32_t* targets, int64_t 
 }
 
 }  // namespace
+
+// ---- launchers ---------------------------------------------------------------------------
 
 void softmax_forward(const float* x, int64_t rows, int64_t n, bool log, float* y, cudaStream_t stream) {
   if (rows == 0 || n == 0) return;

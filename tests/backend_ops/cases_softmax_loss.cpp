@@ -80,6 +80,38 @@ REMAT_OP_CASE(softmax_loss, softmax_forward_large_logits) {
   }
 }
 
+namespace {
+
+// Rows of special values, n wide: a causal-mask row (finite, then -inf); a row of -inf
+// but for column 5 and the last 8 columns, so that many threads see only -inf; a row of
+// -inf only; a row with a +inf; a row with a NaN; an ordinary row.
+std::vector<float> special_rows(OpCheck& t, int64_t n) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  auto v = t.uniform({6, n}, -3.0f, 3.0f).ref.to_vector();
+  auto at = [&](int64_t r, int64_t j) -> float& { return v[static_cast<size_t>(r * n + j)]; };
+  for (int64_t j = n / 3; j < n; ++j) at(0, j) = -kInf;
+  for (int64_t j = 0; j < n - 8; ++j)
+    if (j != 5) at(1, j) = -kInf;
+  for (int64_t j = 0; j < n; ++j) at(2, j) = -kInf;
+  at(3, n / 2) = kInf;
+  at(4, n - 1) = kNaN;
+  return v;
+}
+
+}  // namespace
+
+REMAT_OP_CASE(softmax_loss, softmax_forward_special_values) {
+  // -inf (masking) contributes 0; a row of -inf only, a +inf or a NaN give NaN rows, as the
+  // CPU's two passes (and PyTorch) do.
+  for (int log = 0; log < 2; ++log) {
+    for (int64_t n : {int64_t{40}, int64_t{1500}}) {
+      auto x = t.values(special_rows(t, n), {6, n});
+      auto y = t.output({6, n});
+      check_softmax_forward(t, x, y, log != 0, std::string(log ? "log_softmax" : "softmax") + " special n=" + std::to_string(n));
+    }
+  }
+}
+
 REMAT_OP_CASE(softmax_loss, softmax_forward_in_place) {
   for (int64_t n : {int64_t{33}, int64_t{3000}}) {
     auto x = t.output_like(t.uniform({3, n}, -3.0f, 3.0f));
@@ -213,6 +245,17 @@ REMAT_OP_CASE(softmax_loss, cross_entropy_large_logits) {
     auto targets = targets_with_ignored(t, 8, v, {3}, -100);
     auto dlogits = t.output({8, v});
     check_cross_entropy(t, logits, targets, -100, dlogits, 1.0f, 5e-5, "cross_entropy +-80 V=" + std::to_string(v));
+  }
+}
+
+REMAT_OP_CASE(softmax_loss, cross_entropy_special_values) {
+  // Masked logits (-inf) in rows that count; the rows of -inf only, +inf and NaN ignored
+  // (their lse is NaN on both backends, their gradient 0).
+  for (int64_t v : {int64_t{40}, int64_t{1500}}) {
+    auto logits = t.values(special_rows(t, v), {6, v});
+    auto targets = t.int_values({2, 5, -100, -100, -100, 7}, {6});
+    auto dlogits = t.output({6, v});
+    check_cross_entropy(t, logits, targets, -100, dlogits, 1.0f, 1e-5, "cross_entropy special V=" + std::to_string(v));
   }
 }
 
