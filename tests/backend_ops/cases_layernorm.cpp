@@ -152,4 +152,23 @@ REMAT_OP_CASE(layernorm, backward_optional_grads_and_in_place) {
   t.expect_close(dbeta2, 1e-6, 1e-6, "dbeta (dx over dy)");
 }
 
+REMAT_OP_CASE(layernorm, deterministic) {
+  // The device gives the same bits run to run: dgamma/dbeta over many rows (chunked
+  // column sums), dx and y.
+  const Shape s{3000, 96};
+  auto x = t.uniform(s, -2.0f, 3.0f), dy = t.uniform(s);
+  auto gamma = t.uniform({96}, 0.5f, 1.5f), beta = t.uniform({96}, -0.5f, 0.5f);
+  auto start = t.uniform({96});
+  Forward f[2] = {run_forward(t, x, gamma, beta, 1e-5f, false), run_forward(t, x, gamma, beta, 1e-5f, false)};
+  Pair dx[2] = {t.output(s), t.output(s)}, dgamma[2] = {t.output_like(start), t.output_like(start)};
+  t.run([&](Backend& be, Side side) {
+    for (int k = 0; k < 2; ++k)
+      be.layernorm_backward(side(dy), side(x), side(gamma), side(f[k].mean), side(f[k].rstd), side(dx[k]),
+                            side(dgamma[k]), Tensor());
+  });
+  t.expect_equal({f[0].y.dut, f[1].y.dut}, "y run to run");
+  t.expect_equal({dx[0].dut, dx[1].dut}, "dx run to run");
+  t.expect_equal({dgamma[0].dut, dgamma[1].dut}, "dgamma run to run");
+}
+
 }  // namespace remat::test

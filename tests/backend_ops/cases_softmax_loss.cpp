@@ -362,4 +362,23 @@ REMAT_OP_CASE(softmax_loss, accuracy_ties_and_specials) {
                  want, n - 1);
 }
 
+REMAT_OP_CASE(softmax_loss, deterministic) {
+  // The device gives the same bits run to run (no atomics in the sums; on a GPU the
+  // blocks run in any order).
+  auto x = t.uniform({64, 5003}, -4.0f, 4.0f);
+  auto targets = targets_with_ignored(t, 64, 5003, {3, 9}, -100);
+  Pair y[2] = {t.output({64, 5003}), t.output({64, 5003})}, loss[2] = {t.output({1}), t.output({1})},
+       lse[2] = {t.output({64}), t.output({64})}, dx[2] = {t.output({64, 5003}), t.output({64, 5003})};
+  t.run([&](Backend& be, Side s) {
+    for (int k = 0; k < 2; ++k) {
+      be.softmax_forward(s(x), false, s(y[k]));
+      be.cross_entropy_forward(s(x), s(targets), -100, s(loss[k]), s(lse[k]));
+      be.cross_entropy_backward(1.0f, s(x), s(targets), s(lse[k]), -100, s(dx[k]));
+    }
+  });
+  t.expect_equal({y[0].dut, y[1].dut}, "softmax run to run");
+  t.expect_equal({loss[0].dut, loss[1].dut}, "loss run to run");
+  t.expect_equal({dx[0].dut, dx[1].dut}, "dlogits run to run");
+}
+
 }  // namespace remat::test
