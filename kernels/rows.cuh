@@ -14,6 +14,7 @@
 #include "kernels/common.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/reduce.cuh"
+#include "kernels/vec4.cuh"
 
 namespace remat::kernels::rows {
 
@@ -132,7 +133,6 @@ void dispatch(int64_t row_length, bool vec, F&& launch) {
 
 // Rows can be read in float4 packs when their length is a multiple of 4 and every
 // pointer is 16-byte aligned (then so is every row).
-inline bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 template <typename... Ptrs>
 bool can_vectorise(int64_t row_length, const Ptrs*... ptrs) {
   return row_length % 4 == 0 && (aligned16(ptrs) && ...);
