@@ -1,6 +1,7 @@
 // `remat bench ops`: times each op's forward + backward at realistic sizes on the CPU
 // backend (median of N runs after a warm-up). tools/bench_torch.py times the same cases
 // in PyTorch; tools/bench_compare.py prints the ratios (docs/performance.md).
+// `remat bench kernels` (bench_kernels.cpp): memory-bound ops of a device in GB/s.
 #include <omp.h>
 
 #include <algorithm>
@@ -183,8 +184,10 @@ std::vector<Case> cases(Backend& be) {
 }  // namespace
 
 Runner add_bench_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("bench", "Benchmarks: `remat bench ops` times every op forward+backward");
+  auto* cmd = app.add_subcommand("bench", "Benchmarks: `remat bench ops` times every op forward+backward, "
+                                          "`remat bench kernels` the memory-bound ops of a device in GB/s");
   auto* ops_cmd = cmd->add_subcommand("ops", "Time each CPU op forward + backward at realistic sizes");
+  Runner kernels = add_bench_kernels_command(*cmd);  // bench_kernels.cpp
   cmd->require_subcommand(1);
   auto filter = std::make_shared<std::string>();
   auto repeat = std::make_shared<int>(5);
@@ -192,8 +195,8 @@ Runner add_bench_command(CLI::App& app) {
   ops_cmd->add_option("--filter", *filter, "Only cases whose name contains this");
   ops_cmd->add_option("--repeat", *repeat, "Timed runs per case (the median is reported)")->check(CLI::PositiveNumber);
   ops_cmd->add_option("--json", *json, "Also write the results as JSON");
-  return [ops_cmd, filter, repeat, json]() -> int {
-    if (!ops_cmd->parsed()) return -1;
+  return [ops_cmd, kernels, filter, repeat, json]() -> int {
+    if (!ops_cmd->parsed()) return kernels();
     Backend& be = backend_for(Device::cpu());
     nlohmann::json out = {{"threads", omp_get_max_threads()}, {"cases", nlohmann::json::object()}};
     std::printf("remat bench ops: cpu backend, %d thread(s), median of %d\n", omp_get_max_threads(), *repeat);

@@ -14,6 +14,8 @@ using Runner = std::function<int()>;
 Runner add_info_command(CLI::App& app);
 Runner add_train_command(CLI::App& app);
 Runner add_bench_command(CLI::App& app);
+// `kernels` under `bench` (called by add_bench_command).
+Runner add_bench_kernels_command(CLI::App& bench);
 Runner add_memprof_command(CLI::App& app);
 Runner add_plan_command(CLI::App& app);
 

@@ -1,0 +1,450 @@
+// `remat bench kernels`: the memory-bound ops of a backend at a size far beyond the L2
+// cache (64 Mi elements by default), each as the bytes it must move over its median time
+// in GB/s and as a share of the device's peak memory bandwidth; and a GEMM line in
+// TFLOP/s (fp32, and TF32 on a GPU).
+//
+// On a GPU (device cuda) each timed run is bracketed by CUDA events on the backend's
+// stream, after a write of twice the L2 size so that no run finds its inputs in the L2.
+// The peak is read from the device: 2 (double data rate) x memory clock x bus width.
+// Elsewhere (cuda-emu, cpu) ops are synchronous and host clocks time them; there is no
+// L2 flush and no peak.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "remat/backend.h"
+#include "remat/error.h"
+#include "remat/io.h"
+
+#ifdef REMAT_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "remat/cuda_check.h"
+#include "src/backends/cuda/cuda_backend.h"
+#endif
+
+namespace remat::cli {
+
+namespace {
+
+// Uniform values in [lo, hi) from a fixed LCG: the same data every run.
+Tensor uniform(const Shape& s, uint32_t seed, float lo, float hi, Device dev) {
+  Tensor host = Tensor::empty(s);
+  float* p = host.f32();
+  uint32_t x = seed * 2654435761u + 1;
+  for (int64_t i = 0; i < host.numel(); ++i) {
+    x = x * 1664525u + 1013904223u;
+    p[i] = lo + (hi - lo) * static_cast<float>(x >> 8) / 16777216.0f;
+  }
+  return dev.is_cpu() ? host : host.to(dev);
+}
+
+// What the device can move, for the "% of peak" column.
+struct Peak {
+  double gbps = 0;       // 0: unknown
+  std::string source;    // where the figure came from
+  int64_t l2_bytes = 0;  // 0: no L2 flush
+  std::string device_name;
+};
+
+// Times a body on the backend's device: CUDA events with an L2 flush before each run on a
+// GPU, host clocks elsewhere.
+class Timer {
+ public:
+  explicit Timer(Backend& be) {
+#ifdef REMAT_WITH_CUDA
+    cuda_ = dynamic_cast<CudaBackend*>(&be);  // nullptr for cuda-emu (another class) and cpu
+    if (cuda_) {
+      const int dev = be.device().index;
+      REMAT_CUDA_CHECK(cudaSetDevice(dev));
+      int l2 = 0;
+      REMAT_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+      l2_bytes_ = l2;
+      // Twice the L2, rounded up to whole floats: writing it evicts whatever a run left there.
+      if (l2 > 0) flush_ = Tensor::empty(Shape{(2 * static_cast<int64_t>(l2) + 3) / 4}, be.device());
+      REMAT_CUDA_CHECK(cudaEventCreate(&start_));
+      REMAT_CUDA_CHECK(cudaEventCreate(&stop_));
+    }
+#else
+    (void)be;
+#endif
+  }
+  ~Timer() {
+#ifdef REMAT_WITH_CUDA
+    if (start_) cudaEventDestroy(start_);
+    if (stop_) cudaEventDestroy(stop_);
+#endif
+  }
+  Timer(const Timer&) = delete;
+  Timer& operator=(const Timer&) = delete;
+
+  bool gpu() const {
+#ifdef REMAT_WITH_CUDA
+    return cuda_ != nullptr;
+#else
+    return false;
+#endif
+  }
+  int64_t l2_bytes() const { return l2_bytes_; }
+
+  // Milliseconds of one run of `body`.
+  double time_ms(const std::function<void()>& body) {
+#ifdef REMAT_WITH_CUDA
+    if (cuda_) {
+      cudaStream_t s = cuda_->stream();
+      if (flush_.defined()) {
+        REMAT_CUDA_CHECK(cudaMemsetAsync(flush_.raw_data(), ++flushes_ & 0xff, flush_.nbytes(), s));
+      }
+      REMAT_CUDA_CHECK(cudaEventRecord(start_, s));
+      body();
+      REMAT_CUDA_CHECK(cudaEventRecord(stop_, s));
+      REMAT_CUDA_CHECK(cudaEventSynchronize(stop_));
+      float ms = 0;
+      REMAT_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+      return ms;
+    }
+#endif
+    const auto t0 = std::chrono::steady_clock::now();
+    body();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  // TF32 GEMMs on a GPU; false (nothing changed) elsewhere.
+  bool set_tf32(bool on) {
+#ifdef REMAT_WITH_CUDA
+    if (cuda_) {
+      cuda_->set_tf32(on);
+      return true;
+    }
+#endif
+    (void)on;
+    return false;
+  }
+  bool tf32() const {
+#ifdef REMAT_WITH_CUDA
+    if (cuda_) return cuda_->tf32();
+#endif
+    return false;
+  }
+
+ private:
+#ifdef REMAT_WITH_CUDA
+  CudaBackend* cuda_ = nullptr;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+  int flushes_ = 0;
+#endif
+  Tensor flush_;
+  int64_t l2_bytes_ = 0;
+};
+
+Peak device_peak(Device d, double override_gbps, const Timer& timer) {
+  Peak p;
+  p.l2_bytes = timer.l2_bytes();
+#ifdef REMAT_WITH_CUDA
+  if (timer.gpu()) {
+    cudaDeviceProp prop{};
+    REMAT_CUDA_CHECK(cudaGetDeviceProperties(&prop, d.index));
+    p.device_name = prop.name;
+    // CUDA 13's cudaDeviceProp has no memory clock; the attribute still gives it.
+    int clock_khz = 0, bus_bits = 0;
+    REMAT_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, d.index));
+    REMAT_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, d.index));
+    if (clock_khz > 0 && bus_bits > 0) {
+      p.gbps = 2.0 * clock_khz * 1e3 * (bus_bits / 8.0) / 1e9;
+      p.source = "device: 2 x memory clock " + std::to_string(clock_khz) + " kHz (cudaDevAttrMemoryClockRate) x " +
+                 std::to_string(bus_bits) + "-bit bus (cudaDevAttrGlobalMemoryBusWidth) / 8";
+    } else {
+      p.source = "device reports memory clock " + std::to_string(clock_khz) + " kHz, bus " + std::to_string(bus_bits) +
+                 " bit: unknown (give --peak-gbps)";
+    }
+  }
+#endif
+  if (p.device_name.empty()) p.device_name = d.str();
+  if (override_gbps > 0) {
+    p.gbps = override_gbps;
+    p.source = "--peak-gbps";
+  }
+  if (p.gbps == 0 && p.source.empty()) p.source = "none on " + d.str() + " (give --peak-gbps)";
+  return p;
+}
+
+// One benchmark: the tensors it needs are made by setup(), which returns the timed body.
+struct KernelCase {
+  std::string name;
+  std::string shape;
+  int64_t elements = 0;    // of the main tensor
+  double bytes = 0;        // moved by one run: reads + writes
+  std::string formula;     // how `bytes` is counted
+  std::function<std::function<void()>()> setup;
+};
+
+// The memory-bound ops at about n elements (rows of a realistic width where the op has
+// rows). Byte counts are what each op must read and write at least, in 4-byte elements;
+// dropout's mask is regenerated from its Philox state, never stored.
+std::vector<KernelCase> kernel_cases(Backend& be, int64_t n) {
+  const Device d = be.device();
+  std::vector<KernelCase> cs;
+  auto flat = [&](const char* name, int reads, int writes, std::function<std::function<void()>(Shape)> make) {
+    cs.push_back({name, "[" + std::to_string(n) + "]", n, 4.0 * (reads + writes) * static_cast<double>(n),
+                  "4 B x (" + std::to_string(reads) + " reads + " + std::to_string(writes) + " writes) x N",
+                  [make, n] { return make(Shape{n}); }});
+  };
+  flat("add", 2, 1, [&be, d](Shape s) {
+    auto a = std::make_shared<Tensor>(uniform(s, 1, -1, 1, d));
+    auto b = std::make_shared<Tensor>(uniform(s, 2, -1, 1, d));
+    auto y = std::make_shared<Tensor>(Tensor::empty(s, d));
+    return [&be, a, b, y] { be.add(*a, *b, *y); };
+  });
+  flat("accumulate", 2, 1, [&be, d](Shape s) {  // dst += src: reads dst and src, writes dst
+    auto dst = std::make_shared<Tensor>(uniform(s, 1, -1, 1, d));
+    auto src = std::make_shared<Tensor>(uniform(s, 2, -1e-3f, 1e-3f, d));
+    return [&be, dst, src] { be.accumulate(*dst, *src); };
+  });
+  flat("scale", 1, 1, [&be, d](Shape s) {
+    auto x = std::make_shared<Tensor>(uniform(s, 1, -1, 1, d));
+    auto y = std::make_shared<Tensor>(Tensor::empty(s, d));
+    return [&be, x, y] { be.scale(*x, 0.5f, *y); };
+  });
+  flat("relu_fwd", 1, 1, [&be, d](Shape s) {
+    auto x = std::make_shared<Tensor>(uniform(s, 1, -1, 1, d));
+    auto y = std::make_shared<Tensor>(Tensor::empty(s, d));
+    return [&be, x, y] { be.relu_forward(*x, *y); };
+  });
+  flat("gelu_fwd_tanh", 1, 1, [&be, d](Shape s) {
+    auto x = std::make_shared<Tensor>(uniform(s, 1, -3, 3, d));
+    auto y = std::make_shared<Tensor>(Tensor::empty(s, d));
+    return [&be, x, y] { be.gelu_forward(*x, GeluApprox::tanh, *y); };
+  });
+  flat("dropout_fwd_p0.1", 1, 1, [&be, d](Shape s) {
+    auto x = std::make_shared<Tensor>(uniform(s, 1, -1, 1, d));
+    auto y = std::make_shared<Tensor>(Tensor::empty(s, d));
+    return [&be, x, y] { be.dropout_forward(*x, 0.1f, RngState{1, 0}, *y); };
+  });
+  {
+    // rows of GPT-2 small's width: x [R, C]; reads x, gamma, beta; writes y, mean, rstd.
+    const int64_t c = 768, r = std::max<int64_t>(n / c, 1);
+    cs.push_back({"layernorm_fwd", "[" + std::to_string(r) + ", " + std::to_string(c) + "]", r * c,
+                  4.0 * (2.0 * r * c + 2.0 * c + 2.0 * r), "4 B x (2 R C + 2 C + 2 R): x, y; gamma, beta; mean, rstd",
+                  [&be, d, r, c] {
+                    auto x = std::make_shared<Tensor>(uniform(Shape{r, c}, 1, -1, 1, d));
+                    auto g = std::make_shared<Tensor>(uniform(Shape{c}, 2, 0.5f, 1.5f, d));
+                    auto b = std::make_shared<Tensor>(uniform(Shape{c}, 3, -0.1f, 0.1f, d));
+                    auto y = std::make_shared<Tensor>(Tensor::empty(Shape{r, c}, d));
+                    auto mean = std::make_shared<Tensor>(Tensor::empty(Shape{r}, d));
+                    auto rstd = std::make_shared<Tensor>(Tensor::empty(Shape{r}, d));
+                    return [&be, x, g, b, y, mean, rstd] { be.layernorm_forward(*x, *g, *b, 1e-5f, *y, *mean, *rstd); };
+                  }});
+  }
+  {
+    // rows of attention scores at context 1024: reads x, writes y.
+    const int64_t c = 1024, r = std::max<int64_t>(n / c, 1);
+    cs.push_back({"softmax_fwd", "[" + std::to_string(r) + ", " + std::to_string(c) + "]", r * c, 4.0 * 2.0 * r * c,
+                  "4 B x 2 R C: x, y", [&be, d, r, c] {
+                    auto x = std::make_shared<Tensor>(uniform(Shape{r, c}, 1, -4, 4, d));
+                    auto y = std::make_shared<Tensor>(Tensor::empty(Shape{r, c}, d));
+                    return [&be, x, y] { be.softmax_forward(*x, false, *y); };
+                  }});
+  }
+  {
+    // GPT-2's vocabulary: logits [R, V] are read once (a logsumexp per row); the row's
+    // target in, its lse and the mean loss out. Memory-bound like softmax.
+    const int64_t v = 50257, r = std::max<int64_t>(n / v, 1);
+    cs.push_back({"cross_entropy_fwd", "[" + std::to_string(r) + ", " + std::to_string(v) + "]", r * v,
+                  4.0 * (static_cast<double>(r) * v + 2.0 * r + 1.0), "4 B x (R V + 2 R + 1): logits; targets, lse; loss",
+                  [&be, d, r, v] {
+                    auto x = std::make_shared<Tensor>(uniform(Shape{r, v}, 1, -4, 4, d));
+                    std::vector<int32_t> t(static_cast<size_t>(r));
+                    for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<int32_t>((i * 7919) % static_cast<size_t>(v));
+                    auto tg = std::make_shared<Tensor>(Tensor::from_ints(t, Shape{r}, d));
+                    auto loss = std::make_shared<Tensor>(Tensor::empty(Shape{1}, d));
+                    auto lse = std::make_shared<Tensor>(Tensor::empty(Shape{r}, d));
+                    return [&be, x, tg, loss, lse] { be.cross_entropy_forward(*x, *tg, -100, *loss, *lse); };
+                  }});
+  }
+  flat("adamw_step", 4, 3, [&be, d](Shape s) {  // reads param, grad, m, v; writes param, m, v
+    auto p = std::make_shared<Tensor>(uniform(s, 1, -1, 1, d));
+    auto g = std::make_shared<Tensor>(uniform(s, 2, -1e-2f, 1e-2f, d));
+    auto m = std::make_shared<Tensor>(uniform(s, 3, -1e-3f, 1e-3f, d));
+    auto v = std::make_shared<Tensor>(uniform(s, 4, 0, 1e-4f, d));
+    auto step = std::make_shared<int64_t>(0);
+    return [&be, p, g, m, v, step] { be.adamw_step(*p, *g, *m, *v, AdamWParams{}, ++*step); };
+  });
+  return cs;
+}
+
+struct Options {
+  std::string device = "cuda";
+  int64_t elements = int64_t{1} << 26;  // 64 Mi
+  int64_t gemm = 8192;
+  int iters = 20;
+  int warmup = 2;
+  double peak_gbps = 0;
+  std::string filter;
+  std::string json;
+};
+
+// The median of `iters` timed runs after `warmup` untimed ones (which also catch
+// Unsupported before any timing).
+std::vector<double> time_runs(Timer& timer, const std::function<void()>& body, const Options& o) {
+  for (int i = 0; i < o.warmup; ++i) timer.time_ms(body);
+  std::vector<double> ms;
+  for (int i = 0; i < o.iters; ++i) ms.push_back(timer.time_ms(body));
+  std::sort(ms.begin(), ms.end());
+  return ms;
+}
+
+double median(const std::vector<double>& sorted) {
+  const size_t n = sorted.size();
+  return n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+}
+
+int run_kernels(const Options& o) {
+  const Device dev = Device::parse(o.device);
+  REMAT_CHECK(!dev.is_meta(), "bench kernels: meta holds no data; use cuda, cuda-emu or cpu");
+  Backend& be = backend_for(dev);
+  Timer timer(be);
+  const Peak peak = device_peak(dev, o.peak_gbps, timer);
+
+  std::printf("remat bench kernels: %s backend on %s, median of %d runs after %d warm-up(s), %s\n", be.name().c_str(),
+              peak.device_name.c_str(), o.iters, o.warmup,
+              timer.gpu() ? "timed with CUDA events" : "timed with host clocks");
+  if (peak.l2_bytes > 0)
+    std::printf("L2 %.1f MiB, flushed before every timed run (a %.1f MiB write)\n", peak.l2_bytes / 1048576.0,
+                2.0 * peak.l2_bytes / 1048576.0);
+  else
+    std::printf("no L2 flush between runs\n");
+  if (peak.gbps > 0) std::printf("peak bandwidth %.1f GB/s, from %s\n", peak.gbps, peak.source.c_str());
+  else std::printf("peak bandwidth unknown: %s\n", peak.source.c_str());
+  if (dev.is_cuda_emu() && o.elements > (int64_t{1} << 20))
+    std::printf("note: the emulator runs every CUDA thread on the host; use --elements <= 1M for a smoke test\n");
+  std::printf("\n%-20s %-18s %10s %10s %10s %8s\n", "kernel", "shape", "MB moved", "ms", "GB/s", "% peak");
+
+  nlohmann::json out = {{"device", dev.str()},
+                        {"device_name", peak.device_name},
+                        {"backend", be.name()},
+                        {"timing", timer.gpu() ? "cudaEvent" : "host clock"},
+                        {"iters", o.iters},
+                        {"warmup", o.warmup},
+                        {"elements", o.elements},
+                        {"l2_bytes", peak.l2_bytes},
+                        {"l2_flush", peak.l2_bytes > 0},
+                        {"peak_gbps", peak.gbps},
+                        {"peak_source", peak.source},
+                        {"kernels", nlohmann::json::array()},
+                        {"gemm", nlohmann::json::array()}};
+  int failed = 0, skipped = 0;
+  // Failures print their reason under the row; skips (Unsupported ops) only count.
+  auto report_error = [&](nlohmann::json& rec, const char* status, const std::string& what) {
+    rec["status"] = status;
+    rec["reason"] = what;
+    if (rec["status"] == "failed") std::printf("  failed: %s\n", what.c_str());
+    else ++skipped;
+  };
+
+  for (const auto& c : kernel_cases(be, o.elements)) {
+    if (!o.filter.empty() && c.name.find(o.filter) == std::string::npos) continue;
+    nlohmann::json rec = {{"name", c.name}, {"shape", c.shape}, {"elements", c.elements}, {"bytes", c.bytes},
+                          {"bytes_formula", c.formula}};
+    std::printf("%-20s %-18s %10.1f ", c.name.c_str(), c.shape.c_str(), c.bytes / 1e6);
+    std::fflush(stdout);
+    try {
+      auto body = c.setup();
+      const auto ms = time_runs(timer, body, o);
+      const double med = median(ms), gbps = c.bytes / (med * 1e-3) / 1e9;
+      rec.update({{"status", "ok"}, {"median_ms", med}, {"min_ms", ms.front()}, {"gbps", gbps}});
+      if (peak.gbps > 0) rec["pct_peak"] = 100.0 * gbps / peak.gbps;
+      std::printf("%10.4f %10.1f ", med, gbps);
+      if (peak.gbps > 0) std::printf("%7.1f%%\n", 100.0 * gbps / peak.gbps);
+      else std::printf("%8s\n", "-");
+    } catch (const Unsupported& e) {
+      std::printf("%10s %10s %8s\n", "skipped", "-", "-");
+      report_error(rec, "skipped", e.what());
+    } catch (const Error& e) {
+      std::printf("%10s %10s %8s\n", "FAILED", "-", "-");
+      report_error(rec, "failed", e.what());
+      ++failed;
+    }
+    std::fflush(stdout);
+    out["kernels"].push_back(rec);
+  }
+
+  if (o.gemm > 0 && (o.filter.empty() || std::string("gemm").find(o.filter) != std::string::npos)) {
+    const int64_t m = o.gemm;
+    const double flops = 2.0 * static_cast<double>(m) * m * m;
+    std::printf("\n%-20s %-18s %10s %10s %10s\n", "gemm", "m = n = k", "GFLOP", "ms", "TFLOP/s");
+    const bool tf32_before = timer.tf32();
+    for (const bool tf32 : {false, true}) {
+      const std::string name = tf32 ? "gemm_tf32" : "gemm_fp32";
+      nlohmann::json rec = {{"name", name}, {"m", m}, {"n", m}, {"k", m}, {"flops", flops}};
+      std::printf("%-20s %-18lld %10.1f ", name.c_str(), static_cast<long long>(m), flops / 1e9);
+      std::fflush(stdout);
+      if (tf32 && !timer.gpu()) {
+        std::printf("%10s %10s\n", "skipped", "-");
+        report_error(rec, "skipped", "TF32 needs the CUDA backend on a GPU");
+        out["gemm"].push_back(rec);
+        continue;
+      }
+      timer.set_tf32(tf32);
+      try {
+        auto a = std::make_shared<Tensor>(uniform(Shape{m, m}, 1, -1, 1, dev));
+        auto b = std::make_shared<Tensor>(uniform(Shape{m, m}, 2, -1, 1, dev));
+        auto cc = std::make_shared<Tensor>(Tensor::empty(Shape{m, m}, dev));
+        const auto ms = time_runs(timer, [&] { be.gemm(*a, *b, *cc, GemmParams{}); }, o);
+        const double med = median(ms), tflops = flops / (med * 1e-3) / 1e12;
+        rec.update({{"status", "ok"}, {"median_ms", med}, {"min_ms", ms.front()}, {"tflops", tflops}});
+        std::printf("%10.3f %10.2f\n", med, tflops);
+      } catch (const Unsupported& e) {
+        std::printf("%10s %10s\n", "skipped", "-");
+        report_error(rec, "skipped", e.what());
+      } catch (const Error& e) {
+        std::printf("%10s %10s\n", "FAILED", "-");
+        report_error(rec, "failed", e.what());
+        ++failed;
+      }
+      std::fflush(stdout);
+      out["gemm"].push_back(rec);
+    }
+    timer.set_tf32(tf32_before);
+  }
+
+  if (!o.json.empty()) write_file_atomic(o.json, out.dump(2) + "\n");
+  if (skipped) std::printf("\n%d benchmark(s) skipped: not supported by the %s backend (reasons in --json)\n", skipped, be.name().c_str());
+  if (failed) std::printf("\n%d benchmark(s) failed\n", failed);
+  return failed ? 1 : 0;
+}
+
+}  // namespace
+
+Runner add_bench_kernels_command(CLI::App& bench) {
+  auto* cmd = bench.add_subcommand("kernels",
+                                   "Memory-bound ops at 64 Mi elements: GB/s and % of the device's peak bandwidth; "
+                                   "GEMM TFLOP/s");
+  auto o = std::make_shared<Options>();
+  cmd->add_option("--device", o->device, "cuda, cuda:N, cuda-emu (small --elements) or cpu")->default_val("cuda");
+  cmd->add_option("--elements", o->elements, "Elements of each op's main tensor (rows of a fixed width for "
+                                             "layernorm, softmax, cross-entropy)")
+      ->default_val(o->elements)
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--gemm-size", o->gemm, "m = n = k of the GEMM line (0: no GEMM)")
+      ->default_val(o->gemm)
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--iters", o->iters, "Timed runs per op (the median is reported)")
+      ->default_val(o->iters)
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--warmup", o->warmup, "Untimed runs before them")->default_val(o->warmup)->check(CLI::NonNegativeNumber);
+  cmd->add_option("--peak-gbps", o->peak_gbps, "Peak memory bandwidth in GB/s (default: read from the device)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--filter", o->filter, "Only benchmarks whose name contains this");
+  cmd->add_option("--json", o->json, "Also write the results as JSON");
+  return [cmd, o]() -> int {
+    if (!cmd->parsed()) return -1;
+    return run_kernels(*o);
+  };
+}
+
+}  // namespace remat::cli
