@@ -8,6 +8,7 @@ Run with Debian's Python (python3-torch):
     /usr/bin/python3 tools/torch_reference.py curve --run RUN_DIR [--steps N]
     /usr/bin/python3 tools/torch_reference.py eval --run RUN_DIR
     /usr/bin/python3 tools/torch_reference.py time CONFIG [--steps N] [--threads 2] [--remat-run DIR]
+                                                [--device cuda [--tf32]]
     /usr/bin/python3 tools/torch_reference.py derive CONFIG OUT.json training.log_every=1 dropout=0
 
 golden  One training-mode forward and backward of a tiny config on a fixed batch, with
@@ -27,8 +28,9 @@ eval    The evaluation loss and accuracy of a run's final weights (RUN/checkpoin
         model.safetensors) on its evaluation set, batched as remat's end-of-run evaluation,
         compared with the last eval record of RUN/metrics.jsonl.
 time    Median time of one twin training step (batch, forward, backward, clipping,
-        optimizer) over N steps after one warm-up, at a given thread count; with
-        --remat-run, also the median step_ms of remat runs (their first step skipped).
+        optimizer) over N steps after one warm-up, at a given thread count or on a GPU
+        (--device cuda, fp32 unless --tf32); with --remat-run, also the median step_ms of
+        remat runs (their first step skipped).
 derive  Writes a copy of a config with overrides: dotted.key=JSON_VALUE, and dropout=0
         (every dropout layer's p and every attention's dropout).
 
@@ -456,7 +458,7 @@ class Graph:
         q, k, v = (z.reshape(b, t, h, hs).transpose(1, 2) for z in (q, k, v))
         s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
         if c["causal"]:
-            mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+            mask = torch.ones(t, t, dtype=torch.bool, device=qkv.device).triu(1)
             s = s.masked_fill(mask, float("-inf"))
         prob = torch.softmax(s, dim=-1)
         if training and float(c["dropout"]) > 0:
@@ -877,24 +879,33 @@ def cmd_eval(a):
 
 def cmd_time(a):
     torch.set_num_threads(a.threads)
+    dev = torch.device(a.device)
+    if dev.type == "cuda":
+        # As remat: fp32 GEMMs unless TF32 is asked for (REMAT_TF32=1 there).
+        torch.backends.cuda.matmul.allow_tf32 = a.tf32
+        torch.backends.cudnn.allow_tf32 = a.tf32
     cfg = load_config(a.config)
     batch = a.batch or int(cfg["training"]["batch"])
     cfg["training"]["batch"] = batch
     vars_, data = model_vars(cfg)
     g = Graph(cfg["model"], batch, vars_, a.config)
     w = load_weights(a.weights, g) if a.weights else g.init_params("remat", 0)
+    w = {n: t.to(dev) for n, t in w.items()}  # tied parameters share a name, so stay one tensor
     total = max(total_steps(cfg, data), a.steps + 1)
     tr = Trainer(cfg, g, w, total)
     times = []
     for k in range(a.steps + 1):
         t0 = time.perf_counter()
         x, y = data.batch(k, batch)
-        tr.step(x, y)
+        tr.step(x.to(dev), y.to(dev))
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
         ms = (time.perf_counter() - t0) * 1000.0
         if k > 0:  # the first step warms up
             times.append(ms)
     med = statistics.median(times)
-    print(f"twin {cfg['name'] or a.config}: batch {batch}, {a.threads} threads: median {med:.2f} ms/step over "
+    where = f"{a.threads} threads" if dev.type == "cpu" else a.device + (" (TF32)" if a.tf32 else "")
+    print(f"twin {cfg['name'] or a.config}: batch {batch}, {where}: median {med:.2f} ms/step over "
           f"{len(times)} steps (mean {statistics.mean(times):.2f}, min {min(times):.2f})")
     for run in a.remat_run or []:
         _, rt = _read_metrics(os.path.join(run, "metrics.jsonl"))
@@ -906,7 +917,8 @@ def cmd_time(a):
         print(f"remat {run}: median {rm:.2f} ms/step over {len(rts)} steps; remat/twin = {rm / med:.3f}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"config": a.config, "batch": batch, "threads": a.threads, "median_ms": med, "ms": times}, f)
+            json.dump({"config": a.config, "batch": batch, "threads": a.threads, "device": a.device,
+                       "tf32": bool(a.tf32 and dev.type == "cuda"), "median_ms": med, "ms": times}, f)
 
 
 def _set_path(obj, dotted, value):
@@ -980,6 +992,8 @@ def main(argv):
     p.add_argument("--batch", type=int, default=0)
     p.add_argument("--weights", help="start weights (remat's init.safetensors or checkpoint/model.safetensors)")
     p.add_argument("--remat-run", action="append", help="remat run folder(s) to compare (median step_ms)")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    p.add_argument("--tf32", action="store_true", help="on cuda: TF32 matrix products (default fp32)")
     p.add_argument("--json")
     p.set_defaults(fn=cmd_time)
     p = sub.add_parser("derive", help="write a config with overrides")
