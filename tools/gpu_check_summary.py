@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""The summary of tools/gpu_check.sh: reads its work folder (stages.tsv, logs/ctest.log,
+bench_kernels.json, runs/<model>_<policy>/metrics.jsonl, torch_<model>.json), prints the
+tables and writes summary.json beside them.
+
+    python3 tools/gpu_check_summary.py build/gpu-check [--tf32 1] [--torch-model gpt2_124m]
+
+Step times are the median step_ms of a run's logged steps after the first five (the
+allocator's cache and cuBLAS warm up there); the issue's targets are marked "met" or
+"MISSED": memory-bound kernels >= 80% of peak bandwidth; for the GPT-2 model PyTorch times,
+sqrt <= 1.35 x none, selective <= 1.10 x none, remat (none) <= PyTorch.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+
+KERNEL_TARGET_PCT = 80.0
+RATIO_TARGETS = {"sqrt": 1.35, "selective": 1.10}
+WARMUP_STEPS = 5
+
+
+def read_stages(work):
+    rows = []
+    path = os.path.join(work, "stages.tsv")
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                parts = line.rstrip("\n").split("\t")
+                if len(parts) == 4:
+                    rows.append({"stage": parts[0], "status": parts[1], "seconds": int(parts[2]), "rc": parts[3]})
+    return rows
+
+
+def ctest_counts(work):
+    """Counts of ctest's result lines: `Test #12: name ....   Passed` / `***Skipped` / `***Failed` ..."""
+    path = os.path.join(work, "logs", "ctest.log")
+    if not os.path.exists(path):
+        return None
+    counts = {"passed": 0, "skipped": 0, "failed": 0}
+    failed = []
+    pat = re.compile(r"Test\s+#\d+: (.*?) \.{2,}\s*\**(Passed|Skipped|Not Run|\w+)")
+    with open(path, errors="replace") as f:
+        for line in f:
+            m = pat.search(line)
+            if not m:
+                continue
+            word = m.group(2)
+            if word == "Passed":
+                counts["passed"] += 1
+            elif word == "Skipped":
+                counts["skipped"] += 1
+            else:
+                counts["failed"] += 1
+                failed.append(f"{m.group(1).split(' # ')[0]} ({word})")  # less gtest's "# GetParam() = ..."
+    counts["failed_tests"] = failed
+    return counts
+
+
+def run_stats(path):
+    steps = []
+    with open(path) as f:
+        for line in f:
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if "step_ms" in r:
+                steps.append(r)
+    if not steps:
+        return None
+    later = [r for r in steps if r["step"] > WARMUP_STEPS] or steps
+    return {
+        "steps": steps[-1]["step"],
+        "median_step_ms": statistics.median(r["step_ms"] for r in later),
+        "timed_steps": len(later),
+        "peak_bytes": max(r.get("peak_bytes", 0) for r in steps),
+        "final_loss": steps[-1].get("loss"),
+    }
+
+
+def mark(ok):
+    return "met" if ok else "MISSED"
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("work")
+    ap.add_argument("--tf32", default="1")
+    ap.add_argument("--torch-model", default="gpt2_124m")
+    a = ap.parse_args(argv)
+    out = {"tf32": a.tf32 == "1", "stages": read_stages(a.work)}
+
+    print("== stages")
+    for s in out["stages"]:
+        print(f"  {s['stage']:<34} {s['status']:<8} {s['seconds']:>4} s")
+
+    ct = ctest_counts(a.work)
+    out["ctest_gpu"] = ct
+    print("\n== ctest -L gpu")
+    if ct is None:
+        print("  not run")
+    else:
+        print(f"  passed {ct['passed']}, skipped {ct['skipped']}, failed {ct['failed']}")
+        for t in ct["failed_tests"][:20]:
+            print(f"  FAILED {t}")
+
+    print("\n== remat bench kernels")
+    bench_path = os.path.join(a.work, "bench_kernels.json")
+    if os.path.exists(bench_path):
+        with open(bench_path) as f:
+            bench = json.load(f)
+        out["bench"] = bench
+        print(f"  {bench.get('device_name')}: peak {bench.get('peak_gbps', 0):.0f} GB/s ({bench.get('peak_source')}); "
+              f"L2 flush {'on' if bench.get('l2_flush') else 'off'}; timing {bench.get('timing')}")
+        print(f"  {'kernel':<20} {'shape':<18} {'GB/s':>8} {'% peak':>7}  target >= {KERNEL_TARGET_PCT:.0f}%")
+        for k in bench.get("kernels", []):
+            if k.get("status") != "ok":
+                print(f"  {k['name']:<20} {k['shape']:<18} {k.get('status'):>8}")
+                continue
+            pct = k.get("pct_peak")
+            pct_s = f"{pct:6.1f}%" if pct is not None else "      -"
+            target = mark(pct >= KERNEL_TARGET_PCT) if pct is not None else ""
+            print(f"  {k['name']:<20} {k['shape']:<18} {k['gbps']:8.1f} {pct_s}  {target}")
+        for g in bench.get("gemm", []):
+            if g.get("status") == "ok":
+                print(f"  {g['name']:<20} {g['m']}^3{'':<13} {g['tflops']:8.2f} TFLOP/s")
+            else:
+                print(f"  {g['name']:<20} {g['m']}^3{'':<13} {g.get('status'):>8}")
+    else:
+        print("  no bench_kernels.json")
+
+    print(f"\n== training steps ({'TF32' if out['tf32'] else 'fp32'} GEMMs; median step after step {WARMUP_STEPS})")
+    runs = {}
+    runs_dir = os.path.join(a.work, "runs")
+    for d in sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []:
+        mp = os.path.join(runs_dir, d, "metrics.jsonl")
+        if os.path.exists(mp):
+            st = run_stats(mp)
+            if st:
+                model, _, policy = d.rpartition("_")
+                runs.setdefault(model, {})[policy] = st
+    torch_ms = None
+    tp = os.path.join(a.work, f"torch_{a.torch_model}.json")
+    if os.path.exists(tp):
+        with open(tp) as f:
+            torch_ms = json.load(f).get("median_ms")
+    out["runs"] = runs
+    out["torch"] = {"model": a.torch_model, "median_step_ms": torch_ms}
+    print(f"  {'model':<14} {'policy':<10} {'step ms':>9} {'x none':>7} {'peak MiB':>9} {'loss':>8} {'x PyTorch':>10}")
+    for model, by_policy in runs.items():
+        base = by_policy.get("none", {}).get("median_step_ms")
+        for policy, st in by_policy.items():
+            ms = st["median_step_ms"]
+            ratio = ms / base if base else None
+            st["ratio_to_none"] = ratio
+            vs_torch = ms / torch_ms if (torch_ms and model == a.torch_model) else None
+            st["ratio_to_torch"] = vs_torch
+            notes = []
+            if model == a.torch_model and ratio is not None and policy in RATIO_TARGETS:
+                notes.append(f"x none <= {RATIO_TARGETS[policy]}: {mark(ratio <= RATIO_TARGETS[policy])}")
+            if vs_torch is not None and policy == "none":
+                notes.append(f"<= PyTorch: {mark(vs_torch <= 1.0)}")
+            ratio_s = f"{ratio:7.3f}" if ratio is not None else "      -"
+            torch_s = f"{vs_torch:10.3f}" if vs_torch is not None else "         -"
+            loss = st["final_loss"]
+            print(f"  {model:<14} {policy:<10} {ms:9.2f} {ratio_s} {st['peak_bytes'] / 2**20:9.1f} "
+                  f"{loss if loss is not None else float('nan'):8.4f} {torch_s}  {'; '.join(notes)}")
+    if not runs:
+        print("  no runs")
+    if torch_ms:
+        print(f"  PyTorch eager {a.torch_model}: {torch_ms:.2f} ms/step (median)")
+
+    with open(os.path.join(a.work, "summary.json"), "w") as f:
+        json.dump(out, f, indent=2)
+        f.write("\n")
+    bad = [s["stage"] for s in out["stages"] if s["status"] != "ok"]
+    print(f"\n== {len(out['stages']) - len(bad)} stage(s) ok" + (f"; not ok: {', '.join(bad)}" if bad else ""))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
