@@ -16,6 +16,7 @@
 #include <set>
 
 #include "fuzz/harness.h"
+#include "kernels/philox.cuh"
 #include "remat/data.h"
 #include "remat/io.h"
 #include "remat/memory.h"
@@ -395,6 +396,65 @@ TEST(Batches, ImageBatchCopiesRowsAndIsTaggedInput) {
   remat::Batch m = remat::image_batch(d, {1, 2}, Device::meta());
   EXPECT_EQ(m.input.shape(), (remat::Shape{2, 2, 3, 4}));
   EXPECT_EQ(m.input.storage()->block().category, remat::MemoryCategory::input);
+}
+
+TEST(Batches, HflipMirrorsEveryRowOfTheFlaggedSamples) {
+  const ImageDataset d = remat::synthetic_images(10, 2, 3, 5, 4, 3);  // odd width: the middle column stays
+  const std::vector<int64_t> idx{4, 9, 4};
+  const remat::Batch plain = remat::image_batch(d, idx, Device::cpu());
+  const remat::Batch flipped = remat::image_batch(d, idx, Device::cpu(), {1, 0, 1});
+  EXPECT_EQ(flipped.targets.to_ints(), plain.targets.to_ints());  // labels are unchanged
+  const auto p = plain.input.to_vector(), f = flipped.input.to_vector();
+  const int64_t c = 2, h = 3, w = 5;
+  for (int64_t i = 0; i < 3; ++i)
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t y = 0; y < h; ++y)
+        for (int64_t x = 0; x < w; ++x) {
+          const auto at = [&](int64_t xx) { return static_cast<size_t>(((i * c + ch) * h + y) * w + xx); };
+          EXPECT_EQ(f[at(x)], p[at(i == 1 ? x : w - 1 - x)]) << i << " " << ch << " " << y << " " << x;
+        }
+  // Mirroring twice gives the image back: a mirror, not some other permutation.
+  ImageDataset once;
+  once.images = flipped.input;
+  once.labels = flipped.targets;
+  once.source = "flipped";
+  EXPECT_EQ(remat::image_batch(once, {0, 1, 2}, Device::cpu(), {1, 0, 1}).input.to_vector(), p);
+  EXPECT_REMAT_ERROR(remat::image_batch(d, idx, Device::cpu(), {1, 0}), "2 flip flags for 3 indices");
+}
+
+TEST(Batches, HflipDrawsAreAFairCoinOfSeedEpochAndIndexOnly) {
+  const int64_t n = 20000;
+  std::vector<int64_t> all(static_cast<size_t>(n));
+  std::iota(all.begin(), all.end(), int64_t{0});
+  const auto count = [](const std::vector<uint8_t>& v) { return std::count(v.begin(), v.end(), 1); };
+  const std::vector<uint8_t> e0 = remat::hflip_draws(7, 0, n, all, 0.5);
+  // Binomial(20000, 1/2): sd 70.7; 5 sd either side.
+  EXPECT_NEAR(static_cast<double>(count(e0)), n / 2.0, 5 * 70.7);
+  EXPECT_NEAR(static_cast<double>(count(remat::hflip_draws(7, 0, n, all, 0.25))), n / 4.0, 5 * 61.2);
+  EXPECT_EQ(count(remat::hflip_draws(7, 0, n, all, 0.0)), 0);
+  EXPECT_EQ(count(remat::hflip_draws(7, 0, n, all, 1.0)), n);
+  // Another epoch (or seed) draws afresh: about half of the samples change.
+  const std::vector<uint8_t> e1 = remat::hflip_draws(7, 1, n, all, 0.5);
+  const std::vector<uint8_t> s8 = remat::hflip_draws(8, 0, n, all, 0.5);
+  int64_t differ_epoch = 0, differ_seed = 0;
+  for (size_t i = 0; i < e0.size(); ++i) {
+    differ_epoch += e0[i] != e1[i];
+    differ_seed += e0[i] != s8[i];
+  }
+  EXPECT_NEAR(static_cast<double>(differ_epoch), n / 2.0, 5 * 70.7);
+  EXPECT_NEAR(static_cast<double>(differ_seed), n / 2.0, 5 * 70.7);
+  // The documented draw: Philox word epoch * n + index of seed ^ kAugmentStream, uniform < p.
+  for (int64_t i : {int64_t{0}, int64_t{1}, int64_t{777}, n - 1}) {
+    const uint32_t word = remat::philox::word(7 ^ remat::kAugmentStream, static_cast<uint64_t>(n + i));
+    EXPECT_EQ(e1[static_cast<size_t>(i)], remat::philox::uniform(word) < 0.5f) << i;
+  }
+  // A sample's flip depends on its index, not on its batch or position: any subset, in any
+  // order, draws the same flags.
+  const std::vector<int64_t> some{19999, 3, 12345, 3, 0};
+  const std::vector<uint8_t> sub = remat::hflip_draws(7, 1, n, some, 0.5);
+  for (size_t i = 0; i < some.size(); ++i) EXPECT_EQ(sub[i], e1[static_cast<size_t>(some[i])]) << some[i];
+  EXPECT_REMAT_ERROR(remat::hflip_draws(7, 0, n, {n}, 0.5), "index 20000 is outside [0, 20000)");
+  EXPECT_REMAT_ERROR(remat::hflip_draws(7, 0, n, {0}, 1.5), "probability 1.5");
 }
 
 TEST(Batches, ImageBatchOnCudaMatchesCpu) {

@@ -239,6 +239,20 @@ TEST(Config, ErrorsNameFileAndPointer) {
   EXPECT_REMAT_ERROR(remat::parse_config(nlohmann::json::parse(R"({"model": {}, "optimiser": {}})"), "c.json"),
                      "c.json: /optimiser: unknown key");
   EXPECT_REMAT_ERROR(remat::load_config("/nonexistent/m.json"), "cannot open /nonexistent/m.json");
+  // data.augment: an object of known keys, hflip a probability, images only.
+  auto data = [](const std::string& d) {
+    return remat::parse_config(nlohmann::json::parse(R"({"model": {}, "data": )" + d + "}"), "c.json");
+  };
+  EXPECT_EQ(data(R"({"augment": {"hflip": 0.5}})").data.augment.hflip, 0.5);
+  EXPECT_EQ(data("{}").data.augment.hflip, 0.0);
+  EXPECT_EQ(data(R"({"augment": {"hflip": 0.5}})").resolved()["data"]["augment"]["hflip"], 0.5);
+  EXPECT_REMAT_ERROR(data(R"({"augment": {"hflip": 1.5}})"),
+                     "c.json: /data/augment/hflip: expected a number in [0, 1], got 1.5");
+  EXPECT_REMAT_ERROR(data(R"({"augment": {"hflip": "yes"}})"), "c.json: /data/augment/hflip: expected a number");
+  EXPECT_REMAT_ERROR(data(R"({"augment": {"vflip": 0.5}})"), "c.json: /data/augment/vflip: unknown key");
+  EXPECT_REMAT_ERROR(data(R"({"augment": 0.5})"), "c.json: /data/augment: expected an object");
+  EXPECT_REMAT_ERROR(data(R"({"dataset": "text", "augment": {"hflip": 0.5}})"),
+                     "c.json: /data/augment/hflip: mirrors images, but the data set text is text");
 }
 
 TEST(Config, EveryShippedModelBuilds) {

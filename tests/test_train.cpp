@@ -23,7 +23,8 @@ std::string tmp_dir(const std::string& name) {
   return p.string();
 }
 
-std::string write_config(const std::string& dir, const std::string& extra_training = "", double lr = 0.01) {
+std::string write_config(const std::string& dir, const std::string& extra_training = "", double lr = 0.01,
+                         const std::string& extra_data = "", int steps = 8) {
   fs::create_directories(dir);
   const std::string path = dir + "/tiny.json";
   std::ofstream(path) << R"({
@@ -43,10 +44,10 @@ std::string write_config(const std::string& dir, const std::string& extra_traini
         {"type": "linear", "name": "head", "out_features": 4}
       ]
     },
-    "data": {"dataset": "synthetic_images", "image_shape": [1, 6, 6], "classes": 4, "synthetic_size": 96},
+    "data": {"dataset": "synthetic_images", "image_shape": [1, 6, 6], "classes": 4, "synthetic_size": 96)" + extra_data + R"(},
     "optimizer": {"type": "adamw", "lr": )" + std::to_string(lr) + R"(, "weight_decay": 0.01},
     "schedule": {"type": "cosine", "warmup_steps": 2},
-    "training": {"batch": 8, "steps": 8, "policy": "sqrt", "log_every": 1)" + extra_training + R"(}
+    "training": {"batch": 8, "steps": )" + std::to_string(steps) + R"(, "policy": "sqrt", "log_every": 1)" + extra_training + R"(}
   })";
   return path;
 }
@@ -103,6 +104,45 @@ TEST(Train, ResumeContinuesBitwise) {
   other.batch = 4;
   EXPECT_REMAT_ERROR(remat::train(other), "resuming would not continue the same run");
   EXPECT_TRUE(fs::exists(dir + "/split/config.json"));
+  fs::remove_all(dir);
+}
+
+TEST(Train, ResumeWithAugmentationContinuesBitwise) {
+  // 20 steps of 12 per epoch, interrupted at step 17: the resumed run starts in epoch 1,
+  // whose flips differ from epoch 0's.
+  const std::string dir = tmp_dir("resume_aug");
+  const std::string aug = R"(, "augment": {"hflip": 0.5})";
+  remat::TrainOptions full;
+  full.config = write_config(dir, "", 0.01, aug, 20);
+  full.quiet = true;
+  full.out = dir + "/full";
+  const remat::TrainResult a = remat::train(full);
+  ASSERT_EQ(a.losses.size(), 20u);
+  // The augmentation is on: the same run without it takes other steps.
+  remat::TrainOptions plain = full;
+  plain.config = write_config(dir + "/p", "", 0.01, "", 20);
+  plain.out = "";
+  const remat::TrainResult c = remat::train(plain);
+  EXPECT_NE(c.losses, a.losses);
+
+  remat::TrainOptions first = full;
+  first.config = write_config(dir + "/c", R"(, "checkpoint_every": 1)", 0.01, aug, 20);
+  first.out = dir + "/split";
+  first.on_step = [](int64_t step, float) {
+    if (step == 17) throw remat::Error("interrupted");
+  };
+  EXPECT_REMAT_ERROR(remat::train(first), "interrupted");
+  remat::TrainOptions resume;
+  resume.config = first.config;
+  resume.quiet = true;
+  resume.resume = dir + "/split";
+  const remat::TrainResult b = remat::train(resume);
+  ASSERT_EQ(b.losses.size(), 4u);  // steps 17..20: the checkpoint is from step 16
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(b.losses[i], a.losses[16 + i]) << "step " << 17 + i;
+  auto wa = remat::SafetensorsFile::load(full.out + "/checkpoint/model.safetensors");
+  auto wb = remat::SafetensorsFile::load(resume.resume + "/checkpoint/model.safetensors");
+  for (const auto& e : wa.entries()) EXPECT_EQ(wa.tensor(e.name).to_vector(), wb.tensor(e.name).to_vector()) << e.name;
+  EXPECT_NE(remat::read_file(dir + "/split/config.json").find("\"hflip\": 0.5"), std::string::npos);
   fs::remove_all(dir);
 }
 

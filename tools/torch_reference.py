@@ -72,7 +72,8 @@ class ConfigError(Exception):
 
 SECTION_DEFAULTS = {
     "data": {"dataset": "fashion_mnist", "path": "", "synthetic_size": 2048, "vocab": 32,
-             "image_shape": [1, 28, 28], "classes": 10, "eval_fraction": 0.1, "shuffle": True},
+             "image_shape": [1, 28, 28], "classes": 10, "eval_fraction": 0.1, "shuffle": True,
+             "augment": {"hflip": 0.0}},
     "optimizer": {"type": "adamw", "lr": 0.001, "weight_decay": 0.0, "momentum": 0.9, "dampening": 0.0,
                   "nesterov": False, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "grad_clip": 0.0},
     "schedule": {"type": "constant", "warmup_steps": 0, "min_lr_ratio": 0.0, "step_size": 1000, "gamma": 0.1},
@@ -92,6 +93,10 @@ def load_config(path):
         if unknown:
             raise ConfigError(f"{path}: /{sec}: unknown key(s) {sorted(unknown)}")
         cfg[sec] = {**defaults, **given}
+    aug = cfg["data"]["augment"]
+    if not isinstance(aug, dict) or set(aug) - {"hflip"}:
+        raise ConfigError(f"{path}: /data/augment: expected an object with the key hflip, got {aug!r}")
+    cfg["data"]["augment"] = {"hflip": 0.0, **aug}
     unknown = set(raw) - {"name", "description", "model", *SECTION_DEFAULTS}
     if unknown:
         raise ConfigError(f"{path}: unknown top-level key(s) {sorted(unknown)}")
@@ -544,6 +549,41 @@ def _stream_seed(seed, stream, index):
     return _splitmix64((_splitmix64(seed ^ stream) + index) & M64)
 
 
+PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
+PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
+AUGMENT_STREAM = 0x6175676D656E7431  # kAugmentStream (include/remat/data.h)
+
+
+def _philox_uniform(seed, words):
+    """kernels/philox.cuh: philox::uniform(philox::word(seed, w)) for each w of `words`
+    (a numpy uint64 array), as float32."""
+    m32 = np.uint64(0xFFFFFFFF)
+    b = words >> np.uint64(2)
+    c0, c1 = (b >> np.uint64(16)) & m32, (b >> np.uint64(48)) & m32
+    c2, c3 = b & np.uint64(0xFFFF), np.zeros_like(b)
+    k0, k1 = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
+    for r in range(10):
+        if r:
+            k0, k1 = (k0 + PHILOX_W0) & 0xFFFFFFFF, (k1 + PHILOX_W1) & 0xFFFFFFFF
+        p0, p1 = np.uint64(PHILOX_M0) * c0, np.uint64(PHILOX_M1) * c2
+        c0, c1, c2, c3 = ((p1 >> np.uint64(32)) ^ c1 ^ np.uint64(k0), p1 & m32,
+                          (p0 >> np.uint64(32)) ^ c3 ^ np.uint64(k1), p0 & m32)
+    comp = words & np.uint64(3)
+    x = np.select([comp == 0, comp == 1, comp == 2], [c0, c1, c2], c3).astype(np.uint32)
+    return x.astype(np.float32) * np.float32(2.3283064365386963e-10) + np.float32(1.1641532182693481e-10)
+
+
+def _hflip_draws(seed, epoch, n, indices, p):
+    """remat's hflip_draws (src/data/batch.cpp): sample `index` is mirrored in `epoch` when
+    uniform(word(seed ^ kAugmentStream, epoch * n + index)) < p."""
+    if p >= 1.0:
+        return np.ones(len(indices), dtype=bool)
+    if p <= 0.0:
+        return np.zeros(len(indices), dtype=bool)
+    words = np.uint64(epoch * n) + np.asarray(indices, dtype=np.uint64)
+    return _philox_uniform((seed ^ AUGMENT_STREAM) & M64, words) < np.float32(p)
+
+
 def _idx(path):
     b = _read_maybe_gzip(path)
     magic, = struct.unpack(">I", b[:4])
@@ -560,11 +600,14 @@ def _idx_file(d, stem):
 
 
 class Data:
-    """Training batches in remat's order (data.shuffle false: 0, 1, ... epoch after epoch)."""
+    """Training batches in remat's order (data.shuffle false: 0, 1, ... epoch after epoch),
+    mirrored as remat mirrors them (data.augment.hflip)."""
 
     def __init__(self, cfg, tokens, seq_len=0):
         dc = cfg["data"]
         seed = int(cfg["training"]["seed"])
+        self.seed = seed
+        self.hflip = float(dc["augment"]["hflip"])
         self.text = tokens
         self.seq_len = seq_len
         ds = dc["dataset"]
@@ -650,7 +693,12 @@ class Data:
         per_epoch = self.n // b
         if per_epoch == 0:
             raise ConfigError(f"the training set has {self.n} samples, fewer than one batch of {b}")
-        return self._slice(False, (k % per_epoch) * b, b)
+        start = (k % per_epoch) * b
+        x, y = self._slice(False, start, b)
+        if self.hflip > 0 and not self.text:
+            flips = _hflip_draws(self.seed, k // per_epoch, self.n, range(start, start + b), self.hflip)
+            x = torch.where(torch.from_numpy(flips)[:, None, None, None], x.flip(-1), x)
+        return x, y
 
     def eval_batch(self, k, b):
         """Evaluation batch k: samples k*b .. k*b+b-1 of the evaluation set."""

@@ -63,6 +63,11 @@ struct DataConfig {
   int64_t classes = 10;
   double eval_fraction = 0.1;             // text: share of the tokens held out for evaluation
   bool shuffle = true;                    // false: batches in data order (for comparisons)
+  // Training-time augmentation of image batches ("augment": {...}); evaluation batches are
+  // never augmented.
+  struct Augment {
+    double hflip = 0.0;  // probability that a training image is mirrored left-right
+  } augment;
 };
 
 struct OptimizerConfig {

@@ -108,7 +108,20 @@ struct Batch {
   Tensor input;
   Tensor targets;
 };
-Batch image_batch(const ImageDataset& d, const std::vector<int64_t>& indices, Device device);
+// Row i of the batch is image indices[i]; with `hflip` (one entry per index), rows whose
+// entry is nonzero are mirrored left-right (x -> W-1-x in every channel and row).
+Batch image_batch(const ImageDataset& d, const std::vector<int64_t>& indices, Device device,
+                  const std::vector<uint8_t>& hflip = {});
+
+// Training-time horizontal flips (data.augment.hflip). Whether sample `index` of a training
+// set of n samples is mirrored in epoch `epoch` is drawn from Philox (kernels/philox.cuh):
+// word epoch * n + index of the stream of seed ^ kAugmentStream is mirrored when
+// uniform(word) < p (p >= 1: always; p <= 0: never). It depends only on (seed, epoch,
+// index), never on the batch size, the position in the batch or earlier draws, so a
+// resumed run mirrors the same samples as an uninterrupted one.
+constexpr uint64_t kAugmentStream = 0x6175676d656e7431ULL;  // "augment1"
+std::vector<uint8_t> hflip_draws(uint64_t seed, int64_t epoch, int64_t n, const std::vector<int64_t>& indices,
+                                 double p);
 // Window i starts at token i * stride... : for text, `starts` are token offsets; each
 // window is tokens[s, s + T) with targets tokens[s + 1, s + T + 1).
 Batch text_batch(const TextDataset& d, const std::vector<int64_t>& starts, int64_t seq_len, Device device);

@@ -1,4 +1,5 @@
-// Batch order (BatchSampler) and batch assembly (image_batch, text_batch).
+// Batch order (BatchSampler), batch assembly (image_batch, text_batch) and the training-time
+// flips of image batches (hflip_draws).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -6,6 +7,7 @@
 #include <random>
 
 #include "data/random.h"
+#include "kernels/philox.cuh"
 #include "remat/data.h"
 #include "remat/error.h"
 #include "remat/memory.h"
@@ -64,7 +66,22 @@ Tensor to_device(const Tensor& host, Device device) { return device.is_cpu() ? h
 
 }  // namespace
 
-Batch image_batch(const ImageDataset& d, const std::vector<int64_t>& indices, Device device) {
+std::vector<uint8_t> hflip_draws(uint64_t seed, int64_t epoch, int64_t n, const std::vector<int64_t>& indices,
+                                 double p) {
+  REMAT_CHECK(epoch >= 0 && n > 0, "hflip_draws: epoch ", epoch, " and set size ", n, " must be >= 0 and > 0");
+  REMAT_CHECK(p >= 0.0 && p <= 1.0, "hflip_draws: probability ", p, " is outside [0, 1]");
+  const uint64_t s = seed ^ kAugmentStream;
+  const uint64_t first = static_cast<uint64_t>(epoch) * static_cast<uint64_t>(n);
+  std::vector<uint8_t> out(indices.size());
+  for (size_t i = 0; i < indices.size(); ++i) {
+    REMAT_CHECK(indices[i] >= 0 && indices[i] < n, "hflip_draws: index ", indices[i], " is outside [0, ", n, ")");
+    out[i] = philox::keep(s, first, static_cast<uint64_t>(indices[i]), static_cast<float>(p)) ? 1 : 0;
+  }
+  return out;
+}
+
+Batch image_batch(const ImageDataset& d, const std::vector<int64_t>& indices, Device device,
+                  const std::vector<uint8_t>& hflip) {
   REMAT_CHECK(d.images.defined() && d.labels.defined(), "image_batch: data set ", d.source, " is empty");
   REMAT_CHECK(d.images.dtype() == DType::f32 && d.images.rank() == 4, "image_batch: images of ", d.source,
               " must be f32 [N, C, H, W], not ", d.images.str());
@@ -75,6 +92,8 @@ Batch image_batch(const ImageDataset& d, const std::vector<int64_t>& indices, De
   for (size_t i = 0; i < indices.size(); ++i)
     REMAT_CHECK(indices[i] >= 0 && indices[i] < n, "image_batch: index ", indices[i], " at position ", i,
                 " is outside [0, ", n, ") of ", d.source);
+  REMAT_CHECK(hflip.empty() || hflip.size() == indices.size(), "image_batch: ", hflip.size(), " flip flags for ",
+              indices.size(), " indices");
   const auto b = static_cast<int64_t>(indices.size());
   const Shape in_shape{b, d.images.size(1), d.images.size(2), d.images.size(3)};
 
@@ -88,9 +107,17 @@ Batch image_batch(const ImageDataset& d, const std::vector<int64_t>& indices, De
   const int32_t* lab = d.labels.i32();
   float* dst = input.f32();
   int32_t* tgt = targets.i32();
+  const int64_t w = d.images.size(3);
   for (int64_t i = 0; i < b; ++i) {
     const int64_t k = indices[static_cast<size_t>(i)];
-    std::memcpy(dst + i * per, src + k * per, static_cast<size_t>(per) * sizeof(float));
+    const float* from = src + k * per;
+    float* to = dst + i * per;
+    if (hflip.empty() || !hflip[static_cast<size_t>(i)]) {
+      std::memcpy(to, from, static_cast<size_t>(per) * sizeof(float));
+    } else {
+      for (int64_t r = 0; r < per; r += w)  // every row of every channel, reversed
+        std::reverse_copy(from + r, from + r + w, to + r);
+    }
     tgt[i] = lab[k];
   }
   return {to_device(input, device), to_device(targets, device)};

@@ -187,6 +187,14 @@ Config parse_config(const nlohmann::json& j, const std::string& source) {
     c.data.classes = d.positive_int_or("classes", c.data.classes);
     c.data.eval_fraction = d.number_or("eval_fraction", c.data.eval_fraction, 0.0, 0.9);
     c.data.shuffle = d.bool_or("shuffle", c.data.shuffle);
+    if (d.has("augment")) {
+      ConfigReader a = d.child("augment");
+      c.data.augment.hflip = a.number_or("hflip", c.data.augment.hflip, 0.0, 1.0);
+      const bool text = c.data.dataset == "text" || c.data.dataset == "synthetic_text";
+      if (text && c.data.augment.hflip > 0)
+        a.fail("hflip", "mirrors images, but the data set " + c.data.dataset + " is text");
+      a.finish();
+    }
     d.finish();
   }
   if (root.has("optimizer")) {
@@ -249,7 +257,8 @@ nlohmann::json Config::resolved() const {
   j["model"] = model;
   j["data"] = {{"dataset", data.dataset},     {"path", data.path},       {"synthetic_size", data.synthetic_size},
                {"vocab", data.vocab},         {"image_shape", data.image_shape}, {"classes", data.classes},
-               {"eval_fraction", data.eval_fraction}, {"shuffle", data.shuffle}};
+               {"eval_fraction", data.eval_fraction}, {"shuffle", data.shuffle},
+               {"augment", {{"hflip", data.augment.hflip}}}};
   j["optimizer"] = {{"type", optimizer.type},         {"lr", optimizer.lr},
                     {"weight_decay", optimizer.weight_decay}, {"momentum", optimizer.momentum},
                     {"dampening", optimizer.dampening}, {"nesterov", optimizer.nesterov},

@@ -49,15 +49,25 @@ struct Data {
   ImageDataset train_images, eval_images;
   TextDataset train_text, eval_text;
   int64_t seq_len = 0;
+  double hflip = 0.0;  // data.augment.hflip: training images only
+  uint64_t seed = 0;   // the run's seed, which the flips are drawn from
   int64_t train_size() const { return text ? text_windows(train_text, seq_len) : train_images.labels.numel(); }
   int64_t eval_size() const { return text ? text_windows(eval_text, seq_len) : eval_images.labels.numel(); }
-  Batch train_batch(const std::vector<int64_t>& idx, Device d) const { return batch(train_images, train_text, idx, d); }
-  Batch eval_batch(const std::vector<int64_t>& idx, Device d) const { return batch(eval_images, eval_text, idx, d); }
+  // A training batch of the sampler's epoch `epoch`, augmented as the config asks.
+  Batch train_batch(const std::vector<int64_t>& idx, int64_t epoch, Device d) const {
+    std::vector<uint8_t> flips;
+    if (!text && hflip > 0) flips = hflip_draws(seed, epoch, train_size(), idx, hflip);
+    return batch(train_images, train_text, idx, d, flips);
+  }
+  Batch eval_batch(const std::vector<int64_t>& idx, Device d) const {
+    return batch(eval_images, eval_text, idx, d, {});  // never augmented
+  }
 
  private:
   // Sample i is image i, or the text window starting at token i * seq_len.
-  Batch batch(const ImageDataset& images, const TextDataset& txt, const std::vector<int64_t>& idx, Device d) const {
-    if (!text) return image_batch(images, idx, d);
+  Batch batch(const ImageDataset& images, const TextDataset& txt, const std::vector<int64_t>& idx, Device d,
+              const std::vector<uint8_t>& flips) const {
+    if (!text) return image_batch(images, idx, d, flips);
     std::vector<int64_t> starts;
     for (int64_t i : idx) starts.push_back(i * seq_len);
     return text_batch(txt, starts, seq_len, d);
@@ -67,6 +77,8 @@ struct Data {
 Data load_data(const Config& cfg, const nlohmann::json& model) {
   Data d;
   const DataConfig& dc = cfg.data;
+  d.hflip = dc.augment.hflip;
+  d.seed = cfg.training.seed;
   const bool tokens = model.contains("input") && model["input"].is_object() && model["input"].value("type", "image") == "tokens";
   if (dc.dataset == "fashion_mnist" || dc.dataset == "synthetic_images") {
     if (tokens) REMAT_THROW(cfg.source, ": /data/dataset: ", dc.dataset, " gives images but the model takes tokens");
@@ -342,7 +354,8 @@ TrainResult train(const TrainOptions& o) {
     Batch batch;
     {
       TagScope scope(MemoryCategory::input, "data", Phase::setup);
-      batch = data.train_batch(sampler.next(), dev);
+      const std::vector<int64_t> idx = sampler.next();  // may move the sampler to the next epoch
+      batch = data.train_batch(idx, sampler.epoch(), dev);
     }
     params.zero_grads(be);
     const StepStats st = ex.train_step(batch, gen);
