@@ -3,9 +3,9 @@
 //
 // What this header provides, in CUDA's own names: the function and variable qualifiers,
 // the built-in variables (threadIdx, blockIdx, blockDim, gridDim, warpSize), the vector
-// types, block barriers, warp collectives (shuffles, votes, __syncwarp, reductions),
-// atomics, the math and bit intrinsics kernels use, and the host runtime calls remat
-// needs (memory, streams, events, errors) mapped to host memory and no-ops.
+// types, block barriers, warp collectives (shuffles, votes, __match_any_sync, __syncwarp,
+// reductions), atomics, the math and bit intrinsics kernels use, and the host runtime calls
+// remat needs (memory, streams, events, errors) mapped to host memory and no-ops.
 //
 // How it runs (see docs/kernels.md): every CUDA thread of a block is a fiber
 // (boost::context); the blocks of a grid run one after another on the launching host
@@ -242,6 +242,25 @@ struct ReduceAt {
   }
 };
 
+// __match_any_sync: the lanes of `mask` whose value has the same bits as this lane's.
+// Built from index shuffles (each lane of `mask` reads every lane of `mask`), so it has
+// the collective's convergence rules: every lane named in `mask` must call it.
+struct MatchAnyAt {
+  const char* file;
+  int line;
+  template <typename T>
+  unsigned operator()(unsigned mask, T value) const {
+    static_assert(std::is_integral_v<T> || std::is_floating_point_v<T>, "__match_any_sync takes a scalar");
+    const uint64_t mine = to_bits(value);
+    unsigned peers = 0;
+    for (int lane = 0; lane < warpSize; ++lane) {
+      if (!((mask >> lane) & 1u)) continue;
+      if (warp_collective(WarpOp::kShflIdx, mask, mine, lane, warpSize, file, line) == mine) peers |= 1u << lane;
+    }
+    return peers;
+  }
+};
+
 // Launches `kernel` on the emulator: the arguments are converted to the kernel's
 // parameter types once (as CUDA copies them at launch) and every thread gets its own copy.
 template <typename... KernelArgs, typename... Args>
@@ -279,6 +298,7 @@ void launch(const char* name, const char* file, int line, void (*kernel)(KernelA
 #define __ballot_sync ::remat::emu::VoteAt<::remat::emu::WarpOp::kBallot>{__FILE__, __LINE__}
 #define __any_sync ::remat::emu::VoteAt<::remat::emu::WarpOp::kAny>{__FILE__, __LINE__}
 #define __all_sync ::remat::emu::VoteAt<::remat::emu::WarpOp::kAll>{__FILE__, __LINE__}
+#define __match_any_sync ::remat::emu::MatchAnyAt{__FILE__, __LINE__}
 #define __reduce_add_sync \
   ::remat::emu::ReduceAt{__FILE__, __LINE__, ::remat::emu::WarpOp::kReduceAdd, ::remat::emu::WarpOp::kReduceAdd}
 #define __reduce_min_sync \
