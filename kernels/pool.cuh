@@ -1,0 +1,40 @@
+// Pooling kernels over NCHW planes: max and average (count_include_pad) pooling and global
+// average pooling, forward and backward. Each output element is computed by one thread in
+// the CPU backend's order, so max and average pooling give the CPU's bits; no atomics.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace remat::kernels {
+
+// planes = N * C input planes of h x w, output planes of p x q; window, stride and padding
+// as remat::Pool2dParams.
+struct PoolShape {
+  int64_t planes, h, w, p, q;
+  int64_t kh, kw, sh, sw, ph, pw;
+};
+
+// y = the first maximum of each window (a NaN wins: the last one), indices = its flat
+// h * W + w position in the plane.
+void maxpool2d_forward(const float* x, const PoolShape& g, float* y, int32_t* indices, cudaStream_t stream);
+
+// dx = 0, then dx[plane][indices[j]] += dy[plane][j] in the order of j. One warp per plane;
+// an index outside the plane is skipped.
+void maxpool2d_backward(const float* dy, const int32_t* indices, int64_t planes, int64_t in_plane,
+                        int64_t out_plane, float* dx, cudaStream_t stream);
+
+// y = sum of the window's elements inside the input / (kh * kw).
+void avgpool2d_forward(const float* x, const PoolShape& g, float* y, cudaStream_t stream);
+
+// dx[h][w] = sum over the windows holding (h, w), in output order, of dy / (kh * kw): a gather.
+void avgpool2d_backward(const float* dy, const PoolShape& g, float* dx, cudaStream_t stream);
+
+// y[plane] = mean of the plane's hw elements (summed in double; NaN for hw == 0).
+void global_avgpool_forward(const float* x, int64_t planes, int64_t hw, float* y, cudaStream_t stream);
+
+// dx[plane][j] = dy[plane] / hw.
+void global_avgpool_backward(const float* dy, int64_t planes, int64_t hw, float* dx, cudaStream_t stream);
+
+}  // namespace remat::kernels

@@ -1,0 +1,144 @@
+// Pooling against the CPU backend: max pooling (values and indices, ties, NaN, -inf,
+// overlapping windows, padding), average pooling (count_include_pad) and global average
+// pooling, forward and backward.
+//
+// Tolerance: max and average pooling compute each element with the CPU's operations in
+// the CPU's order (max: the same scan; average: the same float sum and division; the
+// backward passes add the same values in the same order, no atomics), so they must match
+// bitwise. Global average pooling sums in double in another order: one float ulp (1e-6
+// relative); its backward is one float division: bitwise.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "backend_ops/harness.h"
+
+namespace remat::test {
+
+namespace {
+
+Pool2dParams pool(int kh, int kw, int sh, int sw, int ph, int pw) {
+  Pool2dParams p;
+  p.kernel_h = kh;
+  p.kernel_w = kw;
+  p.stride_h = sh;
+  p.stride_w = sw;
+  p.pad_h = ph;
+  p.pad_w = pw;
+  return p;
+}
+
+// Max pooling forward (values and indices) and backward through the indices.
+void check_maxpool(OpCheck& t, const Pair& x, const Pool2dParams& p) {
+  const Shape ys = pool2d_output_shape(x.ref.shape(), p);
+  auto y = t.output(ys);
+  auto idx = t.output(ys, DType::i32);
+  t.run([&](Backend& be, Side s) { be.maxpool2d_forward(s(x), p, s(y), s(idx)); });
+  t.expect_equal(y, "y");
+  t.expect_equal(idx, "indices");
+
+  auto dy = t.uniform(ys);
+  auto dx = t.output(x.ref.shape());
+  t.run([&](Backend& be, Side s) { be.maxpool2d_backward(s(dy), s(idx), s(dx)); });
+  t.expect_equal(dx, "dx");
+}
+
+void check_avgpool(OpCheck& t, const Shape& xs, const Pool2dParams& p) {
+  const Shape ys = pool2d_output_shape(xs, p);
+  auto x = t.uniform(xs);
+  auto y = t.output(ys);
+  t.run([&](Backend& be, Side s) { be.avgpool2d_forward(s(x), p, s(y)); });
+  t.expect_equal(y, "y");
+
+  auto dy = t.uniform(ys);
+  auto dx = t.output(xs);
+  t.run([&](Backend& be, Side s) { be.avgpool2d_backward(s(dy), p, s(dx)); });
+  t.expect_equal(dx, "dx");
+}
+
+// An output without guards, 16-byte aligned (the harness's guarded outputs are not), so
+// that the float4 paths run; NaN-filled like a guarded one.
+Pair aligned_output(OpCheck& t, const Shape& s) {
+  return t.values(std::vector<float>(static_cast<size_t>(s.numel()), std::numeric_limits<float>::quiet_NaN()), s);
+}
+
+}  // namespace
+
+// fashion_cnn: 2x2 windows, stride 2, over 28x28 and 14x14.
+REMAT_OP_CASE(pool, maxpool_fashion) {
+  check_maxpool(t, t.uniform({2, 32, 28, 28}), pool(2, 2, 2, 2, 0, 0));
+  check_maxpool(t, t.uniform({2, 64, 14, 14}), pool(2, 2, 2, 2, 0, 0));
+}
+
+// Overlapping 3x3 windows with stride 2 and padding 1 over odd sizes: an input can be the
+// maximum of up to four windows.
+REMAT_OP_CASE(pool, maxpool_overlapping_padded) {
+  check_maxpool(t, t.uniform({2, 3, 15, 13}), pool(3, 3, 2, 2, 1, 1));
+  check_maxpool(t, t.uniform({1, 2, 9, 40}), pool(3, 2, 1, 1, 1, 1));  // rows longer than a warp
+  check_maxpool(t, t.uniform({3, 2, 5, 7}), pool(4, 3, 3, 2, 2, 1));
+}
+
+// Ties (the first maximum wins), NaN (the last NaN of the window wins), -inf, an all -inf
+// window, and rows of equal values that overlapping windows share.
+REMAT_OP_CASE(pool, maxpool_ties_nan_inf) {
+  const Shape xs{2, 3, 11, 10};
+  std::vector<float> v(static_cast<size_t>(xs.numel()));
+  std::uniform_int_distribution<int> level(0, 3);
+  for (auto& e : v) e = static_cast<float>(level(t.rng()));
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (size_t i = 7; i < v.size(); i += 37) v[i] = nan;
+  for (size_t i = 3; i < v.size(); i += 23) v[i] = -inf;
+  for (size_t i = 0; i < 4; ++i) v[110 + i] = v[120 + i] = -inf;  // a 2x4 block of -inf in plane 1
+  const auto x = t.values(v, xs);
+  check_maxpool(t, x, pool(2, 2, 2, 2, 0, 0));
+  check_maxpool(t, x, pool(3, 3, 1, 1, 1, 1));
+  check_maxpool(t, x, pool(3, 2, 2, 1, 1, 0));
+}
+
+// Arbitrary indices into a plane, many of them shared: the backward's path for lanes of a
+// warp that add into the same element.
+REMAT_OP_CASE(pool, maxpool_backward_shared_indices) {
+  const Shape dys{2, 5, 13, 11}, dxs{2, 5, 6, 7};
+  auto dy = t.uniform(dys);
+  auto idx = t.ints(dys, 0, 6 * 7 - 1);
+  auto dx = t.output(dxs);
+  t.run([&](Backend& be, Side s) { be.maxpool2d_backward(s(dy), s(idx), s(dx)); });
+  t.expect_equal(dx, "dx");
+  auto idx_few = t.ints(dys, 3, 5);  // every output onto one of three positions
+  auto dx_few = t.output(dxs);
+  t.run([&](Backend& be, Side s) { be.maxpool2d_backward(s(dy), s(idx_few), s(dx_few)); });
+  t.expect_equal(dx_few, "dx (three targets)");
+}
+
+REMAT_OP_CASE(pool, avgpool) {
+  check_avgpool(t, {2, 16, 28, 28}, pool(2, 2, 2, 2, 0, 0));
+  check_avgpool(t, {2, 3, 9, 11}, pool(3, 3, 1, 1, 1, 1));  // overlapping, padded
+  check_avgpool(t, {3, 2, 15, 13}, pool(3, 3, 2, 2, 1, 1));
+  check_avgpool(t, {1, 4, 7, 8}, pool(3, 2, 2, 1, 1, 1));   // asymmetric
+  check_avgpool(t, {2, 2, 5, 5}, pool(5, 5, 1, 1, 0, 0));   // one window per plane
+}
+
+// resnet_tiny's head: 64 channels at 7x7; a plane of 64 (float4 path) and 28x28 (longer
+// than a warp many times); a 1x1 plane; an empty plane (NaN, as the CPU).
+REMAT_OP_CASE(pool, global_avgpool) {
+  for (const Shape& xs : {Shape{2, 64, 7, 7}, Shape{3, 16, 8, 8}, Shape{2, 5, 28, 28}, Shape{4, 3, 1, 1},
+                          Shape{2, 3, 0, 4}}) {
+    auto x = t.uniform(xs);
+    const Shape ys{xs[0], xs[1]};
+    auto y = t.output(ys);
+    t.run([&](Backend& be, Side s) { be.global_avgpool_forward(s(x), s(y)); });
+    t.expect_close(y, 0.0, 1e-6, "y " + xs.str());
+
+    auto dy = t.uniform(ys);
+    auto dx = t.output(xs);
+    auto dx_aligned = aligned_output(t, xs);
+    t.run([&](Backend& be, Side s) {
+      be.global_avgpool_backward(s(dy), s(dx));
+      be.global_avgpool_backward(s(dy), s(dx_aligned));
+    });
+    t.expect_equal(dx, "dx " + xs.str());
+    t.expect_equal(dx_aligned, "dx (aligned) " + xs.str());
+  }
+}
+
+}  // namespace remat::test
