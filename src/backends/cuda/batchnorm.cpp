@@ -1,20 +1,47 @@
-// STUB: replaced by the batchnorm family (kernels + host glue).
+// BatchNorm2d on the CUDA backend (kernels/batchnorm.cu), PyTorch's formulas as the CPU
+// backend. The per-channel partial sums of a launch live in the backend's scratch buffer
+// (stream-ordered, so no other op sees them); nothing is allocated.
 #include "backends/cuda/cuda_backend.h"
+#include "kernels/batchnorm.cuh"
 #include "remat/error.h"
 
 namespace remat {
 REMAT_KERNELS_ABI_BEGIN
 
-void CudaBackend::batchnorm2d_forward_train_impl(const Tensor& /*x*/, const Tensor& /*gamma*/, const Tensor& /*beta*/, const Tensor& /*running_mean*/, const Tensor& /*running_var*/, const BatchNormParams& /*p*/, bool /*update_running*/, const Tensor& /*y*/, const Tensor& /*save_mean*/, const Tensor& /*save_invstd*/) {
-  throw Unsupported("batchnorm2d_forward_train: not implemented on " + name() + " yet");
+namespace {
+
+kernels::BatchNormShape bn_shape(const Tensor& x) { return {x.size(0), x.size(1), x.size(2) * x.size(3)}; }
+
+float* f32_or_null(const Tensor& t) { return t.defined() ? t.f32() : nullptr; }
+
+}  // namespace
+
+void CudaBackend::batchnorm2d_forward_train_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                                 const Tensor& running_mean, const Tensor& running_var,
+                                                 const BatchNormParams& p, bool update_running, const Tensor& y,
+                                                 const Tensor& save_mean, const Tensor& save_invstd) {
+  activate();
+  kernels::batchnorm_forward_train(x.f32(), gamma.f32(), beta.f32(), bn_shape(x), p.momentum, p.eps,
+                                   update_running ? running_mean.f32() : nullptr,
+                                   update_running ? running_var.f32() : nullptr, y.f32(), save_mean.f32(),
+                                   save_invstd.f32(), scratch(), kScratchBytes, stream_);
 }
 
-void CudaBackend::batchnorm2d_forward_eval_impl(const Tensor& /*x*/, const Tensor& /*gamma*/, const Tensor& /*beta*/, const Tensor& /*running_mean*/, const Tensor& /*running_var*/, const BatchNormParams& /*p*/, const Tensor& /*y*/) {
-  throw Unsupported("batchnorm2d_forward_eval: not implemented on " + name() + " yet");
+void CudaBackend::batchnorm2d_forward_eval_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                                const Tensor& running_mean, const Tensor& running_var,
+                                                const BatchNormParams& p, const Tensor& y) {
+  activate();
+  kernels::batchnorm_forward_eval(x.f32(), gamma.f32(), beta.f32(), running_mean.f32(), running_var.f32(),
+                                  bn_shape(x), p.eps, y.f32(), stream_);
 }
 
-void CudaBackend::batchnorm2d_backward_impl(const Tensor& /*dy*/, const Tensor& /*x*/, const Tensor& /*gamma*/, const Tensor& /*save_mean*/, const Tensor& /*save_invstd*/, const Tensor& /*dx*/, const Tensor& /*dgamma*/, const Tensor& /*dbeta*/) {
-  throw Unsupported("batchnorm2d_backward: not implemented on " + name() + " yet");
+void CudaBackend::batchnorm2d_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                            const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx,
+                                            const Tensor& dgamma, const Tensor& dbeta) {
+  activate();
+  kernels::batchnorm_backward(dy.f32(), x.f32(), gamma.f32(), save_mean.f32(), save_invstd.f32(), bn_shape(x),
+                              f32_or_null(dx), f32_or_null(dgamma), f32_or_null(dbeta), scratch(), kScratchBytes,
+                              stream_);
 }
 
 REMAT_KERNELS_ABI_END
