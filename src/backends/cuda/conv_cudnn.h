@@ -1,0 +1,78 @@
+// cuDNN's convolutions for the CUDA backend's conv2d (conv.cpp), through cuDNN's legacy
+// convolution API (cudnn_cnn, still part of cuDNN 9).
+//
+// Only deterministic algorithms, and only those that compute like a direct convolution
+// (the implicit/explicit GEMM and direct families; FFT and Winograd transforms are left
+// out for their larger fp32 error), in FMA math unless the backend runs TF32. Among those,
+// the first in cuDNN's heuristic ranking (cudnnGetConvolution*Algorithm_v7: no benchmark,
+// so nothing is allocated and the choice depends only on the shapes and the GPU) whose
+// workspace is at most kMaxConvWorkspaceBytes. A shape with no such algorithm in a
+// direction falls back to the im2col path there (plan.forward_ok / backward_ok).
+#pragma once
+
+#if defined(REMAT_WITH_CUDNN) && !defined(REMAT_EMULATE)
+
+#include <cudnn.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "backends/cuda/cuda_backend.h"
+
+namespace remat {
+
+class CudnnConv {
+ public:
+  static constexpr size_t kMaxConvWorkspaceBytes = size_t{32} << 20;
+
+  // Descriptors and algorithms of one convolution shape.
+  struct Plan {
+    cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+    cudnnFilterDescriptor_t w = nullptr;
+    cudnnConvolutionDescriptor_t conv = nullptr;
+    bool forward_ok = false, backward_ok = false;
+    cudnnConvolutionFwdAlgo_t fwd_algo{};
+    cudnnConvolutionBwdDataAlgo_t data_algo{};
+    cudnnConvolutionBwdFilterAlgo_t filter_algo{};
+    size_t fwd_bytes = 0, data_bytes = 0, filter_bytes = 0;
+
+    Plan() = default;
+    Plan(const Plan&) = delete;
+    Plan& operator=(const Plan&) = delete;
+    ~Plan();
+    size_t bwd_bytes() const { return data_bytes > filter_bytes ? data_bytes : filter_bytes; }
+  };
+
+  // The instance of `backend` (created on first use, on the current device, which must be
+  // the backend's: call from a CudaBackend op after activate()).
+  static CudnnConv& of(const CudaBackend& backend);
+
+  // The plan for a non-empty convolution (cached per shape; TF32 or FMA math).
+  const Plan& plan(const Shape& x, const Shape& w, const Conv2dParams& p, bool tf32);
+
+  // y = conv(x, w) + beta * y.
+  void forward(const Plan& plan, const float* x, const float* w, float beta, float* y, void* workspace);
+  // dx = the gradient of the input.
+  void backward_data(const Plan& plan, const float* w, const float* dy, float* dx, void* workspace);
+  // dw += the gradient of the filters.
+  void backward_filter(const Plan& plan, const float* x, const float* dy, float* dw, void* workspace);
+
+  CudnnConv(const CudnnConv&) = delete;
+  CudnnConv& operator=(const CudnnConv&) = delete;
+
+ private:
+  explicit CudnnConv(cudaStream_t stream);
+
+  using Key = std::array<int64_t, 16>;
+  cudnnHandle_t handle_ = nullptr;
+  std::mutex mutex_;
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace remat
+
+#endif
