@@ -44,7 +44,9 @@ class CudaBackend : public Backend {
   bool tf32() const { return tf32_; }
 
   // A small device buffer the backend owns (allocated once, outside the tensor allocator)
-  // for reductions that return a value to the host: accuracy, global_norm.
+  // for values returned to the host (accuracy, global_norm, input checks) and for partial
+  // sums inside one op (norms, losses). Ops run in order on the one stream, so an op may
+  // use it freely between its first launch and its return.
   static constexpr size_t kScratchBytes = 64 * 1024;
   void* scratch() const { return scratch_; }
   // Copies `bytes` from device memory to the host and waits for the stream.
