@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <sstream>
 
 #include "remat/device.h"
@@ -159,7 +160,9 @@ std::vector<const OpCase*>& op_cases() {
 }
 
 OpCaseRegistrar::OpCaseRegistrar(const char* family, const char* name, void (*fn)(OpCheck&)) {
-  op_cases().push_back(new OpCase{family, name, fn});
+  static std::deque<OpCase> storage;  // stable addresses, destroyed at exit (no leak report)
+  storage.push_back(OpCase{family, name, fn});
+  op_cases().push_back(&storage.back());
 }
 
 }  // namespace remat::test
