@@ -14,6 +14,7 @@
 #include "remat/config.h"
 #include "remat/error.h"
 #include "remat/exec.h"
+#include "remat/profile.h"
 #include "remat/train.h"
 #include "support/golden.h"
 #include "support/models.h"
@@ -177,5 +178,31 @@ TEST(DeviceExec, TrainingRunMatchesCpu) {
     EXPECT_GT(on_device.peak_bytes, 0);
   } catch (const remat::Unsupported& e) {
     GTEST_SKIP() << "unsupported on " << dut().str() << ": " << e.what();
+  }
+}
+
+// Exact accounting on the device: a step's measured peak equals the meta prediction made
+// with this backend's workspace sizes, for plain, checkpointed and budget plans.
+TEST(DeviceExec, MeasuredPeakEqualsThePrediction) {
+  if (skip_without_device()) GTEST_SKIP() << "no CUDA device: " << remat::cuda_status().error;
+  for (const char* name : {"fashion_cnn_tiny.json", "gpt_char_tiny.json"}) {
+    SCOPED_TRACE(name);
+    const std::string path = std::string(REMAT_SOURCE_DIR) + "/tests/configs/" + name;
+    remat::Config cfg = remat::load_config(path);
+    cfg.training.batch = 2;
+    remat::Graph g = remat::build_graph(cfg.model, 2, path, {{"vocab", 24}});
+    remat::Backend* ws = &remat::backend_for(dut());
+    const int64_t plain_peak = remat::profile_step(cfg, g, remat::make_plan(g, "none"), Device::meta(), false, ws).peak_bytes;
+    for (std::string policy : {"none", "sqrt", "selective"}) {
+      remat::CheckpointPlan plan = remat::resolve_policy(cfg, g, policy, ws);
+      const auto predicted = remat::profile_step(cfg, g, plan, Device::meta(), false, ws);
+      const auto measured = remat::profile_step(cfg, g, plan, dut(), false);
+      EXPECT_EQ(measured.peak_bytes, predicted.peak_bytes) << policy;
+    }
+    // a budget just below the plain step's peak: the plan found fits, measured on the device
+    const std::string budget = "budget:" + std::to_string(plain_peak - 1);
+    remat::CheckpointPlan plan = remat::resolve_policy(cfg, g, budget, ws);
+    const auto measured = remat::profile_step(cfg, g, plan, dut(), false);
+    EXPECT_LT(measured.peak_bytes, plain_peak) << plan.policy;
   }
 }

@@ -87,15 +87,18 @@ int64_t unit_count(const Graph& g);
 // Candidate plans, each simulated exactly on meta: none, selective, and for every K,
 // segments of K units recomputed in full ("every:K") or keeping GEMM/conv outputs inside
 // the segments ("every:K+selective").
-std::vector<PlanCandidate> plan_candidates(const Config& cfg, const Graph& g);
+// `workspace_model` (here and below): the backend whose workspace sizes the simulation
+// uses (default: cpu's); pass the target device's backend to plan for a GPU.
+std::vector<PlanCandidate> plan_candidates(const Config& cfg, const Graph& g, Backend* workspace_model = nullptr);
 // The Pareto front (peak vs recompute FLOPs) of the candidates, by increasing peak.
 std::vector<PlanCandidate> pareto_front(std::vector<PlanCandidate> c);
 // The candidate with the least recompute FLOPs whose peak fits; if none fits, an error
 // that gives the smallest achievable peak and the plan that reaches it.
-PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget);
+PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget, Backend* workspace_model = nullptr);
 
 // A plan for a policy string, including "budget:SIZE".
-CheckpointPlan resolve_policy(const Config& cfg, const Graph& g, const std::string& policy);
+CheckpointPlan resolve_policy(const Config& cfg, const Graph& g, const std::string& policy,
+                              Backend* workspace_model = nullptr);
 
 // Reports.
 std::string profile_table(const std::vector<StepProfile>& ps, const std::vector<StepProfile>* measured);

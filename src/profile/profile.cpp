@@ -177,8 +177,9 @@ int64_t parse_size(const std::string& s) {
 
 namespace {
 
-PlanCandidate simulate(const Config& cfg, const Graph& g, const std::string& name, const CheckpointPlan& plan) {
-  StepProfile p = profile_step(cfg, g, plan, Device::meta(), /*keep_events=*/false);
+PlanCandidate simulate(const Config& cfg, const Graph& g, const std::string& name, const CheckpointPlan& plan,
+                       Backend* ws) {
+  StepProfile p = profile_step(cfg, g, plan, Device::meta(), /*keep_events=*/false, ws);
   CheckpointPlan named = plan;
   named.policy = name;
   return {name, named, p.peak_bytes, p.recompute_flops};
@@ -204,10 +205,10 @@ CheckpointPlan plan_from_unit_modes(const Graph& g, const std::string& name, con
   return make_plan_from_segments(g, name, segs, keep);
 }
 
-std::vector<PlanCandidate> plan_candidates(const Config& cfg, const Graph& g) {
+std::vector<PlanCandidate> plan_candidates(const Config& cfg, const Graph& g, Backend* ws) {
   std::vector<PlanCandidate> out;
-  out.push_back(simulate(cfg, g, "none", make_plan(g, "none")));
-  out.push_back(simulate(cfg, g, "selective", make_plan(g, "selective")));
+  out.push_back(simulate(cfg, g, "none", make_plan(g, "none"), ws));
+  out.push_back(simulate(cfg, g, "selective", make_plan(g, "selective"), ws));
   const std::vector<Segment> us = plan_units(g);
   const auto n = static_cast<int64_t>(us.size());
   // Uniform segmentations: segments of K units, recomputed in full or keeping GEMM/conv
@@ -216,7 +217,7 @@ std::vector<PlanCandidate> plan_candidates(const Config& cfg, const Graph& g) {
     std::vector<UnitModeSpec> full(static_cast<size_t>(n));
     for (int64_t u = 0; u < n; ++u) full[static_cast<size_t>(u)] = {2, static_cast<int>(u / k)};
     const std::string name = "every:" + std::to_string(k);
-    out.push_back(simulate(cfg, g, name, plan_from_unit_modes(g, name, full)));
+    out.push_back(simulate(cfg, g, name, plan_from_unit_modes(g, name, full), ws));
     // every:K+selective: the segments' GEMM/conv outputs are kept.
     std::vector<Segment> segs;
     for (int64_t i = 0; i < n; i += k)
@@ -224,7 +225,7 @@ std::vector<PlanCandidate> plan_candidates(const Config& cfg, const Graph& g) {
     std::vector<bool> keep(static_cast<size_t>(g.size()), true);
     for (const auto& s : segs)
       for (int i = s.begin; i < s.end; ++i) keep[static_cast<size_t>(i)] = kept_by_selective(g.layer(i));
-    out.push_back(simulate(cfg, g, name + "+selective", make_plan_from_segments(g, name + "+selective", segs, keep)));
+    out.push_back(simulate(cfg, g, name + "+selective", make_plan_from_segments(g, name + "+selective", segs, keep), ws));
   }
   // Mixed plans: the first m units recomputed in full (one segment each), the rest
   // selective, or the rest kept; they fill the gaps between the uniform plans.
@@ -235,8 +236,8 @@ std::vector<PlanCandidate> plan_candidates(const Config& cfg, const Graph& g) {
       b[static_cast<size_t>(u)] = u < m ? UnitModeSpec{2, static_cast<int>(u)} : UnitModeSpec{0, 0};
     }
     const std::string tag = std::to_string(m) + "/" + std::to_string(n);
-    out.push_back(simulate(cfg, g, "first " + tag + " full, rest selective", plan_from_unit_modes(g, "mixed", a)));
-    out.push_back(simulate(cfg, g, "first " + tag + " full, rest kept", plan_from_unit_modes(g, "mixed", b)));
+    out.push_back(simulate(cfg, g, "first " + tag + " full, rest selective", plan_from_unit_modes(g, "mixed", a), ws));
+    out.push_back(simulate(cfg, g, "first " + tag + " full, rest kept", plan_from_unit_modes(g, "mixed", b), ws));
   }
   return out;
 }
@@ -264,7 +265,8 @@ namespace {
 //   [m_full units recomputed in full, in segments of k] [m_sel selective] [the rest kept].
 // Recomputed units come first: their recompute then happens last in backward, after the
 // later units' activations have been freed, which keeps the peak lowest.
-PlanCandidate ordered_plan(const Config& cfg, const Graph& g, int64_t n, int64_t m_full, int64_t k, int64_t m_sel) {
+PlanCandidate ordered_plan(const Config& cfg, const Graph& g, int64_t n, int64_t m_full, int64_t k, int64_t m_sel,
+                           Backend* ws) {
   std::vector<UnitModeSpec> modes(static_cast<size_t>(n));
   for (int64_t u = 0; u < n; ++u) {
     if (u < m_full) modes[static_cast<size_t>(u)] = {2, static_cast<int>(u / k)};
@@ -276,12 +278,12 @@ PlanCandidate ordered_plan(const Config& cfg, const Graph& g, int64_t n, int64_t
   if (m_sel > 0) name += (name.empty() ? "" : " + ") + std::to_string(m_sel) + " selective";
   if (n - m_full - m_sel > 0 && !(m_full == 0 && m_sel == 0))
     name += " + " + std::to_string(n - m_full - m_sel) + " kept";
-  return simulate(cfg, g, name, plan_from_unit_modes(g, name, modes));
+  return simulate(cfg, g, name, plan_from_unit_modes(g, name, modes), ws);
 }
 
 }  // namespace
 
-PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget) {
+PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget, Backend* ws) {
   REMAT_CHECK(budget > 0, "the memory budget must be positive");
   const int64_t n = unit_count(g);
   std::optional<PlanCandidate> best, smallest;
@@ -305,13 +307,13 @@ PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget)
       // Peak falls as kept units become selective: find the fewest selective units that
       // fit (binary search), which is the cheapest plan of this (m_full, k).
       const int64_t rest = n - m_full;
-      PlanCandidate hi = ordered_plan(cfg, g, n, m_full, k, rest);
+      PlanCandidate hi = ordered_plan(cfg, g, n, m_full, k, rest, ws);
       consider(hi);
       if (hi.peak_bytes > budget) continue;
       int64_t lo_sel = 0, hi_sel = rest;
       while (lo_sel < hi_sel) {
         const int64_t mid = (lo_sel + hi_sel) / 2;
-        PlanCandidate c = ordered_plan(cfg, g, n, m_full, k, mid);
+        PlanCandidate c = ordered_plan(cfg, g, n, m_full, k, mid, ws);
         consider(c);
         if (c.peak_bytes <= budget) hi_sel = mid;
         else lo_sel = mid + 1;
@@ -325,10 +327,10 @@ PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget)
   return *best;
 }
 
-CheckpointPlan resolve_policy(const Config& cfg, const Graph& g, const std::string& policy) {
+CheckpointPlan resolve_policy(const Config& cfg, const Graph& g, const std::string& policy, Backend* ws) {
   if (policy.rfind("budget:", 0) == 0) {
     const int64_t budget = parse_size(policy.substr(7));
-    PlanCandidate c = plan_for_budget(cfg, g, budget);
+    PlanCandidate c = plan_for_budget(cfg, g, budget, ws);
     c.plan.policy = policy + " -> " + c.name;
     return c.plan;
   }

@@ -253,7 +253,7 @@ TrainResult train(const TrainOptions& o) {
   }
   Graph g = build_graph(cfg.model, tc.batch, cfg.source, vars);
   if (data.text) data.seq_len = g.layer(g.input_id).out_shape[1];
-  const CheckpointPlan plan = resolve_policy(cfg, g, tc.policy);
+  const CheckpointPlan plan = resolve_policy(cfg, g, tc.policy, &be);  // budgets with this device's workspace sizes
   const int64_t n_train = data.train_size();
   REMAT_CHECK(n_train >= tc.batch, cfg.source, ": the training set has ", n_train, " samples, fewer than one batch of ",
               tc.batch);

@@ -51,7 +51,7 @@ Runner add_memprof_command(CLI::App& app) {
     Graph g = build_config_graph(cfg, batch, o->seq);
     std::vector<StepProfile> predicted, measured;
     for (const std::string& pol : split_policies(o->policies)) {
-      CheckpointPlan plan = resolve_policy(cfg, g, pol);
+      CheckpointPlan plan = resolve_policy(cfg, g, pol, dev.is_meta() ? nullptr : &backend_for(dev));
       // predicted on meta with the measured device's workspace sizes
       predicted.push_back(profile_step(cfg, g, plan, Device::meta(), true, dev.is_meta() ? nullptr : &backend_for(dev)));
       if (!dev.is_meta()) measured.push_back(profile_step(cfg, g, plan, dev));
@@ -82,12 +82,15 @@ Runner add_memprof_command(CLI::App& app) {
 Runner add_plan_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("plan", "Find the cheapest checkpoint plan that fits a memory budget; print the Pareto front");
   struct Opts {
-    std::string config, budget, svg;
+    std::string config, budget, svg, device = "cpu";
     int64_t batch = -1, seq = 0;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("config", o->config, "Model config (models/*.json)")->required()->check(CLI::ExistingFile);
   cmd->add_option("--budget", o->budget, "Memory budget, e.g. 8GiB, 512MiB, 12GB");
+  cmd->add_option("--device", o->device,
+                  "Plan for this device's workspace sizes: cpu, cuda[:N] or cuda-emu (simulated on meta either way)")
+      ->default_val("cpu");
   cmd->add_option("--batch", o->batch, "Batch size (default: the config's)");
   cmd->add_option("--seq", o->seq, "Sequence length for token models (default: the config's)");
   cmd->add_option("--svg", o->svg, "Write the Pareto front (peak vs recompute FLOPs) as a plot");
@@ -99,7 +102,11 @@ Runner add_plan_command(CLI::App& app) {
     const int64_t batch = o->batch > 0 ? o->batch : cfg.training.batch;
     Graph g = build_config_graph(cfg, batch, o->seq);
     const int64_t budget = o->budget.empty() ? 0 : parse_size(o->budget);
-    std::vector<PlanCandidate> all = plan_candidates(cfg, g);
+    const Device dev = Device::parse(o->device);
+    REMAT_CHECK(!dev.is_meta(), "plan --device meta: name the device to plan for (cpu, cuda, cuda-emu)");
+    require_available(dev);
+    Backend* ws = &backend_for(dev);
+    std::vector<PlanCandidate> all = plan_candidates(cfg, g, ws);
     std::vector<PlanCandidate> front = pareto_front(all);
     std::printf("remat plan %s: %s, batch %lld: %zu candidate plans simulated on meta\n\n", o->config.c_str(),
                 cfg.name.c_str(), static_cast<long long>(batch), all.size());
@@ -109,7 +116,7 @@ Runner add_plan_command(CLI::App& app) {
     if (!o->svg.empty())
       write_file_atomic(o->svg, pareto_svg(all, front, cfg.name + ", batch " + std::to_string(batch) + ": checkpoint plans"));
     if (budget > 0) {
-      PlanCandidate best = plan_for_budget(cfg, g, budget);
+      PlanCandidate best = plan_for_budget(cfg, g, budget, ws);
       std::printf("\nbudget %s: plan %s, peak %s, recompute %.3f GFLOP\n  %s\n", format_bytes(budget).c_str(),
                   best.name.c_str(), format_bytes(best.peak_bytes).c_str(), best.recompute_flops / 1e9,
                   best.plan.describe(g).c_str());
