@@ -344,13 +344,14 @@ void CpuBackend::attention_forward_impl(const Tensor& qkv, const AttentionParams
   if (d.b == 0 || d.t == 0) return;
   const int64_t T = d.t, C = d.c, ld = 3 * C, BH = d.b * d.h;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.hs));
-  const bool dropout = has_dropout(p);
+  // Without out, only the probabilities: no dropout (they are taken before it), no P V.
+  float* o = out.defined() ? out.f32() : nullptr;
+  const bool dropout = has_dropout(p) && o;
   const float keep_prob = 1.0f - p.dropout;
   const float inv_keep = keep_prob > 0.0f ? 1.0f / keep_prob : 0.0f;
   const bool causal = p.causal;
   const float* x = qkv.f32();
   float* pr = probs.f32();
-  float* o = out.f32();
   float* dropped = dropout ? workspace.f32() : nullptr;
   // Without dropout nothing needs scratch and all heads form one group.
   const int64_t G = dropout ? group_heads(d) : BH;
@@ -383,7 +384,7 @@ void CpuBackend::attention_forward_impl(const Tensor& qkv, const AttentionParams
       }
     }
     // out[b, :, h] = (dropped) probs @ V.
-    for (int64_t bh = g0; bh < g1; ++bh) {
+    for (int64_t bh = g0; o && bh < g1; ++bh) {
       const float* P = dropout ? dropped + (bh - g0) * T * T : pr + bh * T * T;
       gemm_ab(causal, T, d.hs, 1.0f, P, head_q(bh) + 2 * C, ld, o + (bh / d.h) * T * C + (bh % d.h) * d.hs, C);
     }
