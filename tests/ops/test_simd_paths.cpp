@@ -145,3 +145,14 @@ TEST(SimdPaths, AttentionIsBitwiseTheBaseline) {
     }
   }
 }
+
+TEST(SimdPaths, LayerNormForwardIsBitwiseTheBaseline) {
+  // Rows of 1, 7, 8, 37 and 128 channels: whole vectors, tails, a row shorter than one.
+  for (int64_t c : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{37}, int64_t{128}}) {
+    const Tensor x = random_tensor({5, 3, c}, 6, -3.0f, 3.0f), g = random_tensor({c}, 7), b = random_tensor({c}, 8);
+    expect_paths_agree("layernorm C=" + std::to_string(c), [&] {
+      auto r = ops::layernorm(cpu(), x, g, b);
+      return std::vector<Tensor>{r.y, r.mean, r.invstd};
+    });
+  }
+}
