@@ -194,10 +194,11 @@ inline void softmax_row(float* x, int64_t n) {
 // softmax_row with AVX-512: the same float operations (the file is built without
 // floating-point contraction), and the kLanes partial sums are the 16 lanes of one
 // register, so the results are bitwise those of the versions above.
-// (GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own _mm512_undefined_*
+// (GCC 12's AVX-512 headers trip -W[maybe-]uninitialized on their own _mm512_undefined_*
 // pass-through operands, GCC bug 105593.)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 __attribute__((target("avx512f"))) inline __m512 exp_nonpositive16(__m512 x) {
   x = _mm512_max_ps(_mm512_set1_ps(kExpMin), x);  // returns x when x is NaN
   const __m512 shifter = _mm512_set1_ps(kShifter);
@@ -215,38 +216,42 @@ __attribute__((target("avx512f"))) inline __m512 exp_nonpositive16(__m512 x) {
   return _mm512_mul_ps(q, _mm512_castsi512_ps(bits));
 }
 
+// The last n % 16 elements go through the same vector code under a mask: element j + k
+// of the tail is lane k, as in the scalar tail loops.
 __attribute__((target("avx512f"))) void softmax_row_avx512(float* x, int64_t n) {
   static_assert(kLanes == 16, "one AVX-512 register holds the lanes");
+  const int64_t whole = n / kLanes * kLanes;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (n - whole)) - 1u);
   // The maximum as row_max computes it: each lane starts at x[0] and takes x[j] when it
   // is greater, so it is NaN exactly when x[0] is.
   __m512 m = _mm512_set1_ps(x[0]);
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
+  for (int64_t j = 0; j < whole; j += kLanes) {
     const __m512 v = _mm512_loadu_ps(x + j);
     m = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(m, v, _CMP_LT_OQ), v);
   }
-  alignas(64) float lanes[kLanes];
-  _mm512_store_ps(lanes, m);
-  float mx = lanes[0];
-  for (int k = 1; k < kLanes; ++k) mx = mx < lanes[k] ? lanes[k] : mx;
-  for (int64_t i = j; i < n; ++i) mx = mx < x[i] ? x[i] : mx;
+  const __m512 vt = _mm512_maskz_loadu_ps(tail, x + whole);
+  m = _mm512_mask_mov_ps(m, _mm512_mask_cmp_ps_mask(tail, m, vt, _CMP_LT_OQ), vt);
+  // The lanes are all NaN or none is: any order of maxima gives row_max's value.
+  const float mx = _mm512_reduce_max_ps(m);
   // exp and the lane sums, as exp_shift_sum.
   const __m512 vm = _mm512_set1_ps(mx);
   __m512 a = _mm512_setzero_ps();
-  for (j = 0; j + kLanes <= n; j += kLanes) {
+  for (int64_t j = 0; j < whole; j += kLanes) {
     const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(x + j), vm));
     _mm512_storeu_ps(x + j, e);
     a = _mm512_add_ps(a, e);
   }
-  _mm512_store_ps(lanes, a);
-  for (int k = 0; j + k < n; ++k) {
-    x[j + k] = exp_nonpositive(x[j + k] - mx);
-    lanes[k] += x[j + k];
-  }
-  const __m512 inv = _mm512_set1_ps(1.0f / lane_combine(lanes));
-  for (j = 0; j + kLanes <= n; j += kLanes) _mm512_storeu_ps(x + j, _mm512_mul_ps(_mm512_loadu_ps(x + j), inv));
-  const float s = _mm512_cvtss_f32(inv);
-  for (; j < n; ++j) x[j] *= s;
+  const __m512 et = exp_nonpositive16(_mm512_sub_ps(vt, vm));
+  _mm512_mask_storeu_ps(x + whole, tail, et);
+  a = _mm512_mask_add_ps(a, tail, a, et);
+  // lane_combine in registers: halves added pairwise, 8 + 8, 4 + 4, 2 + 2, 1 + 1.
+  __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+  __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+  __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+  const float sum = _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
+  const __m512 inv = _mm512_set1_ps(1.0f / sum);
+  for (int64_t j = 0; j < whole; j += kLanes) _mm512_storeu_ps(x + j, _mm512_mul_ps(_mm512_loadu_ps(x + j), inv));
+  _mm512_mask_storeu_ps(x + whole, tail, _mm512_mul_ps(et, inv));
 }
 #pragma GCC diagnostic pop
 #endif
