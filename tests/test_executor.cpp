@@ -348,3 +348,45 @@ TEST(Executor, RecomputeSkipsLayersBackwardNeverReads) {
   EXPECT_FALSE(rerun("block0.res"));  // the segment's output is kept
   EXPECT_EQ(plan.recomputed_layers(), 4);
 }
+
+TEST(Executor, SelectiveKeepsAttentionOutputAndRebuildsOnlyItsProbabilities) {
+  // Attention's output is its P V GEMM's product: selective keeps it (the projection's
+  // backward reads it) and re-runs the layer for its probabilities (a softmax) only,
+  // without dropout or P V; recompute FLOPs count that.
+  remat::Config c = remat::load_config(std::string(REMAT_SOURCE_DIR) + "/models/gpt_char.json");
+  remat::Graph g = remat::build_graph(remat::test::shrink_model(c.model), 3, "gpt_char", {{"vocab", 11}});
+  const auto plan = remat::make_plan(g, "selective");
+  double expected_flops = 0.0;
+  int attention_layers = 0;
+  for (int i = 0; i < g.size(); ++i) {
+    const remat::Layer& l = g.layer(i);
+    const auto k = static_cast<size_t>(i);
+    if (l.unit < 0) continue;
+    if (l.kind() == remat::LayerKind::attention) {
+      ++attention_layers;
+      EXPECT_TRUE(plan.keep[k]) << l.name;
+      EXPECT_FALSE(plan.keep_extras[k]) << l.name;
+      EXPECT_TRUE(plan.rerun[k]) << l.name;
+      EXPECT_LT(l.extras_flops(), l.forward_flops());
+    } else if (l.kind() == remat::LayerKind::gemm) {
+      EXPECT_TRUE(plan.keep[k] && plan.keep_extras[k] && !plan.rerun[k]) << l.name;
+    } else if (l.kind() == remat::LayerKind::norm) {
+      EXPECT_TRUE(!plan.keep[k] && !plan.keep_extras[k] && plan.rerun[k]) << l.name;
+    }
+    if (plan.rerun[k]) expected_flops += plan.keep[k] ? l.extras_flops() : l.forward_flops();
+  }
+  EXPECT_GT(attention_layers, 0);
+  remat::Backend& be = remat::backend_for(Device::cpu());
+  remat::ParamStore params(g, Device::cpu(), 5);
+  remat::Executor ex(g, params, be, plan, remat::ExecOptions{/*verify=*/true});
+  remat::RngGenerator gen(9);
+  const auto st = ex.train_step(batch_for(g, 1), gen);
+  EXPECT_EQ(st.recomputed_layers, plan.recomputed_layers());
+  EXPECT_DOUBLE_EQ(st.recompute_flops, expected_flops);
+  // The other policies re-run attention in full.
+  const auto all = remat::make_plan(g, "all");
+  for (int i = 0; i < g.size(); ++i)
+    if (g.layer(i).kind() == remat::LayerKind::attention) {
+      EXPECT_FALSE(all.keep[static_cast<size_t>(i)] || all.keep_extras[static_cast<size_t>(i)]);
+    }
+}

@@ -171,7 +171,8 @@ class Backend {
   void embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dtable, const Tensor& dpos_table);
   // qkv [B, T, 3C] (q, k, v concatenated on the last dim, heads of size C / n_head),
   // out [B, T, C], probs [B, H, T, T] = softmax(q k^T / sqrt(hs)) saved for backward
-  // (before dropout; the dropout mask is regenerated from rng).
+  // (before dropout; the dropout mask is regenerated from rng). With out undefined, only
+  // probs are computed (no dropout, no P V): recompute rebuilds them when out is kept.
   size_t attention_forward_workspace(const Shape& qkv, const AttentionParams& p);
   void attention_forward(const Tensor& qkv, const AttentionParams& p, RngState rng, const Tensor& out,
                          const Tensor& probs, const Tensor& workspace);

@@ -34,10 +34,14 @@ struct Segment {
 struct CheckpointPlan {
   std::string policy;
   std::vector<Segment> segments;  // cover every layer, in order
-  std::vector<bool> keep;         // per layer
+  std::vector<bool> keep;         // per layer: its output is kept
+  // Per layer: its extras are kept. False wherever keep is false (a re-run rebuilds all
+  // of a layer's products); false where keep is true re-runs the layer for its extras
+  // only (ForwardContext::extras_only), e.g. attention's probabilities under selective.
+  std::vector<bool> keep_extras;
   std::vector<int> segment_of;    // per layer
-  // Per layer: not kept and re-run in backward because backward (or another re-run
-  // layer) reads what it produces. A non-kept layer nobody reads again is not re-run.
+  // Per layer: re-run in backward because backward (or another re-run layer) reads a
+  // product it does not keep. A non-kept layer nobody reads again is not re-run.
   std::vector<bool> rerun;
 
   int recomputed_layers() const;  // layers re-run in each backward
@@ -51,13 +55,17 @@ CheckpointPlan make_plan(const Graph& g, const std::string& policy);
 // The units the policies group: repeated-block instances, or in a model without repeated
 // blocks every layer but the inputs and the loss. Each unit is a range of layer ids.
 std::vector<Segment> plan_units(const Graph& g);
-// What the selective policy keeps: outputs of GEMMs, convolutions and embeddings.
-bool kept_by_selective(const Layer& l);
+// What the selective policy keeps, in the layers of `s`: the products of GEMMs,
+// convolutions and embeddings. An attention layer's output is the product of its P V
+// GEMM and is kept; its probabilities (a softmax) are recomputed. Sets keep and
+// keep_extras (per layer of g) for those layers.
+void keep_selective(const Graph& g, const Segment& s, std::vector<bool>& keep, std::vector<bool>& keep_extras);
 
 // A plan from explicit per-layer keep flags grouped into segments (used by the planner
 // and tests); enforces that every tensor read across a segment boundary is kept.
+// keep_extras empty: each layer keeps its extras as it keeps its output.
 CheckpointPlan make_plan_from_segments(const Graph& g, const std::string& name, const std::vector<Segment>& segments,
-                                       const std::vector<bool>& keep);
+                                       const std::vector<bool>& keep, const std::vector<bool>& keep_extras = {});
 
 // Parameters, their gradients, and optimizer state, on one device.
 class ParamStore {
@@ -113,7 +121,7 @@ class Executor {
 
  private:
   struct Impl;
-  void forward_layer(int i, bool training, bool recompute, Phase phase);
+  void forward_layer(int i, bool training, bool recompute, Phase phase, bool extras_only = false);
   void drop_output(int j, bool record_hash);
   void recompute_segment(int s, StepStats& st);
 

@@ -47,6 +47,10 @@ struct ForwardContext {
   std::vector<Tensor> params;  // in param_specs order (buffers included)
   Tensor out;                  // set by forward
   std::vector<Tensor> extras;  // set by forward
+  // Recompute of a layer whose output was kept: only the extras are needed, so forward
+  // may leave out undefined and skip the work that only the output needs (attention's
+  // P V). A layer may also ignore it and compute everything; the output is discarded.
+  bool extras_only = false;
 };
 
 struct BackwardContext;
@@ -89,6 +93,8 @@ class Layer {
   virtual bool has_side_effects() const { return false; }
   virtual double forward_flops() const { return 0.0; }
   virtual double backward_flops() const { return 2.0 * forward_flops(); }
+  // FLOPs of a forward with ForwardContext::extras_only (recompute counts them).
+  virtual double extras_flops() const { return forward_flops(); }
 
   virtual void forward(ForwardContext& c) = 0;
   virtual void backward(BackwardContext& c) = 0;

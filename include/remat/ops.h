@@ -61,6 +61,9 @@ struct Attention {
   Tensor probs;  // [B, H, T, T]
 };
 Attention attention(Backend& be, const Tensor& qkv, const AttentionParams& p, RngState rng);
+// The probabilities only (before dropout, so without it): what recompute rebuilds when
+// the attention output is kept.
+Tensor attention_probs(Backend& be, const Tensor& qkv, const AttentionParams& p);
 Tensor attention_backward(Backend& be, const Tensor& dout, const Tensor& qkv, const Tensor& probs,
                           const AttentionParams& p, RngState rng);
 Tensor permute_0213(Backend& be, const Tensor& x);

@@ -19,7 +19,8 @@ namespace remat {
 
 struct LayerProfile {
   std::string name, type, kind;
-  bool keep = true;            // the plan keeps its products (false: recomputed)
+  bool keep = true;            // the plan keeps its output (false: recomputed)
+  bool keep_extras = true;     // ... and its extras (false with keep: re-run for them)
   int64_t saved_bytes = 0;     // its forward allocations still held when forward ends
   double forward_flops = 0.0;
 };

@@ -565,11 +565,15 @@ void Backend::attention_forward(const Tensor& qkv, const AttentionParams& p, Rng
   ck.tensor("qkv", qkv);
   check_attention(ck, qkv.shape(), p);
   const int64_t b = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3;
-  ck.tensor("out", out);
-  ck.shape("out", out, Shape{b, t, c});
+  if (out.defined()) {  // undefined: the probabilities only
+    ck.tensor("out", out);
+    ck.shape("out", out, Shape{b, t, c});
+  }
   ck.tensor("probs", probs);
   ck.shape("probs", probs, Shape{b, p.n_head, t, t});
-  if (out.shares_storage(qkv) || probs.shares_storage(qkv) || out.shares_storage(probs))
+  if (out.defined() && (out.shares_storage(qkv) || out.shares_storage(probs)))
+    ck.fail("qkv, out and probs must not share storage");
+  if (probs.shares_storage(qkv))
     ck.fail("qkv, out and probs must not share storage");
   ck.workspace(workspace, attention_forward_workspace_impl(qkv.shape(), p));
   attention_forward_impl(qkv, p, rng, out, probs, workspace);

@@ -144,6 +144,16 @@ Attention attention(Backend& be, const Tensor& qkv, const AttentionParams& p, Rn
   return r;
 }
 
+Tensor attention_probs(Backend& be, const Tensor& qkv, const AttentionParams& p) {
+  REMAT_CHECK(qkv.rank() == 3, "attention: qkv ", qkv.str(), ": expected rank 3");
+  AttentionParams q = p;
+  q.dropout = 0.0f;  // the probabilities are taken before dropout
+  Tensor probs = out(be, Shape{qkv.size(0), p.n_head, qkv.size(1), qkv.size(1)});
+  Tensor ws = workspace(be, be.attention_forward_workspace(qkv.shape(), q));
+  be.attention_forward(qkv, q, RngState{}, Tensor(), probs, ws);
+  return probs;
+}
+
 Tensor attention_backward(Backend& be, const Tensor& dout, const Tensor& qkv, const Tensor& probs,
                           const AttentionParams& p, RngState rng) {
   Tensor dqkv = out(be, qkv.shape());

@@ -24,7 +24,8 @@ Executor::Executor(const Graph& g, ParamStore& params, Backend& be, CheckpointPl
     : g_(g), params_(params), be_(be), plan_(std::move(plan)), opt_(opt) {
   REMAT_CHECK(params.device() == be.device(), "executor: parameters on ", params.device().str(), " but backend ",
               be.name(), " runs on ", be.device().str());
-  REMAT_CHECK(static_cast<int>(plan_.keep.size()) == g.size(), "executor: plan does not match the graph");
+  REMAT_CHECK(static_cast<int>(plan_.keep.size()) == g.size() && plan_.keep_extras.size() == plan_.keep.size(),
+              "executor: plan does not match the graph");
   const auto n = static_cast<size_t>(g.size());
   fwd_last_.assign(n, -1);
   out_needed_bwd_.assign(n, false);
@@ -71,10 +72,10 @@ Executor::Executor(const Graph& g, ParamStore& params, Backend& be, CheckpointPl
   }
 }
 
-void Executor::forward_layer(int i, bool training, bool recompute, Phase phase) {
+void Executor::forward_layer(int i, bool training, bool recompute, Phase phase, bool extras_only) {
   const Layer& l = g_.layer(i);
   TagScope scope(MemoryCategory::activation, l.name, phase);
-  ForwardContext c{be_, training, recompute, rng_[static_cast<size_t>(i)], {}, {}, Tensor(), {}};
+  ForwardContext c{be_, training, recompute, rng_[static_cast<size_t>(i)], {}, {}, Tensor(), {}, extras_only};
   for (int j : l.inputs) {
     REMAT_CHECK(out_[static_cast<size_t>(j)].defined(), "executor: input \"", g_.layer(j).name, "\" of layer \"",
                 l.name, "\" is not live (plan bug)");
@@ -84,7 +85,7 @@ void Executor::forward_layer(int i, bool training, bool recompute, Phase phase) 
   if (opt_.on_layer) opt_.on_layer(i, phase, true);
   const_cast<Layer&>(l).forward(c);
   if (opt_.on_layer) opt_.on_layer(i, phase, false);
-  out_[static_cast<size_t>(i)] = c.out;
+  if (!extras_only) out_[static_cast<size_t>(i)] = c.out;  // else the kept output stays
   extras_[static_cast<size_t>(i)] = c.extras;
 }
 
@@ -117,8 +118,7 @@ StepStats Executor::train_step(const Batch& batch, RngGenerator& gen) {
     if (const uint64_t words = l.rng_words()) rng_[static_cast<size_t>(i)] = gen.reserve(words, l.name);
     forward_layer(i, /*training=*/true, /*recompute=*/false, Phase::forward);
     st.forward_flops += l.forward_flops();
-    const bool keep = plan_.keep[static_cast<size_t>(i)];
-    if (!keep) {  // extras are read only by this layer's backward, after recompute
+    if (!plan_.keep_extras[static_cast<size_t>(i)]) {  // read only by this layer's backward, after recompute
       if (opt_.verify_recompute)
         for (size_t k = 0; k < extras_[static_cast<size_t>(i)].size(); ++k)
           hashes_[{i, static_cast<int>(k)}] = tensor_hash(extras_[static_cast<size_t>(i)][k]);
@@ -204,9 +204,11 @@ void Executor::recompute_segment(int s, StepStats& st) {
   for (int i = seg.begin; i < seg.end; ++i) {
     if (!plan_.rerun[static_cast<size_t>(i)]) continue;
     const Layer& l = g_.layer(i);
-    forward_layer(i, /*training=*/true, /*recompute=*/true, Phase::recompute);
+    // A layer whose output is kept is re-run for its extras only.
+    const bool extras_only = plan_.keep[static_cast<size_t>(i)];
+    forward_layer(i, /*training=*/true, /*recompute=*/true, Phase::recompute, extras_only);
     st.recomputed_layers++;
-    st.recompute_flops += l.forward_flops();
+    st.recompute_flops += extras_only ? l.extras_flops() : l.forward_flops();
     if (opt_.verify_recompute) {
       auto check = [&](int k, const Tensor& t, const std::string& what) {
         auto it = hashes_.find({i, k});
@@ -221,7 +223,7 @@ void Executor::recompute_segment(int s, StepStats& st) {
                       "); the layer is not deterministic or its inputs changed");
         }
       };
-      check(-1, out_[static_cast<size_t>(i)], "output");
+      if (!extras_only) check(-1, out_[static_cast<size_t>(i)], "output");
       const auto names = l.extra_names();
       for (size_t k = 0; k < extras_[static_cast<size_t>(i)].size(); ++k)
         check(static_cast<int>(k), extras_[static_cast<size_t>(i)][k],
@@ -232,7 +234,8 @@ void Executor::recompute_segment(int s, StepStats& st) {
     for (int j : l.inputs)
       if (rec_last_[static_cast<size_t>(j)] == i && !plan_.keep[static_cast<size_t>(j)] && !out_needed_bwd_[static_cast<size_t>(j)])
         out_[static_cast<size_t>(j)] = Tensor();
-    if (rec_last_[static_cast<size_t>(i)] < 0 && !out_needed_bwd_[static_cast<size_t>(i)]) out_[static_cast<size_t>(i)] = Tensor();
+    if (!extras_only && rec_last_[static_cast<size_t>(i)] < 0 && !out_needed_bwd_[static_cast<size_t>(i)])
+      out_[static_cast<size_t>(i)] = Tensor();
   }
 }
 

@@ -45,15 +45,21 @@ std::vector<Segment> plan_units(const Graph& g) {
   return units;
 }
 
-bool kept_by_selective(const Layer& l) {
-  const LayerKind k = l.kind();
-  return k == LayerKind::gemm || k == LayerKind::conv || k == LayerKind::embedding;
+void keep_selective(const Graph& g, const Segment& s, std::vector<bool>& keep, std::vector<bool>& keep_extras) {
+  for (int i = s.begin; i < s.end; ++i) {
+    const LayerKind k = g.layer(i).kind();
+    const bool gemm = k == LayerKind::gemm || k == LayerKind::conv || k == LayerKind::embedding;
+    keep[static_cast<size_t>(i)] = gemm || k == LayerKind::attention;
+    keep_extras[static_cast<size_t>(i)] = gemm;
+  }
 }
 
 CheckpointPlan make_plan_from_segments(const Graph& g, const std::string& name, const std::vector<Segment>& given,
-                                       const std::vector<bool>& keep_in) {
+                                       const std::vector<bool>& keep_in, const std::vector<bool>& keep_extras_in) {
   REMAT_CHECK(static_cast<int>(keep_in.size()) == g.size(), "plan: ", keep_in.size(), " keep flags for ", g.size(),
               " layers");
+  REMAT_CHECK(keep_extras_in.empty() || keep_extras_in.size() == keep_in.size(), "plan: ", keep_extras_in.size(),
+              " keep-extras flags for ", g.size(), " layers");
   CheckpointPlan p;
   p.policy = name;
   p.keep = keep_in;
@@ -82,9 +88,15 @@ CheckpointPlan make_plan_from_segments(const Graph& g, const std::string& name, 
     for (int j : l.inputs)
       if (p.segment_of[static_cast<size_t>(j)] != p.segment_of[static_cast<size_t>(i)]) p.keep[static_cast<size_t>(j)] = true;
   }
-  // Which non-kept layers backward needs again: those with extras (read by their own
-  // backward), those whose output some backward reads, and, walking each segment
-  // backwards, those whose output a re-run layer reads.
+  // Extras are kept with the output unless asked otherwise; a layer kept only because
+  // the invariants above demand it keeps all its products.
+  p.keep_extras.assign(static_cast<size_t>(g.size()), false);
+  for (size_t i = 0; i < p.keep.size(); ++i)
+    p.keep_extras[i] = p.keep[i] && (keep_extras_in.empty() || keep_extras_in[i] || !keep_in[i]);
+  // Which layers backward needs to re-run: those whose extras are not kept (read by
+  // their own backward), and, among those whose output is not kept, those whose output
+  // some backward reads and, walking each segment backwards, those whose output a re-run
+  // layer reads.
   const auto n = static_cast<size_t>(g.size());
   std::vector<bool> out_read_by_backward(n, false);
   for (int i = 0; i < g.size(); ++i) {
@@ -94,12 +106,14 @@ CheckpointPlan make_plan_from_segments(const Graph& g, const std::string& name, 
   }
   p.rerun.assign(n, false);
   for (int i = g.size() - 1; i >= 0; --i) {
-    if (p.keep[static_cast<size_t>(i)]) continue;
     const Layer& l = g.layer(i);
-    bool need = !l.extra_names().empty() || out_read_by_backward[static_cast<size_t>(i)];
-    for (int j = i + 1; j < g.size() && !need; ++j) {
-      if (!p.rerun[static_cast<size_t>(j)]) continue;
-      for (int in : g.layer(j).inputs) need = need || in == i;
+    bool need = !p.keep_extras[static_cast<size_t>(i)] && !l.extra_names().empty();
+    if (!p.keep[static_cast<size_t>(i)]) {
+      need = need || out_read_by_backward[static_cast<size_t>(i)];
+      for (int j = i + 1; j < g.size() && !need; ++j) {
+        if (!p.rerun[static_cast<size_t>(j)]) continue;
+        for (int in : g.layer(j).inputs) need = need || in == i;
+      }
     }
     p.rerun[static_cast<size_t>(i)] = need;
   }
@@ -113,7 +127,7 @@ CheckpointPlan make_plan_from_segments(const Graph& g, const std::string& name, 
 
 CheckpointPlan make_plan(const Graph& g, const std::string& policy) {
   const std::vector<Segment> units = plan_units(g);
-  std::vector<bool> keep(static_cast<size_t>(g.size()), true);
+  std::vector<bool> keep(static_cast<size_t>(g.size()), true), keep_extras = keep;
   auto recompute_all = [&](const std::vector<Segment>& segs) {
     for (const auto& s : segs)
       for (int i = s.begin; i < s.end; ++i) keep[static_cast<size_t>(i)] = false;
@@ -140,11 +154,11 @@ CheckpointPlan make_plan(const Graph& g, const std::string& policy) {
   }
   if (policy == "selective") {
     // Keep what GEMMs and convolutions produce (expensive to recompute), recompute the
-    // pointwise, norm, dropout, softmax/attention-core and pooling layers (cheap).
+    // pointwise, norm, dropout, softmax (attention's probabilities) and pooling layers
+    // (cheap).
     auto segs = group_units(units, 1);
-    for (const auto& s : segs)
-      for (int i = s.begin; i < s.end; ++i) keep[static_cast<size_t>(i)] = kept_by_selective(g.layer(i));
-    return make_plan_from_segments(g, policy, segs, keep);
+    for (const auto& s : segs) keep_selective(g, s, keep, keep_extras);
+    return make_plan_from_segments(g, policy, segs, keep, keep_extras);
   }
   if (policy == "manual") {
     std::vector<Segment> segs;

@@ -501,10 +501,19 @@ class Attention final : public Layer {
   uint64_t rng_words() const override {
     return p_.dropout > 0.0f && p_.dropout < 1.0f ? static_cast<uint64_t>(b_ * p_.n_head * t_ * t_) : 0;
   }
+  // Two GEMMs (Q K^T and P V) and the row work (scale, max, exp, sum, dropout) per score;
+  // the probabilities alone take the first GEMM and the softmax.
   double forward_flops() const override {
     return 4.0 * b_ * t_ * t_ * c_ * (p_.causal ? 0.5 : 1.0) + 5.0 * b_ * p_.n_head * t_ * t_;
   }
+  double extras_flops() const override {
+    return 2.0 * b_ * t_ * t_ * c_ * (p_.causal ? 0.5 : 1.0) + 4.0 * b_ * p_.n_head * t_ * t_;
+  }
   void forward(ForwardContext& c) override {
+    if (c.extras_only) {  // the output is kept: rebuild the probabilities only
+      c.extras = {ops::attention_probs(c.be, c.in[0], p_)};
+      return;
+    }
     AttentionParams p = p_;
     if (!c.training) p.dropout = 0.0f;
     auto r = ops::attention(c.be, c.in[0], p, c.rng);

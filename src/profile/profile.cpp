@@ -145,7 +145,8 @@ StepProfile profile_step(const Config& cfg, const Graph& g, const CheckpointPlan
     const Layer& l = g.layer(i);
     if (l.kind() == LayerKind::input) continue;
     p.layers.push_back({l.name, l.type, layer_kind_name(l.kind()), static_cast<bool>(plan.keep[static_cast<size_t>(i)]),
-                        saved.count(l.name) ? saved[l.name] : 0, l.forward_flops()});
+                        static_cast<bool>(plan.keep_extras[static_cast<size_t>(i)]), saved.count(l.name) ? saved[l.name] : 0,
+                        l.forward_flops()});
   }
   return p;
 }
@@ -190,19 +191,23 @@ PlanCandidate simulate(const Config& cfg, const Graph& g, const std::string& nam
 CheckpointPlan plan_from_unit_modes(const Graph& g, const std::string& name, const std::vector<UnitModeSpec>& modes) {
   const std::vector<Segment> us = plan_units(g);
   REMAT_CHECK(modes.size() == us.size(), "plan: ", modes.size(), " unit modes for ", us.size(), " units");
-  std::vector<bool> keep(static_cast<size_t>(g.size()), true);
+  std::vector<bool> keep(static_cast<size_t>(g.size()), true), keep_extras = keep;
   std::vector<Segment> segs;
   for (size_t u = 0; u < us.size(); ++u) {
     const UnitModeSpec& m = modes[u];
     if (m.mode == 0) continue;
-    for (int i = us[u].begin; i < us[u].end; ++i) keep[static_cast<size_t>(i)] = m.mode == 1 ? kept_by_selective(g.layer(i)) : false;
+    if (m.mode == 1) {
+      keep_selective(g, us[u], keep, keep_extras);
+    } else {
+      for (int i = us[u].begin; i < us[u].end; ++i) keep[static_cast<size_t>(i)] = keep_extras[static_cast<size_t>(i)] = false;
+    }
     // A full unit joins the previous segment when both belong to the same group.
     if (m.mode == 2 && u > 0 && modes[u - 1].mode == 2 && modes[u - 1].group == m.group && !segs.empty() && segs.back().end == us[u].begin)
       segs.back().end = us[u].end;
     else
       segs.push_back({us[u].begin, us[u].end, true});
   }
-  return make_plan_from_segments(g, name, segs, keep);
+  return make_plan_from_segments(g, name, segs, keep, keep_extras);
 }
 
 std::vector<PlanCandidate> plan_candidates(const Config& cfg, const Graph& g, Backend* ws) {
@@ -222,10 +227,10 @@ std::vector<PlanCandidate> plan_candidates(const Config& cfg, const Graph& g, Ba
     std::vector<Segment> segs;
     for (int64_t i = 0; i < n; i += k)
       segs.push_back({us[static_cast<size_t>(i)].begin, us[static_cast<size_t>(std::min(n, i + k) - 1)].end, true});
-    std::vector<bool> keep(static_cast<size_t>(g.size()), true);
-    for (const auto& s : segs)
-      for (int i = s.begin; i < s.end; ++i) keep[static_cast<size_t>(i)] = kept_by_selective(g.layer(i));
-    out.push_back(simulate(cfg, g, name + "+selective", make_plan_from_segments(g, name + "+selective", segs, keep), ws));
+    std::vector<bool> keep(static_cast<size_t>(g.size()), true), keep_extras = keep;
+    for (const auto& s : segs) keep_selective(g, s, keep, keep_extras);
+    out.push_back(simulate(cfg, g, name + "+selective",
+                           make_plan_from_segments(g, name + "+selective", segs, keep, keep_extras), ws));
   }
   // Mixed plans: the first m units recomputed in full (one segment each), the rest
   // selective, or the rest kept; they fill the gaps between the uniform plans.

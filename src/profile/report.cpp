@@ -74,7 +74,8 @@ std::string layer_table(const StepProfile& p) {
   out += pad("layer", 28, false) + pad("type", 14, false) + pad("saved", 12) + pad("plan", 12) + pad("fwd FLOPs", 14) + "\n";
   for (const auto& l : p.layers) {
     out += pad(l.name, 28, false) + pad(l.type, 14, false) + pad(format_bytes(l.saved_bytes), 12) +
-           pad(l.keep ? "keep" : "recompute", 12) + pad(flops_str(l.forward_flops), 14) + "\n";
+           pad(!l.keep ? "recompute" : l.keep_extras ? "keep" : "rec. extras", 12) + pad(flops_str(l.forward_flops), 14) +
+           "\n";
   }
   return out;
 }
@@ -89,7 +90,7 @@ nlohmann::json profile_json(const std::vector<StepProfile>& predicted, const std
       cats[category_name(static_cast<MemoryCategory>(c))] = shown.peak_by_category.bytes[static_cast<size_t>(c)];
     nlohmann::json layers = nlohmann::json::array();
     for (const auto& l : shown.layers)
-      layers.push_back({{"name", l.name}, {"type", l.type}, {"kind", l.kind}, {"keep", l.keep},
+      layers.push_back({{"name", l.name}, {"type", l.type}, {"kind", l.kind}, {"keep", l.keep}, {"keep_extras", l.keep_extras},
                         {"saved_bytes", l.saved_bytes}, {"forward_flops", l.forward_flops}});
     arr.push_back({{"policy", p.policy},
                    {"device", shown.device.str()},

@@ -80,6 +80,30 @@ REMAT_OP_CASE(attention, forward) {
   }
 }
 
+REMAT_OP_CASE(attention, probs_only) {
+  // Without out, forward computes the probabilities only (what recompute rebuilds when the
+  // output is kept): on each side bitwise those of a full forward, whatever the dropout.
+  for (const auto& s : kShapes) {
+    for (bool causal : {true, false}) {
+      for (float dropout : {0.0f, 0.1f}) {
+        const AttentionParams p{s.n_head, causal, dropout};
+        const RngState rng{1234, 8};
+        auto qkv = t.uniform({s.b, s.t, 3 * s.c});
+        auto out = t.output({s.b, s.t, s.c}), full = t.output({s.b, s.n_head, s.t, s.t});
+        auto probs = t.output({s.b, s.n_head, s.t, s.t});
+        t.run([&](Backend& be, Side sd) {
+          forward(be, sd, qkv, p, rng, out, full);
+          Tensor ws = nan_workspace(be, be.attention_forward_workspace(sd(qkv).shape(), p));
+          be.attention_forward(sd(qkv), p, rng, Tensor(), sd(probs), ws);
+          EXPECT_EQ(sd(probs).to_vector(), sd(full).to_vector())
+              << (sd.ref ? "reference" : "device") << ": probs only vs full forward, " << label(s, p);
+        });
+        t.expect_close(probs, kProbsAtol, kProbsRtol, "probs only " + label(s, p));
+      }
+    }
+  }
+}
+
 REMAT_OP_CASE(attention, backward) {
   for (const auto& s : kShapes) {
     for (bool causal : {true, false}) {

@@ -31,7 +31,8 @@
 #include <cstring>
 
 #include "backends/cpu/cpu_backend.h"
-#include "kernels/philox.cuh"
+#include "backends/cpu/philox_cpu.h"
+#include "backends/cpu/simd.h"
 #include "remat/error.h"
 
 namespace remat {
@@ -182,98 +183,78 @@ inline float exp_shift_sum(float* x, int64_t n, float mx) {
   return lane_combine(acc);
 }
 
-// ---- Dropout mask ------------------------------------------------------------------------
-
-// words[4 l + c] = component c of philox::block(seed, b0 + l) for l < nblocks.
-void philox_blocks_scalar(uint64_t seed, uint64_t b0, int64_t nblocks, uint32_t* words) {
-  for (int64_t l = 0; l < nblocks; ++l) {
-    const philox::Bits4 v = philox::block(seed, b0 + static_cast<uint64_t>(l));
-    words[4 * l] = v.x;
-    words[4 * l + 1] = v.y;
-    words[4 * l + 2] = v.z;
-    words[4 * l + 3] = v.w;
-  }
+// x[j] = softmax(x[0 .. n))[j], in place.
+inline void softmax_row(float* x, int64_t n) {
+  const float inv = 1.0f / exp_shift_sum(x, n, row_max(x, n));
+  for (int64_t j = 0; j < n; ++j) x[j] *= inv;
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define REMAT_ATTENTION_AVX2 1
-// (hi, lo) halves of the 64-bit products a * m, lane by lane.
-__attribute__((target("avx2"))) inline void mulhilo8(const __m256i& a, const __m256i& m, __m256i& hi, __m256i& lo) {
-  const __m256i even = _mm256_mul_epu32(a, m);                        // lanes 0, 2, 4, 6
-  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);  // lanes 1, 3, 5, 7
-  hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
-  lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+#define REMAT_ATTENTION_AVX512 1
+// softmax_row with AVX-512: the same float operations (the file is built without
+// floating-point contraction), and the kLanes partial sums are the 16 lanes of one
+// register, so the results are bitwise those of the versions above.
+// (GCC 12's AVX-512 headers trip -W[maybe-]uninitialized on their own _mm512_undefined_*
+// pass-through operands, GCC bug 105593.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+__attribute__((target("avx512f"))) inline __m512 exp_nonpositive16(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(kExpMin), x);  // returns x when x is NaN
+  const __m512 shifter = _mm512_set1_ps(kShifter);
+  const __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), shifter), shifter);
+  const __m512 r =
+      _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(kLn2Hi))), _mm512_mul_ps(n, _mm512_set1_ps(kLn2Lo)));
+  __m512 q = _mm512_set1_ps(1.0f / 720.0f);
+  q = _mm512_add_ps(_mm512_mul_ps(q, r), _mm512_set1_ps(1.0f / 120.0f));
+  q = _mm512_add_ps(_mm512_mul_ps(q, r), _mm512_set1_ps(1.0f / 24.0f));
+  q = _mm512_add_ps(_mm512_mul_ps(q, r), _mm512_set1_ps(1.0f / 6.0f));
+  q = _mm512_add_ps(_mm512_mul_ps(q, r), _mm512_set1_ps(0.5f));
+  q = _mm512_add_ps(_mm512_mul_ps(q, r), _mm512_set1_ps(1.0f));
+  q = _mm512_add_ps(_mm512_mul_ps(q, r), _mm512_set1_ps(1.0f));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(q, _mm512_castsi512_ps(bits));
 }
 
-// The same rounds as philox::philox4x32_10 on eight counters at once (one per 32-bit lane),
-// for CPUs with AVX2 (checked at run time); about twice the scalar speed.
-__attribute__((target("avx2"))) void philox_blocks_avx2(uint64_t seed, uint64_t b0, int64_t nblocks,
-                                                         uint32_t* words) {
-  const __m256i m0 = _mm256_set1_epi32(static_cast<int>(philox::kM0));
-  const __m256i m1 = _mm256_set1_epi32(static_cast<int>(philox::kM1));
-  int64_t l0 = 0;
-  for (; l0 + 8 <= nblocks; l0 += 8) {
-    alignas(32) uint32_t c0[8], c1[8], c2[8], out[4][8];
-    for (int l = 0; l < 8; ++l) {
-      const uint64_t b = b0 + static_cast<uint64_t>(l0 + l);
-      c0[l] = static_cast<uint32_t>(b >> 16);
-      c1[l] = static_cast<uint32_t>(b >> 48);
-      c2[l] = static_cast<uint32_t>(b & 0xffffu);
-    }
-    __m256i x = _mm256_load_si256(reinterpret_cast<const __m256i*>(c0));
-    __m256i y = _mm256_load_si256(reinterpret_cast<const __m256i*>(c1));
-    __m256i z = _mm256_load_si256(reinterpret_cast<const __m256i*>(c2));
-    __m256i w = _mm256_setzero_si256();
-    uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
-    for (int r = 0; r < 10; ++r) {
-      __m256i hi0, lo0, hi1, lo1;
-      mulhilo8(x, m0, hi0, lo0);
-      mulhilo8(z, m1, hi1, lo1);
-      x = _mm256_xor_si256(_mm256_xor_si256(hi1, y), _mm256_set1_epi32(static_cast<int>(k0)));
-      z = _mm256_xor_si256(_mm256_xor_si256(hi0, w), _mm256_set1_epi32(static_cast<int>(k1)));
-      y = lo1;
-      w = lo0;
-      k0 += philox::kW0;
-      k1 += philox::kW1;
-    }
-    _mm256_store_si256(reinterpret_cast<__m256i*>(out[0]), x);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(out[1]), y);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(out[2]), z);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(out[3]), w);
-    for (int l = 0; l < 8; ++l)
-      for (int c = 0; c < 4; ++c) words[4 * (l0 + l) + c] = out[c][l];
+// The last n % 16 elements go through the same vector code under a mask: element j + k
+// of the tail is lane k, as in the scalar tail loops.
+__attribute__((target("avx512f"))) void softmax_row_avx512(float* x, int64_t n) {
+  static_assert(kLanes == 16, "one AVX-512 register holds the lanes");
+  const int64_t whole = n / kLanes * kLanes;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (n - whole)) - 1u);
+  // The maximum as row_max computes it: each lane starts at x[0] and takes x[j] when it
+  // is greater, so it is NaN exactly when x[0] is.
+  __m512 m = _mm512_set1_ps(x[0]);
+  for (int64_t j = 0; j < whole; j += kLanes) {
+    const __m512 v = _mm512_loadu_ps(x + j);
+    m = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(m, v, _CMP_LT_OQ), v);
   }
-  philox_blocks_scalar(seed, b0 + static_cast<uint64_t>(l0), nblocks - l0, words + 4 * l0);
-}
-#endif
-
-void philox_blocks(uint64_t seed, uint64_t b0, int64_t nblocks, uint32_t* words) {
-#ifdef REMAT_ATTENTION_AVX2
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2) return philox_blocks_avx2(seed, b0, nblocks, words);
-#endif
-  philox_blocks_scalar(seed, b0, nblocks, words);
-}
-
-// Calls f(j0, factor, m) for consecutive chunks [j0, j0 + m) of [0, n), where factor[k] is
-// the dropout factor of element first + j0 + k of the op's Philox range: `scale` if
-// philox::keep(seed, offset, first + j0 + k, keep_prob), else 0 (keep_prob < 1). Each
-// Philox block (four words) is computed once, not once per word.
-template <typename F>
-inline void for_each_dropout_chunk(RngState rng, uint64_t first, int64_t n, float keep_prob, float scale, F&& f) {
-  constexpr int64_t kChunk = 128;
-  uint32_t words[kChunk + 4];
-  float factor[kChunk];
-  uint64_t w = rng.offset + first;
-  for (int64_t j = 0; j < n; j += kChunk) {
-    const int64_t m = std::min(kChunk, n - j);
-    const int64_t skip = static_cast<int64_t>(w & 3u);
-    philox_blocks(rng.seed, w >> 2, (skip + m + 3) / 4, words);
-    for (int64_t k = 0; k < m; ++k) factor[k] = philox::uniform(words[skip + k]) < keep_prob ? scale : 0.0f;
-    f(j, factor, m);
-    w += static_cast<uint64_t>(m);
+  const __m512 vt = _mm512_maskz_loadu_ps(tail, x + whole);
+  m = _mm512_mask_mov_ps(m, _mm512_mask_cmp_ps_mask(tail, m, vt, _CMP_LT_OQ), vt);
+  // The lanes are all NaN or none is: any order of maxima gives row_max's value.
+  const float mx = _mm512_reduce_max_ps(m);
+  // exp and the lane sums, as exp_shift_sum.
+  const __m512 vm = _mm512_set1_ps(mx);
+  __m512 a = _mm512_setzero_ps();
+  for (int64_t j = 0; j < whole; j += kLanes) {
+    const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(x + j), vm));
+    _mm512_storeu_ps(x + j, e);
+    a = _mm512_add_ps(a, e);
   }
+  const __m512 et = exp_nonpositive16(_mm512_sub_ps(vt, vm));
+  _mm512_mask_storeu_ps(x + whole, tail, et);
+  a = _mm512_mask_add_ps(a, tail, a, et);
+  // lane_combine in registers: halves added pairwise, 8 + 8, 4 + 4, 2 + 2, 1 + 1.
+  __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+  __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+  __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+  const float sum = _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
+  const __m512 inv = _mm512_set1_ps(1.0f / sum);
+  for (int64_t j = 0; j < whole; j += kLanes) _mm512_storeu_ps(x + j, _mm512_mul_ps(_mm512_loadu_ps(x + j), inv));
+  _mm512_mask_storeu_ps(x + whole, tail, _mm512_mul_ps(et, inv));
 }
+#pragma GCC diagnostic pop
+#endif
 
 void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
            int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc) {
@@ -344,16 +325,18 @@ void CpuBackend::attention_forward_impl(const Tensor& qkv, const AttentionParams
   if (d.b == 0 || d.t == 0) return;
   const int64_t T = d.t, C = d.c, ld = 3 * C, BH = d.b * d.h;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.hs));
-  const bool dropout = has_dropout(p);
+  // Without out, only the probabilities: no dropout (they are taken before it), no P V.
+  float* o = out.defined() ? out.f32() : nullptr;
+  const bool dropout = has_dropout(p) && o;
   const float keep_prob = 1.0f - p.dropout;
   const float inv_keep = keep_prob > 0.0f ? 1.0f / keep_prob : 0.0f;
   const bool causal = p.causal;
   const float* x = qkv.f32();
   float* pr = probs.f32();
-  float* o = out.f32();
   float* dropped = dropout ? workspace.f32() : nullptr;
   // Without dropout nothing needs scratch and all heads form one group.
   const int64_t G = dropout ? group_heads(d) : BH;
+  const bool avx512 = cpu::simd() == cpu::Simd::avx512;
   auto head_q = [&](int64_t bh) { return x + (bh / d.h) * T * ld + (bh % d.h) * d.hs; };
 
   for (int64_t g0 = 0; g0 < BH; g0 += G) {
@@ -370,12 +353,15 @@ void CpuBackend::attention_forward_impl(const Tensor& qkv, const AttentionParams
       const int64_t bh = g0 + r / T, i = r % T;
       float* row = pr + (bh * T + i) * T;
       const int64_t n = causal ? i + 1 : T;
-      const float inv = 1.0f / exp_shift_sum(row, n, row_max(row, n));
-      for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+#ifdef REMAT_ATTENTION_AVX512
+      if (avx512) softmax_row_avx512(row, n);
+      else
+#endif
+        softmax_row(row, n);
       std::fill(row + n, row + T, 0.0f);
       if (dropout) {
         float* drow = dropped + r * T;
-        for_each_dropout_chunk(rng, static_cast<uint64_t>((bh * T + i) * T), n, keep_prob, inv_keep,
+        cpu::for_each_dropout_chunk(rng, static_cast<uint64_t>((bh * T + i) * T), n, keep_prob, inv_keep,
                                [&](int64_t j0, const float* f, int64_t m) {
                                  for (int64_t k = 0; k < m; ++k) drow[j0 + k] = row[j0 + k] * f[k];
                                });
@@ -383,7 +369,7 @@ void CpuBackend::attention_forward_impl(const Tensor& qkv, const AttentionParams
       }
     }
     // out[b, :, h] = (dropped) probs @ V.
-    for (int64_t bh = g0; bh < g1; ++bh) {
+    for (int64_t bh = g0; o && bh < g1; ++bh) {
       const float* P = dropout ? dropped + (bh - g0) * T * T : pr + bh * T * T;
       gemm_ab(causal, T, d.hs, 1.0f, P, head_q(bh) + 2 * C, ld, o + (bh / d.h) * T * C + (bh % d.h) * d.hs, C);
     }
@@ -426,7 +412,7 @@ void CpuBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv, 
       const int64_t n = causal ? i + 1 : T;
       if (dropout) {
         float* drow = dropped + r * T;
-        for_each_dropout_chunk(rng, static_cast<uint64_t>((bh * T + i) * T), n, keep_prob, inv_keep,
+        cpu::for_each_dropout_chunk(rng, static_cast<uint64_t>((bh * T + i) * T), n, keep_prob, inv_keep,
                                [&](int64_t j0, const float* f, int64_t m) {
                                  for (int64_t k = 0; k < m; ++k) {
                                    g[j0 + k] *= f[k];

@@ -4,7 +4,8 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cpu/vmath.h"
-#include "kernels/philox.cuh"
+#include "backends/cpu/philox_cpu.h"
+#include "backends/cpu/simd.h"
 
 namespace remat {
 
@@ -15,22 +16,61 @@ constexpr int64_t kGrain = 1 << 14;
 // y[i] = f(a[i]) and y[i] = f(a[i], b[i]) over chunks in parallel, in tight loops that
 // vectorise. y may be a or b (in-place backward): each element is read before it is
 // written, so no restrict (GCC adds a run-time overlap check and still vectorises).
+//
+// Each loop is compiled for the baseline (SSE2), AVX2 and AVX-512, with f inlined into
+// each, and cpu::simd() picks one: GCC vectorises the same float operations at each width
+// (no contraction in this file), so the three give the same bits.
+template <typename F>
+inline void loop1(const float* a, float* y, int64_t b, int64_t e, F& f) {
+  for (int64_t i = b; i < e; ++i) y[i] = f(a[i]);
+}
+template <typename F>
+inline void loop2(const float* a, const float* a2, float* y, int64_t b, int64_t e, F& f) {
+  for (int64_t i = b; i < e; ++i) y[i] = f(a[i], a2[i]);
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define REMAT_ELEMENTWISE_X86 1
+template <typename F>
+__attribute__((target("avx2"))) void loop1_avx2(const float* a, float* y, int64_t b, int64_t e, F& f) {
+  for (int64_t i = b; i < e; ++i) y[i] = f(a[i]);
+}
+template <typename F>
+__attribute__((target("avx512f"))) void loop1_avx512(const float* a, float* y, int64_t b, int64_t e, F& f) {
+  for (int64_t i = b; i < e; ++i) y[i] = f(a[i]);
+}
+template <typename F>
+__attribute__((target("avx2"))) void loop2_avx2(const float* a, const float* a2, float* y, int64_t b, int64_t e, F& f) {
+  for (int64_t i = b; i < e; ++i) y[i] = f(a[i], a2[i]);
+}
+template <typename F>
+__attribute__((target("avx512f"))) void loop2_avx512(const float* a, const float* a2, float* y, int64_t b, int64_t e,
+                                                     F& f) {
+  for (int64_t i = b; i < e; ++i) y[i] = f(a[i], a2[i]);
+}
+#endif
+
 template <typename F>
 void map1(const float* a, float* y, int64_t n, F f) {
+  const cpu::Simd level = cpu::simd();
   cpu::parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
-    const float* pa = a;
-    float* py = y;
-    for (int64_t i = b; i < e; ++i) py[i] = f(pa[i]);
+#ifdef REMAT_ELEMENTWISE_X86
+    if (level == cpu::Simd::avx512) return loop1_avx512(a, y, b, e, f);
+    if (level == cpu::Simd::avx2) return loop1_avx2(a, y, b, e, f);
+#endif
+    loop1(a, y, b, e, f);
   });
 }
 
 template <typename F>
-void map2(const float* a, const float* b2, float* y, int64_t n, F f) {
+void map2(const float* a, const float* a2, float* y, int64_t n, F f) {
+  const cpu::Simd level = cpu::simd();
   cpu::parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
-    const float* pa = a;
-    const float* pb = b2;
-    float* py = y;
-    for (int64_t i = b; i < e; ++i) py[i] = f(pa[i], pb[i]);
+#ifdef REMAT_ELEMENTWISE_X86
+    if (level == cpu::Simd::avx512) return loop2_avx512(a, a2, y, b, e, f);
+    if (level == cpu::Simd::avx2) return loop2_avx2(a, a2, y, b, e, f);
+#endif
+    loop2(a, a2, y, b, e, f);
   });
 }
 
@@ -99,25 +139,19 @@ void apply_dropout(const float* x, float* y, int64_t n, float p, RngState rng) {
     return;
   }
   const float keep_prob = 1.0f - p, scale = 1.0f / keep_prob;
-  if (rng.offset % 4 == 0) {
-    // One Philox block serves four consecutive elements.
-    const int64_t blocks = (n + 3) / 4;
-    cpu::parallel_for(blocks, kGrain / 4, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b) {
-        const philox::Bits4 r = philox::block(rng.seed, rng.offset / 4 + static_cast<uint64_t>(b));
-        const uint32_t w[4] = {r.x, r.y, r.z, r.w};
-        for (int64_t j = 0; j < 4 && 4 * b + j < n; ++j) {
-          const int64_t i = 4 * b + j;
-          y[i] = philox::uniform(w[j]) < keep_prob ? x[i] * scale : 0.0f;
-        }
-      }
-    });
-  } else {
-    cpu::parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i)
-        y[i] = philox::keep(rng.seed, rng.offset, static_cast<uint64_t>(i), keep_prob) ? x[i] * scale : 0.0f;
-    });
-  }
+  // factor is scale (kept) or 0 (dropped): kept elements become x * scale, dropped ones 0
+  // whatever x holds (a NaN or inf included).
+  cpu::parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
+    cpu::for_each_dropout_chunk(rng, static_cast<uint64_t>(b), e - b, keep_prob, scale,
+                                [&](int64_t j0, const float* factor, int64_t m) {
+                                  const float* px = x + b + j0;
+                                  float* py = y + b + j0;
+                                  for (int64_t k = 0; k < m; ++k) {
+                                    const float v = px[k] * factor[k];  // read unconditionally: the loop vectorises
+                                    py[k] = factor[k] != 0.0f ? v : 0.0f;
+                                  }
+                                });
+  });
 }
 
 }  // namespace

@@ -6,11 +6,17 @@
 // dbeta are reductions over rows; they are parallel over fixed blocks of channels, and
 // each channel sums its rows sequentially in row order, so the result does not depend
 // on the thread count and needs no scratch memory.
+//
+// The forward's row sums use kLanes partial sums in double (element j goes to lane
+// j % kLanes), combined pairwise: a fixed order that vectorises. The row function is
+// compiled for the baseline, AVX2 and AVX-512 (cpu::simd() picks one); the same
+// operations in the same order, so the same bits.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/simd.h"
 
 namespace remat {
 
@@ -19,6 +25,56 @@ constexpr int64_t kChannelBlock = 16;  // one 64-byte cache line of floats
 // Loops over fewer elements than this run on the calling thread: waking the OpenMP team
 // costs more than it saves. (Each element is computed the same way either way.)
 constexpr int64_t kParallelMinWork = int64_t{1} << 14;
+
+constexpr int kLanes = 8;
+
+inline double lane_combine(double* acc) {
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int k = 0; k < w; ++k) acc[k] += acc[k + w];
+  return acc[0];
+}
+
+// One row: mean, rstd and y. Two passes in double: exact enough that the variance never
+// goes negative.
+inline void forward_row(const float* xr, int64_t c, const float* g, const float* bt, float eps, float* yr, float* m_out,
+                        float* rs_out) {
+  double acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= c; j += kLanes)
+    for (int k = 0; k < kLanes; ++k) acc[k] += static_cast<double>(xr[j + k]);
+  for (int k = 0; j + k < c; ++k) acc[k] += static_cast<double>(xr[j + k]);
+  const double mu = lane_combine(acc) / static_cast<double>(c);
+  double sq[kLanes] = {};
+  for (j = 0; j + kLanes <= c; j += kLanes)
+    for (int k = 0; k < kLanes; ++k) {
+      const double d = static_cast<double>(xr[j + k]) - mu;
+      sq[k] += d * d;
+    }
+  for (int k = 0; j + k < c; ++k) {
+    const double d = static_cast<double>(xr[j + k]) - mu;
+    sq[k] += d * d;
+  }
+  const double var = lane_combine(sq) / static_cast<double>(c);
+  const float m = static_cast<float>(mu);
+  const float rs = static_cast<float>(1.0 / std::sqrt(var + static_cast<double>(eps)));
+  *m_out = m;
+  *rs_out = rs;
+  for (j = 0; j < c; ++j) yr[j] = (xr[j] - m) * rs * g[j] + bt[j];
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define REMAT_LAYERNORM_X86 1
+__attribute__((target("avx2"))) void forward_row_avx2(const float* xr, int64_t c, const float* g, const float* bt,
+                                                       float eps, float* yr, float* m, float* rs) {
+  forward_row(xr, c, g, bt, eps, yr, m, rs);
+}
+__attribute__((target("avx512f"))) void forward_row_avx512(const float* xr, int64_t c, const float* g,
+                                                            const float* bt, float eps, float* yr, float* m,
+                                                            float* rs) {
+  forward_row(xr, c, g, bt, eps, yr, m, rs);
+}
+#endif
+
 }  // namespace
 
 void CpuBackend::layernorm_forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
@@ -31,25 +87,20 @@ void CpuBackend::layernorm_forward_impl(const Tensor& x, const Tensor& gamma, co
   float* yp = y.f32();
   float* mp = mean.f32();
   float* rp = rstd.f32();
+  const cpu::Simd level = cpu::simd();
 #pragma omp parallel for schedule(static) if (n * c >= kParallelMinWork)
   for (int64_t r = 0; r < n; ++r) {
-    const float* xr = xp + r * c;
-    // Two passes in double: exact enough that the variance never goes negative.
-    double s = 0.0;
-    for (int64_t j = 0; j < c; ++j) s += xr[j];
-    const double mu = s / static_cast<double>(c);
-    double ss = 0.0;
-    for (int64_t j = 0; j < c; ++j) {
-      const double d = xr[j] - mu;
-      ss += d * d;
+#ifdef REMAT_LAYERNORM_X86
+    if (level == cpu::Simd::avx512) {
+      forward_row_avx512(xp + r * c, c, g, bt, eps, yp + r * c, mp + r, rp + r);
+      continue;
     }
-    const double var = ss / static_cast<double>(c);
-    const float m = static_cast<float>(mu);
-    const float rs = static_cast<float>(1.0 / std::sqrt(var + static_cast<double>(eps)));
-    mp[r] = m;
-    rp[r] = rs;
-    float* yr = yp + r * c;
-    for (int64_t j = 0; j < c; ++j) yr[j] = (xr[j] - m) * rs * g[j] + bt[j];
+    if (level == cpu::Simd::avx2) {
+      forward_row_avx2(xp + r * c, c, g, bt, eps, yp + r * c, mp + r, rp + r);
+      continue;
+    }
+#endif
+    forward_row(xp + r * c, c, g, bt, eps, yp + r * c, mp + r, rp + r);
   }
 }
 

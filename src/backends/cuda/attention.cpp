@@ -114,7 +114,10 @@ void CudaBackend::attention_forward_impl(const Tensor& qkv, const AttentionParam
   if (d.b == 0 || d.t == 0) return;
   const int64_t T = d.t, C = d.c, H = d.h, hs = d.hs, TT = T * T;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const kernels::AttentionDropout drop = dropout_args(p, rng);
+  // Without out, only the probabilities: no dropout (they are taken before it), no P V.
+  const bool want_out = out.defined();
+  kernels::AttentionDropout drop = dropout_args(p, rng);
+  drop.on = drop.on && want_out;
   const int64_t G = group_batch(d);
   float* dropped = drop.on ? workspace.f32() : nullptr;
 
@@ -124,9 +127,10 @@ void CudaBackend::attention_forward_impl(const Tensor& qkv, const AttentionParam
     float* pr = probs.f32() + b0 * H * TT;
     const HeadMatrix q{x, 3 * C, T * 3 * C, hs}, k{x + C, 3 * C, T * 3 * C, hs}, v{x + 2 * C, 3 * C, T * 3 * C, hs};
     const HeadOutput s{pr, T, H * TT, TT};
-    const HeadOutput o{out.f32() + b0 * T * C, C, T * C, hs};
     head_gemm(cublas_, false, true, T, T, hs, scale, q, k, s, nb, H);  // S = Q K^T / sqrt(hs)
     kernels::attention_softmax_forward(pr, dropped, nb * H * T, T, b0 * H * T, p.causal, drop, stream_);
+    if (!want_out) continue;
+    const HeadOutput o{out.f32() + b0 * T * C, C, T * C, hs};
     const HeadMatrix pd{drop.on ? dropped : pr, T, H * TT, TT};
     head_gemm(cublas_, false, false, T, hs, T, 1.0f, pd, v, o, nb, H);  // out = Pd V
   }

@@ -1,0 +1,158 @@
+// The CPU backend's AVX2 and AVX-512 paths (src/backends/cpu/simd.h) against its baseline
+// code: the same bits for every op that has them, on inputs with odd lengths (vector
+// tails), special values and unaligned Philox offsets. Levels this CPU lacks are skipped.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kernels/philox.cuh"
+#include "remat/backend.h"
+#include "remat/ops.h"
+#include "src/backends/cpu/philox_cpu.h"
+#include "src/backends/cpu/simd.h"
+#include "support/golden.h"
+
+using remat::Backend;
+using remat::Device;
+using remat::Shape;
+using remat::Tensor;
+using remat::cpu::Simd;
+using remat::test::bitwise_equal;
+using remat::test::random_tensor;
+namespace ops = remat::ops;
+
+namespace {
+
+Backend& cpu() { return remat::backend_for(Device::cpu()); }
+
+// The levels above the baseline that this CPU runs.
+std::vector<Simd> vector_levels() {
+  std::vector<Simd> out;
+  for (Simd s : {Simd::avx2, Simd::avx512})
+    if (static_cast<int>(s) <= static_cast<int>(remat::cpu::detected_simd())) out.push_back(s);
+  return out;
+}
+
+// Restores the level on scope exit.
+struct SimdLimit {
+  explicit SimdLimit(Simd s) { remat::cpu::set_simd_limit(s); }
+  ~SimdLimit() { remat::cpu::set_simd_limit(Simd::avx512); }
+};
+
+// run() at the baseline and at every vector level: every tensor it returns is bitwise the
+// baseline's.
+void expect_paths_agree(const std::string& what, const std::function<std::vector<Tensor>()>& run) {
+  if (vector_levels().empty()) GTEST_SKIP() << "this CPU has no AVX2";
+  std::vector<Tensor> base;
+  {
+    SimdLimit l(Simd::baseline);
+    base = run();
+  }
+  for (Simd s : vector_levels()) {
+    SimdLimit l(s);
+    const std::vector<Tensor> got = run();
+    ASSERT_EQ(got.size(), base.size());
+    for (size_t k = 0; k < got.size(); ++k)
+      EXPECT_TRUE(bitwise_equal(got[k], base[k])) << what << ": tensor " << k << " at " << remat::cpu::simd_name(s);
+  }
+}
+
+// Uniform values in [-lo, lo] with special values sprinkled in: NaN, infinities, signed
+// zeros, a denormal, values past the exp clamps and around the GELU's bend.
+Tensor with_specials(int64_t n, uint32_t seed, float lo) {
+  std::vector<float> v = random_tensor({n}, seed, -lo, lo).to_vector();
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(), 0.0f, -0.0f, 1e-40f, -1e-40f, 100.0f, -100.0f,
+                            44.0f, -44.0f, 9.0f, -9.0f, 3.0e38f, -3.0e38f};
+  for (size_t k = 0; k < sizeof specials / sizeof specials[0]; ++k) v[(k * 7919) % v.size()] = specials[k];
+  return Tensor::from_vector(v, {n});
+}
+
+}  // namespace
+
+TEST(SimdPaths, PhiloxBlocksMatchTheScalarGenerator) {
+  // Block indices whose 16-bit and 48-bit counter fields carry inside a vector.
+  for (uint64_t b0 : {uint64_t{0}, uint64_t{0xfff9}, (uint64_t{1} << 48) - 11, ~uint64_t{0} - 20, uint64_t{123456789}}) {
+    for (Simd s : {Simd::baseline, Simd::avx2, Simd::avx512}) {
+      if (static_cast<int>(s) > static_cast<int>(remat::cpu::detected_simd())) continue;
+      SimdLimit l(s);
+      std::vector<uint32_t> words(4 * 37);
+      remat::cpu::philox_blocks(0x1234abcd5678ef01ull, b0, 37, words.data());
+      for (int64_t b = 0; b < 37; ++b) {
+        const remat::philox::Bits4 want = remat::philox::block(0x1234abcd5678ef01ull, b0 + static_cast<uint64_t>(b));
+        const uint32_t w4[4] = {want.x, want.y, want.z, want.w};
+        for (int c = 0; c < 4; ++c)
+          ASSERT_EQ(words[static_cast<size_t>(4 * b + c)], w4[c]) << remat::cpu::simd_name(s) << " b0 " << b0 << " block " << b;
+      }
+    }
+  }
+}
+
+TEST(SimdPaths, ElementwiseOpsAreBitwiseTheBaseline) {
+  for (int64_t n : {int64_t{1}, int64_t{15}, int64_t{17}, int64_t{1000}, int64_t{70001}}) {
+    const Tensor x = with_specials(n, 1, 6.0f);
+    const Tensor dy = random_tensor(x.shape(), 2);
+    expect_paths_agree("elementwise n=" + std::to_string(n), [&] {
+      std::vector<Tensor> out;
+      for (remat::GeluApprox a : {remat::GeluApprox::none, remat::GeluApprox::tanh}) {
+        Tensor y = Tensor::empty(x.shape()), dx = Tensor::empty(x.shape());
+        cpu().gelu_forward(x, a, y);
+        cpu().gelu_backward(dy, x, a, dx);
+        out.push_back(y);
+        out.push_back(dx);
+      }
+      Tensor r = Tensor::empty(x.shape()), dr = Tensor::empty(x.shape()), s = Tensor::empty(x.shape());
+      cpu().relu_forward(x, r);
+      cpu().relu_backward(dy, x, dr);
+      cpu().add(x, dy, s);
+      out.insert(out.end(), {r, dr, s});
+      return out;
+    });
+  }
+}
+
+TEST(SimdPaths, DropoutIsBitwiseTheBaseline) {
+  const Tensor x = with_specials(100003, 3, 2.0f);
+  for (uint64_t offset : {uint64_t{0}, uint64_t{4}, uint64_t{6}, uint64_t{1023}}) {
+    for (float p : {0.1f, 0.5f, 0.9999f}) {
+      expect_paths_agree("dropout offset " + std::to_string(offset) + " p " + std::to_string(p), [&] {
+        Tensor y = Tensor::empty(x.shape()), dx = Tensor::empty(x.shape());
+        cpu().dropout_forward(x, p, {77, offset}, y);
+        cpu().dropout_backward(x, p, {77, offset}, dx);
+        return std::vector<Tensor>{y, dx};
+      });
+    }
+  }
+}
+
+TEST(SimdPaths, AttentionIsBitwiseTheBaseline) {
+  // T = 37 leaves vector tails in every row; T = 64 has whole vectors only.
+  for (int64_t t : {int64_t{37}, int64_t{64}}) {
+    for (bool causal : {true, false}) {
+      const int64_t b = 2, c = 32;
+      const remat::AttentionParams p{4, causal, 0.2f};
+      const Tensor qkv = random_tensor({b, t, 3 * c}, 4, -2.0f, 2.0f), dout = random_tensor({b, t, c}, 5);
+      expect_paths_agree("attention T=" + std::to_string(t) + (causal ? " causal" : " full"), [&] {
+        auto r = ops::attention(cpu(), qkv, p, {11, 8});
+        Tensor probs_only = ops::attention_probs(cpu(), qkv, p);
+        Tensor dqkv = ops::attention_backward(cpu(), dout, qkv, r.probs, p, {11, 8});
+        return std::vector<Tensor>{r.out, r.probs, probs_only, dqkv};
+      });
+    }
+  }
+}
+
+TEST(SimdPaths, LayerNormForwardIsBitwiseTheBaseline) {
+  // Rows of 1, 7, 8, 37 and 128 channels: whole vectors, tails, a row shorter than one.
+  for (int64_t c : {int64_t{1}, int64_t{7}, int64_t{8}, int64_t{37}, int64_t{128}}) {
+    const Tensor x = random_tensor({5, 3, c}, 6, -3.0f, 3.0f), g = random_tensor({c}, 7), b = random_tensor({c}, 8);
+    expect_paths_agree("layernorm C=" + std::to_string(c), [&] {
+      auto r = ops::layernorm(cpu(), x, g, b);
+      return std::vector<Tensor>{r.y, r.mean, r.invstd};
+    });
+  }
+}
