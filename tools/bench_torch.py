@@ -38,6 +38,17 @@ def cases():
             y.backward(y.detach())
         return f
 
+    def fashion_conv(c, k, hw, need_dx):
+        def make():
+            x = r(64, c, hw, hw).requires_grad_(need_dx)
+            w, b = r(k, c, 5, 5).requires_grad_(), r(k).requires_grad_()
+
+            def f():
+                y = F.conv2d(x, w, b, padding=2)
+                y.backward(y.detach())
+            return f
+        return make
+
     def maxpool():
         x = r(64, 64, 32, 32).requires_grad_()
 
@@ -113,6 +124,8 @@ def cases():
 
     return {
         "gemm_1024": gemm, "linear_4096x1024x1024": linear, "conv_64x64x3x3_32x32_b64": conv,
+        "conv_1x32x5x5_28x28_b64_nodx": fashion_conv(1, 32, 28, False),
+        "conv_32x64x5x5_14x14_b64": fashion_conv(32, 64, 14, True),
         "maxpool_2x2_b64_64x32x32": maxpool, "batchnorm_b64_64x32x32": batchnorm,
         "layernorm_16x256x256": layernorm, "attention_16x256x256_h4": attention,
         "gelu_4M": pointwise(lambda x: F.gelu(x, approximate="tanh")), "relu_4M": pointwise(F.relu),

@@ -1,8 +1,8 @@
 // The CNN op family of the CPU backend (conv2d, max/avg/global-avg pooling, batchnorm2d):
 // PyTorch goldens (tools/golden/cnn.py), finite differences, a direct-loop convolution
-// reference, conv2d's two GEMM paths and micro-kernels against each other, its workspace
-// use, determinism (run to run and across thread counts), errors, and the meta backend's
-// memory accounting.
+// reference, conv2d's three ways of feeding its GEMMs and its micro-kernels against each
+// other, its workspace use, determinism (run to run and across thread counts), errors, and
+// the meta backend's memory accounting.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -111,36 +111,41 @@ class ConvMode {
  public:
   ConvMode()
       : kernel_(remat::cpu_conv::micro_kernel()),
-        explicit_(remat::cpu_conv::explicit_only()),
+        path_(remat::cpu_conv::path()),
         chunk_(remat::cpu_conv::chunk_images()) {}
   ~ConvMode() {
     remat::cpu_conv::use_micro_kernel(kernel_);
-    remat::cpu_conv::set_explicit_only(explicit_);
+    remat::cpu_conv::set_path(path_);
     remat::cpu_conv::set_chunk_images(chunk_);
   }
 
  private:
   std::string kernel_;
-  bool explicit_;
+  remat::cpu_conv::Path path_;
   int64_t chunk_;
 };
 
-// How conv2d feeds its GEMMs: the implicit GEMM where it applies (stride 1) or im2col only;
-// chunks chosen from the shapes, or of 2 images (several chunks, the last one partial, on
-// the small shapes of the tests).
+using ConvPath = remat::cpu_conv::Path;
+
+// How conv2d feeds its GEMMs: chosen from the shapes, or one way forced wherever it
+// applies (im2col, the implicit GEMM of stride 1, the direct tiles); chunks chosen from
+// the shapes, or of 2 images (several chunks, the last one partial, on the small shapes
+// of the tests).
 struct PathMode {
-  bool explicit_only;
+  ConvPath path;
   int64_t chunk_images;
   std::string str() const {
-    return std::string(explicit_only ? "im2col only" : "implicit where it applies") + ", " +
+    return std::string(remat::cpu_conv::path_name(path)) + ", " +
            (chunk_images ? "chunks of " + std::to_string(chunk_images) : std::string("automatic chunks"));
   }
   void apply() const {
-    remat::cpu_conv::set_explicit_only(explicit_only);
+    remat::cpu_conv::set_path(path);
     remat::cpu_conv::set_chunk_images(chunk_images);
   }
 };
-const std::vector<PathMode> kAllPathModes = {{false, 0}, {false, 2}, {true, 0}, {true, 2}};
+const std::vector<PathMode> kAllPathModes = {
+    {ConvPath::automatic, 0}, {ConvPath::automatic, 2}, {ConvPath::im2col, 0}, {ConvPath::im2col, 2},
+    {ConvPath::implicit, 0},  {ConvPath::implicit, 2},  {ConvPath::direct, 0},  {ConvPath::direct, 2}};
 
 // ---- PyTorch goldens ------------------------------------------------------------------------
 
@@ -428,7 +433,7 @@ Direct direct_conv(const Tensor& x, const Tensor& w, const Tensor& b, const Tens
 }
 
 TEST(CnnReference, Conv2dMatchesDirectLoops) {
-  // Groups, stride, padding and dilation together (the first case takes the implicit GEMM).
+  // Groups, stride, padding and dilation together, on every path.
   const std::vector<ConvCase> cases = {
       {Shape{7, 4, 30, 30}, Shape{6, 2, 3, 3}, make_conv(1, 1, 1, 1, 1, 1, 2), true},
       {Shape{5, 3, 41, 37}, Shape{4, 3, 3, 2}, make_conv(1, 2, 2, 1, 2, 1, 1), true},
@@ -584,7 +589,7 @@ void expect_same(const PoolRun& a, const PoolRun& b) {
 }
 
 // Large enough that every parallel loop has work for several threads; conv2d with groups,
-// by the implicit GEMM (stride 1) and by im2col (stride 2), in several chunks.
+// stride 1 and stride 2 (dx by col2im), on the paths chosen and forced, in several chunks.
 const std::vector<ConvCase> kDetConvs = {
     {Shape{5, 8, 40, 40}, Shape{12, 4, 3, 3}, make_conv(1, 1, 1, 1, 1, 1, 2), true},
     {Shape{5, 8, 40, 40}, Shape{12, 4, 3, 3}, make_conv(2, 2, 1, 1, 1, 1, 2), true},
@@ -594,7 +599,8 @@ const Shape kDetPool{4, 6, 41, 37};
 
 std::vector<ConvRun> run_det_convs() {
   std::vector<ConvRun> out;
-  for (const PathMode& mode : {PathMode{false, 0}, PathMode{false, 2}}) {
+  for (const PathMode& mode : {PathMode{ConvPath::automatic, 0}, PathMode{ConvPath::automatic, 2},
+                               PathMode{ConvPath::implicit, 2}, PathMode{ConvPath::direct, 2}}) {
     mode.apply();
     for (const auto& c : kDetConvs) out.push_back(run_conv(c));
   }
@@ -634,10 +640,11 @@ TEST(CnnDeterminism, ThreadCountDoesNotChangeResults) {
   }
 }
 
-// ---- The two conv2d paths and the micro-kernels --------------------------------------------
+// ---- The conv2d paths and the micro-kernels ------------------------------------------------
 
-// Stride-1 shapes that take the implicit GEMM (for y and dw; for dx too except where the
-// padding exceeds the dilated kernel's reach, as with the padded 1x1 convolution).
+// Stride-1 shapes where the implicit and direct paths apply (for y and dw; for dx too
+// except where the padding exceeds the dilated kernel's reach, as with the padded 1x1
+// convolution).
 const std::vector<ConvCase> kImplicitCases = {
     {Shape{5, 8, 40, 40}, Shape{12, 4, 3, 3}, make_conv(1, 1, 1, 1, 1, 1, 2), true},
     {Shape{3, 4, 20, 24}, Shape{6, 2, 3, 3}, make_conv(1, 1, 2, 2, 2, 2, 2), true},      // dilation 2
@@ -646,28 +653,38 @@ const std::vector<ConvCase> kImplicitCases = {
     {Shape{4, 6, 18, 18}, Shape{6, 1, 3, 3}, make_conv(1, 1, 1, 1, 1, 1, 6), false},     // depthwise
 };
 
-TEST(CnnPaths, ImplicitAndExplicitGemmAgree) {
+TEST(CnnPaths, GemmFeedsAgree) {
   ConvMode restore;
-  // The same chunks for both paths (dw accumulates chunk by chunk).
+  // The same chunks for every path (dw accumulates chunk by chunk).
   remat::cpu_conv::set_chunk_images(2);
   for (const auto& c : kImplicitCases) {
     SCOPED_TRACE(c.x.str() + " * " + c.w.str());
-    remat::cpu_conv::set_explicit_only(false);
-    const size_t ws_implicit = cpu().conv2d_forward_workspace(c.x, c.w, c.p);
-    const ConvRun implicit = run_conv(c);
-    remat::cpu_conv::set_explicit_only(true);
-    const size_t ws_explicit = cpu().conv2d_forward_workspace(c.x, c.w, c.p);
-    const ConvRun expl = run_conv(c);
-    EXPECT_NE(ws_implicit, ws_explicit) << "the implicit path was not taken";
+    auto run = [&](ConvPath path, size_t* ws) {
+      remat::cpu_conv::set_path(path);
+      *ws = cpu().conv2d_forward_workspace(c.x, c.w, c.p);
+      return run_conv(c);
+    };
+    size_t ws_expl = 0, ws_implicit = 0, ws_direct = 0;
+    const ConvRun expl = run(ConvPath::im2col, &ws_expl);
+    const ConvRun implicit = run(ConvPath::implicit, &ws_implicit);
+    const ConvRun direct = run(ConvPath::direct, &ws_direct);
+    EXPECT_NE(ws_implicit, ws_expl) << "the implicit path was not taken";
+    EXPECT_NE(ws_direct, ws_expl) << "the direct path was not taken";
+    EXPECT_NE(ws_direct, ws_implicit) << "the direct path was not taken";
     // The same products summed in the same order: y and dw are bitwise equal (the dropped
     // columns of the padded width add exact zeros to dw).
-    EXPECT_TRUE(bitwise_equal(implicit.y, expl.y));
-    EXPECT_TRUE(bitwise_equal(implicit.dw, expl.dw));
-    if (c.bias) {
-      EXPECT_TRUE(bitwise_equal(implicit.db, expl.db));
+    for (const ConvRun* other : {&implicit, &direct}) {
+      EXPECT_TRUE(bitwise_equal(other->y, expl.y));
+      EXPECT_TRUE(bitwise_equal(other->dw, expl.dw));
+      if (c.bias) {
+        EXPECT_TRUE(bitwise_equal(other->db, expl.db));
+      }
+      // col2im sums each (r, s) separately, the implicit and direct dx in one chain:
+      // rounding differs.
+      EXPECT_ALL_CLOSE(other->dx, expl.dx, kRtol, kAtol);
     }
-    // col2im sums each (r, s) separately, the implicit dx in one chain: rounding differs.
-    EXPECT_ALL_CLOSE(implicit.dx, expl.dx, kRtol, kAtol);
+    // Where both take dx over the padded dy, they sum it in the same order.
+    EXPECT_TRUE(bitwise_equal(direct.dx, implicit.dx));
   }
 }
 
@@ -845,7 +862,8 @@ TEST(CnnMeta, ConvAllocatesExactlyWhatCpuAllocates) {
       kDetConvs[0], kDetConvs[1],
       ConvCase{Shape{2, 3, 7, 5}, Shape{4, 3, 3, 3}, make_conv(2, 1, 1, 1, 1, 1, 1), true},
       ConvCase{Shape{64, 16, 32, 32}, Shape{16, 16, 3, 3}, make_conv(1, 1, 1, 1, 1, 1, 1), true}};
-  for (const PathMode& mode : {PathMode{false, 0}, PathMode{true, 2}}) {
+  for (const PathMode& mode : {PathMode{ConvPath::automatic, 0}, PathMode{ConvPath::im2col, 2},
+                               PathMode{ConvPath::implicit, 0}, PathMode{ConvPath::direct, 2}}) {
     mode.apply();
     for (const ConvCase& c : cases) {
       SCOPED_TRACE(c.x.str() + " * " + c.w.str() + " (" + mode.str() + ")");

@@ -71,6 +71,25 @@ std::vector<Case> cases(Backend& be) {
                     ops::conv2d_backward(be, y, *x, *w, p, true, *dw, *db);
                   };
                 }});
+  // The two convolutions of models/fashion_cnn.json at its batch (the first one's input is
+  // the data, so its backward computes no dx).
+  auto fashion_conv = [&cs, &be](const char* name, int64_t c, int64_t k, int64_t hw, bool need_dx) {
+    cs.push_back({name, (need_dx ? 3 : 2) * 2.0 * 64 * k * c * 25 * hw * hw, [&be, c, k, hw, need_dx] {
+                    auto x = std::make_shared<Tensor>(rnd({64, c, hw, hw}, 1));
+                    auto w = std::make_shared<Tensor>(rnd({k, c, 5, 5}, 2));
+                    auto b = std::make_shared<Tensor>(rnd({k}, 3));
+                    auto dw = std::make_shared<Tensor>(Tensor::zeros({k, c, 5, 5}));
+                    auto db = std::make_shared<Tensor>(Tensor::zeros({k}));
+                    Conv2dParams p;
+                    p.pad_h = p.pad_w = 2;
+                    return [&be, x, w, b, dw, db, p, need_dx] {
+                      Tensor y = ops::conv2d(be, *x, *w, *b, p);
+                      ops::conv2d_backward(be, y, *x, *w, p, need_dx, *dw, *db);
+                    };
+                  }});
+  };
+  fashion_conv("conv_1x32x5x5_28x28_b64_nodx", 1, 32, 28, false);
+  fashion_conv("conv_32x64x5x5_14x14_b64", 32, 64, 14, true);
   cs.push_back({"maxpool_2x2_b64_64x32x32", 0, [&be] {
                   auto x = std::make_shared<Tensor>(rnd({64, 64, 32, 32}, 1));
                   return [&be, x] {

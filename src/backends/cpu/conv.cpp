@@ -4,8 +4,8 @@
 //   forward   y_g [Kg, L]        = w_g [Kg, Cg*R*S] @ col_g [Cg*R*S, L]   (+ bias)
 //   backward  dw_g [Kg, Cg*R*S] += dy_g [Kg, L] @ col_g^T
 //             dx_g               = col2im(w_g^T @ dy_g)
-// Two ways to feed the GEMMs:
-// - explicit (any stride): im2col writes the column matrix straight into the panel layout
+// Three ways to feed the GEMMs:
+// - im2col (any stride): im2col writes the column matrix straight into the panel layout
 //   the micro-kernel reads, and col2im folds w^T @ dy back into dx;
 // - implicit (stride 1): with the input zero-padded to Hp x Wp, row (c, r, s) of the column
 //   matrix at output (p, q) is x_pad[c][p + r*dh][q + s*dw], i.e. x_pad at the flat offset
@@ -13,17 +13,27 @@
 //   computed and dropped) makes every B row a contiguous run of x_pad, so the micro-kernel
 //   reads x_pad directly through a table of row offsets and no column matrix exists. dx is
 //   the same kind of convolution of the padded dy with the flipped, transposed filters, so
-//   no col2im either; dw reads x_pad rows as the A operand. It is used where the padded
-//   width wastes at most 20% of the columns.
+//   no col2im either; dw reads x_pad rows as the A operand;
+// - direct (any stride; dx for stride 1): the transposed GEMMs, y_g^T [L, Kg] =
+//   col_g^T @ w_g^T, in tiles of MR output positions by NR channels. The A operand is
+//   x_pad read where each position's window starts (any row, any stride) plus off(c, r, s);
+//   the B operand is w_g^T packed once, channels in the vectors. Nothing is computed on
+//   the padding and nothing is copied but the padded input. dx likewise over the padded dy
+//   (positions of x by input channels); dw is dy^T (packed, channels in the vectors)
+//   against x_pad at (position + off(c, r, s)), depth over the chunk's positions.
+// Each GEMM takes the cheapest way that applies, counting the rows and lanes computed and
+// dropped (MR-row panels, NR-wide channel vectors, the padded width) and im2col's passes
+// over memory (ConvGeom::choose_feeds): for 32 or 64 channels that is the direct path.
 // The GEMM epilogues write y (NCHW, plus bias), dx, or add into dw directly.
 //
 // Determinism: every loop, the GEMM included, is an OpenMP loop over disjoint outputs, and
 // each output element is summed by one thread in a fixed order (one FMA chain over the
 // GEMM depth), so results are bitwise identical for any thread count. The micro-kernel has
 // AVX-512 and AVX2 versions chosen at run time and a portable one; all compute the same FMA
-// chains, so they agree bit for bit. The explicit and implicit paths give bitwise equal y
-// and dw (the same products in the same order; the dropped columns add exact zeros to dw)
-// and dx within rounding (col2im sums over (r, s) separately).
+// chains, so they agree bit for bit. The three paths give bitwise equal y and dw for the
+// same chunks (the same products in the same order; the dropped columns add exact zeros to
+// dw), and dx within rounding (col2im sums over (r, s) separately; the implicit and direct
+// dx are bitwise equal).
 //
 // Why not cblas_sgemm: OpenBLAS's pthread build runs its own thread pool beside OpenMP's,
 // and the two oversubscribe the cores at every hand-over between im2col and GEMM (an
@@ -38,6 +48,8 @@
 #include <cmath>
 #include <cstring>
 #include <vector>
+
+#include <omp.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -65,6 +77,11 @@ struct PackedA {  // MR-row panel, k-major: a[k * MR + i]
 struct RowsA {  // MR rows anywhere in memory: rows[i][k]
   const float* rows[MR];
   float operator()(int64_t k, int64_t i) const { return rows[i][k]; }
+};
+struct TableA {  // MR rows anywhere in memory, read at offsets shared by all rows: rows[i][off[k]]
+  const float* rows[MR];
+  const int64_t* off;
+  float operator()(int64_t k, int64_t i) const { return rows[i][off[k]]; }
 };
 struct PackedB {  // NR-column panel, k-major: b[k * NR + j]
   const float* p;
@@ -150,15 +167,16 @@ struct MicroKernels {
   void (*packed)(int64_t, const PackedA&, const PackedB&, float*, bool);
   void (*offset_b)(int64_t, const PackedA&, const OffsetB&, float*, bool);
   void (*rows_a)(int64_t, const RowsA&, const PackedB&, float*, bool);
+  void (*table_a)(int64_t, const TableA&, const PackedB&, float*, bool);
 };
 
 const MicroKernels kPortable{"portable", &tile_portable<PackedA, PackedB>, &tile_portable<PackedA, OffsetB>,
-                             &tile_portable<RowsA, PackedB>};
+                             &tile_portable<RowsA, PackedB>, &tile_portable<TableA, PackedB>};
 #ifdef REMAT_CONV_X86
 const MicroKernels kAvx512{"avx512", &tile_avx512<PackedA, PackedB>, &tile_avx512<PackedA, OffsetB>,
-                           &tile_avx512<RowsA, PackedB>};
+                           &tile_avx512<RowsA, PackedB>, &tile_avx512<TableA, PackedB>};
 const MicroKernels kAvx2{"avx2", &tile_avx2<PackedA, PackedB>, &tile_avx2<PackedA, OffsetB>,
-                         &tile_avx2<RowsA, PackedB>};
+                         &tile_avx2<RowsA, PackedB>, &tile_avx2<TableA, PackedB>};
 #endif
 
 std::vector<const MicroKernels*> supported_kernels() {
@@ -173,7 +191,7 @@ std::vector<const MicroKernels*> supported_kernels() {
 }
 
 const MicroKernels* g_kernels = supported_kernels().front();
-bool g_explicit_only = false;
+cpu_conv::Path g_path = cpu_conv::Path::automatic;
 int64_t g_chunk_images = 0;  // 0: chosen from the shapes
 
 inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
@@ -195,10 +213,19 @@ void for_tiles(int64_t tiles, int64_t flops_per_tile, const Body& body) {
 // Chunk size: at least kTargetColumns output positions and kMinChunkFlops of forward work
 // (enough tiles for every thread, few hand-overs between loops, no fork/join for a
 // sliver of work), while the chunk's large buffers (the column matrix, or the padded
-// copies) stay within kMaxChunkBytes; always at least one image.
+// copies) stay within kMaxChunkBytes; always at least one image. The images are then
+// spread evenly over the chunks.
 constexpr int64_t kTargetColumns = 4096;
 constexpr int64_t kMinChunkFlops = int64_t{32} << 20;
 constexpr int64_t kMaxChunkBytes = int64_t{4} << 20;  // workspace is memory too: keep it small
+
+// The direct dw sums a chunk's output positions in blocks of this many, so that the block
+// of dy^T a tile reads (kDwBlock x NR floats) stays in the L1 cache across tiles.
+constexpr int64_t kDwBlock = 192;
+
+// Im2col and col2im write and read a column matrix R*S times the size of the input: their
+// cost, counted in GEMM work, for the choice of path.
+constexpr double kIm2colCost = 1.2;
 
 // Workspace regions, in floats, laid out one after the other.
 struct Regions {
@@ -210,6 +237,18 @@ struct Regions {
   }
 };
 
+// How a GEMM of the convolution gets its operands (see the header comment).
+enum class Feed : uint8_t { im2col, implicit, direct };
+
+// The feed the test hook forces (cpu_conv::set_path), where it applies.
+Feed forced_feed() {
+  switch (g_path) {
+    case cpu_conv::Path::implicit: return Feed::implicit;
+    case cpu_conv::Path::direct: return Feed::direct;
+    default: return Feed::im2col;
+  }
+}
+
 struct ConvGeom {
   int64_t n, c, h, w;      // input
   int64_t k, r, s;         // filters
@@ -217,16 +256,17 @@ struct ConvGeom {
   int64_t sh, sw, ph, pw, dh, dw;
   int64_t groups, cg, kg;  // channels and filters per group
   int64_t grows;           // Cg * R * S: GEMM depth of the forward pass
-  int64_t krows;           // Kg * R * S: GEMM depth of the implicit dx
+  int64_t krows;           // Kg * R * S: GEMM depth of the dx of stride 1
   int64_t plane;           // P * Q
   int64_t nb;              // images per chunk
-  int64_t len, len_pad;    // explicit path: columns of a full chunk, and rounded up to NR
-  // Implicit paths (stride 1): x padded to hp x wp, outputs on the padded width (limg
-  // columns per image); dy padded to hq x wq for dx (ldx columns per image).
+  int64_t len, len_pad;    // im2col: columns of a full chunk, and rounded up to NR
+  // Stride-1 implicit paths and the direct path: x padded to hp x wp (the implicit path
+  // computes outputs on the padded width, limg columns per image); dy padded to hq x wq
+  // for dx (ldx columns per image on the padded width).
   int64_t hp, wp, limg;
   int64_t hq, wq, ldx, dy_top, dy_left;
-  bool implicit_y;   // forward and dw
-  bool implicit_dx;  // dx
+  Feed y_feed;   // forward and dw
+  Feed dx_feed;  // dx
 
   ConvGeom(const Shape& x, const Shape& wt, const Conv2dParams& prm) {
     n = x[0], c = x[1], h = x[2], w = x[3];
@@ -245,25 +285,63 @@ struct ConvGeom {
     dy_top = (r - 1) * dh - ph, dy_left = (s - 1) * dw - pw;
     hq = h + (r - 1) * dh, wq = w + (s - 1) * dw;
     ldx = h > 0 && w > 0 ? (h - 1) * wq + w : 0;
-    const bool stride1 = sh == 1 && sw == 1 && !g_explicit_only;
-    // Worth it while the computed columns (padded width, rounded up to NR) are at most
-    // 1.2x the outputs.
-    implicit_y = stride1 && plane > 0 && round_up(limg, NR) * 5 <= plane * 6;
-    implicit_dx = stride1 && dy_top >= 0 && dy_left >= 0 && h * w > 0 && round_up(ldx, NR) * 5 <= h * w * 6;
+    choose_feeds();
 
     nb = 1;
     if (plane > 0 && n > 0) {
       const int64_t flops = std::max<int64_t>(1, 2 * k * grows * plane);
       nb = std::max(ceil_div(kTargetColumns, plane), ceil_div(kMinChunkFlops, flops));
-      const int64_t bytes = 4 * std::max<int64_t>(
-          1, (implicit_y ? c * hp * wp + groups * round_up(kg, NR) * limg : c * r * s * plane) +
-                 (implicit_dx ? k * hq * wq : k * plane));
-      nb = std::min(nb, std::max<int64_t>(1, kMaxChunkBytes / bytes));
+      int64_t floats = 0;  // per image
+      if (y_feed == Feed::im2col) floats += c * r * s * plane;
+      if (y_feed == Feed::implicit) floats += c * hp * wp + groups * round_up(kg, NR) * limg;
+      if (y_feed == Feed::direct) floats += c * hp * wp + groups * round_up(kg, NR) * plane + 2 * plane;
+      floats += dx_feed == Feed::im2col ? k * plane : k * hq * wq;
+      nb = std::min(nb, std::max<int64_t>(1, kMaxChunkBytes / (4 * std::max<int64_t>(1, floats))));
+      nb = ceil_div(n, ceil_div(n, nb));  // as many chunks, evenly filled
       if (g_chunk_images > 0) nb = g_chunk_images;
       nb = std::min(nb, n);
     }
     len = nb * plane;
     len_pad = round_up(len, NR);
+  }
+
+  // The cheapest way to feed each GEMM, in GEMM work per useful multiply-add: rows and
+  // lanes computed and dropped (MR-row A panels, NR-wide vectors, the padded width of the
+  // implicit path), and im2col's extra passes. A path forced by the test hook is taken
+  // where it applies; im2col applies everywhere.
+  void choose_feeds() {
+    auto rows = [](int64_t m) { return m > 0 ? static_cast<double>(round_up(m, MR)) / static_cast<double>(m) : 1.0; };
+    auto lanes = [](int64_t m) { return m > 0 ? static_cast<double>(round_up(m, NR)) / static_cast<double>(m) : 1.0; };
+    const bool stride1 = sh == 1 && sw == 1;
+    const bool implicit_y_ok = stride1 && plane > 0;
+    const bool dx_pad_ok = stride1 && dy_top >= 0 && dy_left >= 0 && h * w > 0;
+    struct Option {
+      Feed feed;
+      bool applies;
+      double cost;
+    };
+    // Options in the order im2col (always applies), implicit, direct; ties go to the later one.
+    auto pick = [](std::initializer_list<Option> options) {
+      Feed best = Feed::im2col;
+      double cost = HUGE_VAL;
+      for (const Option& o : options) {
+        if (!o.applies) continue;
+        if (g_path != cpu_conv::Path::automatic) {
+          if (forced_feed() == o.feed) return o.feed;
+        } else if (o.cost <= cost) {
+          best = o.feed, cost = o.cost;
+        }
+      }
+      return best;
+    };
+    y_feed = pick({{Feed::im2col, true, kIm2colCost * rows(kg)},
+                   {Feed::implicit, implicit_y_ok,
+                    implicit_y_ok ? static_cast<double>(round_up(limg, NR)) / static_cast<double>(plane) * rows(kg) : 0},
+                   {Feed::direct, true, lanes(kg)}});
+    dx_feed = pick({{Feed::im2col, true, kIm2colCost * rows(grows)},
+                    {Feed::implicit, dx_pad_ok,
+                     dx_pad_ok ? static_cast<double>(round_up(ldx, NR)) / static_cast<double>(h * w) * rows(cg) : 0},
+                    {Feed::direct, dx_pad_ok, lanes(cg)}});
   }
 
   // Nothing to compute (empty output, or no input channels: y is the bias, dx and dw get 0).
@@ -273,17 +351,28 @@ struct ConvGeom {
   int64_t dypad_floats() const { return nb * k * hq * wq + NR; }
   static int64_t table_floats(int64_t entries) { return 2 * entries; }  // int64 entries
 
+  // Direct path: NR-channel blocks of the output channels (forward, dw) and of the input
+  // channels (dx), and MR-row blocks of the dw rows (c, r, s).
+  int64_t kblocks() const { return ceil_div(kg, NR); }
+  int64_t cblocks() const { return ceil_div(cg, NR); }
+  int64_t dw_tiles() const { return groups * ceil_div(grows, MR) * kblocks(); }
+
   struct FwdLayout {
     int64_t a, b, off, xpad, total;
   };
   FwdLayout fwd_layout() const {
     Regions rg;
     FwdLayout l{};
-    l.a = rg.add(groups * round_up(kg, MR) * grows);  // packed w
-    if (implicit_y) {
+    if (y_feed == Feed::direct) {
+      l.b = rg.add(groups * kblocks() * grows * NR);  // w^T in B panels
+      l.off = rg.add(table_floats(grows));
+      l.xpad = rg.add(xpad_floats());
+    } else if (y_feed == Feed::implicit) {
+      l.a = rg.add(groups * round_up(kg, MR) * grows);  // packed w
       l.off = rg.add(table_floats(grows));
       l.xpad = rg.add(xpad_floats());
     } else {
+      l.a = rg.add(groups * round_up(kg, MR) * grows);
       l.b = rg.add(groups * grows * len_pad);  // packed column matrix
     }
     l.total = rg.total;
@@ -291,10 +380,11 @@ struct ConvGeom {
   }
 
   struct BwdLayout {
-    // dw: explicit dy A panels + col^T B panels; implicit offsets + x_pad + dy^T B panels.
-    int64_t dya, colt, off, xpad, dyt;
-    // dx: explicit w^T A panels + dy B panels + plain col; implicit flipped w^T A panels,
-    // offsets, padded dy.
+    // dw: im2col dy A panels + col^T B panels; implicit offsets + x_pad + dy^T B panels;
+    // direct offsets + x_pad + position offsets + dy^T B panels + tile sums.
+    int64_t dya, colt, off, xpad, dyt, pos, acc;
+    // dx: im2col w^T A panels + dy B panels + plain col; implicit flipped w^T A panels,
+    // offsets, padded dy; direct flipped w B panels, offsets, padded dy.
     int64_t wt, dyb, col, wflip, offdx, dypad;
     int64_t total;
   };
@@ -302,7 +392,7 @@ struct ConvGeom {
     Regions rg;
     BwdLayout l{};
     const int64_t colt = groups * round_up(grows, NR) * len, col = groups * grows * len;
-    if (!implicit_y && !implicit_dx) {  // col^T (dw) and then col (dx) share one buffer
+    if (y_feed == Feed::im2col && dx_feed == Feed::im2col) {  // col^T (dw) and then col (dx) share one buffer
       l.dya = rg.add(groups * round_up(kg, MR) * len);
       l.wt = rg.add(groups * round_up(grows, MR) * kg);
       l.dyb = rg.add(groups * kg * len_pad);
@@ -310,7 +400,13 @@ struct ConvGeom {
       l.total = rg.total;
       return l;
     }
-    if (implicit_y) {
+    if (y_feed == Feed::direct) {
+      l.off = rg.add(table_floats(grows));
+      l.xpad = rg.add(xpad_floats());
+      l.pos = rg.add(table_floats(len));
+      l.dyt = rg.add(groups * kblocks() * len * NR);
+      l.acc = rg.add(dw_tiles() * MR * NR);
+    } else if (y_feed == Feed::implicit) {
       l.off = rg.add(table_floats(grows));
       l.xpad = rg.add(xpad_floats());
       l.dyt = rg.add(groups * round_up(kg, NR) * nb * limg);
@@ -318,7 +414,11 @@ struct ConvGeom {
       l.dya = rg.add(groups * round_up(kg, MR) * len);
       l.colt = rg.add(colt);
     }
-    if (implicit_dx) {
+    if (dx_feed == Feed::direct) {
+      l.wflip = rg.add(groups * cblocks() * krows * NR);
+      l.offdx = rg.add(table_floats(krows));
+      l.dypad = rg.add(dypad_floats());
+    } else if (dx_feed == Feed::implicit) {
       l.wflip = rg.add(groups * round_up(cg, MR) * krows);
       l.offdx = rg.add(table_floats(krows));
       l.dypad = rg.add(dypad_floats());
@@ -625,6 +725,148 @@ inline void for_column_runs(int64_t l0, int64_t nr, int64_t pitch, int64_t width
   }
 }
 
+
+// ---- Direct path: tiles of MR output positions by NR channels -----------------------------
+
+// Packs a depth x channels matrix given by src(d, ch) into B panels of NR channels:
+// b[(jb * depth + d) * NR + j] = src(d, jb * NR + j), zero past `channels`.
+template <class Src>
+void pack_b(int64_t depth, int64_t channels, float* b, const Src& src) {
+  const int64_t blocks = ceil_div(channels, NR);
+  for (int64_t jb = 0; jb < blocks; ++jb) {
+    const int64_t jn = std::min(NR, channels - jb * NR);
+    for (int64_t d = 0; d < depth; ++d) {
+      float* o = b + (jb * depth + d) * NR;
+      for (int64_t j = 0; j < jn; ++j) o[j] = src(d, jb * NR + j);
+      for (int64_t j = jn; j < NR; ++j) o[j] = 0.0f;
+    }
+  }
+}
+
+// The output positions of a chunk, flat over (image, row, column): where each one's window
+// starts in the padded input, and where its value goes in the output plane.
+struct Positions {
+  int64_t count;                    // positions in the chunk
+  int64_t plane, width;             // output positions per image and per row
+  int64_t in_image, in_row, in_col; // padded-input floats per image, per output row and column
+  int64_t out_image;                // output floats per image
+
+  // in_off and out_off of the MR positions from l0 on (past the end: the last one again).
+  void tile(int64_t l0, int64_t* in_off, int64_t* out_off) const {
+    int64_t img = l0 / plane, pos = l0 % plane, row = pos / width, col = pos % width;
+    for (int64_t i = 0; i < MR; ++i) {
+      in_off[i] = img * in_image + row * in_row + col * in_col;
+      out_off[i] = img * out_image + pos;
+      if (l0 + i + 1 >= count) continue;
+      ++pos;
+      if (++col == width) col = 0, ++row;
+      if (pos == plane) pos = 0, row = 0, ++img;
+    }
+  }
+};
+
+// out[image][group * channels + ch][pos] = sum over d of in[position + off[d]] * b[d][ch]
+// (+ bias[ch] in the forward pass, + 0 without one, as the other paths do), for the chunk's
+// positions and every group: `in` holds the chunk's padded input (in_group floats between
+// groups), b the B panels [group][channel block][depth][NR]. Tiles of MR positions by NR
+// channels, channel blocks innermost (they share the A rows).
+void direct_gemm(const MicroKernels& mk, const Positions& ps, int64_t groups, int64_t channels, const float* in,
+                 int64_t in_group, const int64_t* off, int64_t depth, const float* b, bool forward,
+                 const float* bias, float* out) {
+  const int64_t blocks = ceil_div(channels, NR), ptiles = ceil_div(ps.count, MR);
+  for_tiles(groups * ptiles * blocks, 2 * MR * NR * depth, [&](int64_t t) {
+    const int64_t gi = t / (ptiles * blocks), pt = (t / blocks) % ptiles, jb = t % blocks;
+    int64_t in_off[MR], out_off[MR];
+    ps.tile(pt * MR, in_off, out_off);
+    TableA a;
+    for (int64_t i = 0; i < MR; ++i) a.rows[i] = in + gi * in_group + in_off[i];
+    a.off = off;
+    alignas(64) float tile[MR * NR];
+    mk.table_a(depth, a, PackedB{b + (gi * blocks + jb) * depth * NR}, tile, false);
+    const int64_t mr = std::min(MR, ps.count - pt * MR), nr = std::min(NR, channels - jb * NR);
+    for (int64_t j = 0; j < nr; ++j) {
+      const int64_t ch = gi * channels + jb * NR + j;
+      float* o = out + ch * ps.plane;
+      if (forward) {
+        const float add = bias ? bias[ch] : 0.0f;
+        for (int64_t i = 0; i < mr; ++i) o[out_off[i]] = tile[i * NR + j] + add;
+      } else {
+        for (int64_t i = 0; i < mr; ++i) o[out_off[i]] = tile[i * NR + j];
+      }
+    }
+  });
+}
+
+// dy of a chunk transposed into B panels of NR channels for the direct dw: for position l
+// (image, pos) of the chunk, b[((gi * blocks + jb) * len + l) * NR + j] =
+// dy[n0 + image, gi * Kg + jb * NR + j, pos], zero past Kg. One (group, block, image) per
+// iteration.
+void pack_dy_direct(const ConvGeom& g, const float* dy, int64_t n0, int64_t nb, float* b) {
+  const int64_t blocks = g.kblocks(), len = nb * g.plane, units = g.groups * blocks * nb;
+  const int64_t kplane = g.k * g.plane;
+#pragma omp parallel for schedule(static) if (units * NR * g.plane >= kMinParallelWork)
+  for (int64_t u = 0; u < units; ++u) {
+    const int64_t gi = u / (blocks * nb), jb = (u / nb) % blocks, i = u % nb;
+    float* d = b + ((gi * blocks + jb) * len + i * g.plane) * NR;
+    const int64_t jn = std::min(NR, g.kg - jb * NR);
+    const float* src = dy + (n0 + i) * kplane + (gi * g.kg + jb * NR) * g.plane;
+    for (int64_t l = 0; l < g.plane; ++l, d += NR) {
+      for (int64_t j = 0; j < jn; ++j) d[j] = src[j * g.plane + l];
+      for (int64_t j = jn; j < NR; ++j) d[j] = 0.0f;
+    }
+  }
+}
+
+// Direct dw: dw_g[ch][kk] += sum over the chunk's positions l of x_pad[pos_off[l] + off[kk]]
+// * dy[l][ch], as tiles of MR rows kk by NR channels, each one FMA chain over the chunk in
+// position order (the im2col path's order). Each thread takes a fixed range of tiles and
+// walks the positions in blocks of kDwBlock, all its tiles per block, so that the block
+// of dy^T stays in cache; the chains continue across blocks through `acc`.
+void direct_dw(const MicroKernels& mk, const ConvGeom& g, int64_t len, const float* xpad, const int64_t* off,
+               const int64_t* pos_off, const float* dyt, float* acc, float* dw) {
+  const int64_t mp = ceil_div(g.grows, MR), blocks = g.kblocks(), tiles = g.dw_tiles();
+  const int64_t group_in = g.cg * g.hp * g.wp;
+#pragma omp parallel if (tiles * len * MR * NR * 2 >= 64 * kMinParallelWork)
+  {
+    const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
+    const int64_t t0 = tiles * tid / nth, t1 = tiles * (tid + 1) / nth;
+    for (int64_t l0 = 0; l0 < len; l0 += kDwBlock) {
+      const int64_t depth = std::min(kDwBlock, len - l0);
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t gi = t / (blocks * mp), jb = (t / mp) % blocks, ip = t % mp;
+        TableA a;
+        for (int64_t i = 0; i < MR; ++i) a.rows[i] = xpad + gi * group_in + off[std::min(ip * MR + i, g.grows - 1)];
+        a.off = pos_off + l0;
+        mk.table_a(depth, a, PackedB{dyt + ((gi * blocks + jb) * len + l0) * NR}, acc + t * MR * NR, l0 > 0);
+      }
+    }
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t gi = t / (blocks * mp), jb = (t / mp) % blocks, ip = t % mp;
+      const int64_t mr = std::min(MR, g.grows - ip * MR), nr = std::min(NR, g.kg - jb * NR);
+      const float* tile = acc + t * MR * NR;
+      for (int64_t j = 0; j < nr; ++j) {
+        float* d = dw + (gi * g.kg + jb * NR + j) * g.grows + ip * MR;
+        for (int64_t i = 0; i < mr; ++i) d[i] += tile[i * NR + j];
+      }
+    }
+  }
+}
+
+// off[kk] for kk = (c, r, s) of a group: where row kk of the column matrix starts in the
+// group's padded input, relative to an output position's window.
+void fill_x_offsets(const ConvGeom& g, int64_t* off) {
+  for (int64_t cc = 0, kk = 0; cc < g.cg; ++cc)
+    for (int64_t rr = 0; rr < g.r; ++rr)
+      for (int64_t ss = 0; ss < g.s; ++ss) off[kk++] = (cc * g.hp + rr * g.dh) * g.wp + ss * g.dw;
+}
+
+// The same for the dx of stride 1 over the padded dy: d = (k, r, s) of a group.
+void fill_dy_offsets(const ConvGeom& g, int64_t* off) {
+  for (int64_t kk = 0, d = 0; kk < g.kg; ++kk)
+    for (int64_t rr = 0; rr < g.r; ++rr)
+      for (int64_t ss = 0; ss < g.s; ++ss) off[d++] = (kk * g.hq + rr * g.dh) * g.wq + ss * g.dw;
+}
+
 }  // namespace
 
 namespace cpu_conv {
@@ -646,8 +888,16 @@ void use_micro_kernel(const std::string& name) {
   REMAT_THROW("conv2d: micro-kernel \"", name, "\" is unknown or not supported by this CPU");
 }
 
-bool explicit_only() { return g_explicit_only; }
-void set_explicit_only(bool on) { g_explicit_only = on; }
+Path path() { return g_path; }
+void set_path(Path p) { g_path = p; }
+const char* path_name(Path p) {
+  switch (p) {
+    case Path::im2col: return "im2col";
+    case Path::implicit: return "implicit";
+    case Path::direct: return "direct";
+    default: return "automatic";
+  }
+}
 
 int64_t chunk_images() { return g_chunk_images; }
 void set_chunk_images(int64_t images) {
@@ -681,18 +931,33 @@ void CpuBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, const Ten
   const MicroKernels& mk = *g_kernels;
   const auto lay = g.fwd_layout();
   float* ws = workspace.f32();
-  float* pa = ws + lay.a;
   const float* wp = w.f32();
+  if (g.y_feed != Feed::im2col) fill_x_offsets(g, reinterpret_cast<int64_t*>(ws + lay.off));
+
+  if (g.y_feed == Feed::direct) {
+    const int64_t b_stride = g.kblocks() * g.grows * NR;
+    for (int64_t gi = 0; gi < g.groups; ++gi)
+      pack_b(g.grows, g.kg, ws + lay.b + gi * b_stride,
+             [&](int64_t kk, int64_t ch) { return wp[(gi * g.kg + ch) * g.grows + kk]; });
+    float* xpad = ws + lay.xpad;
+    for (int64_t n0 = 0; n0 < g.n; n0 += g.nb) {
+      const int64_t nb = std::min(g.nb, g.n - n0);
+      pad_planes(x.f32(), n0, nb, g.c, g.h, g.w, g.hp, g.wp, g.ph, g.pw, xpad);
+      const Positions ps{nb * g.plane, g.plane, g.q, g.c * g.hp * g.wp, g.sh * g.wp, g.sw, kplane};
+      direct_gemm(mk, ps, g.groups, g.kg, xpad, g.cg * g.hp * g.wp, reinterpret_cast<const int64_t*>(ws + lay.off),
+                  g.grows, ws + lay.b, /*forward=*/true, bp, yp + n0 * kplane);
+    }
+    return;
+  }
+
+  float* pa = ws + lay.a;
   const int64_t a_stride = round_up(g.kg, MR) * g.grows, mp = ceil_div(g.kg, MR);
   for (int64_t gi = 0; gi < g.groups; ++gi)
     pack_a(g.kg, g.grows, pa + gi * a_stride,
            [&](int64_t i, int64_t kk) { return wp[(gi * g.kg + i) * g.grows + kk]; });
 
-  if (g.implicit_y) {
-    auto* off = reinterpret_cast<int64_t*>(ws + lay.off);
-    for (int64_t cc = 0, kk = 0; cc < g.cg; ++cc)
-      for (int64_t rr = 0; rr < g.r; ++rr)
-        for (int64_t ss = 0; ss < g.s; ++ss) off[kk++] = (cc * g.hp + rr * g.dh) * g.wp + ss * g.dw;
+  if (g.y_feed == Feed::implicit) {
+    const auto* off = reinterpret_cast<const int64_t*>(ws + lay.off);
     float* xpad = ws + lay.xpad;
     const int64_t ntl = ceil_div(g.limg, NR);
     for (int64_t n0 = 0; n0 < g.n; n0 += g.nb) {
@@ -790,36 +1055,48 @@ void CpuBackend::conv2d_backward_impl(const Tensor& dy, const Tensor& x, const T
   float* dwp = need_dw ? dw.f32() : nullptr;
 
   // dx operands that do not depend on the chunk.
-  const int64_t wt_stride = round_up(g.grows, MR) * g.kg;     // explicit: w_g^T [Cg*R*S, Kg]
+  const int64_t wt_stride = round_up(g.grows, MR) * g.kg;     // im2col: w_g^T [Cg*R*S, Kg]
   const int64_t wf_stride = round_up(g.cg, MR) * g.krows;     // implicit: flipped [Cg, Kg*R*S]
-  int64_t* offdx = nullptr;
-  if (need_dx && g.implicit_dx) {
+  const int64_t wfb_stride = g.cblocks() * g.krows * NR;      // direct: flipped [Kg*R*S, Cg]
+  auto flipped = [&](int64_t gi, int64_t d, int64_t cc) {  // w_g flipped and transposed
+    const int64_t kk = d / (g.r * g.s), rr = g.r - 1 - (d / g.s) % g.r, ss = g.s - 1 - d % g.s;
+    return wp[(((gi * g.kg + kk) * g.cg + cc) * g.r + rr) * g.s + ss];
+  };
+  const auto* offdx = reinterpret_cast<const int64_t*>(ws + lay.offdx);
+  if (need_dx && g.dx_feed != Feed::im2col) fill_dy_offsets(g, reinterpret_cast<int64_t*>(ws + lay.offdx));
+  if (need_dx && g.dx_feed == Feed::direct) {
     for (int64_t gi = 0; gi < g.groups; ++gi)
-      pack_a(g.cg, g.krows, ws + lay.wflip + gi * wf_stride, [&](int64_t cc, int64_t d) {
-        const int64_t kk = d / (g.r * g.s), rr = g.r - 1 - (d / g.s) % g.r, ss = g.s - 1 - d % g.s;
-        return wp[(((gi * g.kg + kk) * g.cg + cc) * g.r + rr) * g.s + ss];
-      });
-    offdx = reinterpret_cast<int64_t*>(ws + lay.offdx);
-    for (int64_t kk = 0, d = 0; kk < g.kg; ++kk)
-      for (int64_t rr = 0; rr < g.r; ++rr)
-        for (int64_t ss = 0; ss < g.s; ++ss) offdx[d++] = (kk * g.hq + rr * g.dh) * g.wq + ss * g.dw;
+      pack_b(g.krows, g.cg, ws + lay.wflip + gi * wfb_stride,
+             [&](int64_t d, int64_t cc) { return flipped(gi, d, cc); });
+  } else if (need_dx && g.dx_feed == Feed::implicit) {
+    for (int64_t gi = 0; gi < g.groups; ++gi)
+      pack_a(g.cg, g.krows, ws + lay.wflip + gi * wf_stride,
+             [&](int64_t cc, int64_t d) { return flipped(gi, d, cc); });
   } else if (need_dx) {
     for (int64_t gi = 0; gi < g.groups; ++gi)
       pack_a(g.grows, g.kg, ws + lay.wt + gi * wt_stride,
              [&](int64_t kk, int64_t m) { return wp[(gi * g.kg + m) * g.grows + kk]; });
   }
-  int64_t* off = nullptr;
-  if (need_dw && g.implicit_y) {
-    off = reinterpret_cast<int64_t*>(ws + lay.off);
-    for (int64_t cc = 0, kk = 0; cc < g.cg; ++cc)
-      for (int64_t rr = 0; rr < g.r; ++rr)
-        for (int64_t ss = 0; ss < g.s; ++ss) off[kk++] = (cc * g.hp + rr * g.dh) * g.wp + ss * g.dw;
-  }
+  const auto* off = reinterpret_cast<const int64_t*>(ws + lay.off);
+  if (need_dw && g.y_feed != Feed::im2col) fill_x_offsets(g, reinterpret_cast<int64_t*>(ws + lay.off));
 
   for (int64_t n0 = 0; n0 < g.n; n0 += g.nb) {
     const int64_t nb = std::min(g.nb, g.n - n0), len = nb * g.plane, len_pad = round_up(len, NR);
 
-    if (need_dw && g.implicit_y) {
+    if (need_dw && g.y_feed == Feed::direct) {
+      // dw_g [Kg, Cg*R*S] += dy^T of the chunk's positions against x_pad read at their windows.
+      float* xpad = ws + lay.xpad;
+      auto* pos = reinterpret_cast<int64_t*>(ws + lay.pos);
+      pad_planes(xp, n0, nb, g.c, g.h, g.w, g.hp, g.wp, g.ph, g.pw, xpad);
+      pack_dy_direct(g, dyp, n0, nb, ws + lay.dyt);
+      const Positions ps{len, g.plane, g.q, g.c * g.hp * g.wp, g.sh * g.wp, g.sw, 0};
+      for (int64_t l = 0; l < len; l += MR) {
+        int64_t in_off[MR], out_off[MR];
+        ps.tile(l, in_off, out_off);
+        std::copy(in_off, in_off + std::min(MR, len - l), pos + l);
+      }
+      direct_dw(mk, g, len, xpad, off, pos, ws + lay.dyt, ws + lay.acc, dwp);
+    } else if (need_dw && g.y_feed == Feed::implicit) {
       // dw_g^T [Cg*R*S, Kg] = sum over images of x_pad rows [Cg*R*S, limg] @ dy^T [limg, Kg].
       float* xpad = ws + lay.xpad;
       float* dyt = ws + lay.dyt;
@@ -860,7 +1137,14 @@ void CpuBackend::conv2d_backward_impl(const Tensor& dy, const Tensor& x, const T
       });
     }
 
-    if (need_dx && g.implicit_dx) {
+    if (need_dx && g.dx_feed == Feed::direct) {
+      // dx_g [H x W, Cg] = the padded dy read at each position's window @ flipped w_g.
+      float* dypad = ws + lay.dypad;
+      pad_planes(dyp, n0, nb, g.k, g.p, g.q, g.hq, g.wq, g.dy_top, g.dy_left, dypad);
+      const Positions ps{nb * g.h * g.w, g.h * g.w, g.w, g.k * g.hq * g.wq, g.wq, 1, g.c * g.h * g.w};
+      direct_gemm(mk, ps, g.groups, g.cg, dypad, g.kg * g.hq * g.wq, offdx, g.krows, ws + lay.wflip,
+                  /*forward=*/false, nullptr, dxp + n0 * g.c * g.h * g.w);
+    } else if (need_dx && g.dx_feed == Feed::implicit) {
       // dx_g [Cg, H x Wq] = flipped w_g^T [Cg, Kg*R*S] @ rows of the padded dy.
       float* dypad = ws + lay.dypad;
       pad_planes(dyp, n0, nb, g.k, g.p, g.q, g.hq, g.wq, g.dy_top, g.dy_left, dypad);

@@ -1,5 +1,5 @@
-// Test hooks into the CPU conv2d (conv.cpp): which GEMM micro-kernel runs, whether the
-// implicit-GEMM paths may be used, and how many images a chunk holds. Process-wide and not
+// Test hooks into the CPU conv2d (conv.cpp): which GEMM micro-kernel runs, which way the
+// GEMMs get their operands, and how many images a chunk holds. Process-wide and not
 // thread-safe: for tests only.
 #pragma once
 
@@ -16,10 +16,15 @@ std::string micro_kernel();
 // Throws remat::Error for a name that is unknown or that this CPU cannot run.
 void use_micro_kernel(const std::string& name);
 
-// When set, every convolution takes the explicit im2col / col2im path, even stride-1 ones
-// that the implicit GEMM handles. The workspace queries follow the setting.
-bool explicit_only();
-void set_explicit_only(bool on);
+// How the GEMMs get their operands: `automatic` (the default) chooses per GEMM from the
+// shapes; the others force one way wherever it applies and im2col / col2im elsewhere:
+// `im2col` everywhere, `implicit` (stride-1 GEMMs over the padded width), `direct`
+// (tiles of output positions by channels; dx only for stride 1). The workspace queries
+// follow the setting.
+enum class Path { automatic, im2col, implicit, direct };
+Path path();
+void set_path(Path p);
+const char* path_name(Path p);
 
 // Images per chunk: 0 (the default) chooses from the shapes; n > 0 fixes chunks of n
 // images (the last one partial), to test chunking on small shapes. The workspace queries
