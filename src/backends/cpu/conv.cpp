@@ -190,6 +190,53 @@ std::vector<const MicroKernels*> supported_kernels() {
   return out;
 }
 
+// ---- 8 x 8 transposes (the direct path's stores and its dy^T) ------------------------------
+
+// dst[j * ds + i] = src[i * ss + j] (+ add[j] when add is given), for i, j < 8: copies, and
+// the same float additions, whichever version runs.
+void transpose8_portable(const float* src, int64_t ss, float* dst, int64_t ds, const float* add) {
+  for (int64_t j = 0; j < 8; ++j)
+    for (int64_t i = 0; i < 8; ++i) dst[j * ds + i] = add ? src[i * ss + j] + add[j] : src[i * ss + j];
+}
+
+#ifdef REMAT_CONV_X86
+__attribute__((target("avx"))) void transpose8_avx(const float* src, int64_t ss, float* dst, int64_t ds,
+                                                   const float* add) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * ss);
+  for (int i = 0; i < 8; i += 2) {  // pairs of rows interleaved
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {  // then quads: each 128-bit lane holds 4 x 4 transposed
+    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int j = 0; j < 4; ++j) {  // and the lanes of rows 0-3 with those of rows 4-7
+    t[j] = _mm256_permute2f128_ps(r[j], r[j + 4], 0x20);
+    t[j + 4] = _mm256_permute2f128_ps(r[j], r[j + 4], 0x31);
+  }
+  for (int j = 0; j < 8; ++j) {
+    const __m256 v = add ? _mm256_add_ps(t[j], _mm256_set1_ps(add[j])) : t[j];
+    _mm256_storeu_ps(dst + j * ds, v);
+  }
+}
+
+const bool g_have_avx = [] {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx") != 0;
+}();
+#endif
+
+inline void transpose8(const float* src, int64_t ss, float* dst, int64_t ds, const float* add = nullptr) {
+#ifdef REMAT_CONV_X86
+  if (g_have_avx) return transpose8_avx(src, ss, dst, ds, add);
+#endif
+  transpose8_portable(src, ss, dst, ds, add);
+}
+
 const MicroKernels* g_kernels = supported_kernels().front();
 cpu_conv::Path g_path = cpu_conv::Path::automatic;
 int64_t g_chunk_images = 0;  // 0: chosen from the shapes
@@ -784,12 +831,19 @@ void direct_gemm(const MicroKernels& mk, const Positions& ps, int64_t groups, in
     alignas(64) float tile[MR * NR];
     mk.table_a(depth, a, PackedB{b + (gi * blocks + jb) * depth * NR}, tile, false);
     const int64_t mr = std::min(MR, ps.count - pt * MR), nr = std::min(NR, channels - jb * NR);
-    for (int64_t j = 0; j < nr; ++j) {
-      const int64_t ch = gi * channels + jb * NR + j;
-      float* o = out + ch * ps.plane;
+    const int64_t ch0 = gi * channels + jb * NR;
+    float add[NR];
+    for (int64_t j = 0; j < nr; ++j) add[j] = bias ? bias[ch0 + j] : 0.0f;
+    int64_t j0 = 0;
+    if (mr == MR && out_off[MR - 1] == out_off[0] + MR - 1) {  // one run of each channel's plane
+      static_assert(MR == 8, "the stores transpose 8 x 8 blocks");
+      for (; j0 + 8 <= nr; j0 += 8)
+        transpose8(tile + j0, NR, out + (ch0 + j0) * ps.plane + out_off[0], ps.plane, forward ? add + j0 : nullptr);
+    }
+    for (int64_t j = j0; j < nr; ++j) {
+      float* o = out + (ch0 + j) * ps.plane;
       if (forward) {
-        const float add = bias ? bias[ch] : 0.0f;
-        for (int64_t i = 0; i < mr; ++i) o[out_off[i]] = tile[i * NR + j] + add;
+        for (int64_t i = 0; i < mr; ++i) o[out_off[i]] = tile[i * NR + j] + add[j];
       } else {
         for (int64_t i = 0; i < mr; ++i) o[out_off[i]] = tile[i * NR + j];
       }
@@ -810,8 +864,11 @@ void pack_dy_direct(const ConvGeom& g, const float* dy, int64_t n0, int64_t nb, 
     float* d = b + ((gi * blocks + jb) * len + i * g.plane) * NR;
     const int64_t jn = std::min(NR, g.kg - jb * NR);
     const float* src = dy + (n0 + i) * kplane + (gi * g.kg + jb * NR) * g.plane;
+    const int64_t j8 = jn / 8 * 8, l8 = g.plane / 8 * 8;
+    for (int64_t l = 0; l < l8; l += 8)
+      for (int64_t j = 0; j < j8; j += 8) transpose8(src + j * g.plane + l, g.plane, d + l * NR + j, NR);
     for (int64_t l = 0; l < g.plane; ++l, d += NR) {
-      for (int64_t j = 0; j < jn; ++j) d[j] = src[j * g.plane + l];
+      for (int64_t j = l < l8 ? j8 : 0; j < jn; ++j) d[j] = src[j * g.plane + l];
       for (int64_t j = jn; j < NR; ++j) d[j] = 0.0f;
     }
   }
