@@ -498,6 +498,42 @@ TEST(CnnPool, MaxPoolTiesPaddingAndNaN) {
   EXPECT_EQ(dx.to_vector(), (std::vector<float>{0, 0, 0, 10}));
 }
 
+// 2 x 2 windows of stride 2 (a vectorised path): ties, NaNs, infinities, widths that are
+// odd (the last column dropped), below and above a vector of outputs, against the rule
+// written out: the first maximum in scan order, or the window's last NaN.
+TEST(CnnPool, MaxPool2x2Stride2MatchesTheRule) {
+  Pool2dParams p;
+  p.kernel_h = p.kernel_w = 2;
+  p.stride_h = p.stride_w = 2;
+  const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
+  std::mt19937 rng(5);
+  for (const Shape& s : {Shape{1, 1, 2, 2}, Shape{2, 3, 9, 7}, Shape{2, 2, 10, 37}, Shape{1, 2, 4, 64}}) {
+    SCOPED_TRACE(s.str());
+    std::vector<float> v(static_cast<size_t>(s.numel()));
+    const float pool[] = {-inf, -2.0f, -1.0f, 0.0f, 1.0f, 2.0f, inf, nan};
+    for (auto& e : v) e = pool[rng() % 8];
+    const auto r = ops::maxpool2d(cpu(), Tensor::from_vector(v, s), p);
+    const auto y = r.y.to_vector();
+    const auto idx = r.indices.to_ints();
+    const int64_t h = s[2], w = s[3], ph = h / 2, pw = w / 2;
+    for (int64_t pl = 0; pl < s[0] * s[1]; ++pl)
+      for (int64_t i = 0; i < ph; ++i)
+        for (int64_t j = 0; j < pw; ++j) {
+          int64_t best = 2 * i * w + 2 * j;
+          for (int64_t a = 0; a < 2; ++a)
+            for (int64_t b = 0; b < 2; ++b) {
+              const int64_t at = (2 * i + a) * w + 2 * j + b;
+              const float e = v[static_cast<size_t>(pl * h * w + at)], cur = v[static_cast<size_t>(pl * h * w + best)];
+              if (std::isnan(e) || (!std::isnan(cur) && e > cur)) best = at;
+            }
+          const size_t o = static_cast<size_t>((pl * ph + i) * pw + j);
+          ASSERT_EQ(idx[o], best) << "plane " << pl << " output (" << i << ", " << j << ")";
+          const float want = v[static_cast<size_t>(pl * h * w + best)];
+          EXPECT_TRUE(std::isnan(want) ? std::isnan(y[o]) : y[o] == want);
+        }
+  }
+}
+
 TEST(CnnPool, MaxPoolBackwardRejectsBadIndices) {
   const Tensor dy = Tensor::from_vector({1, 2}, Shape{1, 1, 1, 2});
   const Tensor idx = Tensor::from_ints({0, 4}, Shape{1, 1, 1, 2});

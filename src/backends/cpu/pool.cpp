@@ -7,6 +7,10 @@
 #include <cmath>
 #include <limits>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/parallel.h"
 #include "remat/error.h"
@@ -31,6 +35,94 @@ struct PoolGeom {
 
 using cpu::sum_f64;
 
+// Max pooling over 2 x 2 windows of stride 2 without padding (the usual pooling layer), a
+// row of outputs at a time: the same results as the general loop below (the first maximum
+// in scan order wins; a window holding a NaN gives its last NaN).
+void maxpool2x2_row(const float* r0, const float* r1, int64_t q, int32_t top, int32_t bottom, float* d, int32_t* o) {
+  for (int64_t qq = 0; qq < q; ++qq) {
+    const float a = r0[2 * qq], b = r0[2 * qq + 1], c = r1[2 * qq], e = r1[2 * qq + 1];
+    const auto col = static_cast<int32_t>(2 * qq);
+    float best = a;
+    int32_t at = top + col;
+    if (b > best) best = b, at = top + col + 1;
+    if (c > best) best = c, at = bottom + col;
+    if (e > best) best = e, at = bottom + col + 1;
+    if (a != a || b != b || c != c || e != e) {  // the last NaN
+      if (a != a) best = a, at = top + col;
+      if (b != b) best = b, at = top + col + 1;
+      if (c != c) best = c, at = bottom + col;
+      if (e != e) best = e, at = bottom + col + 1;
+    }
+    d[qq] = best;
+    o[qq] = at;
+  }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define REMAT_POOL_AVX512 1
+// The same, 16 outputs per step: even and odd columns of both rows deinterleaved, then the
+// scalar version's comparisons as masks.
+__attribute__((target("avx512f"))) void maxpool2x2_row_avx512(const float* r0, const float* r1, int64_t q,
+                                                              int32_t top, int32_t bottom, float* d, int32_t* o) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  const __m512i top0 = _mm512_add_epi32(_mm512_set1_epi32(top), even);
+  const __m512i bottom0 = _mm512_add_epi32(_mm512_set1_epi32(bottom), even);
+  const __m512i one = _mm512_set1_epi32(1);
+  for (int64_t q0 = 0; q0 < q; q0 += 16) {
+    const int64_t m = std::min<int64_t>(16, q - q0), in = 2 * m;
+    const auto lo = static_cast<__mmask16>(in >= 16 ? 0xFFFF : (1u << in) - 1);
+    const auto hi = static_cast<__mmask16>(in >= 32 ? 0xFFFF : in > 16 ? (1u << (in - 16)) - 1 : 0);
+    const auto out = static_cast<__mmask16>(m == 16 ? 0xFFFF : (1u << m) - 1);
+    const float* p0 = r0 + 2 * q0;
+    const float* p1 = r1 + 2 * q0;
+    const __m512 t0 = _mm512_maskz_loadu_ps(lo, p0), t1 = _mm512_maskz_loadu_ps(hi, p0 + 16);
+    const __m512 u0 = _mm512_maskz_loadu_ps(lo, p1), u1 = _mm512_maskz_loadu_ps(hi, p1 + 16);
+    const __m512 a = _mm512_permutex2var_ps(t0, even, t1), b = _mm512_permutex2var_ps(t0, odd, t1);
+    const __m512 c = _mm512_permutex2var_ps(u0, even, u1), e = _mm512_permutex2var_ps(u0, odd, u1);
+    const __m512i shift = _mm512_set1_epi32(static_cast<int32_t>(2 * q0));
+    const __m512i ia = _mm512_add_epi32(top0, shift), ib = _mm512_add_epi32(ia, one);
+    const __m512i ic = _mm512_add_epi32(bottom0, shift), ie = _mm512_add_epi32(ic, one);
+    __m512 best = a;
+    __m512i at = ia;
+    __mmask16 k = _mm512_cmp_ps_mask(b, best, _CMP_GT_OQ);
+    best = _mm512_mask_mov_ps(best, k, b), at = _mm512_mask_mov_epi32(at, k, ib);
+    k = _mm512_cmp_ps_mask(c, best, _CMP_GT_OQ);
+    best = _mm512_mask_mov_ps(best, k, c), at = _mm512_mask_mov_epi32(at, k, ic);
+    k = _mm512_cmp_ps_mask(e, best, _CMP_GT_OQ);
+    best = _mm512_mask_mov_ps(best, k, e), at = _mm512_mask_mov_epi32(at, k, ie);
+    k = _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+    best = _mm512_mask_mov_ps(best, k, a), at = _mm512_mask_mov_epi32(at, k, ia);
+    k = _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q);
+    best = _mm512_mask_mov_ps(best, k, b), at = _mm512_mask_mov_epi32(at, k, ib);
+    k = _mm512_cmp_ps_mask(c, c, _CMP_UNORD_Q);
+    best = _mm512_mask_mov_ps(best, k, c), at = _mm512_mask_mov_epi32(at, k, ic);
+    k = _mm512_cmp_ps_mask(e, e, _CMP_UNORD_Q);
+    best = _mm512_mask_mov_ps(best, k, e), at = _mm512_mask_mov_epi32(at, k, ie);
+    _mm512_mask_storeu_ps(d + q0, out, best);
+    _mm512_mask_storeu_epi32(o + q0, out, at);
+  }
+}
+#endif
+
+void maxpool2x2(const PoolGeom& g, const float* xp, float* yp, int32_t* ip) {
+#ifdef REMAT_POOL_AVX512
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  auto* row = avx512 ? &maxpool2x2_row_avx512 : &maxpool2x2_row;
+#else
+  auto* row = &maxpool2x2_row;
+#endif
+#pragma omp parallel for schedule(static) if (g.planes * g.p * g.q * 4 >= kMinParallelWork)
+  for (int64_t pl = 0; pl < g.planes; ++pl) {
+    const float* src = xp + pl * g.h * g.w;
+    for (int64_t pp = 0; pp < g.p; ++pp) {
+      const float* r0 = src + 2 * pp * g.w;
+      row(r0, r0 + g.w, g.q, static_cast<int32_t>(2 * pp * g.w), static_cast<int32_t>((2 * pp + 1) * g.w),
+          yp + (pl * g.p + pp) * g.q, ip + (pl * g.p + pp) * g.q);
+    }
+  }
+}
+
 }  // namespace
 
 void CpuBackend::maxpool2d_forward_impl(const Tensor& x, const Pool2dParams& prm, const Tensor& y,
@@ -41,6 +133,10 @@ void CpuBackend::maxpool2d_forward_impl(const Tensor& x, const Pool2dParams& prm
   int32_t* ip = indices.i32();
   REMAT_CHECK(g.h * g.w <= std::numeric_limits<int32_t>::max(), "maxpool2d_forward: x ", x.str(),
               ": a plane is too large for i32 indices");
+  if (g.kh == 2 && g.kw == 2 && g.sh == 2 && g.sw == 2 && g.ph == 0 && g.pw == 0) {
+    maxpool2x2(g, xp, yp, ip);
+    return;
+  }
 #pragma omp parallel for schedule(static) if (g.planes * g.p * g.q * g.kh * g.kw >= kMinParallelWork)
   for (int64_t pl = 0; pl < g.planes; ++pl) {
     const float* src = xp + pl * g.h * g.w;
