@@ -13,6 +13,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/parallel.h"
+#include "backends/cpu/simd.h"
 #include "remat/error.h"
 
 namespace remat {
@@ -107,8 +108,7 @@ __attribute__((target("avx512f"))) void maxpool2x2_row_avx512(const float* r0, c
 
 void maxpool2x2(const PoolGeom& g, const float* xp, float* yp, int32_t* ip) {
 #ifdef REMAT_POOL_AVX512
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
-  auto* row = avx512 ? &maxpool2x2_row_avx512 : &maxpool2x2_row;
+  auto* row = cpu::simd() == cpu::Simd::avx512 ? &maxpool2x2_row_avx512 : &maxpool2x2_row;
 #else
   auto* row = &maxpool2x2_row;
 #endif
