@@ -1,12 +1,14 @@
 // BatchNorm2d on the CPU (NCHW), PyTorch's formulas.
 //
 // Statistics are per channel over (N, H, W). Every loop that reduces runs parallel over
-// channels, and one thread sums a channel's N planes in order, in double (four partial
-// sums per plane, combined in a fixed order): results do not depend on the thread count.
+// channels, and one thread sums a channel's N planes in order, in double (16 partial sums
+// per plane, combined in a fixed order: cpu::sum_f64 and its kin): results do not depend
+// on the thread count.
 #include <cmath>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/parallel.h"
+#include "backends/cpu/simd.h"
 #include "remat/error.h"
 
 namespace remat {
@@ -24,43 +26,56 @@ struct BnGeom {
   int64_t plane(int64_t i, int64_t ch) const { return (i * c + ch) * hw; }
 };
 
+using cpu::sum_dev_dot_f64;
 using cpu::sum_f64;
+using cpu::sum_sq_dev_f64;
 
-// sum((s - mean)^2)
-double sum_sq_dev_f64(const float* s, int64_t n, double mean) {
-  double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-  int64_t j = 0;
-  for (; j + 4 <= n; j += 4) {
-    const double d0 = s[j] - mean, d1 = s[j + 1] - mean, d2 = s[j + 2] - mean, d3 = s[j + 3] - mean;
-    a0 += d0 * d0;
-    a1 += d1 * d1;
-    a2 += d2 * d2;
-    a3 += d3 * d3;
-  }
-  for (; j < n; ++j) {
-    const double d = s[j] - mean;
-    a0 += d * d;
-  }
-  return (a0 + a1) + (a2 + a3);
-}
-
-// sum((x - mean) * dy)
-double sum_dev_dot_f64(const float* x, const float* dy, int64_t n, double mean) {
-  double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-  int64_t j = 0;
-  for (; j + 4 <= n; j += 4) {
-    a0 += (x[j] - mean) * dy[j];
-    a1 += (x[j + 1] - mean) * dy[j + 1];
-    a2 += (x[j + 2] - mean) * dy[j + 2];
-    a3 += (x[j + 3] - mean) * dy[j + 3];
-  }
-  for (; j < n; ++j) a0 += (x[j] - mean) * dy[j];
-  return (a0 + a1) + (a2 + a3);
-}
-
-// y = x * scale + shift over a plane.
-void affine(const float* x, float scale, float shift, int64_t n, float* y) {
+// The elementwise passes over a plane, compiled for the baseline, AVX2 and AVX-512 (the
+// loop inlined into each; the same float operations at every width: no contraction in
+// this file); cpu::simd() picks.
+//   affine:     y = x * scale + shift
+//   input_grad: dx = (dy - mean_dy - (x - mean) * k) * scale
+__attribute__((always_inline)) inline void affine(const float* x, float scale, float shift, int64_t n, float* y) {
   for (int64_t j = 0; j < n; ++j) y[j] = x[j] * scale + shift;
+}
+__attribute__((always_inline)) inline void input_grad(const float* x, const float* dy, float mean, float mean_dy,
+                                                      float k, float scale, int64_t n, float* dx) {
+  for (int64_t j = 0; j < n; ++j) dx[j] = (dy[j] - mean_dy - (x[j] - mean) * k) * scale;
+}
+void affine_baseline(const float* x, float scale, float shift, int64_t n, float* y) { affine(x, scale, shift, n, y); }
+void input_grad_baseline(const float* x, const float* dy, float mean, float mean_dy, float k, float scale, int64_t n,
+                         float* dx) {
+  input_grad(x, dy, mean, mean_dy, k, scale, n, dx);
+}
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define REMAT_BN_X86 1
+__attribute__((target("avx2"))) void affine_avx2(const float* x, float scale, float shift, int64_t n, float* y) {
+  affine(x, scale, shift, n, y);
+}
+__attribute__((target("avx2"))) void input_grad_avx2(const float* x, const float* dy, float mean, float mean_dy,
+                                                     float k, float scale, int64_t n, float* dx) {
+  input_grad(x, dy, mean, mean_dy, k, scale, n, dx);
+}
+__attribute__((target("avx512f"))) void affine_avx512(const float* x, float scale, float shift, int64_t n, float* y) {
+  affine(x, scale, shift, n, y);
+}
+__attribute__((target("avx512f"))) void input_grad_avx512(const float* x, const float* dy, float mean, float mean_dy,
+                                                          float k, float scale, int64_t n, float* dx) {
+  input_grad(x, dy, mean, mean_dy, k, scale, n, dx);
+}
+#endif
+
+struct Passes {
+  void (*affine)(const float*, float, float, int64_t, float*);
+  void (*input_grad)(const float*, const float*, float, float, float, float, int64_t, float*);
+};
+
+Passes passes() {
+#ifdef REMAT_BN_X86
+  if (cpu::simd() == cpu::Simd::avx512) return {&affine_avx512, &input_grad_avx512};
+  if (cpu::simd() == cpu::Simd::avx2) return {&affine_avx2, &input_grad_avx2};
+#endif
+  return {&affine_baseline, &input_grad_baseline};
 }
 
 }  // namespace
@@ -80,6 +95,7 @@ void CpuBackend::batchnorm2d_forward_train_impl(const Tensor& x, const Tensor& g
   float* rvp = update_running ? running_var.f32() : nullptr;
   const int64_t count = g.count();
   const double momentum = p.momentum;
+  const Passes pass = passes();
 #pragma omp parallel for schedule(static) if (g.n * g.c * g.hw >= kMinParallelWork)
   for (int64_t ch = 0; ch < g.c; ++ch) {
     double sum = 0.0;
@@ -99,7 +115,7 @@ void CpuBackend::batchnorm2d_forward_train_impl(const Tensor& x, const Tensor& g
     const double scale = invstd * gp[ch];
     const float fscale = static_cast<float>(scale);
     const float fshift = static_cast<float>(bp[ch] - mean * scale);
-    for (int64_t i = 0; i < g.n; ++i) affine(xp + g.plane(i, ch), fscale, fshift, g.hw, yp + g.plane(i, ch));
+    for (int64_t i = 0; i < g.n; ++i) pass.affine(xp + g.plane(i, ch), fscale, fshift, g.hw, yp + g.plane(i, ch));
   }
 }
 
@@ -114,13 +130,14 @@ void CpuBackend::batchnorm2d_forward_eval_impl(const Tensor& x, const Tensor& ga
   const float* rvp = running_var.f32();
   float* yp = y.f32();
   const int64_t units = g.n * g.c;
+  const Passes pass = passes();
 #pragma omp parallel for schedule(static) if (units * g.hw >= kMinParallelWork)
   for (int64_t u = 0; u < units; ++u) {
     const int64_t ch = u % g.c;
     const double scale = gp[ch] / std::sqrt(static_cast<double>(rvp[ch]) + static_cast<double>(p.eps));
     const float fscale = static_cast<float>(scale);
     const float fshift = static_cast<float>(bp[ch] - rmp[ch] * scale);
-    affine(xp + u * g.hw, fscale, fshift, g.hw, yp + u * g.hw);
+    pass.affine(xp + u * g.hw, fscale, fshift, g.hw, yp + u * g.hw);
   }
 }
 
@@ -137,6 +154,7 @@ void CpuBackend::batchnorm2d_backward_impl(const Tensor& dy, const Tensor& x, co
   float* dgp = dgamma.defined() ? dgamma.f32() : nullptr;
   float* dbp = dbeta.defined() ? dbeta.f32() : nullptr;
   const int64_t count = g.count();
+  const Passes pass = passes();
 #pragma omp parallel for schedule(static) if (g.n * g.c * g.hw >= kMinParallelWork)
   for (int64_t ch = 0; ch < g.c; ++ch) {
     const double mean = smp[ch], invstd = sip[ch];
@@ -153,12 +171,8 @@ void CpuBackend::batchnorm2d_backward_impl(const Tensor& dy, const Tensor& x, co
     const float fmean = static_cast<float>(mean);
     const float fmdy = static_cast<float>(sum_dy / static_cast<double>(count));
     const float fscale = static_cast<float>(invstd * gp[ch]);
-    for (int64_t i = 0; i < g.n; ++i) {
-      const float* xs = xp + g.plane(i, ch);
-      const float* gs = dyp + g.plane(i, ch);
-      float* d = dxp + g.plane(i, ch);
-      for (int64_t j = 0; j < g.hw; ++j) d[j] = (gs[j] - fmdy - (xs[j] - fmean) * fk) * fscale;
-    }
+    for (int64_t i = 0; i < g.n; ++i)
+      pass.input_grad(xp + g.plane(i, ch), dyp + g.plane(i, ch), fmean, fmdy, fk, fscale, g.hw, dxp + g.plane(i, ch));
   }
 }
 

@@ -34,19 +34,13 @@ void parallel_for(int64_t n, int64_t grain, const Fn& fn) {
 // in block order.
 void column_sums(const float* x, int64_t rows, int64_t cols, float* out, bool accumulate);
 
-// Sum of n floats in double with four partial sums combined in a fixed order.
-inline double sum_f64(const float* s, int64_t n) {
-  double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-  int64_t j = 0;
-  for (; j + 4 <= n; j += 4) {
-    a0 += s[j];
-    a1 += s[j + 1];
-    a2 += s[j + 2];
-    a3 += s[j + 3];
-  }
-  for (; j < n; ++j) a0 += s[j];
-  return (a0 + a1) + (a2 + a3);
-}
+// Sums in double over n floats, with 16 partial sums: element j goes to partial sum
+// j % 16, in order of j, and the partial sums are combined pairwise ((0 + 1) + (2 + 3))
+// + ...: the same bits on every machine, whether the AVX-512 version (checked at run
+// time) or the portable one runs.
+double sum_f64(const float* s, int64_t n);                                  // sum of s
+double sum_sq_dev_f64(const float* s, int64_t n, double mean);              // sum of (s - mean)^2
+double sum_dev_dot_f64(const float* x, const float* dy, int64_t n, double mean);  // sum of (x - mean) * dy
 
 // Sum of f(i) over [0, n) in double, chunked (fixed chunk size) and combined in order.
 template <typename F>
