@@ -146,7 +146,9 @@ TEST(BasicOps, ElementwiseGradientsMatchFiniteDifferences) {
 TEST(BasicOps, DropoutMatchesElementKeyedReference) {
   const int64_t n = 10007;
   Tensor x = random_tensor({n}, 10);
-  for (uint64_t offset : {0ull, 8ull, 6ull}) {  // 6: not block-aligned, takes the per-element path
+  // 6: not block-aligned, takes the per-element path; the last one puts bits in every part
+  // of the Philox counter (block >> 16 and block >> 48).
+  for (uint64_t offset : {0ull, 8ull, 6ull, (1ull << 50) + (3ull << 20) + 8ull}) {
     const remat::RngState rng{77, offset};
     const float p = 0.3f;
     Tensor y = ops::dropout(cpu(), x, p, rng);
