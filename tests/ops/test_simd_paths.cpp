@@ -1,17 +1,21 @@
 // The CPU backend's AVX2 and AVX-512 paths (src/backends/cpu/simd.h) against its baseline
-// code: the same bits for every op that has them, on inputs with odd lengths (vector
-// tails), special values and unaligned Philox offsets. Levels this CPU lacks are skipped.
+// code: the same bits for every op that has them (elementwise, dropout, attention,
+// layernorm, max-pool, AdamW, batchnorm, the direct convolution), on inputs with odd
+// lengths (vector tails), special values and unaligned Philox offsets. Levels this CPU
+// lacks are skipped.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/philox.cuh"
 #include "remat/backend.h"
 #include "remat/ops.h"
+#include "src/backends/cpu/conv_internal.h"
 #include "src/backends/cpu/philox_cpu.h"
 #include "src/backends/cpu/simd.h"
 #include "support/golden.h"
@@ -155,4 +159,74 @@ TEST(SimdPaths, LayerNormForwardIsBitwiseTheBaseline) {
       return std::vector<Tensor>{r.y, r.mean, r.invstd};
     });
   }
+}
+
+namespace {
+
+// Values with ties, infinities and NaNs (for max-pooling's selection rules).
+Tensor awkward(const Shape& s, uint32_t seed) {
+  const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
+  const float pool[] = {-inf, -2.0f, -0.5f, 0.0f, 0.25f, 1.0f, 3.0f, inf, nan};
+  std::mt19937 rng(seed);
+  std::vector<float> v(static_cast<size_t>(s.numel()));
+  for (auto& e : v) e = rng() % 4 == 0 ? pool[rng() % 9] : static_cast<float>(rng() % 1000) / 500.0f - 1.0f;
+  return Tensor::from_vector(v, s);
+}
+
+}  // namespace
+
+TEST(SimdPaths, MaxPool2x2IsBitwiseTheBaseline) {
+  remat::Pool2dParams p;
+  p.kernel_h = p.kernel_w = 2;
+  p.stride_h = p.stride_w = 2;
+  for (const Shape& s : {Shape{2, 3, 10, 37}, Shape{1, 2, 6, 64}}) {
+    const Tensor x = awkward(s, 3);
+    expect_paths_agree("maxpool2x2 " + s.str(), [&] {
+      const auto r = ops::maxpool2d(cpu(), x, p);
+      return std::vector<Tensor>{r.y, r.indices};
+    });
+  }
+}
+
+TEST(SimdPaths, AdamWIsBitwiseTheBaseline) {
+  expect_paths_agree("adamw", [] {
+    Tensor w = random_tensor(Shape{1013}, 3), m = Tensor::zeros(Shape{1013}), v = Tensor::zeros(Shape{1013});
+    remat::AdamWParams p;
+    p.weight_decay = 0.1;
+    for (int step = 1; step <= 3; ++step) cpu().adamw_step(w, random_tensor(Shape{1013}, 10 + step), m, v, p, step);
+    return std::vector<Tensor>{w, m, v};
+  });
+}
+
+TEST(SimdPaths, BatchNormAndItsSumsAreBitwiseTheBaseline) {
+  for (const Shape& s : {Shape{3, 4, 7, 9}, Shape{2, 3, 16, 16}}) {  // planes of 63 (a tail) and 256
+    const Tensor x = random_tensor(s, 4, -2.0f, 3.0f), dy = random_tensor(s, 5);
+    const Tensor gamma = random_tensor(Shape{s[1]}, 6), beta = random_tensor(Shape{s[1]}, 7);
+    expect_paths_agree("batchnorm " + s.str(), [&] {
+      Tensor rm = Tensor::zeros(Shape{s[1]}), rv = Tensor::full(Shape{s[1]}, 1.0f);
+      const auto f = ops::batchnorm2d_train(cpu(), x, gamma, beta, rm, rv, remat::BatchNormParams{}, true);
+      Tensor dx = Tensor::empty(s), dg = Tensor::zeros(Shape{s[1]}), db = Tensor::zeros(Shape{s[1]});
+      cpu().batchnorm2d_backward(dy, x, gamma, f.mean, f.invstd, dx, dg, db);
+      Tensor ye = Tensor::empty(s);
+      cpu().batchnorm2d_forward_eval(x, gamma, beta, rm, rv, remat::BatchNormParams{}, ye);
+      return std::vector<Tensor>{f.y, f.mean, f.invstd, rm, rv, dx, dg, db, ye, ops::global_avgpool(cpu(), x)};
+    });
+  }
+}
+
+// The direct convolution path's transposed stores and dy^T (and the bias gradient's sums).
+TEST(SimdPaths, Conv2dDirectIsBitwiseTheBaseline) {
+  const remat::cpu_conv::Path saved = remat::cpu_conv::path();
+  remat::cpu_conv::set_path(remat::cpu_conv::Path::direct);
+  remat::Conv2dParams p;
+  p.pad_h = p.pad_w = 1;
+  const Shape xs{3, 8, 9, 11}, ws{16, 8, 3, 3};
+  const Tensor x = random_tensor(xs, 8), w = random_tensor(ws, 9, -0.5f, 0.5f), b = random_tensor(Shape{16}, 10);
+  expect_paths_agree("conv2d direct", [&] {
+    Tensor y = ops::conv2d(cpu(), x, w, b, p);
+    Tensor dw = Tensor::zeros(ws), db = Tensor::zeros(Shape{16});
+    Tensor dx = ops::conv2d_backward(cpu(), y, x, w, p, true, dw, db);
+    return std::vector<Tensor>{y, dx, dw, db};
+  });
+  remat::cpu_conv::set_path(saved);
 }

@@ -58,6 +58,8 @@
 
 #include "backends/cpu/conv_internal.h"
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/parallel.h"
+#include "backends/cpu/simd.h"
 #include "remat/error.h"
 
 namespace remat {
@@ -224,15 +226,11 @@ __attribute__((target("avx"))) void transpose8_avx(const float* src, int64_t ss,
   }
 }
 
-const bool g_have_avx = [] {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx") != 0;
-}();
 #endif
 
 inline void transpose8(const float* src, int64_t ss, float* dst, int64_t ds, const float* add = nullptr) {
 #ifdef REMAT_CONV_X86
-  if (g_have_avx) return transpose8_avx(src, ss, dst, ds, add);
+  if (cpu::simd() != cpu::Simd::baseline) return transpose8_avx(src, ss, dst, ds, add);
 #endif
   transpose8_portable(src, ss, dst, ds, add);
 }
@@ -1079,20 +1077,7 @@ void CpuBackend::conv2d_backward_impl(const Tensor& dy, const Tensor& x, const T
 #pragma omp parallel for schedule(static) if (g.n * kplane >= kMinParallelWork)
     for (int64_t kk = 0; kk < g.k; ++kk) {
       double sum = 0.0;
-      for (int64_t i = 0; i < g.n; ++i) {
-        const float* s = dyp + i * kplane + kk * g.plane;
-        // Four partial sums (fixed order) for instruction-level parallelism.
-        double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-        int64_t j = 0;
-        for (; j + 4 <= g.plane; j += 4) {
-          a0 += s[j];
-          a1 += s[j + 1];
-          a2 += s[j + 2];
-          a3 += s[j + 3];
-        }
-        for (; j < g.plane; ++j) a0 += s[j];
-        sum += (a0 + a1) + (a2 + a3);
-      }
+      for (int64_t i = 0; i < g.n; ++i) sum += cpu::sum_f64(dyp + i * kplane + kk * g.plane, g.plane);
       dbp[kk] += static_cast<float>(sum);
     }
   }
