@@ -707,24 +707,26 @@ void pack_dy_b(const ConvGeom& g, const float* dy, int64_t n0, int64_t nb, float
 
 // ---- Implicit path: padded copies --------------------------------------------------------
 
+// d (a rows x cols plane) = s (an h x w plane) placed at (top, left), zero elsewhere.
+void pad_plane(const float* s, int64_t h, int64_t w, int64_t rows, int64_t cols, int64_t top, int64_t left, float* d) {
+  std::fill(d, d + top * cols, 0.0f);
+  for (int64_t y = 0; y < h; ++y) {
+    float* drow = d + (top + y) * cols;
+    std::fill(drow, drow + left, 0.0f);
+    std::memcpy(drow + left, s + y * w, static_cast<size_t>(w) * sizeof(float));
+    std::fill(drow + left + w, drow + cols, 0.0f);
+  }
+  std::fill(d + (top + h) * cols, d + rows * cols, 0.0f);
+}
+
 // dst[i][ch] (rows x cols planes, plus NR zeros of slack at the end) = src[n0 + i][ch]
 // (h x w planes) placed at (top, left), zero elsewhere.
 void pad_planes(const float* src, int64_t n0, int64_t nb, int64_t channels, int64_t h, int64_t w, int64_t rows,
                 int64_t cols, int64_t top, int64_t left, float* dst) {
   const int64_t units = nb * channels, dplane = rows * cols;
 #pragma omp parallel for schedule(static) if (units * dplane >= kMinParallelWork)
-  for (int64_t u = 0; u < units; ++u) {
-    float* d = dst + u * dplane;
-    const float* s = src + (n0 * channels + u) * h * w;
-    std::fill(d, d + top * cols, 0.0f);
-    for (int64_t y = 0; y < h; ++y) {
-      float* drow = d + (top + y) * cols;
-      std::fill(drow, drow + left, 0.0f);
-      std::memcpy(drow + left, s + y * w, static_cast<size_t>(w) * sizeof(float));
-      std::fill(drow + left + w, drow + cols, 0.0f);
-    }
-    std::fill(d + (top + h) * cols, d + dplane, 0.0f);
-  }
+  for (int64_t u = 0; u < units; ++u)
+    pad_plane(src + (n0 * channels + u) * h * w, h, w, rows, cols, top, left, dst + u * dplane);
   std::fill(dst + units * dplane, dst + units * dplane + NR, 0.0f);
 }
 
@@ -788,38 +790,35 @@ void pack_b(int64_t depth, int64_t channels, float* b, const Src& src) {
   }
 }
 
-// The output positions of a chunk, flat over (image, row, column): where each one's window
-// starts in the padded input, and where its value goes in the output plane.
+// The output positions of an image: where each one's window starts in the padded input,
+// and where its value goes in an output plane.
 struct Positions {
-  int64_t count;                    // positions in the chunk
-  int64_t plane, width;             // output positions per image and per row
-  int64_t in_image, in_row, in_col; // padded-input floats per image, per output row and column
-  int64_t out_image;                // output floats per image
+  int64_t plane, width;  // output positions per image and per row
+  int64_t in_row, in_col;  // padded-input floats per output row and column
 
-  // in_off and out_off of the MR positions from l0 on (past the end: the last one again).
+  // in_off and out_off of the MR positions from l0 on (past the plane: the last one again).
   void tile(int64_t l0, int64_t* in_off, int64_t* out_off) const {
-    int64_t img = l0 / plane, pos = l0 % plane, row = pos / width, col = pos % width;
+    int64_t pos = l0, row = l0 / width, col = l0 % width;
     for (int64_t i = 0; i < MR; ++i) {
-      in_off[i] = img * in_image + row * in_row + col * in_col;
-      out_off[i] = img * out_image + pos;
-      if (l0 + i + 1 >= count) continue;
+      in_off[i] = row * in_row + col * in_col;
+      out_off[i] = pos;
+      if (pos + 1 >= plane) continue;
       ++pos;
       if (++col == width) col = 0, ++row;
-      if (pos == plane) pos = 0, row = 0, ++img;
     }
   }
 };
 
-// out[image][group * channels + ch][pos] = sum over d of in[position + off[d]] * b[d][ch]
-// (+ bias[ch] in the forward pass, + 0 without one, as the other paths do), for the chunk's
-// positions and every group: `in` holds the chunk's padded input (in_group floats between
-// groups), b the B panels [group][channel block][depth][NR]. Tiles of MR positions by NR
-// channels, channel blocks innermost (they share the A rows).
-void direct_gemm(const MicroKernels& mk, const Positions& ps, int64_t groups, int64_t channels, const float* in,
-                 int64_t in_group, const int64_t* off, int64_t depth, const float* b, bool forward,
-                 const float* bias, float* out) {
-  const int64_t blocks = ceil_div(channels, NR), ptiles = ceil_div(ps.count, MR);
-  for_tiles(groups * ptiles * blocks, 2 * MR * NR * depth, [&](int64_t t) {
+// One image: out[group * channels + ch][pos] = sum over d of in[position + off[d]] *
+// b[d][ch] (+ bias[ch] in the forward pass, + 0 without one, as the other paths do), for
+// every group: `in` holds the image's padded input (in_group floats between groups), b the
+// B panels [group][channel block][depth][NR]. Tiles of MR positions by NR channels, channel
+// blocks innermost (they share the A rows); one thread.
+void direct_image(const MicroKernels& mk, const Positions& ps, int64_t groups, int64_t channels, const float* in,
+                  int64_t in_group, const int64_t* off, int64_t depth, const float* b, bool forward,
+                  const float* bias, float* out) {
+  const int64_t blocks = ceil_div(channels, NR), ptiles = ceil_div(ps.plane, MR);
+  for (int64_t t = 0; t < groups * ptiles * blocks; ++t) {
     const int64_t gi = t / (ptiles * blocks), pt = (t / blocks) % ptiles, jb = t % blocks;
     int64_t in_off[MR], out_off[MR];
     ps.tile(pt * MR, in_off, out_off);
@@ -828,12 +827,12 @@ void direct_gemm(const MicroKernels& mk, const Positions& ps, int64_t groups, in
     a.off = off;
     alignas(64) float tile[MR * NR];
     mk.table_a(depth, a, PackedB{b + (gi * blocks + jb) * depth * NR}, tile, false);
-    const int64_t mr = std::min(MR, ps.count - pt * MR), nr = std::min(NR, channels - jb * NR);
+    const int64_t mr = std::min(MR, ps.plane - pt * MR), nr = std::min(NR, channels - jb * NR);
     const int64_t ch0 = gi * channels + jb * NR;
     float add[NR];
     for (int64_t j = 0; j < nr; ++j) add[j] = bias ? bias[ch0 + j] : 0.0f;
     int64_t j0 = 0;
-    if (mr == MR && out_off[MR - 1] == out_off[0] + MR - 1) {  // one run of each channel's plane
+    if (mr == MR) {  // the positions are one run of each channel's plane
       static_assert(MR == 8, "the stores transpose 8 x 8 blocks");
       for (; j0 + 8 <= nr; j0 += 8)
         transpose8(tile + j0, NR, out + (ch0 + j0) * ps.plane + out_off[0], ps.plane, forward ? add + j0 : nullptr);
@@ -846,42 +845,39 @@ void direct_gemm(const MicroKernels& mk, const Positions& ps, int64_t groups, in
         for (int64_t i = 0; i < mr; ++i) o[out_off[i]] = tile[i * NR + j];
       }
     }
-  });
+  }
 }
 
-// dy of a chunk transposed into B panels of NR channels for the direct dw: for position l
-// (image, pos) of the chunk, b[((gi * blocks + jb) * len + l) * NR + j] =
-// dy[n0 + image, gi * Kg + jb * NR + j, pos], zero past Kg. One (group, block, image) per
-// iteration.
-void pack_dy_direct(const ConvGeom& g, const float* dy, int64_t n0, int64_t nb, float* b) {
-  const int64_t blocks = g.kblocks(), len = nb * g.plane, units = g.groups * blocks * nb;
-  const int64_t kplane = g.k * g.plane;
-#pragma omp parallel for schedule(static) if (units * NR * g.plane >= kMinParallelWork)
-  for (int64_t u = 0; u < units; ++u) {
-    const int64_t gi = u / (blocks * nb), jb = (u / nb) % blocks, i = u % nb;
-    float* d = b + ((gi * blocks + jb) * len + i * g.plane) * NR;
-    const int64_t jn = std::min(NR, g.kg - jb * NR);
-    const float* src = dy + (n0 + i) * kplane + (gi * g.kg + jb * NR) * g.plane;
-    const int64_t j8 = jn / 8 * 8, l8 = g.plane / 8 * 8;
-    for (int64_t l = 0; l < l8; l += 8)
-      for (int64_t j = 0; j < j8; j += 8) transpose8(src + j * g.plane + l, g.plane, d + l * NR + j, NR);
-    for (int64_t l = 0; l < g.plane; ++l, d += NR) {
-      for (int64_t j = l < l8 ? j8 : 0; j < jn; ++j) d[j] = src[j * g.plane + l];
-      for (int64_t j = jn; j < NR; ++j) d[j] = 0.0f;
+// dy of image i of a chunk (len positions) transposed into the direct dw's B panels of NR
+// channels: b[((gi * blocks + jb) * len + i * PQ + pos) * NR + j] =
+// dy[n0 + i, gi * Kg + jb * NR + j, pos], zero past Kg. One thread.
+void pack_dy_direct(const ConvGeom& g, const float* dy_image, int64_t i, int64_t len, float* b) {
+  const int64_t blocks = g.kblocks();
+  for (int64_t gi = 0; gi < g.groups; ++gi)
+    for (int64_t jb = 0; jb < blocks; ++jb) {
+      float* d = b + ((gi * blocks + jb) * len + i * g.plane) * NR;
+      const int64_t jn = std::min(NR, g.kg - jb * NR);
+      const float* src = dy_image + (gi * g.kg + jb * NR) * g.plane;
+      const int64_t j8 = jn / 8 * 8, l8 = g.plane / 8 * 8;
+      for (int64_t l = 0; l < l8; l += 8)
+        for (int64_t j = 0; j < j8; j += 8) transpose8(src + j * g.plane + l, g.plane, d + l * NR + j, NR);
+      for (int64_t l = 0; l < g.plane; ++l, d += NR) {
+        for (int64_t j = l < l8 ? j8 : 0; j < jn; ++j) d[j] = src[j * g.plane + l];
+        for (int64_t j = jn; j < NR; ++j) d[j] = 0.0f;
+      }
     }
-  }
 }
 
 // Direct dw: dw_g[ch][kk] += sum over the chunk's positions l of x_pad[pos_off[l] + off[kk]]
 // * dy[l][ch], as tiles of MR rows kk by NR channels, each one FMA chain over the chunk in
-// position order (the im2col path's order). Each thread takes a fixed range of tiles and
-// walks the positions in blocks of kDwBlock, all its tiles per block, so that the block
-// of dy^T stays in cache; the chains continue across blocks through `acc`.
+// position order (the im2col path's order). Called by every thread of a parallel region
+// (or outside one): each thread takes a fixed range of tiles and walks the positions in
+// blocks of kDwBlock, all its tiles per block, so that the block of dy^T stays in cache;
+// the chains continue across blocks through `acc`.
 void direct_dw(const MicroKernels& mk, const ConvGeom& g, int64_t len, const float* xpad, const int64_t* off,
                const int64_t* pos_off, const float* dyt, float* acc, float* dw) {
   const int64_t mp = ceil_div(g.grows, MR), blocks = g.kblocks(), tiles = g.dw_tiles();
   const int64_t group_in = g.cg * g.hp * g.wp;
-#pragma omp parallel if (tiles * len * MR * NR * 2 >= 64 * kMinParallelWork)
   {
     const int64_t nth = omp_get_num_threads(), tid = omp_get_thread_num();
     const int64_t t0 = tiles * tid / nth, t1 = tiles * (tid + 1) / nth;
@@ -994,13 +990,24 @@ void CpuBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, const Ten
     for (int64_t gi = 0; gi < g.groups; ++gi)
       pack_b(g.grows, g.kg, ws + lay.b + gi * b_stride,
              [&](int64_t kk, int64_t ch) { return wp[(gi * g.kg + ch) * g.grows + kk]; });
+    // One parallel region: each thread pads its images of a chunk and computes their tiles
+    // (the barrier ending each chunk's loop guards the padded copies).
     float* xpad = ws + lay.xpad;
+    const float* xp = x.f32();
+    const auto* off = reinterpret_cast<const int64_t*>(ws + lay.off);
+    const Positions ps{g.plane, g.q, g.sh * g.wp, g.sw};
+    const int64_t image_in = g.c * g.hp * g.wp;
+#pragma omp parallel if (2 * g.n * g.k * g.grows * g.plane >= 64 * kMinParallelWork)
     for (int64_t n0 = 0; n0 < g.n; n0 += g.nb) {
       const int64_t nb = std::min(g.nb, g.n - n0);
-      pad_planes(x.f32(), n0, nb, g.c, g.h, g.w, g.hp, g.wp, g.ph, g.pw, xpad);
-      const Positions ps{nb * g.plane, g.plane, g.q, g.c * g.hp * g.wp, g.sh * g.wp, g.sw, kplane};
-      direct_gemm(mk, ps, g.groups, g.kg, xpad, g.cg * g.hp * g.wp, reinterpret_cast<const int64_t*>(ws + lay.off),
-                  g.grows, ws + lay.b, /*forward=*/true, bp, yp + n0 * kplane);
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < nb; ++i) {
+        float* xs = xpad + i * image_in;
+        for (int64_t ch = 0; ch < g.c; ++ch)
+          pad_plane(xp + ((n0 + i) * g.c + ch) * g.h * g.w, g.h, g.w, g.hp, g.wp, g.ph, g.pw, xs + ch * g.hp * g.wp);
+        direct_image(mk, ps, g.groups, g.kg, xs, g.cg * g.hp * g.wp, off, g.grows, ws + lay.b, /*forward=*/true, bp,
+                     yp + (n0 + i) * kplane);
+      }
     }
     return;
   }
@@ -1122,22 +1129,61 @@ void CpuBackend::conv2d_backward_impl(const Tensor& dy, const Tensor& x, const T
   const auto* off = reinterpret_cast<const int64_t*>(ws + lay.off);
   if (need_dw && g.y_feed != Feed::im2col) fill_x_offsets(g, reinterpret_cast<int64_t*>(ws + lay.off));
 
+  // The direct path's work on a chunk, called by every thread of a parallel region: each
+  // thread pads and packs its images (x_pad and dy^T for dw; the padded dy and then that
+  // image's dx tiles), and after the barrier that ends that loop, its range of dw tiles over
+  // the whole chunk; the last barrier guards the chunk's buffers against the next chunk.
+  const bool dw_direct = need_dw && g.y_feed == Feed::direct, dx_direct = need_dx && g.dx_feed == Feed::direct;
+  auto direct_chunk = [&](int64_t n0, int64_t nb) {
+    const int64_t len = nb * g.plane;
+    float* xpad = ws + lay.xpad;
+    float* dypad = ws + lay.dypad;
+    auto* pos = reinterpret_cast<int64_t*>(ws + lay.pos);
+    const Positions xpos{g.plane, g.q, g.sh * g.wp, g.sw};
+    const Positions dxpos{g.h * g.w, g.w, g.wq, 1};
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < nb; ++i) {
+      if (dw_direct) {
+        float* xs = xpad + i * g.c * g.hp * g.wp;
+        for (int64_t ch = 0; ch < g.c; ++ch)
+          pad_plane(xp + ((n0 + i) * g.c + ch) * g.h * g.w, g.h, g.w, g.hp, g.wp, g.ph, g.pw, xs + ch * g.hp * g.wp);
+        pack_dy_direct(g, dyp + (n0 + i) * kplane, i, len, ws + lay.dyt);
+        for (int64_t l = 0; l < g.plane; l += MR) {
+          int64_t in_off[MR], out_off[MR];
+          xpos.tile(l, in_off, out_off);
+          for (int64_t t = 0; t < std::min(MR, g.plane - l); ++t) pos[i * g.plane + l + t] = i * g.c * g.hp * g.wp + in_off[t];
+        }
+      }
+      if (dx_direct) {
+        float* ds = dypad + i * g.k * g.hq * g.wq;
+        for (int64_t ch = 0; ch < g.k; ++ch)
+          pad_plane(dyp + ((n0 + i) * g.k + ch) * g.plane, g.p, g.q, g.hq, g.wq, g.dy_top, g.dy_left,
+                    ds + ch * g.hq * g.wq);
+        direct_image(mk, dxpos, g.groups, g.cg, ds, g.kg * g.hq * g.wq, offdx, g.krows, ws + lay.wflip,
+                     /*forward=*/false, nullptr, dxp + (n0 + i) * g.c * g.h * g.w);
+      }
+    }
+    if (dw_direct) {
+      direct_dw(mk, g, len, xpad, off, pos, ws + lay.dyt, ws + lay.acc, dwp);
+#pragma omp barrier
+    }
+  };
+  const bool parallel = 2 * g.n * g.k * g.grows * g.plane >= 64 * kMinParallelWork;
+  if ((dw_direct || !need_dw) && (dx_direct || !need_dx)) {  // all direct: one parallel region
+#pragma omp parallel if (parallel)
+    for (int64_t n0 = 0; n0 < g.n; n0 += g.nb) direct_chunk(n0, std::min(g.nb, g.n - n0));
+    return;
+  }
+
   for (int64_t n0 = 0; n0 < g.n; n0 += g.nb) {
     const int64_t nb = std::min(g.nb, g.n - n0), len = nb * g.plane, len_pad = round_up(len, NR);
+    if (dw_direct || dx_direct) {
+#pragma omp parallel if (parallel)
+      direct_chunk(n0, nb);
+    }
 
-    if (need_dw && g.y_feed == Feed::direct) {
-      // dw_g [Kg, Cg*R*S] += dy^T of the chunk's positions against x_pad read at their windows.
-      float* xpad = ws + lay.xpad;
-      auto* pos = reinterpret_cast<int64_t*>(ws + lay.pos);
-      pad_planes(xp, n0, nb, g.c, g.h, g.w, g.hp, g.wp, g.ph, g.pw, xpad);
-      pack_dy_direct(g, dyp, n0, nb, ws + lay.dyt);
-      const Positions ps{len, g.plane, g.q, g.c * g.hp * g.wp, g.sh * g.wp, g.sw, 0};
-      for (int64_t l = 0; l < len; l += MR) {
-        int64_t in_off[MR], out_off[MR];
-        ps.tile(l, in_off, out_off);
-        std::copy(in_off, in_off + std::min(MR, len - l), pos + l);
-      }
-      direct_dw(mk, g, len, xpad, off, pos, ws + lay.dyt, ws + lay.acc, dwp);
+    if (dw_direct) {
+      // done above
     } else if (need_dw && g.y_feed == Feed::implicit) {
       // dw_g^T [Cg*R*S, Kg] = sum over images of x_pad rows [Cg*R*S, limg] @ dy^T [limg, Kg].
       float* xpad = ws + lay.xpad;
@@ -1179,13 +1225,8 @@ void CpuBackend::conv2d_backward_impl(const Tensor& dy, const Tensor& x, const T
       });
     }
 
-    if (need_dx && g.dx_feed == Feed::direct) {
-      // dx_g [H x W, Cg] = the padded dy read at each position's window @ flipped w_g.
-      float* dypad = ws + lay.dypad;
-      pad_planes(dyp, n0, nb, g.k, g.p, g.q, g.hq, g.wq, g.dy_top, g.dy_left, dypad);
-      const Positions ps{nb * g.h * g.w, g.h * g.w, g.w, g.k * g.hq * g.wq, g.wq, 1, g.c * g.h * g.w};
-      direct_gemm(mk, ps, g.groups, g.cg, dypad, g.kg * g.hq * g.wq, offdx, g.krows, ws + lay.wflip,
-                  /*forward=*/false, nullptr, dxp + n0 * g.c * g.h * g.w);
+    if (dx_direct) {
+      // done above
     } else if (need_dx && g.dx_feed == Feed::implicit) {
       // dx_g [Cg, H x Wq] = flipped w_g^T [Cg, Kg*R*S] @ rows of the padded dy.
       float* dypad = ws + lay.dypad;
