@@ -1,6 +1,7 @@
 // Device strings and CUDA probing on machines with and without a GPU.
 #include <gtest/gtest.h>
 
+#include "remat/backend.h"
 #include "remat/device.h"
 #include "remat/tensor.h"
 #include "support/expect_error.h"
@@ -12,10 +13,23 @@ TEST(Device, Parse) {
   EXPECT_EQ(Device::parse("meta"), Device::meta());
   EXPECT_EQ(Device::parse("cuda"), Device::cuda(0));
   EXPECT_EQ(Device::parse("cuda:3"), Device::cuda(3));
+  EXPECT_EQ(Device::parse("cuda-emu"), Device::cuda_emu());
   EXPECT_EQ(Device::cuda(1).str(), "cuda:1");
-  for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "CPU", ""}) {
+  EXPECT_EQ(Device::cuda_emu().str(), "cuda-emu");
+  EXPECT_TRUE(Device::cuda_emu().host_memory());
+  EXPECT_FALSE(Device::cuda(0).host_memory());
+  for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "CPU", "", "cuda_emu", "cuda-emu:0"}) {
     EXPECT_REMAT_ERROR(Device::parse(bad), "unknown device");
   }
+  EXPECT_REMAT_ERROR(Device::parse("gpu"), "cuda-emu");  // the error lists the choices
+}
+
+// This binary does not link remat_cuda_emu: asking for its backend names what is missing,
+// and leaves nothing behind that a later registration would trip over.
+TEST(Device, CudaEmuWithoutTheEmulatedBackendIsAClearError) {
+  ASSERT_FALSE(remat::backend_registered(remat::DeviceType::cuda_emu));
+  EXPECT_REMAT_ERROR(remat::backend_for(Device::cuda_emu()), "not linked with the emulated CUDA backend");
+  EXPECT_REMAT_ERROR(remat::backend_for(Device::cuda_emu()), "register_cuda_emu_backend");
 }
 
 TEST(Device, CudaProbeIsConsistentAndNeverThrows) {

@@ -62,6 +62,10 @@ struct AttentionParams {
   int n_head = 1;
   bool causal = true;
   float dropout = 0.0f;  // on the attention probabilities
+  // Dropout is applied when it can drop something: a keep probability that rounds to 1
+  // in float keeps everything (philox::keep's rule), so it is no dropout at all. Every
+  // backend sizes its workspace and regenerates masks by this one rule.
+  bool applies_dropout() const { return 1.0f - dropout < 1.0f; }
 };
 
 // Optimizer hyperparameters are doubles, like the Python floats torch.optim computes its

@@ -51,10 +51,6 @@ AttnDims attn_dims(const Shape& qkv, const AttentionParams& p) {
   return d;
 }
 
-// Dropout is applied when it can drop something: a keep probability that rounds to 1 in
-// float keeps everything (philox::keep's rule), so it is no dropout at all.
-bool has_dropout(const AttentionParams& p) { return 1.0f - p.dropout < 1.0f; }
-
 // Heads are processed in groups: the GEMMs of a whole group run back to back, then one
 // OpenMP region does the group's row work. Few switches between OpenBLAS's threads and
 // OpenMP's keep the two thread pools from fighting over the cores (each spins for a while
@@ -69,10 +65,10 @@ int64_t group_heads(const AttnDims& d) {
 // Forward needs scratch for the dropped probabilities only; backward for dP/dS, and the
 // dropped probabilities too with dropout.
 size_t forward_scratch_floats(const AttnDims& d, const AttentionParams& p) {
-  return has_dropout(p) ? static_cast<size_t>(group_heads(d) * d.t * d.t) : 0;
+  return p.applies_dropout() ? static_cast<size_t>(group_heads(d) * d.t * d.t) : 0;
 }
 size_t backward_scratch_floats(const AttnDims& d, const AttentionParams& p) {
-  return static_cast<size_t>(group_heads(d) * d.t * d.t) * (has_dropout(p) ? 2 : 1);
+  return static_cast<size_t>(group_heads(d) * d.t * d.t) * (p.applies_dropout() ? 2 : 1);
 }
 
 // ---- Row kernels -------------------------------------------------------------------------
@@ -327,7 +323,7 @@ void CpuBackend::attention_forward_impl(const Tensor& qkv, const AttentionParams
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.hs));
   // Without out, only the probabilities: no dropout (they are taken before it), no P V.
   float* o = out.defined() ? out.f32() : nullptr;
-  const bool dropout = has_dropout(p) && o;
+  const bool dropout = p.applies_dropout() && o;
   const float keep_prob = 1.0f - p.dropout;
   const float inv_keep = keep_prob > 0.0f ? 1.0f / keep_prob : 0.0f;
   const bool causal = p.causal;
@@ -383,7 +379,7 @@ void CpuBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv, 
   if (d.b == 0 || d.t == 0) return;
   const int64_t T = d.t, C = d.c, ld = 3 * C, BH = d.b * d.h;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.hs));
-  const bool dropout = has_dropout(p);
+  const bool dropout = p.applies_dropout();
   const float keep_prob = 1.0f - p.dropout;
   const float inv_keep = keep_prob > 0.0f ? 1.0f / keep_prob : 0.0f;
   const bool causal = p.causal;

@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/gemm.h"
 #include "kernels/attention.cuh"
 #include "remat/cuda_check.h"
 #include "remat/error.h"
@@ -42,12 +43,9 @@ AttnDims attn_dims(const Shape& qkv, const AttentionParams& p) {
   return d;
 }
 
-// As the CPU backend: a keep probability that rounds to 1 keeps everything.
-bool has_dropout(const AttentionParams& p) { return 1.0f - p.dropout < 1.0f; }
-
 kernels::AttentionDropout dropout_args(const AttentionParams& p, RngState rng) {
   kernels::AttentionDropout d;
-  d.on = has_dropout(p);
+  d.on = p.applies_dropout();
   d.keep_prob = 1.0f - p.dropout;
   d.scale = d.keep_prob > 0.0f ? 1.0f / d.keep_prob : 0.0f;
   d.seed = rng.seed;
@@ -75,23 +73,17 @@ struct HeadMatrices {
 using HeadMatrix = HeadMatrices<const float>;
 using HeadOutput = HeadMatrices<float>;
 
-int to_int(int64_t v) { return static_cast<int>(v); }  // sizes checked against INT_MAX in attn_dims
-
 // C = alpha op(A) op(B) for the heads (b, h) of nb batch elements, row-major [m, n] results
 // (the row-major trick of cuda_backend.cpp: cuBLAS computes C^T = op(B)^T op(A)^T).
 void head_gemm(cublasHandle_t handle, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                const HeadMatrix& a, const HeadMatrix& b, const HeadOutput& c, int64_t nb, int64_t nh) {
-  const float beta = 0.0f;
-  const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   const bool over_heads = nh >= nb;  // batch the longer of the two
   const int64_t loops = over_heads ? nb : nh, batch = over_heads ? nh : nb;
   for (int64_t l = 0; l < loops; ++l) {
     const int64_t bi = over_heads ? l : 0, hi = over_heads ? 0 : l;
-    auto stride = [&](const auto& x) -> long long { return over_heads ? x.per_h : x.per_b; };
-    REMAT_CUBLAS_CHECK(cublasSgemmStridedBatched(
-        handle, op_b, op_a, to_int(n), to_int(m), to_int(k), &alpha, b.at(bi, hi), to_int(b.ld), stride(b),
-        a.at(bi, hi), to_int(a.ld), stride(a), &beta, c.at(bi, hi), to_int(c.ld), stride(c),
-        to_int(batch)));
+    auto stride = [&](const auto& x) -> int64_t { return over_heads ? x.per_h : x.per_b; };
+    gemm_strided(handle, ta, tb, m, n, k, alpha, a.at(bi, hi), a.ld, stride(a), b.at(bi, hi), b.ld, stride(b), 0.0f,
+                 c.at(bi, hi), c.ld, stride(c), batch);
   }
 }
 
@@ -99,12 +91,12 @@ void head_gemm(cublasHandle_t handle, bool ta, bool tb, int64_t m, int64_t n, in
 
 size_t CudaBackend::attention_forward_workspace_impl(const Shape& qkv, const AttentionParams& p) {
   const AttnDims d = attn_dims(qkv, p);
-  return has_dropout(p) ? group_floats(d) * sizeof(float) : 0;
+  return p.applies_dropout() ? group_floats(d) * sizeof(float) : 0;
 }
 
 size_t CudaBackend::attention_backward_workspace_impl(const Shape& qkv, const AttentionParams& p) {
   const AttnDims d = attn_dims(qkv, p);
-  return group_floats(d) * (has_dropout(p) ? 2 : 1) * sizeof(float);
+  return group_floats(d) * (p.applies_dropout() ? 2 : 1) * sizeof(float);
 }
 
 void CudaBackend::attention_forward_impl(const Tensor& qkv, const AttentionParams& p, RngState rng, const Tensor& out,

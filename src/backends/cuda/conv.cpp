@@ -27,6 +27,7 @@
 
 #include "backends/cuda/conv_cudnn.h"
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/gemm.h"
 #include "kernels/fill.cuh"
 #include "kernels/im2col.cuh"
 #include "remat/cuda_check.h"
@@ -96,22 +97,11 @@ struct ConvGeom {
   }
 };
 
-int to_int(int64_t v, const char* what) {
-  REMAT_CHECK(v <= std::numeric_limits<int>::max(), "conv2d: GEMM ", what, " = ", v, " exceeds cuBLAS's 32-bit sizes");
-  return static_cast<int>(v);
-}
-
-// Row-major c = op(a) @ op(b) + beta * c (c is m x n) for `batch` triples of matrices, with
-// row strides lda, ldb, ldc and batch strides sa, sb, sc in elements. Row-major C is
-// column-major C^T = op(B)^T op(A)^T, so cuBLAS gets the operands swapped.
+// Row-major c = op(a) @ op(b) + beta * c with row strides and batch strides (gemm.h).
 void strided_gemm(cublasHandle_t h, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-          int64_t sa, const float* b, int64_t ldb, int64_t sb, float beta, float* c, int64_t ldc, int64_t sc,
-          int64_t batch) {
-  const float one = 1.0f;
-  REMAT_CUBLAS_CHECK(cublasSgemmStridedBatched(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                               to_int(n, "n"), to_int(m, "m"), to_int(k, "k"), &one, b,
-                                               to_int(ldb, "ldb"), sb, a, to_int(lda, "lda"), sa, &beta, c,
-                                               to_int(ldc, "ldc"), sc, to_int(batch, "batch")));
+                  int64_t sa, const float* b, int64_t ldb, int64_t sb, float beta, float* c, int64_t ldc, int64_t sc,
+                  int64_t batch) {
+  gemm_strided(h, ta, tb, m, n, k, 1.0f, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, batch);
 }
 
 }  // namespace

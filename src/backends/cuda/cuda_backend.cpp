@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 
+#include "backends/cuda/gemm.h"
 #include "kernels/bias.cuh"
 #include "remat/cuda_check.h"
 #include "remat/error.h"
@@ -25,25 +26,30 @@ int to_int(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
-// c[m, n] = alpha * op(a) op(b) + beta * c for row-major matrices, batched with element
-// strides (stride 0 shares a matrix across the batch). Row-major C = A B is column-major
-// C^T = B^T A^T, so cuBLAS gets the operands swapped.
+// Contiguous row-major matrices, batched with element strides.
 void sgemm_rowmajor(cublasHandle_t h, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                     int64_t stride_a, const float* b, int64_t stride_b, float beta, float* c, int64_t stride_c,
                     int64_t batch) {
-  if (m == 0 || n == 0 || batch == 0) return;
-  const int M = to_int(m, "m"), N = to_int(n, "n"), K = to_int(k, "k");
-  const int lda = ta ? M : std::max(K, 1), ldb = tb ? std::max(K, 1) : N;
-  const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  if (batch == 1) {
-    REMAT_CUBLAS_CHECK(cublasSgemm(h, op_b, op_a, N, M, K, &alpha, b, ldb, a, lda, &beta, c, N));
-  } else {
-    REMAT_CUBLAS_CHECK(cublasSgemmStridedBatched(h, op_b, op_a, N, M, K, &alpha, b, ldb, stride_b, a, lda, stride_a,
-                                                 &beta, c, N, stride_c, to_int(batch, "batch")));
-  }
+  gemm_strided(h, ta, tb, m, n, k, alpha, a, ta ? m : std::max<int64_t>(k, 1), stride_a, b,
+               tb ? std::max<int64_t>(k, 1) : n, stride_b, beta, c, n, stride_c, batch);
 }
 
 }  // namespace
+
+void gemm_strided(cublasHandle_t h, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                  int64_t lda, int64_t sa, const float* b, int64_t ldb, int64_t sb, float beta, float* c, int64_t ldc,
+                  int64_t sc, int64_t batch) {
+  if (m == 0 || n == 0 || batch == 0) return;
+  const int M = to_int(m, "m"), N = to_int(n, "n"), K = to_int(k, "k");
+  const int LDA = to_int(lda, "lda"), LDB = to_int(ldb, "ldb"), LDC = to_int(ldc, "ldc");
+  const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (batch == 1) {
+    REMAT_CUBLAS_CHECK(cublasSgemm(h, op_b, op_a, N, M, K, &alpha, b, LDB, a, LDA, &beta, c, LDC));
+  } else {
+    REMAT_CUBLAS_CHECK(cublasSgemmStridedBatched(h, op_b, op_a, N, M, K, &alpha, b, LDB, sb, a, LDA, sa, &beta, c, LDC,
+                                                 sc, to_int(batch, "batch")));
+  }
+}
 
 CudaBackend::CudaBackend(Device device) : device_(device) {
   REMAT_CHECK(device.is_cuda() || device.is_cuda_emu(), "CudaBackend on ", device.str());
