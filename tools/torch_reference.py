@@ -555,7 +555,7 @@ AUGMENT_STREAM = 0x6175676D656E7431  # kAugmentStream (include/remat/data.h)
 
 
 def _philox_uniform(seed, words):
-    """kernels/philox.cuh: philox::uniform(philox::word(seed, w)) for each w of `words`
+    """include/remat/philox.h: philox::uniform(philox::word(seed, w)) for each w of `words`
     (a numpy uint64 array), as float32."""
     m32 = np.uint64(0xFFFFFFFF)
     b = words >> np.uint64(2)

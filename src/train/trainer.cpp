@@ -6,7 +6,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "kernels/philox.cuh"
+#include "remat/philox.h"
 #include "remat/data.h"
 #include "remat/error.h"
 #include "remat/io.h"
