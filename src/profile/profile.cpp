@@ -10,7 +10,7 @@
 
 #include "remat/data.h"
 #include "remat/error.h"
-#include "remat/train.h"
+#include "remat/optim.h"
 
 namespace remat {
 
