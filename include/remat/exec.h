@@ -107,6 +107,20 @@ struct StepStats {
   double backward_flops = 0.0;
 };
 
+// A vector indexed by layer id (an int, as Layer::id and Layer::inputs are).
+template <typename T>
+class PerLayer {
+ public:
+  PerLayer() = default;
+  explicit PerLayer(int n, const T& v = T()) : v_(static_cast<size_t>(n), v) {}
+  T& operator[](int i) { return v_[static_cast<size_t>(i)]; }
+  const T& operator[](int i) const { return v_[static_cast<size_t>(i)]; }
+  int size() const { return static_cast<int>(v_.size()); }
+
+ private:
+  std::vector<T> v_;
+};
+
 class Executor {
  public:
   Executor(const Graph& g, ParamStore& params, Backend& be, CheckpointPlan plan, ExecOptions opt = {});
@@ -120,10 +134,36 @@ class Executor {
   const CheckpointPlan& plan() const { return plan_; }
 
  private:
-  struct Impl;
+  // What the plan means for one layer's products, worked out once (the constructor).
+  struct Lifetime {
+    int fwd_last = -1;              // last forward consumer of the output, -1 if none
+    bool read_by_backward = false;  // some backward reads the output
+    bool read_by_recompute = false; // a kept output some recomputed layer reads
+    int bwd_last = 0;               // smallest layer id whose backward (or recompute) reads it
+    int rec_last = -1;              // last recomputed consumer within its segment
+    std::vector<int> free_after;    // outputs to free after this layer's backward
+    bool keep = false, keep_extras = false, rerun = false;  // the plan's flags
+    int segment = -1;
+  };
+  // One layer's part of a step.
+  struct Live {
+    Tensor out;
+    std::vector<Tensor> extras;
+    RngState rng;  // the range it drew in forward, replayed by recompute and backward
+    Tensor dout;   // the gradient of its output, accumulated over its consumers
+  };
+
+  void begin_step(const Batch& batch);
+  void forward_pass(RngGenerator& gen, StepStats& st);
+  void release_after_forward(int j);
+  void backward_pass(StepStats& st);
+  void backward_layer(int i, StepStats& st);
+  void accumulate_input_grads(const Layer& l, std::vector<Tensor>& din, const std::vector<bool>& need);
+  void recompute_segment(int s, StepStats& st);
+  void verify_recomputed(int i, bool extras_only);
   void forward_layer(int i, bool training, bool recompute, Phase phase, bool extras_only = false);
   void drop_output(int j, bool record_hash);
-  void recompute_segment(int s, StepStats& st);
+  void end_step();
 
   const Graph& g_;
   ParamStore& params_;
@@ -131,18 +171,9 @@ class Executor {
   CheckpointPlan plan_;
   ExecOptions opt_;
 
-  // Static analysis of the graph under the plan.
-  std::vector<int> fwd_last_;           // last forward consumer of each output, -1 if none
-  std::vector<bool> out_needed_bwd_;    // some backward reads this output
-  std::vector<int> bwd_last_;           // smallest layer id whose backward reads it
-  std::vector<int> rec_last_;           // last recomputed consumer within its segment
-  std::vector<bool> needed_rec_;        // a kept output some recomputed layer reads
-  std::vector<std::vector<int>> free_after_;  // outputs to free after layer i's backward
-  // Per-step state.
-  std::vector<Tensor> out_;
-  std::vector<std::vector<Tensor>> extras_;
-  std::vector<RngState> rng_;
-  std::vector<bool> recomputed_;
+  PerLayer<Lifetime> life_;
+  PerLayer<Live> live_;
+  std::vector<bool> recomputed_;                    // per segment, this step
   std::map<std::pair<int, int>, uint64_t> hashes_;  // (layer, product: -1 output) -> hash
 };
 

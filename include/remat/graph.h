@@ -50,6 +50,7 @@ struct ParamSpec {
 };
 
 struct ForwardContext {
+  explicit ForwardContext(Backend& backend) : be(backend) {}
   Backend& be;
   bool training = true;
   bool recompute = false;  // re-running for backward: skip side effects
@@ -72,6 +73,7 @@ struct BackwardContext;
 Tensor reuse_dout(BackwardContext& c, const Shape& shape);
 
 struct BackwardContext {
+  explicit BackwardContext(Backend& backend) : be(backend) {}
   Backend& be;
   RngState rng;
   std::vector<Tensor> in;  // only the inputs backward_inputs() names are defined

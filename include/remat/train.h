@@ -4,7 +4,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include "remat/config.h"
 #include "remat/exec.h"
@@ -39,6 +41,43 @@ struct TrainResult {
   int64_t peak_bytes = 0;
   MemoryStats peak_stats;  // allocator statistics of the step that reached peak_bytes
   std::string sample;
+};
+
+// A training run in named phases (tiny-cuda-nn's Trainer is the model):
+//   Trainer t(options);   // config, device, data, graph, plan, parameters; resumes when asked
+//   while (t.steps_done() < t.total_steps()) t.step();
+//   t.evaluate(); t.checkpoint();
+// run() is that loop with logging and the config's periodic evaluation, checkpoints and
+// samples; train(options) is Trainer(options).run().
+class Trainer {
+ public:
+  explicit Trainer(const TrainOptions& opt);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // One training step: the next batch, forward and backward (recomputing as the plan
+  // says), the optimizer update; logs it when the config says so.
+  StepStats step();
+  // Loss and accuracy on (up to training.eval_batches batches of) the evaluation set.
+  std::pair<double, double> evaluate();
+  // Saves the run's checkpoint into its folder (nothing without one).
+  void checkpoint();
+  // `length` characters sampled from a text model, drawn with `seed`.
+  std::string sample(int64_t length, uint64_t seed);
+  TrainResult run();
+
+  int64_t steps_done() const;   // including the steps before a resume
+  int64_t total_steps() const;  // of the whole run
+
+  struct State;  // what a run holds (src/train/trainer.cpp)
+
+ private:
+  void resume();
+  void open_run_folder();
+  void log_step(const StepStats& st, double lr, double ms, int64_t peak);
+
+  std::unique_ptr<State> s_;
 };
 
 TrainResult train(const TrainOptions& opt);

@@ -1,0 +1,88 @@
+#include "train/run_data.h"
+
+#include <filesystem>
+
+#include "remat/error.h"
+#include "remat/memory.h"
+
+namespace fs = std::filesystem;
+
+namespace remat {
+
+Batch RunData::train_batch(const std::vector<int64_t>& idx, int64_t epoch, Device d) const {
+  std::vector<uint8_t> flips;
+  if (!text && hflip > 0) flips = hflip_draws(seed, epoch, train_size(), idx, hflip);
+  return batch(train_images, train_text, idx, d, flips);
+}
+
+Batch RunData::eval_batch(const std::vector<int64_t>& idx, Device d) const {
+  return batch(eval_images, eval_text, idx, d, {});
+}
+
+Batch RunData::batch(const ImageDataset& images, const TextDataset& txt, const std::vector<int64_t>& idx, Device d,
+                     const std::vector<uint8_t>& flips) const {
+  if (!text) return image_batch(images, idx, d, flips);
+  std::vector<int64_t> starts;
+  for (int64_t i : idx) starts.push_back(i * seq_len);
+  return text_batch(txt, starts, seq_len, d);
+}
+
+RunData load_run_data(const Config& cfg, const nlohmann::json& model) {
+  RunData d;
+  const DataConfig& dc = cfg.data;
+  d.hflip = dc.augment.hflip;
+  d.seed = cfg.training.seed;
+  const bool tokens = model.contains("input") && model["input"].is_object() && model["input"].value("type", "image") == "tokens";
+  if (dc.dataset == "fashion_mnist" || dc.dataset == "synthetic_images") {
+    if (tokens) REMAT_THROW(cfg.source, ": /data/dataset: ", dc.dataset, " gives images but the model takes tokens");
+    if (dc.dataset == "fashion_mnist") {
+      const std::string dir = dc.path.empty() ? default_fashion_mnist_dir() : dc.path;
+      auto tr = fashion_mnist_paths(dir, "train");
+      auto te = fashion_mnist_paths(dir, "test");
+      d.train_images = load_idx(tr.first, tr.second);
+      d.eval_images = load_idx(te.first, te.second);
+    } else {
+      const auto& s = dc.image_shape;
+      REMAT_CHECK(s.size() == 3, cfg.source, ": /data/image_shape: expected [C, H, W]");
+      // One set of the seed's classes: the first synthetic_size samples train, the next
+      // quarter evaluates (sample i depends only on (seed, i)).
+      const int64_t n_train = dc.synthetic_size, n_eval = std::max<int64_t>(dc.synthetic_size / 4, 1);
+      ImageDataset all = synthetic_images(n_train + n_eval, static_cast<int>(s[0]), static_cast<int>(s[1]),
+                                          static_cast<int>(s[2]), static_cast<int>(dc.classes), cfg.training.seed);
+      const int64_t per = all.images.numel() / (n_train + n_eval);
+      auto slice = [&](int64_t b, int64_t n) {
+        ImageDataset d2;
+        d2.num_classes = all.num_classes;
+        d2.source = all.source;
+        TagScope scope(MemoryCategory::input, "data", Phase::setup);
+        d2.images = Tensor::empty(Shape{n, s[0], s[1], s[2]});
+        d2.labels = Tensor::empty(Shape{n}, Device::cpu(), DType::i32);
+        std::copy(all.images.f32() + b * per, all.images.f32() + (b + n) * per, d2.images.f32());
+        std::copy(all.labels.i32() + b, all.labels.i32() + b + n, d2.labels.i32());
+        return d2;
+      };
+      d.train_images = slice(0, n_train);
+      d.eval_images = slice(n_train, n_eval);
+    }
+    return d;
+  }
+  if (!tokens) REMAT_THROW(cfg.source, ": /data/dataset: ", dc.dataset, " gives text but the model takes images");
+  d.text = true;
+  TextDataset all;
+  if (dc.dataset == "text") {
+    if (dc.path.empty()) all = load_text_corpus(default_text_corpus_dir());
+    else if (fs::is_directory(dc.path)) all = load_text_corpus(dc.path);
+    else all = load_text(dc.path);
+  } else {
+    all = synthetic_text(dc.synthetic_size, static_cast<int>(dc.vocab), cfg.training.seed);
+  }
+  const auto n = static_cast<int64_t>(all.tokens.size());
+  const auto n_eval = static_cast<int64_t>(static_cast<double>(n) * dc.eval_fraction);
+  d.train_text = all;
+  d.eval_text = all;
+  d.train_text.tokens.assign(all.tokens.begin(), all.tokens.end() - n_eval);
+  d.eval_text.tokens.assign(all.tokens.end() - n_eval, all.tokens.end());
+  return d;
+}
+
+}  // namespace remat

@@ -1,0 +1,37 @@
+// The data of a training run, as its config asks: training and evaluation sets, images
+// or text, and the batches the trainer draws from them.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "remat/config.h"
+#include "remat/data.h"
+
+namespace remat {
+
+struct RunData {
+  bool text = false;
+  ImageDataset train_images, eval_images;
+  TextDataset train_text, eval_text;
+  int64_t seq_len = 0;
+  double hflip = 0.0;  // data.augment.hflip: training images only
+  uint64_t seed = 0;   // the run's seed, which the flips are drawn from
+  int64_t train_size() const { return text ? text_windows(train_text, seq_len) : train_images.labels.numel(); }
+  int64_t eval_size() const { return text ? text_windows(eval_text, seq_len) : eval_images.labels.numel(); }
+  // A training batch of the sampler's epoch `epoch`, augmented as the config asks.
+  Batch train_batch(const std::vector<int64_t>& idx, int64_t epoch, Device d) const;
+  Batch eval_batch(const std::vector<int64_t>& idx, Device d) const;  // never augmented
+
+ private:
+  // Sample i is image i, or the text window starting at token i * seq_len.
+  Batch batch(const ImageDataset& images, const TextDataset& txt, const std::vector<int64_t>& idx, Device d,
+              const std::vector<uint8_t>& flips) const;
+};
+
+// Loads the data sets of `cfg` (checked against the model's input: images or tokens).
+RunData load_run_data(const Config& cfg, const nlohmann::json& model);
+
+}  // namespace remat
