@@ -292,11 +292,18 @@ Batch batch_for(const remat::Graph& g, uint32_t seed) {
 }  // namespace
 
 TEST(Executor, ShippedConfigsScaledDownAreBitwiseEqualUnderEveryPolicy) {
-  for (const auto& entry : std::filesystem::directory_iterator(std::string(REMAT_SOURCE_DIR) + "/models")) {
+  // The shipped models, scaled down, and the test configs, which are tiny already
+  // (together they use every layer type: tests/test_coverage.cpp).
+  std::vector<std::pair<std::filesystem::directory_entry, bool>> configs;  // (file, scale down)
+  for (const char* dir : {"/models", "/tests/configs"})
+    for (const auto& entry : std::filesystem::directory_iterator(std::string(REMAT_SOURCE_DIR) + dir))
+      configs.emplace_back(entry, std::string(dir) == "/models");
+  for (const auto& [entry, scale_down] : configs) {
     if (entry.path().extension() != ".json") continue;
     SCOPED_TRACE(entry.path().filename().string());
     remat::Config c = remat::load_config(entry.path().string());
-    remat::Graph g = remat::build_graph(remat::test::shrink_model(c.model), 3, entry.path().string(), {{"vocab", 11}});
+    remat::Graph g = remat::build_graph(scale_down ? remat::test::shrink_model(c.model) : c.model, 3,
+                                        entry.path().string(), {{"vocab", 11}});
     remat::Backend& be = remat::backend_for(Device::cpu());
     auto run_policy = [&](const std::string& policy) {
       remat::ParamStore params(g, Device::cpu(), 5);

@@ -18,12 +18,6 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& message) : std::runtime_error(message) {}
 };
 
-// An op or configuration a backend does not implement (tests report it as skipped).
-class Unsupported : public Error {
- public:
-  explicit Unsupported(const std::string& message) : Error(message) {}
-};
-
 namespace detail {
 
 // Concatenates its arguments with operator<< (no format strings to get wrong).

@@ -448,6 +448,33 @@ void check_layernorm_backward(const Check& ck, const Tensor& dy, const Tensor& x
   ck.optional("dbeta", dbeta, Shape{c});
 }
 
+void check_rmsnorm_forward(const Check& ck, const Tensor& x, const Tensor& gamma, float eps, const Tensor& y,
+                           const Tensor& rstd) {
+  ck.tensor("x", x);
+  ck.min_rank("x", x, 1);
+  ck.tensor("gamma", gamma);
+  ck.shape("gamma", gamma, Shape{x.size(-1)});
+  ck.tensor("y", y);
+  ck.same_shape("x", x, "y", y);
+  ck.tensor("rstd", rstd);
+  ck.shape("rstd", rstd, Shape{rows_of(x.shape())});
+  if (!(eps > 0.0f)) ck.fail("eps must be positive");
+}
+
+void check_rmsnorm_backward(const Check& ck, const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                            const Tensor& rstd, const Tensor& dx, const Tensor& dgamma) {
+  ck.tensor("x", x);
+  ck.min_rank("x", x, 1);
+  ck.tensor("dy", dy);
+  ck.same_shape("dy", dy, "x", x);
+  ck.tensor("gamma", gamma);
+  ck.shape("gamma", gamma, Shape{x.size(-1)});
+  ck.tensor("rstd", rstd);
+  ck.shape("rstd", rstd, Shape{rows_of(x.shape())});
+  ck.optional("dx", dx, x.shape());
+  ck.optional("dgamma", dgamma, Shape{x.size(-1)});
+}
+
 // ---- Transformer pieces ---------------------------------------------------------------------
 
 void check_embedding_forward(const Check& ck, const Tensor& ids, const Tensor& table, const Tensor& pos_table, const Tensor& y) {

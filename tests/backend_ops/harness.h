@@ -8,7 +8,8 @@
 //   so an element the op forgets to write, or one it writes out of bounds, fails.
 // - NaN or inf where the reference is finite (or the other way round) fails; NaN == NaN
 //   and equal infinities match.
-// - An op the device does not implement (remat::Unsupported) is reported as skipped.
+// - Every backend implements every op (the op list is one table, remat/backend_ops.def):
+//   an exception fails the case; nothing is skipped but on a machine without the device.
 //
 // Write a case with REMAT_OP_CASE(family, name) { ... } in cases_<family>.cpp:
 //

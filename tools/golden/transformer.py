@@ -1,4 +1,4 @@
-"""Golden values for the transformer op family: layernorm, embedding, attention, permute_0213.
+"""Golden values for the transformer op family: layernorm, rmsnorm, embedding, attention, permute_0213.
 
 Inputs are float32; the reference is computed by PyTorch in float64 from those exact
 values and stored as float32, so the files hold the true result (to float32 rounding),
@@ -34,6 +34,21 @@ def _layernorm(name, seed, shape, eps, offset=0.0):
     rstd = 1.0 / torch.sqrt(xr.var(dim=1, unbiased=False) + eps)
     return name, _f32({"x": x, "gamma": gamma, "beta": beta, "y": y, "mean": mean, "rstd": rstd, "dy": dy,
                        "dx": xd.grad, "dgamma": gd.grad, "dbeta": bd.grad}), {"op": "layernorm", "eps": eps}
+
+
+def _rmsnorm(name, seed, shape, eps, offset=0.0):
+    # PyTorch 1.13 has no nn.RMSNorm (2.4 added it): the formula, differentiated by autograd.
+    g = torch.Generator().manual_seed(seed)
+    c = shape[-1]
+    x = _rand(g, *shape) * 2.0 + offset
+    gamma = _rand(g, c, lo=0.5, hi=1.5)
+    dy = _rand(g, *shape)
+    xd, gd = (t.double().requires_grad_() for t in (x, gamma))
+    rstd = torch.rsqrt(xd.pow(2).mean(dim=-1, keepdim=True) + eps)
+    y = xd * rstd * gd
+    y.backward(dy.double())
+    return name, _f32({"x": x, "gamma": gamma, "y": y, "rstd": rstd.detach().reshape(-1), "dy": dy,
+                       "dx": xd.grad, "dgamma": gd.grad}), {"op": "rmsnorm", "eps": eps}
 
 
 def _embedding(name, seed, b, t, v, c, tmax):
@@ -87,6 +102,9 @@ def cases():
     yield _layernorm("layernorm_2d_c37", 1, (6, 37), 1e-5)
     yield _layernorm("layernorm_3d_c16", 2, (2, 5, 16), 1e-5)
     yield _layernorm("layernorm_3d_offset_eps", 3, (3, 4, 9), 1e-3, offset=4.0)
+    yield _rmsnorm("rmsnorm_2d_c37", 12, (6, 37), 1e-6)
+    yield _rmsnorm("rmsnorm_3d_c16", 13, (2, 5, 16), 1e-6)
+    yield _rmsnorm("rmsnorm_3d_offset_eps", 14, (3, 4, 9), 1e-3, offset=4.0)
     yield _embedding("embedding_pos", 4, 3, 7, 5, 6, 9)
     yield _embedding("embedding_nopos", 5, 2, 5, 4, 19, 0)
     yield _attention("attention_causal_b2_t5_c12_h3", 6, 2, 5, 12, 3, True)

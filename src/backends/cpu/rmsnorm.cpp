@@ -1,0 +1,78 @@
+// RMS normalisation over the last dimension (Zhang and Sennrich 2019; LLaMA's RMSNorm):
+// per row, rstd = 1 / sqrt(mean(x^2) + eps), saved for backward; y = x * rstd * gamma.
+//
+// Order of the sums, which the CUDA kernels follow where they can: each row's sum of
+// squares (forward) and of g * xhat (dx) in double, element by element; dgamma per channel
+// in double over the rows in row order. Rows are independent, so forward and dx are
+// parallel over rows; dgamma is parallel over channels. No result depends on the thread
+// count.
+#include <cmath>
+#include <cstdint>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/parallel.h"
+
+namespace remat {
+
+namespace {
+constexpr int64_t kRowsPerTask = 16;
+constexpr int64_t kChannelBlock = 16;  // dgamma: one 64-byte line of each row at a time
+}  // namespace
+
+void CpuBackend::rmsnorm_forward_impl(const Tensor& x, const Tensor& gamma, float eps, const Tensor& y,
+                                      const Tensor& rstd) {
+  const int64_t c = x.size(-1), n = rstd.numel();
+  const float* xp = x.f32();
+  const float* g = gamma.f32();
+  float* yp = y.f32();
+  float* rp = rstd.f32();
+  cpu::parallel_for(n, kRowsPerTask, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = xp + r * c;
+      double ss = 0.0;
+      for (int64_t j = 0; j < c; ++j) ss += static_cast<double>(xr[j]) * xr[j];
+      const float rs = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(c) + static_cast<double>(eps)));
+      rp[r] = rs;
+      float* yr = yp + r * c;
+      for (int64_t j = 0; j < c; ++j) yr[j] = xr[j] * rs * g[j];
+    }
+  });
+}
+
+void CpuBackend::rmsnorm_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
+                                       const Tensor& dx, const Tensor& dgamma) {
+  const int64_t c = x.size(-1), n = rstd.numel();
+  const float* xp = x.f32();
+  const float* dyp = dy.f32();
+  const float* g = gamma.f32();
+  const float* rp = rstd.f32();
+  // dgamma first: dx may then alias dy (each row of dx is written after its reads).
+  if (dgamma.defined()) {
+    float* dg = dgamma.f32();
+    cpu::parallel_for(c, kChannelBlock, [&](int64_t j0, int64_t j1) {
+      double acc[kChannelBlock] = {};
+      for (int64_t r = 0; r < n; ++r) {
+        const float *xr = xp + r * c, *dyr = dyp + r * c;
+        const float rs = rp[r];
+        for (int64_t j = j0; j < j1; ++j) acc[j - j0] += static_cast<double>(dyr[j]) * (xr[j] * rs);
+      }
+      for (int64_t j = j0; j < j1; ++j) dg[j] += static_cast<float>(acc[j - j0]);
+    });
+  }
+  if (!dx.defined()) return;
+  float* dxp = dx.f32();
+  cpu::parallel_for(n, kRowsPerTask, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = xp + r * c;
+      const float* dyr = dyp + r * c;
+      const float rs = rp[r];
+      double sum_gx = 0.0;
+      for (int64_t j = 0; j < c; ++j) sum_gx += static_cast<double>(dyr[j] * g[j]) * (xr[j] * rs);
+      const float mean_gx = static_cast<float>(sum_gx / static_cast<double>(c));
+      float* dxr = dxp + r * c;
+      for (int64_t j = 0; j < c; ++j) dxr[j] = rs * (dyr[j] * g[j] - (xr[j] * rs) * mean_gx);
+    }
+  });
+}
+
+}  // namespace remat
