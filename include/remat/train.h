@@ -42,6 +42,8 @@ struct TrainOptions {
   std::string out;           // run folder: checkpoint/, metrics.jsonl, config.json
   std::string resume;        // run folder to resume from
   std::string data_path;     // overrides data.path
+  std::string init_from;     // weights to start from: a Hugging Face GPT-2 checkpoint or a remat run (interop.h)
+  bool init_from_partial = false;  // tolerate missing and unexpected tensors in init_from
   bool verify_recompute = false;
   bool quiet = false;        // no progress lines
   bool sample = true;        // generate a text sample at the end (character models)

@@ -9,9 +9,11 @@
 #include "kernels/philox.cuh"
 #include "remat/data.h"
 #include "remat/error.h"
+#include "remat/interop.h"
 #include "remat/io.h"
 #include "remat/log.h"
 #include "remat/profile.h"
+#include "remat/token_shards.h"
 #include "remat/train.h"
 
 namespace fs = std::filesystem;
@@ -46,20 +48,32 @@ Device resolve_device(const std::string& name) {
 // The data a config asks for: training and evaluation sets, images or text.
 struct Data {
   bool text = false;
+  bool shards = false;  // text as token shards (train_shards, eval_shards), not train_text
   ImageDataset train_images, eval_images;
   TextDataset train_text, eval_text;
+  TokenShards train_shards, eval_shards;
+  int64_t vocab = 0;  // shards: the model's vocabulary, which every token is checked against
+  std::string describe;  // shards: which files train and evaluate
   int64_t seq_len = 0;
   double hflip = 0.0;  // data.augment.hflip: training images only
   uint64_t seed = 0;   // the run's seed, which the flips are drawn from
-  int64_t train_size() const { return text ? text_windows(train_text, seq_len) : train_images.labels.numel(); }
-  int64_t eval_size() const { return text ? text_windows(eval_text, seq_len) : eval_images.labels.numel(); }
+  int64_t train_size() const {
+    if (shards) return train_shards.windows(seq_len);
+    return text ? text_windows(train_text, seq_len) : train_images.labels.numel();
+  }
+  int64_t eval_size() const {
+    if (shards) return eval_shards.windows(seq_len);
+    return text ? text_windows(eval_text, seq_len) : eval_images.labels.numel();
+  }
   // A training batch of the sampler's epoch `epoch`, augmented as the config asks.
   Batch train_batch(const std::vector<int64_t>& idx, int64_t epoch, Device d) const {
     std::vector<uint8_t> flips;
     if (!text && hflip > 0) flips = hflip_draws(seed, epoch, train_size(), idx, hflip);
+    if (shards) return train_shards.batch(idx, seq_len, vocab, d);
     return batch(train_images, train_text, idx, d, flips);
   }
   Batch eval_batch(const std::vector<int64_t>& idx, Device d) const {
+    if (shards) return eval_shards.batch(idx, seq_len, vocab, d);
     return batch(eval_images, eval_text, idx, d, {});  // never augmented
   }
 
@@ -115,6 +129,14 @@ Data load_data(const Config& cfg, const nlohmann::json& model) {
   }
   if (!tokens) REMAT_THROW(cfg.source, ": /data/dataset: ", dc.dataset, " gives text but the model takes images");
   d.text = true;
+  if (dc.dataset == "token_shards") {
+    TokenShardData sd = load_token_shard_data(dc.path, dc.eval_fraction);
+    d.shards = true;
+    d.train_shards = std::move(sd.train);
+    d.eval_shards = std::move(sd.eval);
+    d.describe = std::move(sd.describe);
+    return d;
+  }
   TextDataset all;
   if (dc.dataset == "text") {
     if (dc.path.empty()) all = load_text_corpus(default_text_corpus_dir());
@@ -248,11 +270,12 @@ TrainResult train(const TrainOptions& o) {
   Data data = load_data(cfg, cfg.model);
   std::map<std::string, int64_t> vars;
   if (data.text) {
-    vars["vocab"] = data.train_text.vocab_size();
+    vars["vocab"] = data.shards ? cfg.data.vocab : data.train_text.vocab_size();
     data.seq_len = cfg.model["input"].value("seq_len", int64_t{0});
   }
   Graph g = build_graph(cfg.model, tc.batch, cfg.source, vars);
   if (data.text) data.seq_len = g.layer(g.input_id).out_shape[1];
+  if (data.shards) data.vocab = g.layer(g.logits_id).out_shape[-1];
   const CheckpointPlan plan = resolve_policy(cfg, g, tc.policy, &be);  // budgets with this device's workspace sizes
   const int64_t n_train = data.train_size();
   REMAT_CHECK(n_train >= tc.batch, cfg.source, ": the training set has ", n_train, " samples, fewer than one batch of ",
@@ -262,6 +285,11 @@ TrainResult train(const TrainOptions& o) {
   REMAT_CHECK(total > 0, cfg.source, ": /training: set steps or epochs (or pass --steps / --epochs)");
 
   ParamStore params(g, dev, tc.seed);
+  if (!o.init_from.empty()) {
+    REMAT_CHECK(o.resume.empty(), "--init-from and --resume exclude each other (a resumed run has its weights)");
+    const InitFromReport r = init_from(o.init_from, cfg, params, o.init_from_partial);
+    if (!o.quiet) std::printf("%s\n", r.describe().c_str());
+  }
   Optimizer optimizer(cfg.optimizer, params, be);
   Executor ex(g, params, be, plan, ExecOptions{o.verify_recompute});
   RngGenerator gen(tc.seed);
@@ -329,6 +357,7 @@ TrainResult train(const TrainOptions& o) {
     std::printf("remat train %s: %s, %lld parameters, batch %lld, %lld steps on %s\n", cfg.source.c_str(),
                 cfg.name.c_str(), static_cast<long long>(g.parameter_count()), static_cast<long long>(tc.batch),
                 static_cast<long long>(total), dev.str().c_str());
+    if (!data.describe.empty()) std::printf("data: %s\n", data.describe.c_str());
     std::printf("%s\n", plan.describe(g).c_str());
     std::fflush(stdout);
   }
@@ -398,7 +427,7 @@ TrainResult train(const TrainOptions& o) {
     const bool epoch_end = tc.steps == 0 && sampler.position() == sampler.batches_per_epoch();
     if ((tc.eval_every > 0 && step % tc.eval_every == 0) || (tc.eval_every == 0 && epoch_end && step != total)) run_eval();
     if (tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0 && step != total) checkpoint();
-    if (data.text && o.sample && tc.sample_every > 0 && step % tc.sample_every == 0 && step != total && !o.quiet)
+    if (data.text && !data.shards && o.sample && tc.sample_every > 0 && step % tc.sample_every == 0 && step != total && !o.quiet)
       std::printf("sample at step %lld:\n%s\n", static_cast<long long>(step),
                   generate_sample(data, cfg, vars, params, be, tc.sample_length, tc.seed + 7 + static_cast<uint64_t>(step)).c_str());
   }
@@ -407,7 +436,7 @@ TrainResult train(const TrainOptions& o) {
     run_eval();
     checkpoint();
   }
-  if (data.text && o.sample && tc.sample_length > 0) {
+  if (data.text && !data.shards && o.sample && tc.sample_length > 0) {  // shards: no decoder for the ids
     result.sample = generate_sample(data, cfg, vars, params, be, tc.sample_length, tc.seed + 7);
     if (!o.quiet) std::printf("sample:\n%s\n", result.sample.c_str());
   }
