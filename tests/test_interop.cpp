@@ -417,7 +417,7 @@ TEST(InitFrom, ShapesMissingAndUnexpectedTensors) {
   s.t.erase("h.1.mlp.c_fc.bias");
   write_state(s);
   EXPECT_REMAT_ERROR(remat::init_from(f, c, ps, false), "no tensor \"h.1.mlp.c_fc.bias\" (remat's \"h1.fc.bias\")");
-  remat::ParamStore fresh(g, remat::Device::cpu(), 7);
+  remat::ParamStore fresh(g, remat::Device::cpu(), 7, /*initialise=*/false);
   remat::InitFromReport rep = remat::init_from(f, c, fresh, true);
   EXPECT_EQ(rep.missing, (std::vector<std::string>{"h1.fc.bias"}));
   const remat::ParamStore seeded(g, remat::Device::cpu(), 7);
@@ -728,4 +728,14 @@ TEST(Export, HfGpt2FilesAndBackAgain) {
   EXPECT_REMAT_ERROR(remat::export_hf_gpt2(d / "run/checkpoint", d / "x"), "no config.json");
   fs::remove(d / "run/checkpoint/state.json");
   EXPECT_REMAT_ERROR(remat::export_hf_gpt2(d / "run", d / "x"), "no complete checkpoint");
+}
+
+TEST(InitFrom, ParamsInitialisedInAnyOrderAreTheConstructorsValues) {
+  const remat::Config c = tiny_config();
+  const remat::Graph g = tiny_graph(c);
+  const remat::ParamStore a(g, remat::Device::cpu(), 5);
+  remat::ParamStore b(g, remat::Device::cpu(), 5, /*initialise=*/false);
+  for (size_t p = g.params.size(); p-- > 0;) b.initialise(p);
+  for (size_t p = 0; p < g.params.size(); ++p) EXPECT_TRUE(remat::test::bitwise_equal(a.values[p], b.values[p])) << g.params[p].name;
+  EXPECT_REMAT_ERROR(b.initialise(g.params.size()), "ParamStore::initialise: parameter 28 of 28");
 }

@@ -476,6 +476,7 @@ InitFromReport init_from(const std::string& path, const Config& cfg, ParamStore&
       if (!hf_name_of(name, &key, &conv1d)) {
         if (partial) {
           r.missing.push_back(name);
+          params.initialise(p);
           continue;
         }
         REMAT_THROW(cfg.source, ": parameter \"", name, "\" has no Hugging Face GPT-2 name (a GPT-2 config uses the "
@@ -490,6 +491,7 @@ InitFromReport init_from(const std::string& path, const Config& cfg, ParamStore&
     if (it == by_name.end()) {
       if (partial) {
         r.missing.push_back(name);
+        params.initialise(p);
         continue;
       }
       REMAT_THROW(join(r.files, 2), ": no tensor ", hf ? "\"" + key + "\" (remat's \"" + name + "\")" : "\"" + name + "\"",

@@ -40,7 +40,7 @@ EvalResult evaluate_lm(const EvalOptions& o) {
   Graph g = build_graph(cfg.model, batch, cfg.source, vars);
   const int64_t seq_len = g.layer(g.input_id).out_shape[1];
   const int64_t vocab = g.layer(g.logits_id).out_shape[-1];
-  ParamStore params(g, dev, seed);
+  ParamStore params(g, dev, seed, /*initialise=*/o.init_from.empty());  // init_from sets them
   if (!o.init_from.empty()) {
     res.init = init_from(o.init_from, cfg, params, o.init_from_partial);
     if (!o.quiet) std::printf("%s\n", res.init.describe().c_str());

@@ -284,7 +284,7 @@ TrainResult train(const TrainOptions& o) {
   const int64_t total = tc.steps > 0 ? tc.steps : tc.epochs * sampler.batches_per_epoch();
   REMAT_CHECK(total > 0, cfg.source, ": /training: set steps or epochs (or pass --steps / --epochs)");
 
-  ParamStore params(g, dev, tc.seed);
+  ParamStore params(g, dev, tc.seed, /*initialise=*/o.init_from.empty());  // init_from sets them
   if (!o.init_from.empty()) {
     REMAT_CHECK(o.resume.empty(), "--init-from and --resume exclude each other (a resumed run has its weights)");
     const InitFromReport r = init_from(o.init_from, cfg, params, o.init_from_partial);
