@@ -739,3 +739,26 @@ TEST(InitFrom, ParamsInitialisedInAnyOrderAreTheConstructorsValues) {
   for (size_t p = 0; p < g.params.size(); ++p) EXPECT_TRUE(remat::test::bitwise_equal(a.values[p], b.values[p])) << g.params[p].name;
   EXPECT_REMAT_ERROR(b.initialise(g.params.size()), "ParamStore::initialise: parameter 28 of 28");
 }
+
+TEST(InitFrom, DatasetOverrideTrainsASyntheticConfigOnShards) {
+  TempDir d("dataset");
+  nlohmann::json j = nlohmann::json::parse(remat::read_file(std::string(REMAT_SOURCE_DIR) + "/tests/configs/gpt2_tiny.json"));
+  j["data"] = {{"dataset", "synthetic_text"}, {"synthetic_size", 5000}};
+  j["model"]["layers"][0]["vocab"] = kV;  // no $vocab: synthetic_text's default vocabulary is 32
+  j["model"]["layers"].back()["out_features"] = kV;
+  write_bytes(d / "synthetic.json", j.dump());
+  EXPECT_EQ(remat::load_config(d / "synthetic.json").data.vocab, 32);
+  const remat::Config c = remat::load_config(d / "synthetic.json", "token_shards");
+  EXPECT_EQ(c.data.dataset, "token_shards");
+  EXPECT_EQ(c.data.vocab, remat::kGpt2Vocab);  // the default of the data set it now is
+  write_bytes(d / "s_train_000001.bin", shard(iota_tokens(1000, 0, 256)));
+  remat::TrainOptions o;
+  o.config = d / "synthetic.json";
+  o.data_path = d / "s_train_000001.bin";
+  o.steps = 1;
+  o.device = "cpu";
+  o.quiet = true;
+  EXPECT_REMAT_ERROR(remat::train(o), "is synthetic_text, which reads no files; pass --dataset too");
+  o.dataset = "token_shards";
+  EXPECT_EQ(remat::train(o).steps, 1);
+}

@@ -119,7 +119,9 @@ struct Config {
   nlohmann::json resolved() const;
 };
 
-Config load_config(const std::string& path);
+// `dataset`, when not empty, replaces data.dataset before the file is read, so that the
+// data section's defaults are those of that data set (remat train --dataset).
+Config load_config(const std::string& path, const std::string& dataset = "");
 Config parse_config(const nlohmann::json& j, const std::string& source);
 
 // Learning rate at `step` (counting from 1) of `total` steps.

@@ -42,6 +42,7 @@ struct TrainOptions {
   std::string out;           // run folder: checkpoint/, metrics.jsonl, config.json
   std::string resume;        // run folder to resume from
   std::string data_path;     // overrides data.path
+  std::string dataset;       // overrides data.dataset (e.g. token_shards for a synthetic config)
   std::string init_from;     // weights to start from: a Hugging Face GPT-2 checkpoint or a remat run (interop.h)
   bool init_from_partial = false;  // tolerate missing and unexpected tensors in init_from
   bool verify_recompute = false;

@@ -241,13 +241,17 @@ Config parse_config(const nlohmann::json& j, const std::string& source) {
   return c;
 }
 
-Config load_config(const std::string& path) {
+Config load_config(const std::string& path, const std::string& dataset) {
   const std::string text = read_file(path);
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     REMAT_THROW(path, ": not valid JSON: ", e.what());
+  }
+  if (!dataset.empty() && j.is_object()) {
+    if (!j.contains("data")) j["data"] = nlohmann::json::object();
+    if (j["data"].is_object()) j["data"]["dataset"] = dataset;
   }
   return parse_config(j, path);
 }

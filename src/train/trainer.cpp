@@ -252,7 +252,7 @@ std::string memory_report(const MemoryStats& s, const std::string& title) {
 }
 
 TrainResult train(const TrainOptions& o) {
-  Config cfg = load_config(o.config);
+  Config cfg = load_config(o.config, o.dataset);
   if (!o.policy.empty()) cfg.training.policy = o.policy;
   if (o.steps >= 0) cfg.training.steps = o.steps;
   if (o.epochs >= 0) {
@@ -263,6 +263,9 @@ TrainResult train(const TrainOptions& o) {
   if (o.batch > 0) cfg.training.batch = o.batch;
   if (o.seed >= 0) cfg.training.seed = static_cast<uint64_t>(o.seed);
   if (!o.data_path.empty()) cfg.data.path = o.data_path;
+  if (!o.data_path.empty() && cfg.data.dataset.rfind("synthetic", 0) == 0)
+    REMAT_THROW("--data ", o.data_path, ": the data set of ", o.config, " is ", cfg.data.dataset,
+                ", which reads no files; pass --dataset too (token_shards, text, fashion_mnist)");
   const TrainingConfig& tc = cfg.training;
 
   const Device dev = resolve_device(o.device);
