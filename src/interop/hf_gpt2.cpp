@@ -89,8 +89,6 @@ std::string canonical_hf(const std::string& name) {
   return name.compare(0, p.size(), p) == 0 ? name.substr(p.size()) : name;
 }
 
-std::string shape_str(const Shape& s) { return s.str(); }
-
 Shape transposed(const Shape& s) { return Shape{s[1], s[0]}; }
 
 // ---- element copies --------------------------------------------------------------------------
@@ -254,7 +252,9 @@ ModelFacts model_facts(const Config& cfg) {
   if (shared_value(cfg.model, "attention", "causal", true, cfg.source, &v) && v.is_boolean()) m.causal = v.get<bool>();
   auto first_p = [&](int where) {
     const auto ls = layers_of(cfg.model, "dropout", where);
-    return ls.empty() ? 0.0 : ls.front()->value("p", 0.5);
+    if (ls.empty()) return 0.0;
+    const nlohmann::json p = ls.front()->contains("p") ? (*ls.front())["p"] : nlohmann::json(0.5);
+    return p.is_number() ? p.get<double>() : 0.0;
   };
   m.embd_pdrop = first_p(-1);
   m.resid_pdrop = first_p(1);
@@ -262,7 +262,16 @@ ModelFacts model_facts(const Config& cfg) {
 }
 
 // Checks a Hugging Face config.json against the remat config: what shapes cannot tell.
+void check_hf_config_json(const std::string& path, const Config& cfg, int64_t n_blocks);
 void check_hf_config(const std::string& path, const Config& cfg, int64_t n_blocks) {
+  try {
+    check_hf_config_json(path, cfg, n_blocks);
+  } catch (const nlohmann::json::exception& e) {  // a value of the wrong JSON type
+    REMAT_THROW(path, ": unexpected value: ", e.what());
+  }
+}
+
+void check_hf_config_json(const std::string& path, const Config& cfg, int64_t n_blocks) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(read_file(path));
@@ -502,8 +511,8 @@ InitFromReport init_from(const std::string& path, const Config& cfg, ParamStore&
     const Shape want_file = conv1d ? transposed(want) : want;
     if (e.shape != want_file)
       REMAT_THROW(it->second.file->source(), ": tensor \"", e.name, "\"", hf ? " (remat's \"" + name + "\")" : "",
-                  " has shape ", shape_str(e.shape), ", the config (", cfg.source, ") expects ", shape_str(want_file),
-                  conv1d ? " (Conv1D [in, out] of remat's " + shape_str(want) + ")" : "");
+                  " has shape ", e.shape.str(), ", the config (", cfg.source, ") expects ", want_file.str(),
+                  conv1d ? " (Conv1D [in, out] of remat's " + want.str() + ")" : "");
     load_param(*it->second.file, e, conv1d, params.values[p]);
     used.insert(it->first);
     ++r.tensors;

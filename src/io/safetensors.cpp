@@ -48,7 +48,7 @@ SafetensorsFile SafetensorsFile::parse(std::string bytes, const std::string& src
 
 void SafetensorsFile::parse_header(size_t size) {
   const std::string& src = source_;
-  SafetensorsFile& f = *this;
+  SafetensorsFile& f = *this;  // the parser as it was written for a local object
   auto bad = [&](const std::string& msg) -> void { REMAT_THROW(src, ": not a valid safetensors file: ", msg); };
   if (size < 8) bad("file is " + std::to_string(size) + " bytes, shorter than the 8-byte header size");
   uint64_t hsize = 0;

@@ -10,7 +10,8 @@ randomised too so that every tensor's mapping shows, is saved locally; then:
      torch.optim.AdamW (the same decay groups, clipping and learning rates) give losses
      within 1e-4;
   4. round trip: remat -> export -> from_pretrained -> save_pretrained -> remat is bitwise;
-  5. a pickled pytorch_model.bin is refused, and the conversion the message gives works.
+  5. a pickled pytorch_model.bin is refused, and the conversion the message gives works;
+  6. tools/make_shards.py --tokenizer hf:DIR writes what a transformers tokenizer encodes.
 """
 import json
 import math
@@ -232,6 +233,25 @@ def main():
         b3 = model(torch.from_numpy(d["input_ids"].astype(np.int64))).logits.numpy().astype(np.float64)
     rel3 = np.abs(d["logits"] - b3).max() / np.abs(b3).max()
     check(rel3 <= 1e-5, f"the suggested conversion makes a checkpoint remat loads (logits {rel3:.2e} relative)")
+    # 6. make_shards.py with a Hugging Face tokenizer: a byte-level BPE trained here (offline),
+    # saved as GPT-2's tokenizer files; the shard holds tokenizer.encode(text) after <eos>.
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import GPT2TokenizerFast
+    corpus = os.path.join(ROOT, "docs", "interop.md")
+    bpe = ByteLevelBPETokenizer()
+    bpe.train([corpus], vocab_size=400, min_frequency=2, special_tokens=["<|endoftext|>"], show_progress=False)
+    tok_dir = os.path.join(w, "tokenizer")
+    os.makedirs(tok_dir)
+    bpe.save_model(tok_dir)
+    tok = GPT2TokenizerFast(vocab_file=os.path.join(tok_dir, "vocab.json"), merges_file=os.path.join(tok_dir, "merges.txt"),
+                            eos_token="<|endoftext|>", bos_token="<|endoftext|>", unk_token="<|endoftext|>")
+    tok.save_pretrained(tok_dir)
+    run([sys.executable, os.path.join(ROOT, "tools", "make_shards.py"), corpus, "--out", os.path.join(w, "bpe", "doc"),
+         "--tokenizer", f"hf:{tok_dir}", "--val-tokens", "0"])
+    got = np.fromfile(os.path.join(w, "bpe", "doc_train_000001.bin"), dtype="<u2", offset=1024).tolist()
+    with open(corpus, encoding="utf-8") as f:
+        expect = [tok.eos_token_id] + tok.encode(f.read(), add_special_tokens=False)
+    check(got == expect and max(got) > 256, f"make_shards.py --tokenizer hf:DIR wrote the tokenizer's {len(got)} ids (merges too)")
     print("interop transformers: all checks passed")
     return 0
 
