@@ -1,6 +1,6 @@
 #include "kernels/attention.cuh"
 #include "kernels/launch.cuh"
-#include "kernels/philox.cuh"
+#include "remat/philox.h"
 #include "kernels/reduce.cuh"
 
 #include <algorithm>

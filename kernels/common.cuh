@@ -9,13 +9,7 @@
 #include "kernels/emu/emu.h"
 #endif
 
-#if defined(__CUDACC__)
-#define REMAT_HD __host__ __device__
-#define REMAT_INLINE __forceinline__
-#else
-#define REMAT_HD
-#define REMAT_INLINE inline
-#endif
+#include "remat/hd.h"  // REMAT_HD, REMAT_INLINE
 
 // Dynamic shared memory of a kernel, as a `T*` named `name` (16-byte aligned), sized by
 // the launch's shared-memory argument. `extern __shared__` cannot be expressed in host

@@ -2,7 +2,7 @@
 #include "kernels/elementwise.cuh"
 #include "kernels/fill.cuh"
 #include "kernels/launch.cuh"
-#include "kernels/philox.cuh"
+#include "remat/philox.h"
 #include "kernels/vec4.cuh"
 
 namespace remat::kernels {

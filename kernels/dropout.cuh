@@ -1,4 +1,4 @@
-// Inverted dropout with the Philox stream of kernels/philox.cuh: element i of an op whose
+// Inverted dropout with the Philox stream of include/remat/philox.h: element i of an op whose
 // RngState is {seed, offset} is kept when philox::keep(seed, offset, i, 1 - p), the rule
 // of the CPU backend, so forward, backward and recompute draw the same mask on any device
 // and any grid.

@@ -5,7 +5,7 @@
 
 #include <vector>
 
-#include "kernels/philox.cuh"
+#include "remat/philox.h"
 #include "remat/cuda_check.h"
 #include "remat/rng.h"
 

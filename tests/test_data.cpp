@@ -16,7 +16,7 @@
 #include <set>
 
 #include "fuzz/harness.h"
-#include "kernels/philox.cuh"
+#include "remat/philox.h"
 #include "remat/data.h"
 #include "remat/io.h"
 #include "remat/memory.h"

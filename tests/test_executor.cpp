@@ -170,11 +170,11 @@ class NoisyLayer final : public remat::Layer {
   explicit NoisyLayer(remat::ConfigReader&) {}
   remat::LayerKind kind() const override { return remat::LayerKind::pointwise; }
   remat::Shape infer(const std::vector<remat::Shape>& in) override { return in[0]; }
-  void forward(remat::ForwardContext& c) override {
+  void forward(remat::ForwardContext& c) const override {
     c.out = c.in[0].clone();
     c.out.f32()[0] += static_cast<float>(++g_noise);
   }
-  void backward(remat::BackwardContext& c) override { c.din = {c.dout}; }
+  void backward(remat::BackwardContext& c) const override { c.din = {c.dout}; }
   std::vector<int> backward_inputs() const override { return {0}; }
 };
 }  // namespace

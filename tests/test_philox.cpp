@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/philox.cuh"
+#include "remat/philox.h"
 #include "remat/rng.h"
 #include "support/expect_error.h"
 

@@ -34,7 +34,7 @@ time    Median time of one twin training step (batch, forward, backward, clippin
 derive  Writes a copy of a config with overrides: dotted.key=JSON_VALUE, and dropout=0
         (every dropout layer's p and every attention's dropout).
 
-Layer semantics follow src/graph/layers.cpp; names follow src/graph/graph.cpp (layers
+Layer semantics follow src/graph/layers/*.cpp; names follow src/graph/graph.cpp (layers
 default to <type><index>, a repeat instance prefixes "<name><k>.", `in` is the instance's
 input, and after a repeat its name refers to its last output).
 """
@@ -119,7 +119,7 @@ def scheduled_lr(opt, sch, step, total):
     return lr
 
 
-# ---- the layer graph (src/graph/graph.cpp, src/graph/layers.cpp) ------------------------------
+# ---- the layer graph (src/graph/graph.cpp, src/graph/layers/) ------------------------------
 
 LAYER_KEYS = {
     "linear": {"out_features": None, "bias": True, "init_std": 0.0, "tie_weight": ""},
@@ -555,7 +555,7 @@ AUGMENT_STREAM = 0x6175676D656E7431  # kAugmentStream (include/remat/data.h)
 
 
 def _philox_uniform(seed, words):
-    """kernels/philox.cuh: philox::uniform(philox::word(seed, w)) for each w of `words`
+    """include/remat/philox.h: philox::uniform(philox::word(seed, w)) for each w of `words`
     (a numpy uint64 array), as float32."""
     m32 = np.uint64(0xFFFFFFFF)
     b = words >> np.uint64(2)

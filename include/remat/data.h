@@ -114,7 +114,7 @@ Batch image_batch(const ImageDataset& d, const std::vector<int64_t>& indices, De
                   const std::vector<uint8_t>& hflip = {});
 
 // Training-time horizontal flips (data.augment.hflip). Whether sample `index` of a training
-// set of n samples is mirrored in epoch `epoch` is drawn from Philox (kernels/philox.cuh):
+// set of n samples is mirrored in epoch `epoch` is drawn from Philox (include/remat/philox.h):
 // word epoch * n + index of the stream of seed ^ kAugmentStream is mirrored when
 // uniform(word) < p (p >= 1: always; p <= 0: never). It depends only on (seed, epoch,
 // index), never on the batch size, the position in the batch or earlier draws, so a

@@ -55,10 +55,10 @@ CheckpointPlan make_plan(const Graph& g, const std::string& policy);
 // The units the policies group: repeated-block instances, or in a model without repeated
 // blocks every layer but the inputs and the loss. Each unit is a range of layer ids.
 std::vector<Segment> plan_units(const Graph& g);
-// What the selective policy keeps, in the layers of `s`: the products of GEMMs,
-// convolutions and embeddings. An attention layer's output is the product of its P V
-// GEMM and is kept; its probabilities (a softmax) are recomputed. Sets keep and
-// keep_extras (per layer of g) for those layers.
+// What the selective policy keeps, in the layers of `s`, as each layer says
+// (Layer::selective_keep: GEMM, convolution and embedding products whole; attention's
+// P V output but not its probabilities). Sets keep and keep_extras (per layer of g) for
+// those layers.
 void keep_selective(const Graph& g, const Segment& s, std::vector<bool>& keep, std::vector<bool>& keep_extras);
 
 // A plan from explicit per-layer keep flags grouped into segments (used by the planner

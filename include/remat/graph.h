@@ -22,7 +22,8 @@
 
 namespace remat {
 
-// What a layer computes; the selective policy keeps gemm/conv products and recomputes the rest.
+// What a layer computes (reports group layers by it; policies ask the layer itself, e.g.
+// Layer::selective_keep).
 enum class LayerKind { input, gemm, conv, pointwise, norm, dropout, attention, pool, embedding, view, loss };
 const char* layer_kind_name(LayerKind k);
 
@@ -36,6 +37,16 @@ struct ParamSpec {
   bool trainable = true;     // false for buffers (batchnorm running statistics)
   bool weight_decay = true;  // false for biases and norm parameters
   std::string tie;           // full name of another layer's parameter to share instead
+
+  // Builders: ParamSpec::uniform("weight", {out, in}, in), ParamSpec::ones("weight", {c}).no_decay().
+  static ParamSpec zeros(std::string name, Shape shape);
+  static ParamSpec ones(std::string name, Shape shape);
+  // PyTorch's default for linear and conv layers: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+  static ParamSpec uniform(std::string name, Shape shape, int64_t fan_in);
+  static ParamSpec normal(std::string name, Shape shape, float std);
+  ParamSpec no_decay() const;                    // excluded from weight decay
+  ParamSpec buffer() const;                      // not trained (no gradient), no decay
+  ParamSpec tied_to(std::string full_name) const;  // shares another layer's parameter
 };
 
 struct ForwardContext {
@@ -54,9 +65,10 @@ struct ForwardContext {
 };
 
 struct BackwardContext;
-// The output gradient as the buffer for an elementwise op's input gradient when no other
-// tensor shares its storage (saves one activation-sized buffer per pointwise layer in
-// backward); a fresh tensor of `shape` otherwise.
+// The output gradient as the buffer for an input gradient that may alias it (an op whose
+// entry in remat/backend_ops.def says "dx may alias dy"), when no other tensor shares its
+// storage: saves one activation-sized buffer per pointwise or norm layer in backward. A
+// fresh tensor of `shape` otherwise.
 Tensor reuse_dout(BackwardContext& c, const Shape& shape);
 
 struct BackwardContext {
@@ -87,19 +99,34 @@ class Layer {
 
   virtual LayerKind kind() const = 0;
   // Checks input shapes and returns the output shape (with batch). Throws remat::Error.
+  // The one method that may change the layer (it records the shapes it was built for).
   virtual Shape infer(const std::vector<Shape>& in) = 0;
+  // The dtype input k must have: f32, or i32 for token ids and targets.
+  virtual DType input_dtype(int /*k*/) const { return DType::f32; }
+  // For an i32 input k: the ids it may hold are [0, range) (an embedding's vocabulary;
+  // synthetic data draws from it). 0: not an id input, or no bound.
+  virtual int64_t input_id_range(int /*k*/) const { return 0; }
   virtual std::vector<ParamSpec> param_specs() const { return {}; }
-  virtual uint64_t rng_words() const { return 0; }  // random words one training forward draws
-  virtual bool has_side_effects() const { return false; }
+  // Random words one training forward draws. (Other side effects, batchnorm's running
+  // statistics, are skipped when ForwardContext::recompute is set.)
+  virtual uint64_t rng_words() const { return 0; }
+  // What the selective policy keeps of this layer between forward and backward: products
+  // that are expensive to recompute and cheap to keep (GEMMs, convolutions, embeddings:
+  // `all`; attention keeps its P V product but recomputes its probabilities: `output`),
+  // Korthikanti et al. 2022. The rest (pointwise, norms, dropout, softmax) is recomputed.
+  enum class SelectiveKeep { nothing, output, all };
+  virtual SelectiveKeep selective_keep() const { return SelectiveKeep::nothing; }
   virtual double forward_flops() const { return 0.0; }
   virtual double backward_flops() const { return 2.0 * forward_flops(); }
   // FLOPs of a forward with ForwardContext::extras_only (recompute counts them).
   virtual double extras_flops() const { return forward_flops(); }
 
-  virtual void forward(ForwardContext& c) = 0;
-  virtual void backward(BackwardContext& c) = 0;
+  // Forward and backward never change the layer: what they produce goes to the context.
+  virtual void forward(ForwardContext& c) const = 0;
+  virtual void backward(BackwardContext& c) const = 0;
 
-  // Which inputs (by position) backward reads; whether it reads the output.
+  // Which inputs (by position) backward reads; whether it reads the output (no built-in
+  // layer does; the executor supports it for layers that do, e.g. a sigmoid).
   virtual std::vector<int> backward_inputs() const { return {}; }
   virtual bool backward_uses_output() const { return false; }
   virtual std::vector<std::string> extra_names() const { return {}; }
@@ -110,9 +137,12 @@ class Layer {
 // Builds layers of one type from their JSON object (see docs/config.md).
 class ConfigReader;
 using LayerFactory = std::function<std::unique_ptr<Layer>(ConfigReader&)>;
-// Registers a layer type; a duplicate name throws remat::Error.
+// Registers a layer type; a duplicate name throws remat::Error. The built-in types
+// register themselves, one file each under src/graph/layers/ (REMAT_REGISTER_LAYER).
 void register_layer_type(const std::string& type, LayerFactory factory);
 std::vector<std::string> layer_types();
+// The factory of a type, or an empty function when none is registered.
+LayerFactory find_layer_factory(const std::string& type);
 
 struct GraphParam {
   std::string name;  // "block0.fc1.weight"

@@ -119,9 +119,6 @@ class RawAllocator {
 };
 std::unique_ptr<RawAllocator> make_cpu_raw_allocator();
 std::unique_ptr<RawAllocator> make_meta_raw_allocator();
-#ifdef REMAT_WITH_CUDA
-std::unique_ptr<RawAllocator> make_cuda_raw_allocator(int device);
-#endif
 
 class CachingAllocator;
 

@@ -104,6 +104,9 @@ CheckpointPlan resolve_policy(const Config& cfg, const Graph& g, const std::stri
 // Reports.
 std::string profile_table(const std::vector<StepProfile>& ps, const std::vector<StepProfile>* measured);
 std::string layer_table(const StepProfile& p);
+// A table of where the memory of a measured step went, by category, at its peak (what
+// `remat train` prints after a run).
+std::string memory_report(const MemoryStats& s, const std::string& title);
 nlohmann::json profile_json(const std::vector<StepProfile>& predicted, const std::vector<StepProfile>* measured);
 nlohmann::json chrome_trace(const std::vector<StepProfile>& ps);
 std::string memory_svg(const std::vector<StepProfile>& ps, const std::string& title);

@@ -1,6 +1,6 @@
 // Random number state. Each random op reserves a disjoint range of the Philox stream of
 // the run's seed from an RngGenerator and records the RngState it got, so a recompute can
-// replay exactly the same draws (see kernels/philox.cuh for the stream layout).
+// replay exactly the same draws (see include/remat/philox.h for the stream layout).
 #pragma once
 
 #include <cstdint>

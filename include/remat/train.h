@@ -1,5 +1,5 @@
-// Training: optimizers over a ParamStore, checkpoints, and the training loop behind
-// `remat train`.
+// Training: the loop behind `remat train`, and checkpoints. The optimizers are in
+// remat/optim.h, the memory report of a run in remat/profile.h.
 #pragma once
 
 #include <cstdint>
@@ -8,28 +8,9 @@
 
 #include "remat/config.h"
 #include "remat/exec.h"
+#include "remat/optim.h"
 
 namespace remat {
-
-// SGD (momentum, weight decay) or AdamW over every trainable parameter, with optional
-// global gradient-norm clipping. State tensors are allocated with category optimizer_state.
-class Optimizer {
- public:
-  Optimizer(const OptimizerConfig& cfg, ParamStore& params, Backend& be);
-  // One update at learning rate `lr`; returns the gradient norm before clipping (0 when
-  // clipping is off and the norm was not needed).
-  double step(double lr);
-  int64_t steps_taken() const { return step_; }
-  void set_steps_taken(int64_t s) { step_ = s; }
-  // Named state tensors for checkpoints ("<param>.exp_avg", ...).
-  std::vector<std::pair<std::string, Tensor>> named_state() const;
-
- private:
-  OptimizerConfig cfg_;
-  ParamStore& params_;
-  Backend& be_;
-  int64_t step_ = 0;
-};
 
 struct TrainOptions {
   std::string config;        // path of the model config
@@ -62,9 +43,6 @@ struct TrainResult {
   MemoryStats peak_stats;  // allocator statistics of the step that reached peak_bytes
   std::string sample;
 };
-
-// A table of where the memory of the peak step went, by category.
-std::string memory_report(const MemoryStats& s, const std::string& title);
 
 TrainResult train(const TrainOptions& opt);
 

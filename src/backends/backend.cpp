@@ -1,8 +1,12 @@
-// Validation of every op's arguments (shared by all backends), then dispatch to *_impl.
+// Validation of every op's arguments (shared by all backends), then dispatch to *_impl:
+// the public methods of Backend are generated from remat/backend_ops.def at the end of
+// this file, each calling its check_<op> below. An op without a validator does not compile.
 // Messages name the op, the argument and the shapes involved.
 #include "remat/backend.h"
 
+#include <chrono>
 #include <cmath>
+#include <string_view>
 
 #include "remat/error.h"
 
@@ -11,8 +15,9 @@ namespace remat {
 namespace {
 
 struct Check {
-  const char* op;
+  std::string_view op;
   Device device;
+  Backend* be = nullptr;  // the backend being validated (its workspace queries); null for shape helpers
 
   [[noreturn]] void fail(const std::string& msg) const { REMAT_THROW(op, ": ", msg); }
 
@@ -129,10 +134,17 @@ Shape pool2d_output_shape(const Shape& x, const Pool2dParams& p) {
                (x[3] + 2 * p.pad_w - p.kernel_w) / p.stride_w + 1};
 }
 
+// ---- The validators: check_<op> takes the op's arguments (all of them, so some go unused)
+// and throws remat::Error naming the op, the argument and the shapes.
+
+namespace {
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+
 // ---- GEMM and linear -------------------------------------------------------------------
 
-void Backend::gemm(const Tensor& a, const Tensor& b, const Tensor& c, const GemmParams& p) {
-  Check ck{"gemm", device()};
+void check_gemm(const Check& ck, const Tensor& a, const Tensor& b, const Tensor& c, const GemmParams& p) {
   ck.tensor("a", a);
   ck.tensor("b", b);
   ck.tensor("c", c);
@@ -147,11 +159,9 @@ void Backend::gemm(const Tensor& a, const Tensor& b, const Tensor& c, const Gemm
   const int64_t batch = a.numel() / std::max<int64_t>(m * k, 1);
   if (c.numel() / std::max<int64_t>(m * n, 1) != batch || (b.rank() > 2 && b.numel() / std::max<int64_t>(k * n, 1) != batch))
     ck.fail("batch dimensions of a " + a.str() + ", b " + b.str() + " and c " + c.str() + " differ");
-  gemm_impl(a, b, c, p);
 }
 
-void Backend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) {
-  Check ck{"linear_forward", device()};
+void check_linear_forward(const Check& ck, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) {
   ck.tensor("x", x);
   ck.tensor("w", w);
   ck.tensor("y", y);
@@ -161,12 +171,9 @@ void Backend::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, 
     ck.fail("x " + x.str() + " and w " + w.str() + ": in_features differ (" + std::to_string(x.size(-1)) + " vs " + std::to_string(w.size(1)) + ")");
   ck.shape("y", y, with_last(x.shape(), w.size(0)));
   ck.optional("b", b, Shape{w.size(0)});
-  linear_forward_impl(x, w, b, y);
 }
 
-void Backend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx, const Tensor& dw,
-                              const Tensor& db) {
-  Check ck{"linear_backward", device()};
+void check_linear_backward(const Check& ck, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx, const Tensor& dw, const Tensor& db) {
   ck.tensor("dy", dy);
   ck.tensor("x", x);
   ck.tensor("w", w);
@@ -177,116 +184,93 @@ void Backend::linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w
   ck.optional("dx", dx, x.shape());
   ck.optional("dw", dw, w.shape());
   ck.optional("db", db, Shape{w.size(0)});
-  linear_backward_impl(dy, x, w, dx, dw, db);
 }
 
 // ---- Elementwise -------------------------------------------------------------------------
 
-void Backend::add(const Tensor& a, const Tensor& b, const Tensor& y) {
-  Check ck{"add", device()};
+void check_add(const Check& ck, const Tensor& a, const Tensor& b, const Tensor& y) {
   ck.tensor("a", a);
   ck.tensor("b", b);
   ck.tensor("y", y);
   ck.same_shape("a", a, "b", b);
   ck.same_shape("a", a, "y", y);
-  add_impl(a, b, y);
 }
 
-void Backend::accumulate(const Tensor& dst, const Tensor& src) {
-  Check ck{"accumulate", device()};
+void check_accumulate(const Check& ck, const Tensor& dst, const Tensor& src) {
   ck.tensor("dst", dst);
   ck.tensor("src", src);
   if (dst.numel() != src.numel()) ck.same_shape("dst", dst, "src", src);
-  accumulate_impl(dst, src);
 }
 
-void Backend::scale(const Tensor& x, float alpha, const Tensor& y) {
-  Check ck{"scale", device()};
+void check_scale(const Check& ck, const Tensor& x, float alpha, const Tensor& y) {
   ck.tensor("x", x);
   ck.tensor("y", y);
   ck.same_shape("x", x, "y", y);
-  scale_impl(x, alpha, y);
 }
 
-void Backend::relu_forward(const Tensor& x, const Tensor& y) {
-  Check ck{"relu_forward", device()};
+void check_relu_forward(const Check& ck, const Tensor& x, const Tensor& y) {
   ck.tensor("x", x);
   ck.tensor("y", y);
   ck.same_shape("x", x, "y", y);
-  relu_forward_impl(x, y);
 }
 
-void Backend::relu_backward(const Tensor& dy, const Tensor& x, const Tensor& dx) {
-  Check ck{"relu_backward", device()};
+void check_relu_backward(const Check& ck, const Tensor& dy, const Tensor& x, const Tensor& dx) {
   ck.tensor("dy", dy);
   ck.tensor("x", x);
   ck.tensor("dx", dx);
   ck.same_shape("dy", dy, "x", x);
   ck.same_shape("dx", dx, "x", x);
-  relu_backward_impl(dy, x, dx);
 }
 
-void Backend::gelu_forward(const Tensor& x, GeluApprox approx, const Tensor& y) {
-  Check ck{"gelu_forward", device()};
+void check_gelu_forward(const Check& ck, const Tensor& x, GeluApprox approx, const Tensor& y) {
   ck.tensor("x", x);
   ck.tensor("y", y);
   ck.same_shape("x", x, "y", y);
-  gelu_forward_impl(x, approx, y);
 }
 
-void Backend::gelu_backward(const Tensor& dy, const Tensor& x, GeluApprox approx, const Tensor& dx) {
-  Check ck{"gelu_backward", device()};
+void check_gelu_backward(const Check& ck, const Tensor& dy, const Tensor& x, GeluApprox approx, const Tensor& dx) {
   ck.tensor("dy", dy);
   ck.tensor("x", x);
   ck.tensor("dx", dx);
   ck.same_shape("dy", dy, "x", x);
   ck.same_shape("dx", dx, "x", x);
-  gelu_backward_impl(dy, x, approx, dx);
 }
 
-void Backend::dropout_forward(const Tensor& x, float p, RngState rng, const Tensor& y) {
-  Check ck{"dropout_forward", device()};
+void check_dropout_forward(const Check& ck, const Tensor& x, float p, RngState rng, const Tensor& y) {
   ck.tensor("x", x);
   ck.tensor("y", y);
   ck.same_shape("x", x, "y", y);
   ck.probability("p", p);
-  dropout_forward_impl(x, p, rng, y);
 }
 
-void Backend::dropout_backward(const Tensor& dy, float p, RngState rng, const Tensor& dx) {
-  Check ck{"dropout_backward", device()};
+void check_dropout_backward(const Check& ck, const Tensor& dy, float p, RngState rng, const Tensor& dx) {
   ck.tensor("dy", dy);
   ck.tensor("dx", dx);
   ck.same_shape("dy", dy, "dx", dx);
   ck.probability("p", p);
-  dropout_backward_impl(dy, p, rng, dx);
 }
 
 // ---- Softmax and losses --------------------------------------------------------------------
 
-void Backend::softmax_forward(const Tensor& x, bool log, const Tensor& y) {
-  Check ck{log ? "log_softmax_forward" : "softmax_forward", device()};
+void check_softmax_forward(const Check& base, const Tensor& x, bool log, const Tensor& y) {
+  const Check ck{log ? "log_softmax_forward" : "softmax_forward", base.device, base.be};
   ck.tensor("x", x);
   ck.tensor("y", y);
   ck.min_rank("x", x, 1);
   ck.same_shape("x", x, "y", y);
-  softmax_forward_impl(x, log, y);
 }
 
-void Backend::softmax_backward(const Tensor& dy, const Tensor& y, bool log, const Tensor& dx) {
-  Check ck{log ? "log_softmax_backward" : "softmax_backward", device()};
+void check_softmax_backward(const Check& base, const Tensor& dy, const Tensor& y, bool log, const Tensor& dx) {
+  const Check ck{log ? "log_softmax_backward" : "softmax_backward", base.device, base.be};
   ck.tensor("dy", dy);
   ck.tensor("y", y);
   ck.tensor("dx", dx);
   ck.min_rank("y", y, 1);
   ck.same_shape("dy", dy, "y", y);
   ck.same_shape("dx", dx, "y", y);
-  softmax_backward_impl(dy, y, log, dx);
 }
 
-void Backend::cross_entropy_forward(const Tensor& logits, const Tensor& targets, int ignore_index, const Tensor& loss,
-                                    const Tensor& lse) {
-  Check ck{"cross_entropy_forward", device()};
+void check_cross_entropy_forward(const Check& ck, const Tensor& logits, const Tensor& targets, int ignore_index, const Tensor& loss, const Tensor& lse) {
   ck.tensor("logits", logits);
   ck.tensor("targets", targets, DType::i32);
   ck.rank("logits", logits, 2);
@@ -295,12 +279,9 @@ void Backend::cross_entropy_forward(const Tensor& logits, const Tensor& targets,
   ck.shape("loss", loss, Shape{1});
   ck.tensor("lse", lse);
   ck.shape("lse", lse, Shape{logits.size(0)});
-  cross_entropy_forward_impl(logits, targets, ignore_index, loss, lse);
 }
 
-void Backend::cross_entropy_backward(float dloss, const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                                     int ignore_index, const Tensor& dlogits) {
-  Check ck{"cross_entropy_backward", device()};
+void check_cross_entropy_backward(const Check& ck, float dloss, const Tensor& logits, const Tensor& targets, const Tensor& lse, int ignore_index, const Tensor& dlogits) {
   ck.tensor("logits", logits);
   ck.tensor("targets", targets, DType::i32);
   ck.rank("logits", logits, 2);
@@ -309,46 +290,36 @@ void Backend::cross_entropy_backward(float dloss, const Tensor& logits, const Te
   ck.shape("lse", lse, Shape{logits.size(0)});
   ck.tensor("dlogits", dlogits);
   ck.same_shape("dlogits", dlogits, "logits", logits);
-  cross_entropy_backward_impl(dloss, logits, targets, lse, ignore_index, dlogits);
 }
 
-int64_t Backend::accuracy(const Tensor& logits, const Tensor& targets, int ignore_index, int64_t* counted) {
-  Check ck{"accuracy", device()};
+void check_accuracy(const Check& ck, const Tensor& logits, const Tensor& targets, int ignore_index, int64_t* counted) {
   ck.tensor("logits", logits);
   ck.tensor("targets", targets, DType::i32);
   ck.rank("logits", logits, 2);
   ck.shape("targets", targets, Shape{logits.size(0)});
-  return accuracy_impl(logits, targets, ignore_index, counted);
 }
 
 // ---- Convolution and pooling --------------------------------------------------------------
 
-size_t Backend::conv2d_forward_workspace(const Shape& x, const Shape& w, const Conv2dParams& p) {
-  check_conv(Check{"conv2d_forward", device()}, x, w, p);
-  return conv2d_forward_workspace_impl(x, w, p);
+void check_conv2d_forward_workspace(const Check& ck, const Shape& x, const Shape& w, const Conv2dParams& p) {
+  check_conv(ck, x, w, p);
 }
 
-void Backend::conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p, const Tensor& y,
-                             const Tensor& workspace) {
-  Check ck{"conv2d_forward", device()};
+void check_conv2d_forward(const Check& ck, const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p, const Tensor& y, const Tensor& workspace) {
   ck.tensor("x", x);
   ck.tensor("w", w);
   ck.tensor("y", y);
   check_conv(ck, x.shape(), w.shape(), p);
   ck.shape("y", y, conv2d_output_shape(x.shape(), w.shape(), p));
   ck.optional("b", b, Shape{w.size(0)});
-  ck.workspace(workspace, conv2d_forward_workspace_impl(x.shape(), w.shape(), p));
-  conv2d_forward_impl(x, w, b, p, y, workspace);
+  ck.workspace(workspace, ck.be->conv2d_forward_workspace(x.shape(), w.shape(), p));
 }
 
-size_t Backend::conv2d_backward_workspace(const Shape& x, const Shape& w, const Conv2dParams& p) {
-  check_conv(Check{"conv2d_backward", device()}, x, w, p);
-  return conv2d_backward_workspace_impl(x, w, p);
+void check_conv2d_backward_workspace(const Check& ck, const Shape& x, const Shape& w, const Conv2dParams& p) {
+  check_conv(ck, x, w, p);
 }
 
-void Backend::conv2d_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Conv2dParams& p,
-                              const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& workspace) {
-  Check ck{"conv2d_backward", device()};
+void check_conv2d_backward(const Check& ck, const Tensor& dy, const Tensor& x, const Tensor& w, const Conv2dParams& p, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& workspace) {
   ck.tensor("dy", dy);
   ck.tensor("x", x);
   ck.tensor("w", w);
@@ -357,23 +328,19 @@ void Backend::conv2d_backward(const Tensor& dy, const Tensor& x, const Tensor& w
   ck.optional("dx", dx, x.shape());
   ck.optional("dw", dw, w.shape());
   ck.optional("db", db, Shape{w.size(0)});
-  ck.workspace(workspace, conv2d_backward_workspace_impl(x.shape(), w.shape(), p));
-  conv2d_backward_impl(dy, x, w, p, dx, dw, db, workspace);
+  ck.workspace(workspace, ck.be->conv2d_backward_workspace(x.shape(), w.shape(), p));
 }
 
-void Backend::maxpool2d_forward(const Tensor& x, const Pool2dParams& p, const Tensor& y, const Tensor& indices) {
-  Check ck{"maxpool2d_forward", device()};
+void check_maxpool2d_forward(const Check& ck, const Tensor& x, const Pool2dParams& p, const Tensor& y, const Tensor& indices) {
   ck.tensor("x", x);
   ck.tensor("y", y);
   ck.tensor("indices", indices, DType::i32);
   check_pool(ck, x.shape(), p);
   ck.shape("y", y, pool2d_output_shape(x.shape(), p));
   ck.same_shape("indices", indices, "y", y);
-  maxpool2d_forward_impl(x, p, y, indices);
 }
 
-void Backend::maxpool2d_backward(const Tensor& dy, const Tensor& indices, const Tensor& dx) {
-  Check ck{"maxpool2d_backward", device()};
+void check_maxpool2d_backward(const Check& ck, const Tensor& dy, const Tensor& indices, const Tensor& dx) {
   ck.tensor("dy", dy);
   ck.tensor("indices", indices, DType::i32);
   ck.tensor("dx", dx);
@@ -382,48 +349,38 @@ void Backend::maxpool2d_backward(const Tensor& dy, const Tensor& indices, const 
   ck.same_shape("indices", indices, "dy", dy);
   if (dx.size(0) != dy.size(0) || dx.size(1) != dy.size(1))
     ck.fail("dx " + dx.str() + " and dy " + dy.str() + ": batch and channels differ");
-  maxpool2d_backward_impl(dy, indices, dx);
 }
 
-void Backend::avgpool2d_forward(const Tensor& x, const Pool2dParams& p, const Tensor& y) {
-  Check ck{"avgpool2d_forward", device()};
+void check_avgpool2d_forward(const Check& ck, const Tensor& x, const Pool2dParams& p, const Tensor& y) {
   ck.tensor("x", x);
   ck.tensor("y", y);
   check_pool(ck, x.shape(), p);
   ck.shape("y", y, pool2d_output_shape(x.shape(), p));
-  avgpool2d_forward_impl(x, p, y);
 }
 
-void Backend::avgpool2d_backward(const Tensor& dy, const Pool2dParams& p, const Tensor& dx) {
-  Check ck{"avgpool2d_backward", device()};
+void check_avgpool2d_backward(const Check& ck, const Tensor& dy, const Pool2dParams& p, const Tensor& dx) {
   ck.tensor("dy", dy);
   ck.tensor("dx", dx);
   check_pool(ck, dx.shape(), p);
   ck.shape("dy", dy, pool2d_output_shape(dx.shape(), p));
-  avgpool2d_backward_impl(dy, p, dx);
 }
 
-void Backend::global_avgpool_forward(const Tensor& x, const Tensor& y) {
-  Check ck{"global_avgpool_forward", device()};
+void check_global_avgpool_forward(const Check& ck, const Tensor& x, const Tensor& y) {
   ck.tensor("x", x);
   ck.tensor("y", y);
   ck.rank("x", x, 4);
   ck.shape("y", y, Shape{x.size(0), x.size(1)});
-  global_avgpool_forward_impl(x, y);
 }
 
-void Backend::global_avgpool_backward(const Tensor& dy, const Tensor& dx) {
-  Check ck{"global_avgpool_backward", device()};
+void check_global_avgpool_backward(const Check& ck, const Tensor& dy, const Tensor& dx) {
   ck.tensor("dy", dy);
   ck.tensor("dx", dx);
   ck.rank("dx", dx, 4);
   ck.shape("dy", dy, Shape{dx.size(0), dx.size(1)});
-  global_avgpool_backward_impl(dy, dx);
 }
 
 // ---- Normalisation ------------------------------------------------------------------------
 
-namespace {
 void check_bn_params(const Check& ck, const Tensor& x, std::initializer_list<std::pair<const char*, const Tensor*>> ps) {
   ck.tensor("x", x);
   ck.rank("x", x, 4);
@@ -432,49 +389,32 @@ void check_bn_params(const Check& ck, const Tensor& x, std::initializer_list<std
     ck.shape(name, *t, Shape{x.size(1)});
   }
 }
-}  // namespace
 
-void Backend::batchnorm2d_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                        const Tensor& running_mean, const Tensor& running_var,
-                                        const BatchNormParams& p, bool update_running, const Tensor& y,
-                                        const Tensor& save_mean, const Tensor& save_invstd) {
-  Check ck{"batchnorm2d_forward_train", device()};
+void check_batchnorm2d_forward_train(const Check& ck, const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean, const Tensor& running_var, const BatchNormParams& p, bool update_running, const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd) {
   check_bn_params(ck, x, {{"gamma", &gamma}, {"beta", &beta}, {"save_mean", &save_mean}, {"save_invstd", &save_invstd}});
   if (update_running) check_bn_params(ck, x, {{"running_mean", &running_mean}, {"running_var", &running_var}});
   ck.tensor("y", y);
   ck.same_shape("x", x, "y", y);
   if (x.size(0) * x.size(2) * x.size(3) < 2 && update_running)
     ck.fail("x " + x.str() + ": batch statistics need more than one value per channel");
-  batchnorm2d_forward_train_impl(x, gamma, beta, running_mean, running_var, p, update_running, y, save_mean,
-                                 save_invstd);
 }
 
-void Backend::batchnorm2d_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                       const Tensor& running_mean, const Tensor& running_var,
-                                       const BatchNormParams& p, const Tensor& y) {
-  Check ck{"batchnorm2d_forward_eval", device()};
+void check_batchnorm2d_forward_eval(const Check& ck, const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean, const Tensor& running_var, const BatchNormParams& p, const Tensor& y) {
   check_bn_params(ck, x, {{"gamma", &gamma}, {"beta", &beta}, {"running_mean", &running_mean}, {"running_var", &running_var}});
   ck.tensor("y", y);
   ck.same_shape("x", x, "y", y);
-  batchnorm2d_forward_eval_impl(x, gamma, beta, running_mean, running_var, p, y);
 }
 
-void Backend::batchnorm2d_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean,
-                                   const Tensor& save_invstd, const Tensor& dx, const Tensor& dgamma,
-                                   const Tensor& dbeta) {
-  Check ck{"batchnorm2d_backward", device()};
+void check_batchnorm2d_backward(const Check& ck, const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
   check_bn_params(ck, x, {{"gamma", &gamma}, {"save_mean", &save_mean}, {"save_invstd", &save_invstd}});
   ck.tensor("dy", dy);
   ck.same_shape("dy", dy, "x", x);
   ck.optional("dx", dx, x.shape());
   ck.optional("dgamma", dgamma, Shape{x.size(1)});
   ck.optional("dbeta", dbeta, Shape{x.size(1)});
-  batchnorm2d_backward_impl(dy, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
 }
 
-void Backend::layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, const Tensor& y,
-                                const Tensor& mean, const Tensor& rstd) {
-  Check ck{"layernorm_forward", device()};
+void check_layernorm_forward(const Check& ck, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, const Tensor& y, const Tensor& mean, const Tensor& rstd) {
   ck.tensor("x", x);
   ck.min_rank("x", x, 1);
   const int64_t c = x.size(-1), n = rows_of(x.shape());
@@ -489,12 +429,9 @@ void Backend::layernorm_forward(const Tensor& x, const Tensor& gamma, const Tens
   ck.tensor("rstd", rstd);
   ck.shape("rstd", rstd, Shape{n});
   if (!(eps > 0.0f)) ck.fail("eps must be positive");
-  layernorm_forward_impl(x, gamma, beta, eps, y, mean, rstd);
 }
 
-void Backend::layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
-                                 const Tensor& rstd, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
-  Check ck{"layernorm_backward", device()};
+void check_layernorm_backward(const Check& ck, const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
   ck.tensor("x", x);
   ck.min_rank("x", x, 1);
   const int64_t c = x.size(-1), n = rows_of(x.shape());
@@ -509,13 +446,11 @@ void Backend::layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor
   ck.optional("dx", dx, x.shape());
   ck.optional("dgamma", dgamma, Shape{c});
   ck.optional("dbeta", dbeta, Shape{c});
-  layernorm_backward_impl(dy, x, gamma, mean, rstd, dx, dgamma, dbeta);
 }
 
 // ---- Transformer pieces ---------------------------------------------------------------------
 
-void Backend::embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& pos_table, const Tensor& y) {
-  Check ck{"embedding_forward", device()};
+void check_embedding_forward(const Check& ck, const Tensor& ids, const Tensor& table, const Tensor& pos_table, const Tensor& y) {
   ck.tensor("ids", ids, DType::i32);
   ck.rank("ids", ids, 2);
   ck.tensor("table", table);
@@ -529,11 +464,9 @@ void Backend::embedding_forward(const Tensor& ids, const Tensor& table, const Te
       ck.fail("pos_table " + pos_table.str() + " must be [Tmax >= " + std::to_string(ids.size(1)) + ", " +
               std::to_string(table.size(1)) + "]");
   }
-  embedding_forward_impl(ids, table, pos_table, y);
 }
 
-void Backend::embedding_backward(const Tensor& dy, const Tensor& ids, const Tensor& dtable, const Tensor& dpos_table) {
-  Check ck{"embedding_backward", device()};
+void check_embedding_backward(const Check& ck, const Tensor& dy, const Tensor& ids, const Tensor& dtable, const Tensor& dpos_table) {
   ck.tensor("ids", ids, DType::i32);
   ck.rank("ids", ids, 2);
   ck.tensor("dy", dy);
@@ -551,17 +484,13 @@ void Backend::embedding_backward(const Tensor& dy, const Tensor& ids, const Tens
     if (dpos_table.size(1) != dy.size(2) || dpos_table.size(0) < dy.size(1))
       ck.fail("dpos_table " + dpos_table.str() + " does not fit dy " + dy.str());
   }
-  embedding_backward_impl(dy, ids, dtable, dpos_table);
 }
 
-size_t Backend::attention_forward_workspace(const Shape& qkv, const AttentionParams& p) {
-  check_attention(Check{"attention_forward", device()}, qkv, p);
-  return attention_forward_workspace_impl(qkv, p);
+void check_attention_forward_workspace(const Check& ck, const Shape& qkv, const AttentionParams& p) {
+  check_attention(ck, qkv, p);
 }
 
-void Backend::attention_forward(const Tensor& qkv, const AttentionParams& p, RngState rng, const Tensor& out,
-                                const Tensor& probs, const Tensor& workspace) {
-  Check ck{"attention_forward", device()};
+void check_attention_forward(const Check& ck, const Tensor& qkv, const AttentionParams& p, RngState rng, const Tensor& out, const Tensor& probs, const Tensor& workspace) {
   ck.tensor("qkv", qkv);
   check_attention(ck, qkv.shape(), p);
   const int64_t b = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3;
@@ -575,18 +504,14 @@ void Backend::attention_forward(const Tensor& qkv, const AttentionParams& p, Rng
     ck.fail("qkv, out and probs must not share storage");
   if (probs.shares_storage(qkv))
     ck.fail("qkv, out and probs must not share storage");
-  ck.workspace(workspace, attention_forward_workspace_impl(qkv.shape(), p));
-  attention_forward_impl(qkv, p, rng, out, probs, workspace);
+  ck.workspace(workspace, ck.be->attention_forward_workspace(qkv.shape(), p));
 }
 
-size_t Backend::attention_backward_workspace(const Shape& qkv, const AttentionParams& p) {
-  check_attention(Check{"attention_backward", device()}, qkv, p);
-  return attention_backward_workspace_impl(qkv, p);
+void check_attention_backward_workspace(const Check& ck, const Shape& qkv, const AttentionParams& p) {
+  check_attention(ck, qkv, p);
 }
 
-void Backend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& probs, const AttentionParams& p,
-                                 RngState rng, const Tensor& dqkv, const Tensor& workspace) {
-  Check ck{"attention_backward", device()};
+void check_attention_backward(const Check& ck, const Tensor& dout, const Tensor& qkv, const Tensor& probs, const AttentionParams& p, RngState rng, const Tensor& dqkv, const Tensor& workspace) {
   ck.tensor("qkv", qkv);
   check_attention(ck, qkv.shape(), p);
   const int64_t b = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3;
@@ -598,25 +523,20 @@ void Backend::attention_backward(const Tensor& dout, const Tensor& qkv, const Te
   ck.same_shape("dqkv", dqkv, "qkv", qkv);
   if (dqkv.shares_storage(qkv) || dqkv.shares_storage(dout) || dqkv.shares_storage(probs))
     ck.fail("dqkv must not share storage with qkv, dout or probs");
-  ck.workspace(workspace, attention_backward_workspace_impl(qkv.shape(), p));
-  attention_backward_impl(dout, qkv, probs, p, rng, dqkv, workspace);
+  ck.workspace(workspace, ck.be->attention_backward_workspace(qkv.shape(), p));
 }
 
-void Backend::permute_0213(const Tensor& x, const Tensor& y) {
-  Check ck{"permute_0213", device()};
+void check_permute_0213(const Check& ck, const Tensor& x, const Tensor& y) {
   ck.tensor("x", x);
   ck.tensor("y", y);
   ck.rank("x", x, 4);
   ck.shape("y", y, Shape{x.size(0), x.size(2), x.size(1), x.size(3)});
   if (x.shares_storage(y)) ck.fail("x and y must not share storage");
-  permute_0213_impl(x, y);
 }
 
 // ---- Optimizers --------------------------------------------------------------------------------
 
-void Backend::sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdParams& p,
-                       int64_t step) {
-  Check ck{"sgd_step", device()};
+void check_sgd_step(const Check& ck, const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdParams& p, int64_t step) {
   ck.tensor("param", param);
   ck.tensor("grad", grad);
   ck.same_shape("param", param, "grad", grad);
@@ -627,12 +547,9 @@ void Backend::sgd_step(const Tensor& param, const Tensor& grad, const Tensor& mo
   if (step < 1) ck.fail("step counts from 1, got " + std::to_string(step));
   if (p.nesterov && (p.momentum <= 0.0 || p.dampening != 0.0))
     ck.fail("Nesterov momentum requires a momentum and zero dampening");
-  sgd_step_impl(param, grad, momentum_buf, p, step);
 }
 
-void Backend::adamw_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                         const AdamWParams& p, int64_t step) {
-  Check ck{"adamw_step", device()};
+void check_adamw_step(const Check& ck, const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamWParams& p, int64_t step) {
   ck.tensor("param", param);
   ck.tensor("grad", grad);
   ck.tensor("exp_avg", exp_avg);
@@ -643,13 +560,48 @@ void Backend::adamw_step(const Tensor& param, const Tensor& grad, const Tensor& 
   if (step < 1) ck.fail("step counts from 1, got " + std::to_string(step));
   if (!(p.beta1 >= 0.0 && p.beta1 < 1.0 && p.beta2 >= 0.0 && p.beta2 < 1.0))
     ck.fail("betas must be in [0, 1)");
-  adamw_step_impl(param, grad, exp_avg, exp_avg_sq, p, step);
 }
 
-double Backend::global_norm(const std::vector<Tensor>& tensors) {
-  Check ck{"global_norm", device()};
+void check_global_norm(const Check& ck, const std::vector<Tensor>& tensors) {
   for (const auto& t : tensors) ck.tensor("tensor", t);
-  return global_norm_impl(tensors);
 }
+
+#pragma GCC diagnostic pop
+
+}  // namespace
+
+// ---- Timers --------------------------------------------------------------------------------
+
+double Backend::time_ms(const std::function<void()>& body) {
+  synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  body();
+  synchronize();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Backend::Properties Backend::properties() const {
+  Properties p;
+  p.name = device().str();
+  p.gbps_source = "unknown on " + device().str();
+  return p;
+}
+
+// ---- The public ops: validate, enter the backend, run --------------------------------------
+
+#define REMAT_ARGS(...) __VA_ARGS__
+// The name errors give: the op's, or for a workspace query the op it sizes.
+#define REMAT_OP_NAME_op(name) std::string_view(#name)
+#define REMAT_OP_NAME_result(name) std::string_view(#name)
+#define REMAT_OP_NAME_workspace(name) std::string_view(#name, sizeof(#name) - sizeof("_workspace"))
+#define REMAT_OP(kind, R, name, params, args)                                    \
+  R Backend::name params {                                                       \
+    check_##name(Check{REMAT_OP_NAME_##kind(name), device(), this}, REMAT_ARGS args); \
+    enter_op();                                         \
+    return name##_impl args;                            \
+  }
+#include "remat/backend_ops.def"
+#undef REMAT_OP
+#undef REMAT_ARGS
 
 }  // namespace remat

@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cstdlib>
 
+#include "remat/device_registry.h"
 #include "remat/error.h"
 
 extern "C" char* openblas_get_config(void);
@@ -35,36 +36,15 @@ std::string Device::str() const {
 }
 
 void require_available(Device d) {
-  if (!d.is_cuda()) return;
-  const CudaStatus& st = cuda_status();
-  if (!st.built) REMAT_THROW("device ", d.str(), " is not available: remat was built without CUDA (REMAT_CUDA=OFF)");
-  if (!st.available) REMAT_THROW("device ", d.str(), " is not available: ", st.error);
-  REMAT_CHECK(d.index >= 0 && d.index < st.device_count, "device ", d.str(), " is not available: only ",
-              st.device_count, " CUDA device(s) found");
-}
-
-#ifndef REMAT_WITH_CUDA
-const CudaStatus& cuda_status() {
-  static const CudaStatus status = [] {
-    CudaStatus s;
-    s.error = "remat was built without CUDA";
-    return s;
-  }();
-  return status;
-}
-#endif
-
-namespace detail {
-void fill_cuda_build_info(BuildInfo& info);  // src/backends/cuda/probe.cpp
+  const DeviceKind& kind = device_kind(d);
+  if (kind.require_available) kind.require_available(d);
 }
 
 BuildInfo build_info() {
   BuildInfo info;
   info.version = REMAT_VERSION;
-#ifdef REMAT_WITH_CUDA
-  info.cuda = true;
-  detail::fill_cuda_build_info(info);
-#endif
+  for (const DeviceKind* k : device_kinds())
+    if (k->describe) k->describe(info);
   const char* cfg = openblas_get_config();
   info.blas = cfg ? cfg : "unknown";
 #if defined(__clang__)

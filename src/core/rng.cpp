@@ -2,7 +2,7 @@
 
 #include <limits>
 
-#include "kernels/philox.cuh"
+#include "remat/philox.h"
 #include "remat/error.h"
 
 namespace remat {

@@ -7,7 +7,7 @@
 #include <random>
 
 #include "data/random.h"
-#include "kernels/philox.cuh"
+#include "remat/philox.h"
 #include "remat/data.h"
 #include "remat/error.h"
 #include "remat/memory.h"

@@ -83,7 +83,7 @@ void Executor::forward_layer(int i, bool training, bool recompute, Phase phase, 
   }
   for (int p : g_.layer_params[static_cast<size_t>(i)]) c.params.push_back(params_.values[static_cast<size_t>(p)]);
   if (opt_.on_layer) opt_.on_layer(i, phase, true);
-  const_cast<Layer&>(l).forward(c);
+  l.forward(c);
   if (opt_.on_layer) opt_.on_layer(i, phase, false);
   if (!extras_only) out_[static_cast<size_t>(i)] = c.out;  // else the kept output stays
   extras_[static_cast<size_t>(i)] = c.extras;
@@ -170,7 +170,7 @@ StepStats Executor::train_step(const Batch& batch, RngGenerator& gen) {
         c.need_din.push_back(l.input_differentiable(static_cast<int>(k)) && in.kind() != LayerKind::input);
       }
       if (opt_.on_layer) opt_.on_layer(i, Phase::backward, true);
-      const_cast<Layer&>(l).backward(c);
+      l.backward(c);
       st.backward_flops += l.backward_flops();
       dgrad[static_cast<size_t>(i)] = Tensor();
       for (size_t k = 0; k < l.inputs.size(); ++k) {

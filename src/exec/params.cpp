@@ -2,7 +2,7 @@
 // seed derived from the run's seed, so every device starts from the same weights.
 #include <cmath>
 
-#include "kernels/philox.cuh"
+#include "remat/philox.h"
 #include "remat/error.h"
 #include "remat/exec.h"
 

@@ -47,10 +47,9 @@ std::vector<Segment> plan_units(const Graph& g) {
 
 void keep_selective(const Graph& g, const Segment& s, std::vector<bool>& keep, std::vector<bool>& keep_extras) {
   for (int i = s.begin; i < s.end; ++i) {
-    const LayerKind k = g.layer(i).kind();
-    const bool gemm = k == LayerKind::gemm || k == LayerKind::conv || k == LayerKind::embedding;
-    keep[static_cast<size_t>(i)] = gemm || k == LayerKind::attention;
-    keep_extras[static_cast<size_t>(i)] = gemm;
+    const Layer::SelectiveKeep k = g.layer(i).selective_keep();
+    keep[static_cast<size_t>(i)] = k != Layer::SelectiveKeep::nothing;
+    keep_extras[static_cast<size_t>(i)] = k == Layer::SelectiveKeep::all;
   }
 }
 

@@ -5,14 +5,13 @@
 #include <map>
 #include <optional>
 
+#include "graph/layers/layer_util.h"
 #include "remat/config.h"
 #include "remat/error.h"
 #include "remat/graph.h"
 
 namespace remat {
 
-LayerFactory find_layer_factory(const std::string& type);    // layers.cpp
-std::unique_ptr<Layer> make_cross_entropy(int ignore_index);  // layers.cpp
 
 namespace {
 
@@ -21,8 +20,8 @@ class InputLayer final : public Layer {
   explicit InputLayer(Shape s, DType dt) : shape_(s) { out_dtype = dt; }
   LayerKind kind() const override { return LayerKind::input; }
   Shape infer(const std::vector<Shape>&) override { return shape_; }
-  void forward(ForwardContext&) override { REMAT_THROW("input layer ", name, " has no forward"); }
-  void backward(BackwardContext&) override {}
+  void forward(ForwardContext&) const override { REMAT_THROW("input layer ", name, " has no forward"); }
+  void backward(BackwardContext&) const override {}
 
  private:
   Shape shape_;
@@ -43,10 +42,10 @@ struct Builder {
       layer->out_shape = layer->infer(shapes);
       for (size_t k = 0; k < inputs.size(); ++k) {
         const Layer& in = g.layer(inputs[k]);
-        const bool wants_ids = layer->type == "embedding" || (layer->type == "cross_entropy" && k == 1);
-        if (in.out_dtype != (wants_ids ? DType::i32 : DType::f32))
+        const DType want = layer->input_dtype(static_cast<int>(k));
+        if (in.out_dtype != want)
           REMAT_THROW(layer->type, ": input ", k, " (", in.name, ") is ", dtype_name(in.out_dtype), ", expected ",
-                      wants_ids ? "i32 token ids" : "f32");
+                      want == DType::i32 ? "i32 token ids" : dtype_name(want));
       }
     } catch (const Error& e) {
       if (r) REMAT_THROW(source, ": ", r->pointer(), ": layer \"", layer->name, "\" (", layer->type, "): ", e.what());

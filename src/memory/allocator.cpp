@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "remat/device_registry.h"
 #include "remat/error.h"
 #include "remat/log.h"
 #include "remat/memory.h"
@@ -332,17 +333,14 @@ CachingAllocator& allocator_for(Device d) {
   std::lock_guard<std::mutex> lock(mutex);
   auto& slot = (*registry)[d.str()];
   if (!slot) {
-    switch (d.type) {
-      case DeviceType::cpu: slot = std::make_unique<CachingAllocator>(d, make_cpu_raw_allocator()); break;
-      case DeviceType::meta: slot = std::make_unique<CachingAllocator>(d, make_meta_raw_allocator()); break;
-      // The emulated GPU's memory is host memory (as cudaMalloc on the emulator).
-      case DeviceType::cuda_emu: slot = std::make_unique<CachingAllocator>(d, make_cpu_raw_allocator()); break;
-      case DeviceType::cuda:
-        require_available(d);
-#ifdef REMAT_WITH_CUDA
-        slot = std::make_unique<CachingAllocator>(d, make_cuda_raw_allocator(d.index));
-#endif
-        break;
+    const DeviceKind& kind = device_kind(d);
+    try {
+      if (kind.require_available) kind.require_available(d);
+      REMAT_CHECK(kind.make_raw_allocator, "device ", d.str(), " has no allocator");
+      slot = std::make_unique<CachingAllocator>(d, kind.make_raw_allocator(d));
+    } catch (...) {
+      registry->erase(d.str());
+      throw;
     }
   }
   return *slot;

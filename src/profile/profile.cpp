@@ -10,7 +10,7 @@
 
 #include "remat/data.h"
 #include "remat/error.h"
-#include "remat/train.h"
+#include "remat/optim.h"
 
 namespace remat {
 
@@ -39,10 +39,11 @@ Batch synthetic_batch(const Graph& g, Device d, uint64_t seed) {
   TagScope scope(MemoryCategory::input, "data", Phase::setup);
   const Layer& in = g.layer(g.input_id);
   const Layer& tg = g.layer(g.targets_id);
-  int64_t vocab = 1;
+  int64_t vocab = 1;  // the ids the input's readers accept
   for (int i = 0; i < g.size(); ++i)
-    if (g.layer(i).type == "embedding")
-      vocab = g.params[static_cast<size_t>(g.layer_params[static_cast<size_t>(i)][0])].spec.shape[0];
+    for (size_t k = 0; k < g.layer(i).inputs.size(); ++k)
+      if (g.layer(i).inputs[k] == g.input_id)
+        vocab = std::max(vocab, g.layer(i).input_id_range(static_cast<int>(k)));
   const int64_t classes = g.layer(g.logits_id).out_shape[-1];
   Batch b;
   if (d.is_meta()) {

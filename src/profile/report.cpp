@@ -225,4 +225,21 @@ std::string pareto_svg(const std::vector<PlanCandidate>& all, const std::vector<
   return s + "</svg>\n";
 }
 
+std::string memory_report(const MemoryStats& s, const std::string& title) {
+  std::string out = title + "\n";
+  char line[160];
+  std::snprintf(line, sizeof line, "  %-16s %14s %8s\n", "category", "at peak", "share");
+  out += line;
+  for (int c = 0; c < kNumMemoryCategories; ++c) {
+    const int64_t b = s.by_category_at_peak.bytes[static_cast<size_t>(c)];
+    std::snprintf(line, sizeof line, "  %-16s %14s %7.1f%%\n", category_name(static_cast<MemoryCategory>(c)),
+                  format_bytes(b).c_str(), s.peak_allocated ? 100.0 * static_cast<double>(b) / static_cast<double>(s.peak_allocated) : 0.0);
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "  %-16s %14s\n  %-16s %14s\n", "peak allocated", format_bytes(s.peak_allocated).c_str(),
+                "peak reserved", format_bytes(s.peak_reserved).c_str());
+  out += line;
+  return out;
+}
+
 }  // namespace remat

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <limits>
 
-#include "kernels/philox.cuh"
+#include "remat/philox.h"
 #include "remat/backend.h"
 #include "remat/ops.h"
 #include "support/expect_error.h"

@@ -16,7 +16,7 @@
 #include "remat/backend.h"
 #include "remat/memory.h"
 #include "remat/ops.h"
-#include "src/backends/cpu/conv_internal.h"
+#include "backends/cpu/conv_internal.h"
 #include "support/expect_error.h"
 #include "support/golden.h"
 #include "support/gradcheck.h"

@@ -12,12 +12,12 @@
 #include <string>
 #include <vector>
 
-#include "kernels/philox.cuh"
+#include "remat/philox.h"
 #include "remat/backend.h"
 #include "remat/ops.h"
-#include "src/backends/cpu/conv_internal.h"
-#include "src/backends/cpu/philox_cpu.h"
-#include "src/backends/cpu/simd.h"
+#include "backends/cpu/conv_internal.h"
+#include "backends/cpu/philox_cpu.h"
+#include "backends/cpu/simd.h"
 #include "support/golden.h"
 
 using remat::Backend;

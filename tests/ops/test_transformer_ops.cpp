@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/philox.cuh"
+#include "remat/philox.h"
 #include "remat/backend.h"
 #include "remat/memory.h"
 #include "remat/ops.h"

@@ -21,12 +21,6 @@
 #include "remat/error.h"
 #include "remat/io.h"
 
-#ifdef REMAT_WITH_CUDA
-#include <cuda_runtime.h>
-
-#include "remat/cuda_check.h"
-#include "src/backends/cuda/cuda_backend.h"
-#endif
 
 namespace remat::cli {
 
@@ -52,119 +46,42 @@ struct Peak {
   std::string device_name;
 };
 
-// Times a body on the backend's device: CUDA events with an L2 flush before each run on a
-// GPU, host clocks elsewhere.
+// Times a body on the backend's device (Backend::time_ms: CUDA events on a GPU, host
+// clocks elsewhere), evicting the device's caches before each run.
 class Timer {
  public:
-  explicit Timer(Backend& be) {
-#ifdef REMAT_WITH_CUDA
-    cuda_ = dynamic_cast<CudaBackend*>(&be);  // nullptr for cuda-emu (another class) and cpu
-    if (cuda_) {
-      const int dev = be.device().index;
-      REMAT_CUDA_CHECK(cudaSetDevice(dev));
-      int l2 = 0;
-      REMAT_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
-      l2_bytes_ = l2;
-      // Twice the L2, rounded up to whole floats: writing it evicts whatever a run left there.
-      if (l2 > 0) flush_ = Tensor::empty(Shape{(2 * static_cast<int64_t>(l2) + 3) / 4}, be.device());
-      REMAT_CUDA_CHECK(cudaEventCreate(&start_));
-      REMAT_CUDA_CHECK(cudaEventCreate(&stop_));
-    }
-#else
-    (void)be;
-#endif
-  }
-  ~Timer() {
-#ifdef REMAT_WITH_CUDA
-    if (start_) cudaEventDestroy(start_);
-    if (stop_) cudaEventDestroy(stop_);
-#endif
-  }
-  Timer(const Timer&) = delete;
-  Timer& operator=(const Timer&) = delete;
+  explicit Timer(Backend& be) : be_(be), props_(be.properties()) {}
 
-  bool gpu() const {
-#ifdef REMAT_WITH_CUDA
-    return cuda_ != nullptr;
-#else
-    return false;
-#endif
-  }
-  int64_t l2_bytes() const { return l2_bytes_; }
+  bool gpu() const { return props_.device_clock; }
+  int64_t l2_bytes() const { return props_.cache_bytes; }
+  const Backend::Properties& properties() const { return props_; }
 
   // Milliseconds of one run of `body`.
   double time_ms(const std::function<void()>& body) {
-#ifdef REMAT_WITH_CUDA
-    if (cuda_) {
-      cudaStream_t s = cuda_->stream();
-      if (flush_.defined()) {
-        REMAT_CUDA_CHECK(cudaMemsetAsync(flush_.raw_data(), ++flushes_ & 0xff, flush_.nbytes(), s));
-      }
-      REMAT_CUDA_CHECK(cudaEventRecord(start_, s));
-      body();
-      REMAT_CUDA_CHECK(cudaEventRecord(stop_, s));
-      REMAT_CUDA_CHECK(cudaEventSynchronize(stop_));
-      float ms = 0;
-      REMAT_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
-      return ms;
-    }
-#endif
-    const auto t0 = std::chrono::steady_clock::now();
-    body();
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    be_.flush_caches();
+    return be_.time_ms(body);
   }
 
   // TF32 GEMMs on a GPU; false (nothing changed) elsewhere.
-  bool set_tf32(bool on) {
-#ifdef REMAT_WITH_CUDA
-    if (cuda_) {
-      cuda_->set_tf32(on);
-      return true;
-    }
-#endif
-    (void)on;
-    return false;
-  }
-  bool tf32() const {
-#ifdef REMAT_WITH_CUDA
-    if (cuda_) return cuda_->tf32();
-#endif
-    return false;
-  }
+  bool set_tf32(bool on) { return be_.set_tf32(on); }
+  bool tf32() const { return be_.tf32(); }
 
  private:
-#ifdef REMAT_WITH_CUDA
-  CudaBackend* cuda_ = nullptr;
-  cudaEvent_t start_ = nullptr, stop_ = nullptr;
-  int flushes_ = 0;
-#endif
-  Tensor flush_;
-  int64_t l2_bytes_ = 0;
+  Backend& be_;
+  Backend::Properties props_;
 };
 
 Peak device_peak(Device d, double override_gbps, const Timer& timer) {
   Peak p;
   p.l2_bytes = timer.l2_bytes();
-#ifdef REMAT_WITH_CUDA
-  if (timer.gpu()) {
-    cudaDeviceProp prop{};
-    REMAT_CUDA_CHECK(cudaGetDeviceProperties(&prop, d.index));
-    p.device_name = prop.name;
-    // CUDA 13's cudaDeviceProp has no memory clock; the attribute still gives it.
-    int clock_khz = 0, bus_bits = 0;
-    REMAT_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, d.index));
-    REMAT_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, d.index));
-    if (clock_khz > 0 && bus_bits > 0) {
-      p.gbps = 2.0 * clock_khz * 1e3 * (bus_bits / 8.0) / 1e9;
-      p.source = "device: 2 x memory clock " + std::to_string(clock_khz) + " kHz (cudaDevAttrMemoryClockRate) x " +
-                 std::to_string(bus_bits) + "-bit bus (cudaDevAttrGlobalMemoryBusWidth) / 8";
-    } else {
-      p.source = "device reports memory clock " + std::to_string(clock_khz) + " kHz, bus " + std::to_string(bus_bits) +
-                 " bit: unknown (give --peak-gbps)";
-    }
+  const Backend::Properties& props = timer.properties();
+  p.device_name = props.name.empty() ? d.str() : props.name;
+  if (props.memory_gbps > 0) {
+    p.gbps = props.memory_gbps;
+    p.source = props.gbps_source;
+  } else if (props.device_clock) {
+    p.source = props.gbps_source + " (give --peak-gbps)";
   }
-#endif
-  if (p.device_name.empty()) p.device_name = d.str();
   if (override_gbps > 0) {
     p.gbps = override_gbps;
     p.source = "--peak-gbps";

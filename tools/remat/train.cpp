@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "commands.h"
+#include "remat/profile.h"
 #include "remat/train.h"
 
 namespace remat::cli {

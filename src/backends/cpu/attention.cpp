@@ -307,12 +307,20 @@ constexpr int64_t kParallelMinWork = int64_t{1} << 14;
 
 }  // namespace
 
-size_t CpuBackend::attention_forward_workspace_impl(const Shape& qkv, const AttentionParams& p) {
+size_t cpu::attention_forward_workspace(const Shape& qkv, const AttentionParams& p) {
   return forward_scratch_floats(attn_dims(qkv, p), p) * sizeof(float);
 }
 
-size_t CpuBackend::attention_backward_workspace_impl(const Shape& qkv, const AttentionParams& p) {
+size_t cpu::attention_backward_workspace(const Shape& qkv, const AttentionParams& p) {
   return backward_scratch_floats(attn_dims(qkv, p), p) * sizeof(float);
+}
+
+size_t CpuBackend::attention_forward_workspace_impl(const Shape& qkv, const AttentionParams& p) {
+  return cpu::attention_forward_workspace(qkv, p);
+}
+
+size_t CpuBackend::attention_backward_workspace_impl(const Shape& qkv, const AttentionParams& p) {
+  return cpu::attention_backward_workspace(qkv, p);
 }
 
 void CpuBackend::attention_forward_impl(const Tensor& qkv, const AttentionParams& p, RngState rng, const Tensor& out,

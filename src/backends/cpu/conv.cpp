@@ -958,12 +958,20 @@ void set_chunk_images(int64_t images) {
 
 }  // namespace cpu_conv
 
-size_t CpuBackend::conv2d_forward_workspace_impl(const Shape& x, const Shape& w, const Conv2dParams& p) {
+size_t cpu::conv2d_forward_workspace(const Shape& x, const Shape& w, const Conv2dParams& p) {
   return ConvGeom(x, w, p).fwd_bytes();
 }
 
-size_t CpuBackend::conv2d_backward_workspace_impl(const Shape& x, const Shape& w, const Conv2dParams& p) {
+size_t cpu::conv2d_backward_workspace(const Shape& x, const Shape& w, const Conv2dParams& p) {
   return ConvGeom(x, w, p).bwd_bytes();
+}
+
+size_t CpuBackend::conv2d_forward_workspace_impl(const Shape& x, const Shape& w, const Conv2dParams& p) {
+  return cpu::conv2d_forward_workspace(x, w, p);
+}
+
+size_t CpuBackend::conv2d_backward_workspace_impl(const Shape& x, const Shape& w, const Conv2dParams& p) {
+  return cpu::conv2d_backward_workspace(x, w, p);
 }
 
 void CpuBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& prm,

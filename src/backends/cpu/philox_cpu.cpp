@@ -21,14 +21,14 @@ void philox_blocks_scalar(uint64_t seed, uint64_t b0, int64_t nblocks, uint32_t*
   }
 }
 
-// The counters of blocks b0 .. b0 + L - 1 as philox::block forms them, one per lane.
+// The counters of blocks b0 .. b0 + L - 1 (philox::counter), one per lane.
 template <int L>
 inline void counters(uint64_t b0, uint32_t* c0, uint32_t* c1, uint32_t* c2) {
   for (int l = 0; l < L; ++l) {
-    const uint64_t b = b0 + static_cast<uint64_t>(l);
-    c0[l] = static_cast<uint32_t>(b >> 16);
-    c1[l] = static_cast<uint32_t>(b >> 48);
-    c2[l] = static_cast<uint32_t>(b & 0xffffu);
+    const philox::Bits4 c = philox::counter(b0 + static_cast<uint64_t>(l));
+    c0[l] = c.x;
+    c1[l] = c.y;
+    c2[l] = c.z;
   }
 }
 

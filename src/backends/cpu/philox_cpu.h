@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "kernels/philox.cuh"
+#include "remat/philox.h"
 #include "remat/rng.h"
 
 namespace remat::cpu {

@@ -101,7 +101,6 @@ size_t CudaBackend::attention_backward_workspace_impl(const Shape& qkv, const At
 
 void CudaBackend::attention_forward_impl(const Tensor& qkv, const AttentionParams& p, RngState rng, const Tensor& out,
                                          const Tensor& probs, const Tensor& workspace) {
-  activate();
   const AttnDims d = attn_dims(qkv.shape(), p);
   if (d.b == 0 || d.t == 0) return;
   const int64_t T = d.t, C = d.c, H = d.h, hs = d.hs, TT = T * T;
@@ -131,7 +130,6 @@ void CudaBackend::attention_forward_impl(const Tensor& qkv, const AttentionParam
 void CudaBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv, const Tensor& probs,
                                           const AttentionParams& p, RngState rng, const Tensor& dqkv,
                                           const Tensor& workspace) {
-  activate();
   const AttnDims d = attn_dims(qkv.shape(), p);
   if (d.b == 0 || d.t == 0) return;
   const int64_t T = d.t, C = d.c, H = d.h, hs = d.hs, TT = T * T;
@@ -162,7 +160,6 @@ void CudaBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv,
 }
 
 void CudaBackend::permute_0213_impl(const Tensor& x, const Tensor& y) {
-  activate();
   kernels::permute_0213(x.f32(), x.size(0), x.size(1), x.size(2), x.size(3), y.f32(), stream_);
 }
 

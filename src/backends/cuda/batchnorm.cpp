@@ -20,7 +20,6 @@ void CudaBackend::batchnorm2d_forward_train_impl(const Tensor& x, const Tensor& 
                                                  const Tensor& running_mean, const Tensor& running_var,
                                                  const BatchNormParams& p, bool update_running, const Tensor& y,
                                                  const Tensor& save_mean, const Tensor& save_invstd) {
-  activate();
   kernels::batchnorm_forward_train(x.f32(), gamma.f32(), beta.f32(), bn_shape(x), p.momentum, p.eps,
                                    update_running ? running_mean.f32() : nullptr,
                                    update_running ? running_var.f32() : nullptr, y.f32(), save_mean.f32(),
@@ -30,7 +29,6 @@ void CudaBackend::batchnorm2d_forward_train_impl(const Tensor& x, const Tensor& 
 void CudaBackend::batchnorm2d_forward_eval_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                                 const Tensor& running_mean, const Tensor& running_var,
                                                 const BatchNormParams& p, const Tensor& y) {
-  activate();
   kernels::batchnorm_forward_eval(x.f32(), gamma.f32(), beta.f32(), running_mean.f32(), running_var.f32(),
                                   bn_shape(x), p.eps, y.f32(), stream_);
 }
@@ -38,7 +36,6 @@ void CudaBackend::batchnorm2d_forward_eval_impl(const Tensor& x, const Tensor& g
 void CudaBackend::batchnorm2d_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                             const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx,
                                             const Tensor& dgamma, const Tensor& dbeta) {
-  activate();
   kernels::batchnorm_backward(dy.f32(), x.f32(), gamma.f32(), save_mean.f32(), save_invstd.f32(), bn_shape(x),
                               f32_or_null(dx), f32_or_null(dgamma), f32_or_null(dbeta), scratch(), kScratchBytes,
                               stream_);

@@ -111,7 +111,6 @@ size_t CudaBackend::conv2d_forward_workspace_impl(const Shape& x, const Shape& w
   if (g.trivial()) return 0;
   if (use_cudnn()) {
 #if defined(REMAT_WITH_CUDNN) && !defined(REMAT_EMULATE)
-    activate();
     const CudnnConv::Plan& plan = CudnnConv::of(*this).plan(x, w, p, tf32());
     if (plan.forward_ok) return plan.fwd_bytes;
 #endif
@@ -124,7 +123,6 @@ size_t CudaBackend::conv2d_backward_workspace_impl(const Shape& x, const Shape& 
   if (g.trivial()) return 0;
   if (use_cudnn()) {
 #if defined(REMAT_WITH_CUDNN) && !defined(REMAT_EMULATE)
-    activate();
     const CudnnConv::Plan& plan = CudnnConv::of(*this).plan(x, w, p, tf32());
     if (plan.backward_ok) return plan.bwd_bytes();
 #endif
@@ -134,7 +132,6 @@ size_t CudaBackend::conv2d_backward_workspace_impl(const Shape& x, const Shape& 
 
 void CudaBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p,
                                       const Tensor& y, const Tensor& workspace) {
-  activate();
   const ConvGeom g(x.shape(), w.shape(), p);
   const kernels::ConvShape& s = g.s;
   float* yp = y.f32();
@@ -190,7 +187,6 @@ void CudaBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, const Te
 void CudaBackend::conv2d_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& w, const Conv2dParams& p,
                                        const Tensor& dx, const Tensor& dw, const Tensor& db,
                                        const Tensor& workspace) {
-  activate();
   const ConvGeom g(x.shape(), w.shape(), p);
   const kernels::ConvShape& s = g.s;
   const float* dyp = dy.f32();

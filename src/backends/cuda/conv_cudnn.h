@@ -48,7 +48,7 @@ class CudnnConv {
   };
 
   // The instance of `backend` (created on first use, on the current device, which must be
-  // the backend's: call from a CudaBackend op after activate()).
+  // the backend's: call from a CudaBackend op, which entered the device).
   static CudnnConv& of(const CudaBackend& backend);
 
   // The plan for a non-empty convolution (cached per shape; TF32 or FMA math).

@@ -9,7 +9,12 @@
 #include "backends/cuda/gemm.h"
 #include "kernels/bias.cuh"
 #include "remat/cuda_check.h"
+#include "remat/device_registry.h"
 #include "remat/error.h"
+#include "remat/memory.h"
+#if !defined(REMAT_EMULATE)
+#include "backends/cuda/cuda_device.h"
+#endif
 
 namespace remat {
 REMAT_KERNELS_ABI_BEGIN
@@ -63,6 +68,9 @@ CudaBackend::CudaBackend(Device device) : device_(device) {
 
 CudaBackend::~CudaBackend() {
   activate();
+  if (start_) cudaEventDestroy(start_);
+  if (stop_) cudaEventDestroy(stop_);
+  if (flush_) cudaFree(flush_);
   if (scratch_) cudaFree(scratch_);
   if (cublas_) cublasDestroy(cublas_);
   if (stream_) cudaStreamDestroy(stream_);
@@ -72,11 +80,76 @@ void CudaBackend::activate() const {
   if (device_.is_cuda()) REMAT_CUDA_CHECK(cudaSetDevice(device_.index));
 }
 
-void CudaBackend::set_tf32(bool on) {
+bool CudaBackend::set_tf32(bool on) {
   // Pedantic math keeps fp32 GEMMs in fp32 even under NVIDIA_TF32_OVERRIDE.
   REMAT_CUBLAS_CHECK(cublasSetMathMode(cublas_, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
   tf32_ = on;
+  return true;
 }
+
+void CudaBackend::synchronize() {
+  activate();
+  REMAT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+// On the emulator launches are synchronous and events would time the host anyway: the
+// generic host-clock timer, no cache to flush, no device attributes.
+#if defined(REMAT_EMULATE)
+double CudaBackend::time_ms(const std::function<void()>& body) { return Backend::time_ms(body); }
+void CudaBackend::flush_caches() {}
+Backend::Properties CudaBackend::properties() const { return Backend::properties(); }
+#else
+double CudaBackend::time_ms(const std::function<void()>& body) {
+  activate();
+  if (!start_) {
+    REMAT_CUDA_CHECK(cudaEventCreate(&start_));
+    REMAT_CUDA_CHECK(cudaEventCreate(&stop_));
+  }
+  REMAT_CUDA_CHECK(cudaEventRecord(start_, stream_));
+  body();
+  REMAT_CUDA_CHECK(cudaEventRecord(stop_, stream_));
+  REMAT_CUDA_CHECK(cudaEventSynchronize(stop_));
+  float ms = 0;
+  REMAT_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+  return ms;
+}
+
+void CudaBackend::flush_caches() {
+  activate();
+  if (!flush_) {
+    int l2 = 0;
+    REMAT_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device_.index));
+    if (l2 <= 0) return;
+    flush_bytes_ = 2 * static_cast<size_t>(l2);  // writing twice the L2 evicts whatever a run left there
+    REMAT_CUDA_CHECK(cudaMalloc(&flush_, flush_bytes_));
+  }
+  REMAT_CUDA_CHECK(cudaMemsetAsync(flush_, ++flushes_ & 0xff, flush_bytes_, stream_));
+}
+
+Backend::Properties CudaBackend::properties() const {
+  Properties p = Backend::properties();
+  activate();
+  cudaDeviceProp prop{};
+  REMAT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_.index));
+  p.name = prop.name;
+  p.device_clock = true;
+  int l2 = 0, clock_khz = 0, bus_bits = 0;
+  REMAT_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device_.index));
+  p.cache_bytes = l2 > 0 ? l2 : 0;
+  // CUDA 13's cudaDeviceProp has no memory clock; the attribute still gives it.
+  REMAT_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device_.index));
+  REMAT_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device_.index));
+  if (clock_khz > 0 && bus_bits > 0) {
+    p.memory_gbps = 2.0 * clock_khz * 1e3 * (bus_bits / 8.0) / 1e9;
+    p.gbps_source = "device: 2 x memory clock " + std::to_string(clock_khz) + " kHz (cudaDevAttrMemoryClockRate) x " +
+                    std::to_string(bus_bits) + "-bit bus (cudaDevAttrGlobalMemoryBusWidth) / 8";
+  } else {
+    p.gbps_source = "device reports memory clock " + std::to_string(clock_khz) + " kHz, bus " +
+                    std::to_string(bus_bits) + " bit: unknown";
+  }
+  return p;
+}
+#endif
 
 void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) const {
   REMAT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
@@ -84,7 +157,6 @@ void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) const {
 }
 
 void CudaBackend::gemm_impl(const Tensor& a, const Tensor& b, const Tensor& c, const GemmParams& p) {
-  activate();
   const int64_t m = c.size(-2), n = c.size(-1);
   const int64_t k = p.trans_a ? a.size(-2) : a.size(-1);
   const int64_t batch = m * n == 0 ? 0 : c.numel() / (m * n);
@@ -94,7 +166,6 @@ void CudaBackend::gemm_impl(const Tensor& a, const Tensor& b, const Tensor& c, c
 }
 
 void CudaBackend::linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) {
-  activate();
   const int64_t in = w.size(1), out = w.size(0), rows = in == 0 ? x.numel() : x.numel() / in;
   if (b.defined()) kernels::bias_broadcast(b.f32(), rows, out, y.f32(), stream_);
   sgemm_rowmajor(cublas_, false, true, rows, out, in, 1.0f, x.f32(), 0, w.f32(), 0, b.defined() ? 1.0f : 0.0f,
@@ -103,7 +174,6 @@ void CudaBackend::linear_forward_impl(const Tensor& x, const Tensor& w, const Te
 
 void CudaBackend::linear_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx,
                                        const Tensor& dw, const Tensor& db) {
-  activate();
   const int64_t in = w.size(1), out = w.size(0), rows = dy.numel() / std::max<int64_t>(out, 1);
   if (dx.defined()) sgemm_rowmajor(cublas_, false, false, rows, in, out, 1.0f, dy.f32(), 0, w.f32(), 0, 0.0f, dx.f32(), 0, 1);
   if (dw.defined()) sgemm_rowmajor(cublas_, true, false, out, in, rows, 1.0f, dy.f32(), 0, x.f32(), 0, 1.0f, dw.f32(), 0, 1);
@@ -113,12 +183,20 @@ void CudaBackend::linear_backward_impl(const Tensor& dy, const Tensor& x, const 
 REMAT_KERNELS_ABI_END
 
 #if defined(REMAT_EMULATE)
+// The emulated GPU: the CUDA backend on the host emulator, its memory host memory (as
+// cudaMalloc on the emulator). Registering twice is allowed (each test binary and the
+// remat command call this at startup).
 void register_cuda_emu_backend() {
-  register_backend_factory(DeviceType::cuda_emu,
-                           [](Device d) -> std::unique_ptr<Backend> { return std::make_unique<CudaBackend>(d); });
+  if (find_device_kind(DeviceType::cuda_emu)) return;
+  DeviceKind k;
+  k.type = DeviceType::cuda_emu;
+  k.make_raw_allocator = [](Device) { return make_cpu_raw_allocator(); };
+  k.make_backend = [](Device d) -> std::unique_ptr<Backend> { return std::make_unique<CudaBackend>(d); };
+  k.summary = "the CUDA kernels on the host emulator: exact semantics, slow";
+  register_device_kind(k);
 }
 #else
-std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<CudaBackend>(Device::cuda(device)); }
+std::unique_ptr<Backend> cuda_device::make_backend(Device d) { return std::make_unique<CudaBackend>(d); }
 #endif
 
 }  // namespace remat

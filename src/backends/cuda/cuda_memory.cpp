@@ -1,6 +1,7 @@
 // Raw CUDA memory for the caching allocator, and the copies and fills Tensor needs.
 #include <cuda_runtime.h>
 
+#include "backends/cuda/cuda_device.h"
 #include "kernels/fill.cuh"
 #include "remat/cuda_check.h"
 #include "remat/memory.h"
@@ -40,7 +41,9 @@ class CudaRawAllocator final : public RawAllocator {
 
 }  // namespace
 
-std::unique_ptr<RawAllocator> make_cuda_raw_allocator(int device) { return std::make_unique<CudaRawAllocator>(device); }
+std::unique_ptr<RawAllocator> cuda_device::make_raw_allocator(Device d) {
+  return std::make_unique<CudaRawAllocator>(d.index);
+}
 
 namespace detail {
 

@@ -39,7 +39,6 @@ void check_ids(const CudaBackend& be, const char* op, const Tensor& ids, int64_t
 
 void CudaBackend::embedding_forward_impl(const Tensor& ids, const Tensor& table, const Tensor& pos_table,
                                          const Tensor& y) {
-  activate();
   if (ids.numel() == 0) return;
   check_ids(*this, "embedding_forward", ids, table.size(0), "table", table);
   kernels::embedding_forward(ids.i32(), ids.numel(), ids.size(1), table.f32(), table.size(1),
@@ -48,7 +47,6 @@ void CudaBackend::embedding_forward_impl(const Tensor& ids, const Tensor& table,
 
 void CudaBackend::embedding_backward_impl(const Tensor& dy, const Tensor& ids, const Tensor& dtable,
                                           const Tensor& dpos_table) {
-  activate();
   if (ids.numel() == 0) return;
   const int64_t c = dy.size(2);
   if (dtable.defined()) {

@@ -11,7 +11,6 @@ REMAT_KERNELS_ABI_BEGIN
 
 void CudaBackend::layernorm_forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
                                          const Tensor& y, const Tensor& mean, const Tensor& rstd) {
-  activate();
   kernels::layernorm_forward(x.f32(), gamma.f32(), beta.f32(), mean.numel(), x.size(-1), eps, y.f32(), mean.f32(),
                              rstd.f32(), stream());
 }
@@ -19,7 +18,6 @@ void CudaBackend::layernorm_forward_impl(const Tensor& x, const Tensor& gamma, c
 void CudaBackend::layernorm_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                                           const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
                                           const Tensor& dbeta) {
-  activate();
   const int64_t n = mean.numel(), c = x.size(-1);
   kernels::layernorm_param_grads(dy.f32(), x.f32(), mean.f32(), rstd.f32(), n, c,
                                  dgamma.defined() ? dgamma.f32() : nullptr, dbeta.defined() ? dbeta.f32() : nullptr,

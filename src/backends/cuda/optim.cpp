@@ -11,7 +11,6 @@ REMAT_KERNELS_ABI_BEGIN
 
 void CudaBackend::sgd_step_impl(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
                                 const SgdParams& p, int64_t step) {
-  activate();
   kernels::SgdCoefficients c;
   c.weight_decay = static_cast<float>(p.weight_decay);
   c.momentum = static_cast<float>(p.momentum);
@@ -25,7 +24,6 @@ void CudaBackend::sgd_step_impl(const Tensor& param, const Tensor& grad, const T
 
 void CudaBackend::adamw_step_impl(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                                   const Tensor& exp_avg_sq, const AdamWParams& p, int64_t step) {
-  activate();
   // Scalars in double (Python floats in torch.optim.AdamW), applied in float.
   const double bc1 = 1.0 - std::pow(p.beta1, static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(p.beta2, static_cast<double>(step));
@@ -42,7 +40,6 @@ void CudaBackend::adamw_step_impl(const Tensor& param, const Tensor& grad, const
 }
 
 double CudaBackend::global_norm_impl(const std::vector<Tensor>& tensors) {
-  activate();
   // scratch(): the running total, then the per-block partial sums of one tensor.
   static_assert((1 + kernels::kSumSquaresMaxBlocks) * sizeof(double) <= kScratchBytes,
                 "global_norm: scratch too small");

@@ -22,35 +22,29 @@ void CudaBackend::maxpool2d_forward_impl(const Tensor& x, const Pool2dParams& p,
                                          const Tensor& indices) {
   REMAT_CHECK(x.size(2) * x.size(3) <= std::numeric_limits<int32_t>::max(), "maxpool2d_forward: x ", x.str(),
               ": a plane is too large for i32 indices");
-  activate();
   kernels::maxpool2d_forward(x.f32(), pool_shape(x.shape(), y.shape(), p), y.f32(), indices.i32(), stream_);
 }
 
 // Indices outside the plane are skipped here (the CPU backend reports them): checking
 // them would cost a synchronisation per call, and maxpool2d_forward never writes one.
 void CudaBackend::maxpool2d_backward_impl(const Tensor& dy, const Tensor& indices, const Tensor& dx) {
-  activate();
   kernels::maxpool2d_backward(dy.f32(), indices.i32(), dx.size(0) * dx.size(1), dx.size(2) * dx.size(3),
                               dy.size(2) * dy.size(3), dx.f32(), stream_);
 }
 
 void CudaBackend::avgpool2d_forward_impl(const Tensor& x, const Pool2dParams& p, const Tensor& y) {
-  activate();
   kernels::avgpool2d_forward(x.f32(), pool_shape(x.shape(), y.shape(), p), y.f32(), stream_);
 }
 
 void CudaBackend::avgpool2d_backward_impl(const Tensor& dy, const Pool2dParams& p, const Tensor& dx) {
-  activate();
   kernels::avgpool2d_backward(dy.f32(), pool_shape(dx.shape(), dy.shape(), p), dx.f32(), stream_);
 }
 
 void CudaBackend::global_avgpool_forward_impl(const Tensor& x, const Tensor& y) {
-  activate();
   kernels::global_avgpool_forward(x.f32(), x.size(0) * x.size(1), x.size(2) * x.size(3), y.f32(), stream_);
 }
 
 void CudaBackend::global_avgpool_backward_impl(const Tensor& dy, const Tensor& dx) {
-  activate();
   kernels::global_avgpool_backward(dy.f32(), dx.size(0) * dx.size(1), dx.size(2) * dx.size(3), dx.f32(), stream_);
 }
 

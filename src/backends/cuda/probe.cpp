@@ -9,7 +9,9 @@
 
 #include <string>
 
+#include "backends/cuda/cuda_device.h"
 #include "remat/cuda_check.h"
+#include "remat/error.h"
 #include "remat/device.h"
 #include "remat/log.h"
 
@@ -63,9 +65,15 @@ const CudaStatus& cuda_status() {
   return status;
 }
 
-namespace detail {
+void cuda_device::require_available(Device d) {
+  const CudaStatus& st = cuda_status();
+  if (!st.available) REMAT_THROW("device ", d.str(), " is not available: ", st.error);
+  REMAT_CHECK(d.index >= 0 && d.index < st.device_count, "device ", d.str(), " is not available: only ",
+              st.device_count, " CUDA device(s) found");
+}
 
-void fill_cuda_build_info(BuildInfo& info) {
+void cuda_device::describe(BuildInfo& info) {
+  info.cuda = true;
   info.cuda_toolkit = std::to_string(CUDART_VERSION / 1000) + "." + std::to_string(CUDART_VERSION % 1000 / 10);
   int major = 0, minor = 0, patch = 0;
   if (cublasGetProperty(MAJOR_VERSION, &major) == CUBLAS_STATUS_SUCCESS &&
@@ -82,6 +90,8 @@ void fill_cuda_build_info(BuildInfo& info) {
   info.cudnn = std::to_string(dnn / 10000) + "." + std::to_string(dnn % 10000 / 100) + "." + std::to_string(dnn % 100);
 #endif
 }
+
+namespace detail {
 
 std::string curand_status_name(curandStatus_t s) {
   switch (s) {

@@ -21,18 +21,15 @@ int64_t rows_of(const Tensor& t) { return t.size(-1) == 0 ? 0 : t.numel() / t.si
 }  // namespace
 
 void CudaBackend::softmax_forward_impl(const Tensor& x, bool log, const Tensor& y) {
-  activate();
   kernels::softmax_forward(x.f32(), rows_of(x), x.size(-1), log, y.f32(), stream());
 }
 
 void CudaBackend::softmax_backward_impl(const Tensor& dy, const Tensor& y, bool log, const Tensor& dx) {
-  activate();
   kernels::softmax_backward(dy.f32(), y.f32(), rows_of(y), y.size(-1), log, dx.f32(), stream());
 }
 
 void CudaBackend::cross_entropy_forward_impl(const Tensor& logits, const Tensor& targets, int ignore_index,
                                              const Tensor& loss, const Tensor& lse) {
-  activate();
   const int64_t n = logits.size(0), v = logits.size(1);
   auto* check = static_cast<kernels::CrossEntropyCheck*>(scratch());
   kernels::cross_entropy_forward(logits.f32(), targets.i32(), n, v, ignore_index, loss.f32(), lse.f32(), check,
@@ -46,13 +43,11 @@ void CudaBackend::cross_entropy_forward_impl(const Tensor& logits, const Tensor&
 
 void CudaBackend::cross_entropy_backward_impl(float dloss, const Tensor& logits, const Tensor& targets,
                                               const Tensor& lse, int ignore_index, const Tensor& dlogits) {
-  activate();
   kernels::cross_entropy_backward(dloss, logits.f32(), targets.i32(), lse.f32(), logits.size(0), logits.size(1),
                                   ignore_index, dlogits.f32(), static_cast<float*>(scratch()), stream());
 }
 
 int64_t CudaBackend::accuracy_impl(const Tensor& logits, const Tensor& targets, int ignore_index, int64_t* counted) {
-  activate();
   auto* counts = static_cast<unsigned long long*>(scratch());
   REMAT_CUDA_CHECK(cudaMemsetAsync(counts, 0, 2 * sizeof(unsigned long long), stream()));
   kernels::accuracy(logits.f32(), targets.i32(), logits.size(0), logits.size(1), ignore_index, counts, stream());

@@ -1,7 +1,7 @@
 #include <cmath>
 
 #include "remat/error.h"
-#include "remat/train.h"
+#include "remat/optim.h"
 
 namespace remat {
 

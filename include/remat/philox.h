@@ -15,7 +15,7 @@
 
 #include <cstdint>
 
-#include "kernels/common.cuh"
+#include "remat/hd.h"
 
 namespace remat::philox {
 
@@ -54,11 +54,16 @@ REMAT_HD REMAT_INLINE Bits4 philox4x32_10(Bits4 counter, uint32_t k0, uint32_t k
   return round(counter, k0, k1);
 }
 
+// The counter of block b (the layout above; its last part is always 0). Vectorised code
+// that runs the rounds itself (the CPU's SIMD dropout) forms counters with this too.
+REMAT_HD REMAT_INLINE Bits4 counter(uint64_t b) {
+  return Bits4{static_cast<uint32_t>(b >> 16), static_cast<uint32_t>(b >> 48), static_cast<uint32_t>(b & 0xffffu),
+               0u};
+}
+
 // The four words of block b (words 4b .. 4b+3) of seed's stream.
 REMAT_HD REMAT_INLINE Bits4 block(uint64_t seed, uint64_t b) {
-  const Bits4 counter{static_cast<uint32_t>(b >> 16), static_cast<uint32_t>(b >> 48),
-                      static_cast<uint32_t>(b & 0xffffu), 0u};
-  return philox4x32_10(counter, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  return philox4x32_10(counter(b), static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
 }
 
 REMAT_HD REMAT_INLINE uint32_t component(const Bits4& v, unsigned i) {

@@ -1,0 +1,128 @@
+// The aliasing rules of remat/backend_ops.def ("dx may alias dy", "y may alias x"), on
+// every backend this program has: each such op run with the output aliased to its input
+// gives bitwise what it gives into a separate buffer. The layers rely on these rules
+// (reuse_dout) to save an activation-sized buffer per pointwise or norm layer in
+// backward, so a backend that broke one would give wrong gradients.
+//
+// Shapes reach each backend's vector paths, several blocks, and rows past a warp.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "remat/backend.h"
+#include "remat/device.h"
+#include "support/golden.h"
+
+namespace remat::test {
+namespace {
+
+#if defined(REMAT_TEST_EMU)
+const bool kRegistered = (register_cuda_emu_backend(), true);
+#endif
+
+std::vector<Device> backends_under_test() {
+  std::vector<Device> d{Device::cpu()};
+  if (backend_registered(DeviceType::cuda_emu)) d.push_back(Device::cuda_emu());
+  if (cuda_status().available) d.push_back(Device::cuda(0));
+  return d;
+}
+
+Tensor rand_on(const Shape& s, uint32_t seed, Device d, float lo = -1.0f, float hi = 1.0f) {
+  return random_tensor(s, seed, lo, hi).to(d);
+}
+
+// Runs op(dy, dx) twice on device d: into a fresh dx, and with dx the very tensor dy (a
+// copy of the same values). Both results must be equal bitwise.
+void expect_alias_safe(Device d, const std::string& what, const Tensor& dy,
+                       const std::function<void(const Tensor& dy, const Tensor& dx)>& op) {
+  Tensor separate = Tensor::empty(dy.shape(), d);
+  op(dy, separate);
+  Tensor aliased = dy.clone();
+  op(aliased, aliased);
+  EXPECT_TRUE(bitwise_equal(aliased.to(Device::cpu()), separate.to(Device::cpu())))
+      << what << " on " << d.str() << ": the result differs when the output aliases the input";
+}
+
+class Aliasing : public ::testing::TestWithParam<Device> {
+ protected:
+  Backend& be() { return backend_for(GetParam()); }
+  Device dev() { return GetParam(); }
+};
+
+TEST_P(Aliasing, ScaleIntoItsInput) {
+  for (const Shape& s : {Shape{1}, Shape{1001}, Shape{4, 4096}}) {
+    Tensor x = rand_on(s, 1, dev());
+    expect_alias_safe(dev(), "scale " + s.str(), x,
+                      [&](const Tensor& in, const Tensor& out) { be().scale(in, -0.37f, out); });
+  }
+}
+
+TEST_P(Aliasing, PointwiseBackwardIntoDy) {
+  for (const Shape& s : {Shape{3, 1001}, Shape{8, 4096}}) {
+    Tensor x = rand_on(s, 2, dev(), -3.0f, 3.0f);
+    Tensor dy = rand_on(s, 3, dev());
+    expect_alias_safe(dev(), "relu_backward " + s.str(), dy,
+                      [&](const Tensor& g, const Tensor& dx) { be().relu_backward(g, x, dx); });
+    for (GeluApprox a : {GeluApprox::none, GeluApprox::tanh})
+      expect_alias_safe(dev(), "gelu_backward " + s.str(), dy,
+                        [&](const Tensor& g, const Tensor& dx) { be().gelu_backward(g, x, a, dx); });
+    for (float p : {0.1f, 0.5f})
+      expect_alias_safe(dev(), "dropout_backward " + s.str(), dy, [&](const Tensor& g, const Tensor& dx) {
+        be().dropout_backward(g, p, RngState{1234, 99}, dx);
+      });
+  }
+}
+
+TEST_P(Aliasing, BatchNormBackwardIntoDy) {
+  for (const Shape& s : {Shape{2, 3, 5, 7}, Shape{4, 8, 16, 16}, Shape{16, 2, 4, 4}}) {
+    const Shape c{s[1]};
+    Tensor x = rand_on(s, 4, dev(), 1.0f, 3.0f), dy = rand_on(s, 5, dev());
+    Tensor gamma = rand_on(c, 6, dev(), 0.5f, 1.5f), beta = rand_on(c, 7, dev());
+    Tensor y = Tensor::empty(s, dev()), mean = Tensor::empty(c, dev()), invstd = Tensor::empty(c, dev());
+    be().batchnorm2d_forward_train(x, gamma, beta, Tensor(), Tensor(), BatchNormParams{}, false, y, mean, invstd);
+    // The parameter gradients accumulate (+=): fresh zeros for each run, compared too.
+    Tensor dg[2], db[2];
+    int run = 0;
+    expect_alias_safe(dev(), "batchnorm2d_backward " + s.str(), dy, [&](const Tensor& g, const Tensor& dx) {
+      dg[run] = Tensor::zeros(c, dev());
+      db[run] = Tensor::zeros(c, dev());
+      be().batchnorm2d_backward(g, x, gamma, mean, invstd, dx, dg[run], db[run]);
+      ++run;
+    });
+    EXPECT_TRUE(bitwise_equal(dg[1].to(Device::cpu()), dg[0].to(Device::cpu()))) << "dgamma " << s.str();
+    EXPECT_TRUE(bitwise_equal(db[1].to(Device::cpu()), db[0].to(Device::cpu()))) << "dbeta " << s.str();
+  }
+}
+
+TEST_P(Aliasing, LayerNormBackwardIntoDy) {
+  for (const Shape& s : {Shape{3, 7}, Shape{5, 768}, Shape{2, 1025}, Shape{2, 3, 36}}) {
+    const Shape c{s[-1]}, rows{s.numel() / s[-1]};
+    Tensor x = rand_on(s, 8, dev(), -2.0f, 2.0f), dy = rand_on(s, 9, dev());
+    Tensor gamma = rand_on(c, 10, dev(), 0.5f, 1.5f), beta = rand_on(c, 11, dev());
+    Tensor y = Tensor::empty(s, dev()), mean = Tensor::empty(rows, dev()), rstd = Tensor::empty(rows, dev());
+    be().layernorm_forward(x, gamma, beta, 1e-5f, y, mean, rstd);
+    Tensor dg[2], db[2];
+    int run = 0;
+    expect_alias_safe(dev(), "layernorm_backward " + s.str(), dy, [&](const Tensor& g, const Tensor& dx) {
+      dg[run] = Tensor::zeros(c, dev());
+      db[run] = Tensor::zeros(c, dev());
+      be().layernorm_backward(g, x, gamma, mean, rstd, dx, dg[run], db[run]);
+      ++run;
+    });
+    EXPECT_TRUE(bitwise_equal(dg[1].to(Device::cpu()), dg[0].to(Device::cpu()))) << "dgamma " << s.str();
+    EXPECT_TRUE(bitwise_equal(db[1].to(Device::cpu()), db[0].to(Device::cpu()))) << "dbeta " << s.str();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Aliasing, ::testing::ValuesIn(backends_under_test()),
+                         [](const ::testing::TestParamInfo<Device>& i) {
+                           std::string n = i.param.str();
+                           for (char& ch : n)
+                             if (ch == '-' || ch == ':') ch = '_';
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace remat::test
