@@ -669,3 +669,4 @@ void replay(const std::string& kind, int (*run)(const uint8_t*, size_t), int min
 
 TEST(FuzzCorpus, IdxSeedsReplay) { replay("idx", remat::fuzz::run_idx_input, 4); }
 TEST(FuzzCorpus, SafetensorsSeedsReplay) { replay("safetensors", remat::fuzz::run_safetensors_input, 2); }
+TEST(FuzzCorpus, TokenShardsSeedsReplay) { replay("token_shards", remat::fuzz::run_token_shard_input, 2); }

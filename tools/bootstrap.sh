@@ -9,7 +9,7 @@ PACKAGES=(
   libspdlog-dev nlohmann-json3-dev libcli11-dev
   libopenblas-dev libopenblas-openmp-dev zlib1g-dev libboost-context-dev
   dataset-fashion-mnist fortunes
-  python3-torch python3-numpy
+  python3-torch python3-numpy python3-venv
 )
 
 missing=()
@@ -27,6 +27,32 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 else
   echo "bootstrap: all packages present"
+fi
+
+# Hugging Face transformers for the interop tests (tests/interop): Debian's python3 is
+# externally managed, so pip installs the pinned versions of tools/requirements-interop.txt
+# into a venv that sees the system's packages (torch 1.13, numpy). It is made again when
+# the requirements change; tools/interop_python.sh finds it.
+cd "$(dirname "$0")/.."
+venv="$(bash tools/interop_python.sh --venv)"
+req=tools/requirements-interop.txt
+stamp="$(sha256sum "$req" | cut -d' ' -f1)"
+if [[ -f "$venv/.remat-requirements" && "$(cat "$venv/.remat-requirements")" == "$stamp" ]] &&
+   "$venv/bin/python" -c 'import transformers' 2>/dev/null; then
+  echo "bootstrap: interop venv present ($venv)"
+else
+  echo "bootstrap: making the interop venv $venv (pinned transformers)"
+  if [[ -e "$venv" && ! -f "$venv/pyvenv.cfg" ]]; then
+    echo "bootstrap: $venv exists and is not a venv; not replacing it" >&2
+    exit 1
+  fi
+  if /usr/bin/python3 -m venv --clear --system-site-packages "$venv" &&
+     "$venv/bin/pip" install -q --disable-pip-version-check --no-input -r "$req"; then
+    echo "$stamp" > "$venv/.remat-requirements"
+  else
+    # Without it the interop tests that need transformers report themselves skipped.
+    echo "bootstrap: WARNING: could not install $req into $venv; the transformers interop tests will be skipped" >&2
+  fi
 fi
 
 # The CUDA toolkit is optional: without it remat builds CPU-only (REMAT_CUDA=AUTO).

@@ -54,11 +54,13 @@ class ConfigReader {
   std::set<std::string> used_;
 };
 
+constexpr int64_t kGpt2Vocab = 50257;  // GPT-2's tokenizer: the default vocabulary of token shards
+
 struct DataConfig {
-  std::string dataset = "fashion_mnist";  // fashion_mnist | text | synthetic_images | synthetic_text
-  std::string path;                       // folder (fashion_mnist, text corpus) or file (text); "" = default
+  std::string dataset = "fashion_mnist";  // fashion_mnist | text | synthetic_images | synthetic_text | token_shards
+  std::string path;                       // folder (fashion_mnist, text corpus, shards), file or glob (shards)
   int64_t synthetic_size = 2048;          // samples (images) or tokens (text) for synthetic sets
-  int64_t vocab = 32;                     // synthetic_text vocabulary
+  int64_t vocab = 32;                     // synthetic_text vocabulary; token_shards: $vocab (default kGpt2Vocab)
   std::vector<int64_t> image_shape{1, 28, 28};
   int64_t classes = 10;
   double eval_fraction = 0.1;             // text: share of the tokens held out for evaluation
@@ -117,7 +119,9 @@ struct Config {
   nlohmann::json resolved() const;
 };
 
-Config load_config(const std::string& path);
+// `dataset`, when not empty, replaces data.dataset before the file is read, so that the
+// data section's defaults are those of that data set (remat train --dataset).
+Config load_config(const std::string& path, const std::string& dataset = "");
 Config parse_config(const nlohmann::json& j, const std::string& source);
 
 // Learning rate at `step` (counting from 1) of `total` steps.

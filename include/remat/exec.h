@@ -72,7 +72,12 @@ class ParamStore {
  public:
   // Allocates every parameter (category parameter) and, for trainable ones, a gradient
   // (category gradient), and initialises them from `seed` (Philox; identical on every device).
-  ParamStore(const Graph& g, Device device, uint64_t seed);
+  // With initialise false the values are left unset, for a caller that fills them
+  // (interop.h's init_from), which can still initialise(p) the ones it does not fill.
+  ParamStore(const Graph& g, Device device, uint64_t seed, bool initialise = true);
+  // Sets parameter p to the values the constructor gives it (its Philox draws start at an
+  // offset fixed by the parameters before it, so the order of calls does not matter).
+  void initialise(size_t p);
 
   const Graph& graph() const { return *graph_; }
   Device device() const { return device_; }
@@ -88,6 +93,8 @@ class ParamStore {
  private:
   const Graph* graph_;
   Device device_;
+  uint64_t seed_ = 0;
+  std::vector<uint64_t> offsets_;  // per parameter: the first Philox word of its initialisation
 };
 
 struct ExecOptions {

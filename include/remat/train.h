@@ -25,6 +25,9 @@ struct TrainOptions {
   std::string out;           // run folder: checkpoint/, metrics.jsonl, config.json
   std::string resume;        // run folder to resume from
   std::string data_path;     // overrides data.path
+  std::string dataset;       // overrides data.dataset (e.g. token_shards for a synthetic config)
+  std::string init_from;     // weights to start from: a Hugging Face GPT-2 checkpoint or a remat run (interop.h)
+  bool init_from_partial = false;  // tolerate missing and unexpected tensors in init_from
   bool verify_recompute = false;
   bool quiet = false;        // no progress lines
   bool sample = true;        // generate a text sample at the end (character models)
@@ -73,6 +76,7 @@ class Trainer {
   struct State;  // what a run holds (src/train/trainer.cpp)
 
  private:
+  void init_weights();
   void resume();
   void open_run_folder();
   void log_step(const StepStats& st, double lr, double ms, int64_t peak);

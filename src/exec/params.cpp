@@ -38,38 +38,49 @@ void init_values(const ParamSpec& spec, uint64_t seed, uint64_t& offset, std::ve
   }
 }
 
+// Philox words each initialisation draws: uniform one per value, normal two (Box-Muller),
+// rounded up to whole Philox blocks of four.
+uint64_t init_words(const ParamSpec& spec) {
+  const auto n = static_cast<uint64_t>(spec.shape.numel());
+  if (spec.init == Init::uniform) return (n + 3) / 4 * 4;
+  if (spec.init == Init::normal) return (2 * n + 3) / 4 * 4;
+  return 0;
+}
+
 }  // namespace
 
-ParamStore::ParamStore(const Graph& g, Device device, uint64_t seed) : graph_(&g), device_(device) {
-  uint64_t offset = 0;
-  std::vector<float> host;
+ParamStore::ParamStore(const Graph& g, Device device, uint64_t seed, bool initialise_values)
+    : graph_(&g), device_(device), seed_(seed) {
   values.resize(g.params.size());
   grads.resize(g.params.size());
   state.resize(g.params.size());
+  offsets_.resize(g.params.size());
+  uint64_t offset = 0;
   for (size_t p = 0; p < g.params.size(); ++p) {
     const GraphParam& gp = g.params[p];
+    offsets_[p] = offset;  // a parameter's draws start where the previous one's end
+    offset += init_words(gp.spec);
     {
       TagScope scope(MemoryCategory::parameter, gp.name, Phase::setup);
       values[p] = Tensor::empty(gp.spec.shape, device);
     }
-    if (device.is_meta()) {
-      // No data to initialise; keep the Philox offsets as they would be.
-      const auto n = static_cast<uint64_t>(gp.spec.shape.numel());
-      if (gp.spec.init == Init::uniform) offset += (n + 3) / 4 * 4;
-      if (gp.spec.init == Init::normal) offset += (2 * n + 3) / 4 * 4;
-    } else {
-      init_values(gp.spec, seed, offset, host);
-    }
-    if (device.is_cpu()) {
-      std::copy(host.begin(), host.end(), values[p].f32());
-    } else if (!device.is_meta()) {
-      values[p].copy_from(Tensor::from_vector(host, gp.spec.shape));
-    }
+    if (initialise_values) initialise(p);
     if (gp.spec.trainable) {
       TagScope scope(MemoryCategory::gradient, gp.name, Phase::setup);
       grads[p] = Tensor::zeros(gp.spec.shape, device);
     }
   }
+}
+
+void ParamStore::initialise(size_t p) {
+  REMAT_CHECK(p < values.size(), "ParamStore::initialise: parameter ", p, " of ", values.size());
+  if (device_.is_meta()) return;  // no data
+  const GraphParam& gp = graph_->params[p];
+  uint64_t offset = offsets_[p];
+  std::vector<float> host;
+  init_values(gp.spec, seed_, offset, host);
+  if (device_.is_cpu()) std::copy(host.begin(), host.end(), values[p].f32());
+  else values[p].copy_from(Tensor::from_vector(host, gp.spec.shape));
 }
 
 void ParamStore::zero_grads(Backend& be) {

@@ -25,27 +25,46 @@ const char* st_dtype(DType t) {
 
 }  // namespace
 
-SafetensorsFile SafetensorsFile::load(const std::string& path) { return parse(read_file(path), path); }
+SafetensorsFile SafetensorsFile::load(const std::string& path) {
+  auto map = std::make_shared<const MappedFile>(path);
+  SafetensorsFile f;
+  f.source_ = path;
+  f.base_ = map->data();
+  f.map_ = map.get();
+  f.holder_ = std::move(map);
+  f.parse_header(f.map_->size());
+  return f;
+}
 
 SafetensorsFile SafetensorsFile::parse(std::string bytes, const std::string& src) {
+  auto owned = std::make_shared<const std::string>(std::move(bytes));
   SafetensorsFile f;
   f.source_ = src;
+  f.base_ = reinterpret_cast<const unsigned char*>(owned->data());
+  f.holder_ = owned;
+  f.parse_header(owned->size());
+  return f;
+}
+
+void SafetensorsFile::parse_header(size_t size) {
+  const std::string& src = source_;
+  SafetensorsFile& f = *this;  // the parser as it was written for a local object
   auto bad = [&](const std::string& msg) -> void { REMAT_THROW(src, ": not a valid safetensors file: ", msg); };
-  if (bytes.size() < 8) bad("file is " + std::to_string(bytes.size()) + " bytes, shorter than the 8-byte header size");
+  if (size < 8) bad("file is " + std::to_string(size) + " bytes, shorter than the 8-byte header size");
   uint64_t hsize = 0;
-  for (int i = 7; i >= 0; --i) hsize = (hsize << 8) | static_cast<unsigned char>(bytes[static_cast<size_t>(i)]);
+  for (int i = 7; i >= 0; --i) hsize = (hsize << 8) | base_[i];
   if (hsize > kMaxHeader) bad("header size " + std::to_string(hsize) + " exceeds 100 MiB");
-  if (hsize > bytes.size() - 8)
-    bad("header size " + std::to_string(hsize) + " runs past the end of the file (" + std::to_string(bytes.size()) + " bytes)");
+  if (hsize > size - 8)
+    bad("header size " + std::to_string(hsize) + " runs past the end of the file (" + std::to_string(size) + " bytes)");
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<long>(hsize));
+    header = nlohmann::json::parse(base_ + 8, base_ + 8 + hsize);
   } catch (const nlohmann::json::exception& e) {
     bad(std::string("header is not JSON: ") + e.what());
   }
   if (!header.is_object()) bad("header is not a JSON object");
   f.data_start_ = 8 + hsize;
-  const size_t data_size = bytes.size() - f.data_start_;
+  const size_t data_size = size - f.data_start_;
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
     const auto& v = it.value();
@@ -103,8 +122,10 @@ SafetensorsFile SafetensorsFile::parse(std::string bytes, const std::string& src
   for (size_t i = 1; i < used.size(); ++i)
     if (used[i]->begin < used[i - 1]->end)
       bad("tensors \"" + used[i - 1]->name + "\" and \"" + used[i]->name + "\" overlap");
-  f.bytes_ = std::move(bytes);
-  return f;
+}
+
+void SafetensorsFile::release(const SafetensorsEntry& e, size_t begin, size_t end) const {
+  if (map_) map_->release(data_start_ + e.begin + begin, data_start_ + e.begin + std::min(end, e.end - e.begin));
 }
 
 bool SafetensorsFile::has(const std::string& name) const {
@@ -122,7 +143,7 @@ Tensor SafetensorsFile::tensor(const std::string& name, Device device) const {
   REMAT_CHECK(e.dtype == DType::f32 || e.dtype == DType::i32, source_, ": tensor \"", name, "\" has dtype ",
               dtype_name(e.dtype), "; only f32 and i32 can be loaded");
   Tensor host = Tensor::empty(e.shape, Device::cpu(), e.dtype);
-  if (e.end > e.begin) std::memcpy(host.raw_data(), bytes_.data() + data_start_ + e.begin, e.end - e.begin);
+  if (e.end > e.begin) std::memcpy(host.raw_data(), data(e), e.end - e.begin);
   return device.is_cpu() ? host : host.to(device);
 }
 

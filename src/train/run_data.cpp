@@ -12,10 +12,12 @@ namespace remat {
 Batch RunData::train_batch(const std::vector<int64_t>& idx, int64_t epoch, Device d) const {
   std::vector<uint8_t> flips;
   if (!text && hflip > 0) flips = hflip_draws(seed, epoch, train_size(), idx, hflip);
+  if (shards) return train_shards.batch(idx, seq_len, vocab, d);
   return batch(train_images, train_text, idx, d, flips);
 }
 
 Batch RunData::eval_batch(const std::vector<int64_t>& idx, Device d) const {
+  if (shards) return eval_shards.batch(idx, seq_len, vocab, d);
   return batch(eval_images, eval_text, idx, d, {});
 }
 
@@ -68,6 +70,14 @@ RunData load_run_data(const Config& cfg, const nlohmann::json& model) {
   }
   if (!tokens) REMAT_THROW(cfg.source, ": /data/dataset: ", dc.dataset, " gives text but the model takes images");
   d.text = true;
+  if (dc.dataset == "token_shards") {
+    TokenShardData sd = load_token_shard_data(dc.path, dc.eval_fraction);
+    d.shards = true;
+    d.train_shards = std::move(sd.train);
+    d.eval_shards = std::move(sd.eval);
+    d.describe = std::move(sd.describe);
+    return d;
+  }
   TextDataset all;
   if (dc.dataset == "text") {
     if (dc.path.empty()) all = load_text_corpus(default_text_corpus_dir());

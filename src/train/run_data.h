@@ -3,24 +3,36 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "remat/config.h"
 #include "remat/data.h"
+#include "remat/token_shards.h"
 
 namespace remat {
 
 struct RunData {
   bool text = false;
+  bool shards = false;  // text as token shards (train_shards, eval_shards), not train_text
   ImageDataset train_images, eval_images;
   TextDataset train_text, eval_text;
+  TokenShards train_shards, eval_shards;
+  int64_t vocab = 0;     // shards: the model's vocabulary, which every token is checked against
+  std::string describe;  // shards: which files train and evaluate
   int64_t seq_len = 0;
   double hflip = 0.0;  // data.augment.hflip: training images only
   uint64_t seed = 0;   // the run's seed, which the flips are drawn from
-  int64_t train_size() const { return text ? text_windows(train_text, seq_len) : train_images.labels.numel(); }
-  int64_t eval_size() const { return text ? text_windows(eval_text, seq_len) : eval_images.labels.numel(); }
+  int64_t train_size() const {
+    if (shards) return train_shards.windows(seq_len);
+    return text ? text_windows(train_text, seq_len) : train_images.labels.numel();
+  }
+  int64_t eval_size() const {
+    if (shards) return eval_shards.windows(seq_len);
+    return text ? text_windows(eval_text, seq_len) : eval_images.labels.numel();
+  }
   // A training batch of the sampler's epoch `epoch`, augmented as the config asks.
   Batch train_batch(const std::vector<int64_t>& idx, int64_t epoch, Device d) const;
   Batch eval_batch(const std::vector<int64_t>& idx, Device d) const;  // never augmented

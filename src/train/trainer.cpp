@@ -12,6 +12,7 @@
 
 #include "remat/data.h"
 #include "remat/error.h"
+#include "remat/interop.h"
 #include "remat/io.h"
 #include "remat/log.h"
 #include "remat/philox.h"
@@ -54,7 +55,10 @@ Device resolve_device(const std::string& name) {
 
 // The config with the command line's overrides applied.
 Config resolve_config(const TrainOptions& o) {
-  Config cfg = load_config(o.config);
+  Config cfg = load_config(o.config, o.dataset);
+  if (!o.data_path.empty() && cfg.data.dataset.rfind("synthetic", 0) == 0)
+    REMAT_THROW("--data ", o.data_path, ": the data set of ", o.config, " is ", cfg.data.dataset,
+                ", which reads no files; pass --dataset too (token_shards, text, fashion_mnist)");
   if (!o.policy.empty()) cfg.training.policy = o.policy;
   if (o.steps >= 0) cfg.training.steps = o.steps;
   if (o.epochs >= 0) {
@@ -115,7 +119,7 @@ struct Trainer::State {
         n_train(data.train_size()),
         sampler(checked_train_size(), cfg.training.batch, cfg.training.seed, cfg.data.shuffle),
         total(cfg.training.steps > 0 ? cfg.training.steps : cfg.training.epochs * sampler.batches_per_epoch()),
-        params(graph, dev, cfg.training.seed),
+        params(graph, dev, cfg.training.seed, /*initialise=*/o.init_from.empty()),  // init_from sets them
         optimizer(cfg.optimizer, params, be),
         executor(graph, params, be, plan, ExecOptions{o.verify_recompute}),
         gen(cfg.training.seed),
@@ -152,17 +156,19 @@ std::unique_ptr<Trainer::State> set_up(const TrainOptions& o) {
   RunData data = load_run_data(cfg, cfg.model);
   std::map<std::string, int64_t> vars;
   if (data.text) {
-    vars["vocab"] = data.train_text.vocab_size();
+    vars["vocab"] = data.shards ? cfg.data.vocab : data.train_text.vocab_size();
     data.seq_len = cfg.model["input"].value("seq_len", int64_t{0});
   }
   Graph g = build_graph(cfg.model, cfg.training.batch, cfg.source, vars);
   if (data.text) data.seq_len = g.layer(g.input_id).out_shape[1];
+  if (data.shards) data.vocab = g.layer(g.logits_id).out_shape[-1];
   return std::make_unique<Trainer::State>(o, std::move(cfg), dev, std::move(data), std::move(vars), std::move(g));
 }
 
 }  // namespace
 
 Trainer::Trainer(const TrainOptions& o) : s_(set_up(o)) {
+  if (!o.init_from.empty()) init_weights();
   if (!o.resume.empty()) resume();
   s_->first = s_->step;
   open_run_folder();
@@ -172,6 +178,14 @@ Trainer::~Trainer() = default;
 
 int64_t Trainer::steps_done() const { return s_->step; }
 int64_t Trainer::total_steps() const { return s_->total; }
+
+// --init-from: the weights of a Hugging Face GPT-2 checkpoint or another remat run.
+void Trainer::init_weights() {
+  State& s = *s_;
+  REMAT_CHECK(s.opt.resume.empty(), "--init-from and --resume exclude each other (a resumed run has its weights)");
+  const InitFromReport r = init_from(s.opt.init_from, s.cfg, s.params, s.opt.init_from_partial);
+  if (!s.opt.quiet) std::printf("%s\n", r.describe().c_str());
+}
 
 void Trainer::resume() {
   State& s = *s_;
@@ -369,12 +383,13 @@ std::string Trainer::sample(int64_t length, uint64_t seed) {
 TrainResult Trainer::run() {
   State& s = *s_;
   const TrainingConfig& tc = s.cfg.training;
-  const bool can_sample = s.data.text && s.opt.sample;
+  const bool can_sample = s.data.text && !s.data.shards && s.opt.sample;  // shards: no decoder for the ids
   if (!s.opt.quiet) {
     std::printf("remat train %s: %s, %lld parameters, batch %lld, %lld steps on %s\n", s.cfg.source.c_str(),
                 s.cfg.name.c_str(), static_cast<long long>(s.graph.parameter_count()),
                 static_cast<long long>(tc.batch), static_cast<long long>(s.total), s.dev.str().c_str());
     std::printf("%s\n", s.plan.describe(s.graph).c_str());
+    if (!s.data.describe.empty()) std::printf("data: %s\n", s.data.describe.c_str());
     std::fflush(stdout);
   }
   allocator_for(s.dev).reset_peak();

@@ -17,6 +17,7 @@
 #include "remat/data.h"
 #include "remat/error.h"
 #include "remat/io.h"
+#include "remat/token_shards.h"
 
 namespace remat::fuzz {
 
@@ -88,6 +89,60 @@ inline int run_safetensors_input(const uint8_t* data, size_t size) {
   } catch (const Error&) {
     return 0;
   }
+}
+
+// Token shard input: the whole file (llm.c's format). Returns 1 when it validated. A valid
+// shard is then read as windows of a few lengths: the first and last window's tokens must
+// come back as the file's (targets shifted by one), and the vocabulary check must refuse
+// exactly the tokens >= the vocabulary.
+inline int run_token_shard_input(const uint8_t* data, size_t size) {
+  const std::string bytes(reinterpret_cast<const char*>(data), size);
+  TokenShards s;
+  try {
+    s = TokenShards::from_bytes(bytes, "fuzz.bin");
+  } catch (const Error&) {
+    return 0;
+  }
+  REMAT_FUZZ_ASSERT(size >= kShardHeaderBytes);
+  const auto n = static_cast<int64_t>((size - kShardHeaderBytes) / 2);
+  REMAT_FUZZ_ASSERT(s.tokens() == n && n > 0 && kShardHeaderBytes + 2 * static_cast<size_t>(n) == size);
+  auto token = [&](int64_t i) {
+    const size_t at = kShardHeaderBytes + 2 * static_cast<size_t>(i);
+    return static_cast<int32_t>(data[at] | (data[at + 1] << 8));
+  };
+  for (int64_t t : {int64_t{1}, int64_t{3}, int64_t{16}}) {
+    const int64_t w = s.windows(t);
+    REMAT_FUZZ_ASSERT(w == (n - 1) / t);
+    if (w == 0) continue;
+    const std::vector<int64_t> idx{w - 1, 0};
+    try {
+      const Batch b = s.batch(idx, t, 65536, Device::cpu());
+      const std::vector<int32_t> in = b.input.to_ints(), tg = b.targets.to_ints();
+      for (size_t k = 0; k < idx.size(); ++k)
+        for (int64_t j = 0; j < t; ++j) {
+          REMAT_FUZZ_ASSERT(in[k * t + j] == token(idx[k] * t + j));
+          REMAT_FUZZ_ASSERT(tg[k * t + j] == token(idx[k] * t + j + 1));
+        }
+    } catch (const Error&) {
+      REMAT_FUZZ_ASSERT(false);  // every uint16 is inside a vocabulary of 65536
+    }
+    // The last window's largest token (input or target) is the smallest vocabulary it fits.
+    int32_t top = 0;
+    for (int64_t i = (w - 1) * t; i <= w * t; ++i) top = std::max(top, token(i));
+    try {
+      s.batch({w - 1}, t, top + 1, Device::cpu());
+    } catch (const Error&) {
+      REMAT_FUZZ_ASSERT(false);
+    }
+    bool threw = false;
+    try {
+      s.batch({w - 1}, t, top, Device::cpu());
+    } catch (const Error&) {
+      threw = true;
+    }
+    REMAT_FUZZ_ASSERT(threw);
+  }
+  return 1;
 }
 
 }  // namespace remat::fuzz

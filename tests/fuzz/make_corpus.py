@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the seed corpus of the fuzz targets (tests/fuzz/corpus/{idx,safetensors}).
+"""Writes the seed corpus of the fuzz targets (tests/fuzz/corpus/{idx,safetensors,token_shards}).
 
 Run from anywhere: python3 tests/fuzz/make_corpus.py. The files are committed; this
 script only documents how they were made. IDX inputs follow harness.h: u16 LE length of
@@ -62,3 +62,26 @@ write("safetensors", "empty_header", safetensors({}, b""))
 write("safetensors", "scalar", safetensors({"s": {"dtype": "F32", "shape": [], "data_offsets": [0, 4]}}, f32[:4]))
 write("safetensors", "bad_offsets", safetensors({"t": {"dtype": "F32", "shape": [4], "data_offsets": [8, 4]}}, f32))
 write("safetensors", "bad_json", struct.pack("<Q", 9) + b'{"a":[1,]')
+
+
+def shard(tokens, magic=20240520, version=1, count=None, reserved=None):
+    header = [0] * 256
+    header[0], header[1], header[2] = magic, version, len(tokens) if count is None else count
+    if reserved is not None:
+        header[3] = reserved
+    return struct.pack("<256i", *header) + struct.pack(f"<{len(tokens)}H", *tokens)
+
+
+tokens = [50256, 15496, 11, 995, 0, 65535, 7, 7, 3, 1, 2, 40000, 9]
+write("token_shards", "valid", shard(tokens))
+write("token_shards", "valid_one_token", shard([42]))
+write("token_shards", "bad_magic", shard(tokens, magic=20240521))
+write("token_shards", "llama3_magic", shard(tokens, magic=20240801))
+write("token_shards", "bad_version", shard(tokens, version=2))
+write("token_shards", "zero_count", shard([], count=0))
+write("token_shards", "negative_count", shard(tokens, count=-5))
+write("token_shards", "reserved_set", shard(tokens, reserved=1))
+write("token_shards", "truncated_tokens", shard(tokens)[:-3])
+write("token_shards", "truncated_header", shard(tokens)[:100])
+write("token_shards", "trailing_bytes", shard(tokens) + b"\0\0")
+write("token_shards", "huge_count", shard(tokens, count=0x7FFFFFFF))

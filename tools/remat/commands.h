@@ -18,5 +18,7 @@ Runner add_bench_command(CLI::App& app);
 Runner add_bench_kernels_command(CLI::App& bench);
 Runner add_memprof_command(CLI::App& app);
 Runner add_plan_command(CLI::App& app);
+Runner add_eval_command(CLI::App& app);
+Runner add_export_command(CLI::App& app);
 
 }  // namespace remat::cli

@@ -20,7 +20,16 @@ Runner add_train_command(CLI::App& app) {
   cmd->add_option("--out", opt->out, "Run folder: checkpoint/, metrics.jsonl, config.json");
   cmd->add_option("--resume", opt->resume, "Resume from a run folder (continues bitwise as if uninterrupted)")
       ->check(CLI::ExistingDirectory);
-  cmd->add_option("--data", opt->data_path, "Data folder or file (overrides data.path)");
+  cmd->add_option("--data", opt->data_path, "Data folder, file or (token shards) glob (overrides data.path)");
+  cmd->add_option("--dataset", opt->dataset, "Data set (overrides data.dataset), e.g. token_shards")
+      ->check(CLI::IsMember({"fashion_mnist", "text", "synthetic_images", "synthetic_text", "token_shards"}));
+  auto* init = cmd->add_option("--init-from", opt->init_from,
+                               "Start from these weights: a Hugging Face GPT-2 folder or .safetensors file, or a remat "
+                               "run folder (a fresh optimizer, unlike --resume)");
+  init->excludes("--resume");
+  cmd->add_flag("--init-from-partial", opt->init_from_partial,
+                "With --init-from: leave missing parameters as initialised and ignore unexpected tensors")
+      ->needs(init);
   cmd->add_flag("--verify-recompute", opt->verify_recompute,
                 "Hash every tensor freed for recompute and check the recomputed one against it");
   cmd->add_flag("--quiet", opt->quiet, "No progress lines");

@@ -1,0 +1,71 @@
+// Weights from and to other tools' files: Hugging Face GPT-2 checkpoints (safetensors, in
+// the layout of the published checkpoints and in the one save_pretrained writes) and
+// remat's own run folders, for `remat train/eval --init-from` and `remat export`.
+//
+// The names of a GPT-2 in remat are those of models/gpt2_124m.json (embed, h{i}.ln1,
+// h{i}.qkv, ...); hf_gpt2_tensor_names() is the one table that maps them to Hugging
+// Face's, and both directions read it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "remat/config.h"
+#include "remat/exec.h"
+
+namespace remat {
+
+// One row of the name table. "{}" stands for the block index (h{}.qkv.weight is
+// h0.qkv.weight, h1.qkv.weight, ...). Hugging Face names are given without the
+// "transformer." prefix that save_pretrained adds (lm_head.weight never has it).
+struct Gpt2TensorName {
+  const char* remat;
+  const char* hf;
+  // A Conv1D weight: stored [in, out] by Hugging Face, [out, in] by remat's linear.
+  bool conv1d;
+};
+const std::vector<Gpt2TensorName>& hf_gpt2_tensor_names();
+// Tensors of Hugging Face GPT-2 files that are not weights (the causal-mask buffers
+// h.N.attn.bias and h.N.attn.masked_bias): ignored when loading.
+bool is_hf_gpt2_buffer(const std::string& hf_name);
+
+// What init_from loaded.
+struct InitFromReport {
+  std::string path;
+  std::string format;  // "hf-gpt2" or "remat"
+  std::vector<std::string> files;
+  int64_t tensors = 0;  // parameters set from the files
+  int64_t bytes = 0;    // bytes of those tensors in the files
+  double seconds = 0;
+  std::vector<std::string> missing;     // parameters not in the files, left as initialised (partial only)
+  std::vector<std::string> unexpected;  // tensors of the files not used (partial only)
+  int64_t ignored_buffers = 0;          // attention mask buffers skipped
+  std::string describe() const;         // a line (two with partial) for the progress output
+};
+
+// Sets the parameters of `params` (built from cfg's model) from `path`:
+//  - a Hugging Face GPT-2 folder (model.safetensors or a sharded
+//    model.safetensors.index.json, with config.json, which is checked against cfg's
+//    model), or such a .safetensors file; published names (h.0.attn.c_attn.weight,
+//    wte.weight) and save_pretrained's (transformer.h.0..., lm_head.weight left out when
+//    tied) are both read, Conv1D weights transposed;
+//  - a remat run folder (its checkpoint/model.safetensors), checkpoint folder or
+//    .safetensors file with remat's parameter names (init.safetensors).
+// Every shape is checked against the config (the error names the tensor, the expected
+// and the found shape); a missing parameter or an unexpected tensor is an error unless
+// `partial`, which initialises the missing ones from the seed (ParamStore::initialise: the
+// store may be made without initialisation, which saves drawing values that are replaced). F32, F16 and BF16 tensors are read (converted to f32). A pickled
+// pytorch_model.bin is refused with the command that converts it. Files are memory-mapped
+// and copied once into the parameters, piece by piece, releasing each piece of the map,
+// so the resident memory grows by little more than the parameters.
+InitFromReport init_from(const std::string& path, const Config& cfg, ParamStore& params, bool partial);
+
+// `remat export RUN_DIR --format hf-gpt2 OUT`: RUN_DIR's checkpoint (and config.json)
+// as a Hugging Face GPT-2 checkpoint that GPT2LMHeadModel.from_pretrained(OUT) loads:
+// OUT/config.json and OUT/model.safetensors (save_pretrained's names, lm_head.weight left
+// out when tied, metadata format "pt"). Each file is written to a temporary file and
+// renamed, model.safetensors first. Returns a line describing what was written.
+std::string export_hf_gpt2(const std::string& run_dir, const std::string& out_dir);
+
+}  // namespace remat
