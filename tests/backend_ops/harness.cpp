@@ -2,7 +2,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <algorithm>
+#include <cstdlib>
 #include <deque>
+#include <set>
 #include <sstream>
 
 #include "remat/device.h"
@@ -91,7 +94,30 @@ Pair OpCheck::output_like(const Pair& init) {
   return p;
 }
 
+int perf_iterations() {
+  static const int n = [] {
+    const char* v = std::getenv("REMAT_OP_PERF");
+    return v && *v ? std::max(1, std::atoi(v)) : 0;
+  }();
+  return n;
+}
+
 void OpCheck::run(const std::function<void(Backend&, Side)>& f) {
+  if (const int iters = perf_iterations()) {
+    // The reference runs once, so that what a case reads back on the host (a count, a
+    // norm) is still defined; only the device under test is timed.
+    f(ref_, Side{true});
+    std::vector<const Tensor*> touched;
+    f(dut_, Side{false, &touched});  // warm-up; and which tensors a run reads and writes
+    std::set<const void*> seen;
+    for (const Tensor* t : touched)
+      if (t->defined() && seen.insert(t->raw_data()).second) perf_.bytes += static_cast<double>(t->nbytes());
+    double ms = 0.0;
+    for (int i = 0; i < iters; ++i) ms += dut_.time_ms([&] { f(dut_, Side{false}); });
+    perf_.ms += ms / iters;
+    perf_.runs++;
+    return;
+  }
   f(ref_, Side{true});
   f(dut_, Side{false});
 }
@@ -113,6 +139,7 @@ void OpCheck::check_guards() {
 }
 
 void OpCheck::expect_close(const Pair& p, double atol, double rtol, const std::string& what) {
+  if (perf_iterations()) return;  // perf mode compares nothing (accumulating ops ran many times)
   check_guards();
   ASSERT_EQ(p.ref.numel(), p.dut.numel()) << what;
   const int64_t n = p.ref.numel();
@@ -152,6 +179,46 @@ void OpCheck::expect_close(const Pair& p, double atol, double rtol, const std::s
   EXPECT_EQ(bad, 0) << what << " " << p.ref.shape().str() << ": " << bad << " of " << n
                     << " elements differ beyond atol " << atol << " + rtol " << rtol << "; first at flat index "
                     << first << " (" << first_msg.str() << "); max abs error " << worst;
+}
+
+void OpCheck::expect_gradient(const std::string& what, const Pair& x, const Pair& dx,
+                              const std::function<double(Backend&)>& loss, const GradOptions& opt) {
+  if (perf_iterations()) return;
+  ASSERT_EQ(x.dut.shape(), dx.dut.shape()) << what;
+  Tensor target = x.dut;  // a handle on the same storage, to write the perturbed values into
+  const int64_t n = x.dut.numel();
+  std::vector<float> host = x.dut.to_vector();
+  const std::vector<float> grad = dx.dut.to_vector();
+  const int64_t count = std::min<int64_t>(n, 48);
+  int bad = 0;
+  std::ostringstream first;
+  for (int64_t j = 0; j < count; ++j) {
+    const int64_t i = count == 1 ? 0 : j * (n - 1) / (count - 1);
+    const float saved = host[static_cast<size_t>(i)];
+    const float up = static_cast<float>(saved + opt.eps), down = static_cast<float>(saved - opt.eps);
+    host[static_cast<size_t>(i)] = up;
+    target.copy_from(Tensor::from_vector(host, x.dut.shape()));
+    const double lp = loss(dut_);
+    host[static_cast<size_t>(i)] = down;
+    target.copy_from(Tensor::from_vector(host, x.dut.shape()));
+    const double lm = loss(dut_);
+    host[static_cast<size_t>(i)] = saved;
+    const double numeric = (lp - lm) / (static_cast<double>(up) - static_cast<double>(down));
+    const double a = grad[static_cast<size_t>(i)];
+    if (!(std::fabs(numeric - a) <= opt.atol + opt.rtol * std::fabs(numeric)) && bad++ == 0)
+      first << "element " << i << ": " << dut_.device().str() << " " << a << " vs numeric " << numeric;
+  }
+  target.copy_from(Tensor::from_vector(host, x.dut.shape()));
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << count << " checked elements differ from central differences"
+                    << " (eps " << opt.eps << ", atol " << opt.atol << ", rtol " << opt.rtol << "); first: "
+                    << first.str();
+}
+
+double dot(const Tensor& a, const Tensor& b) {
+  const auto va = a.to_vector(), vb = b.to_vector();
+  double s = 0.0;
+  for (size_t i = 0; i < va.size(); ++i) s += static_cast<double>(va[i]) * vb[i];
+  return s;
 }
 
 std::vector<const OpCase*>& op_cases() {

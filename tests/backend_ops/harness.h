@@ -11,6 +11,17 @@
 // - Every backend implements every op (the op list is one table, remat/backend_ops.def):
 //   an exception fails the case; nothing is skipped but on a machine without the device.
 //
+// - Perf mode (ggml's `test-backend-ops perf`): with REMAT_OP_PERF=<iterations> in the
+//   environment, every run() times the device under test instead (one warm-up, then the
+//   iterations, by Backend::time_ms: CUDA events on a GPU) and nothing is compared; the
+//   test prints each case's device time per run and the bytes of the tensors the runs
+//   touched (an op's minimum traffic for memory-bound ops), e.g.
+//     REMAT_OP_PERF=20 build/default/tests/test_backend_ops_gpu --gtest_filter='*layernorm*'
+//
+// - Gradient cases (ggml's grad mode, cases_grad.cpp): an op's backward on the device under
+//   test against central differences of L = sum(dy * y) on that device (expect_gradient),
+//   so the device's backward is checked against its own forward, not only against the cpu.
+//
 // Write a case with REMAT_OP_CASE(family, name) { ... } in cases_<family>.cpp:
 //
 //   REMAT_OP_CASE(elementwise, relu_forward_odd) {
@@ -43,8 +54,22 @@ struct Pair {
 // Picks a Pair's tensor for the backend being run.
 struct Side {
   bool ref = true;
-  const Tensor& operator()(const Pair& p) const { return ref ? p.ref : p.dut; }
+  std::vector<const Tensor*>* touched = nullptr;  // perf mode: collects what the run reads and writes
+  const Tensor& operator()(const Pair& p) const {
+    const Tensor& t = ref ? p.ref : p.dut;
+    if (touched) touched->push_back(&t);
+    return t;
+  }
 };
+
+// What perf mode measured over one case's runs.
+struct PerfTotals {
+  int runs = 0;          // run() calls
+  double ms = 0.0;       // device time per iteration, summed over the runs
+  double bytes = 0.0;    // bytes of the distinct tensors each run touched, summed over the runs
+};
+// Iterations per run in perf mode (REMAT_OP_PERF), 0 in the normal (checking) mode.
+int perf_iterations();
 
 class OpCheck {
  public:
@@ -73,7 +98,23 @@ class OpCheck {
   // Bitwise equality.
   void expect_equal(const Pair& p, const std::string& what) { expect_close(p, 0.0, 0.0, what); }
 
+  // dx.dut, a gradient the device computed, against central differences of a loss the
+  // device computes: loss(dut) must recompute L = sum(dy * y) from the current contents
+  // of x.dut. Up to 48 elements of x, spread over it, are perturbed by +-eps (in double).
+  struct GradOptions {
+    double eps = 1e-2;
+    double rtol = 2e-2;
+    double atol = 2e-3;
+  };
+  void expect_gradient(const std::string& what, const Pair& x, const Pair& dx,
+                       const std::function<double(Backend&)>& loss, const GradOptions& opt);
+  void expect_gradient(const std::string& what, const Pair& x, const Pair& dx,
+                       const std::function<double(Backend&)>& loss) {
+    expect_gradient(what, x, dx, loss, GradOptions{});
+  }
+
   std::mt19937_64& rng() { return rng_; }
+  const PerfTotals& perf() const { return perf_; }
 
  private:
   Pair guarded(const Shape& s, DType dtype);
@@ -88,6 +129,7 @@ class OpCheck {
     DType dtype = DType::f32;
   };
   std::vector<Guarded> guarded_;
+  PerfTotals perf_;
 };
 
 struct OpCase {
@@ -97,6 +139,9 @@ struct OpCase {
 };
 
 std::vector<const OpCase*>& op_cases();
+
+// sum(a * b) over two tensors of one device, in double (a loss for gradient cases).
+double dot(const Tensor& a, const Tensor& b);
 
 struct OpCaseRegistrar {
   OpCaseRegistrar(const char* family, const char* name, void (*fn)(OpCheck&));
