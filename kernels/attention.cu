@@ -1,7 +1,7 @@
 #include "kernels/attention.cuh"
 #include "kernels/launch.cuh"
-#include "remat/philox.h"
 #include "kernels/reduce.cuh"
+#include "remat/philox.h"
 
 #include <algorithm>
 #include <cmath>
@@ -42,8 +42,8 @@ __device__ REMAT_INLINE void for_each_dropout_factor(const AttentionDropout& dro
 
 // One warp per row: max, sum of exponentials, then the normalised row (and its dropped
 // copy). The masked tail is written with zeros.
-__global__ void softmax_forward_kernel(float* probs, float* dropped, int64_t rows, int64_t t, int64_t row0,
-                                       bool causal, AttentionDropout drop) {
+__global__ void softmax_forward_kernel(float* probs, float* dropped, int64_t rows, int64_t t, int64_t row0, bool causal,
+                                       AttentionDropout drop) {
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kRowWarps;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / 32; r < rows; r += warps) {
@@ -123,8 +123,8 @@ __global__ void permute_0213_kernel(const float* x, int64_t a, int64_t b, int64_
 
 void attention_softmax_forward(float* probs, float* dropped, int64_t rows, int64_t t, int64_t row0, bool causal,
                                const AttentionDropout& drop, cudaStream_t stream) {
-  REMAT_LAUNCH(softmax_forward_kernel, dim3(row_blocks(rows)), dim3(32 * kRowWarps), 0, stream, probs, dropped, rows,
-               t, row0, causal, drop);
+  REMAT_LAUNCH(softmax_forward_kernel, dim3(row_blocks(rows)), dim3(32 * kRowWarps), 0, stream, probs, dropped, rows, t,
+               row0, causal, drop);
 }
 
 void attention_softmax_backward(float* ds, const float* probs, float* dropped, int64_t rows, int64_t t, int64_t row0,

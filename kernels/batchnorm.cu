@@ -14,8 +14,8 @@ namespace remat::kernels {
 
 namespace {
 
-constexpr int kWide = 256;   // threads per block,
-constexpr int kNarrow = 32;  // or one warp where a segment has fewer than kWide * kMinUnitsPerThread units
+constexpr int kWide = 256;               // threads per block,
+constexpr int kNarrow = 32;              // or one warp where a segment has fewer than kWide * kMinUnitsPerThread units
 constexpr int64_t kTargetBlocks = 1024;  // several waves of blocks on a 132-SM H200
 constexpr int64_t kMinUnitsPerThread = 4;
 constexpr int64_t kMaxSplits = 256;
@@ -331,8 +331,7 @@ using RoundFn = void (*)(const Args&, dim3, cudaStream_t);
 
 // Runs `round` over the channels in rounds of plan.per_round.
 template <typename Args>
-void run_rounds(const Plan& plan, Args a, int64_t channels, void* scratch, RoundFn<Args> round,
-                cudaStream_t stream) {
+void run_rounds(const Plan& plan, Args a, int64_t channels, void* scratch, RoundFn<Args> round, cudaStream_t stream) {
   a.round.splits = plan.splits;
   a.round.partials = static_cast<double*>(scratch);
   for (int64_t c0 = 0; c0 < channels; c0 += plan.per_round) {

@@ -7,7 +7,7 @@ namespace remat::kernels {
 
 namespace {
 
-constexpr int kCols = 32;  // columns per block (threadIdx.x): coalesced row reads
+constexpr int kCols = 32;       // columns per block (threadIdx.x): coalesced row reads
 constexpr int kRowGroups = 16;  // threadIdx.y: rows r = y, y + 16, y + 32, ...
 
 // A block sums 32 columns: thread (x, y) sums rows y, y + 16, ... of column x in order,

@@ -15,7 +15,7 @@
 // the launch's shared-memory argument. `extern __shared__` cannot be expressed in host
 // C++, so kernels declare it with this macro: REMAT_DYNAMIC_SHARED(float, smem);
 #if defined(__CUDACC__)
-#define REMAT_DYNAMIC_SHARED(T, name)                                       \
+#define REMAT_DYNAMIC_SHARED(T, name)                                    \
   extern __shared__ __align__(16) unsigned char remat_dynamic_shared_[]; \
   T* name = reinterpret_cast<T*>(remat_dynamic_shared_)
 #elif defined(REMAT_EMULATE)

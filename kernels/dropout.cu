@@ -2,8 +2,8 @@
 #include "kernels/elementwise.cuh"
 #include "kernels/fill.cuh"
 #include "kernels/launch.cuh"
-#include "remat/philox.h"
 #include "kernels/vec4.cuh"
+#include "remat/philox.h"
 
 namespace remat::kernels {
 

@@ -156,8 +156,8 @@ void embedding_forward(const int32_t* ids, int64_t n, int64_t t, const float* ta
     REMAT_LAUNCH(embedding_forward_kernel<true>, dim3(grid_for(units)), dim3(kBlock), 0, stream, ids, n, t, table, c,
                  pos, y);
   else
-    REMAT_LAUNCH(embedding_forward_kernel<false>, dim3(grid_for(units)), dim3(kBlock), 0, stream, ids, n, t, table,
-                 c, pos, y);
+    REMAT_LAUNCH(embedding_forward_kernel<false>, dim3(grid_for(units)), dim3(kBlock), 0, stream, ids, n, t, table, c,
+                 pos, y);
 }
 
 void embedding_backward_table(const float* dy, const int32_t* ids, int64_t n, int64_t c, float* dtable,
@@ -171,11 +171,11 @@ void embedding_backward_pos(const float* dy, int64_t batch, int64_t t, int64_t c
   const bool vec4 = c % 4 == 0 && aligned16(dy) && aligned16(dpos);
   const int64_t units = t * (vec4 ? c / 4 : c);
   if (vec4)
-    REMAT_LAUNCH(embedding_backward_pos_kernel<true>, dim3(grid_for(units)), dim3(kBlock), 0, stream, dy, batch, t,
-                 c, dpos);
+    REMAT_LAUNCH(embedding_backward_pos_kernel<true>, dim3(grid_for(units)), dim3(kBlock), 0, stream, dy, batch, t, c,
+                 dpos);
   else
-    REMAT_LAUNCH(embedding_backward_pos_kernel<false>, dim3(grid_for(units)), dim3(kBlock), 0, stream, dy, batch, t,
-                 c, dpos);
+    REMAT_LAUNCH(embedding_backward_pos_kernel<false>, dim3(grid_for(units)), dim3(kBlock), 0, stream, dy, batch, t, c,
+                 dpos);
 }
 
 }  // namespace remat::kernels

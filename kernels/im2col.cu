@@ -101,8 +101,7 @@ __global__ void broadcast_channels_kernel(const float* b, int64_t n, int64_t c, 
   T* d = reinterpret_cast<T*>(y);
   const int64_t pv = plane / V, total = n * c * pv;
   const int64_t stride = grid_stride();
-  for (int64_t e = grid_start(); e < total; e += stride)
-    d[e] = Unit<V>::splat(b[(e / pv) % c]);
+  for (int64_t e = grid_start(); e < total; e += stride) d[e] = Unit<V>::splat(b[(e / pv) % c]);
 }
 
 // One block per channel: its threads sum the channel's planes in a fixed pattern (in
@@ -132,8 +131,7 @@ void col2im(const float* col, const ConvShape& g, int64_t n0, int64_t nb, float*
   REMAT_LAUNCH(col2im_kernel, grid, dim3(kBlock), 0, stream, col, g, n0, nb, dx);
 }
 
-void nchw_to_cnhw(const float* src, int64_t n0, int64_t nb, int64_t c, int64_t plane, float* dst,
-                  cudaStream_t stream) {
+void nchw_to_cnhw(const float* src, int64_t n0, int64_t nb, int64_t c, int64_t plane, float* dst, cudaStream_t stream) {
   if (plane % 4 == 0 && aligned16(src) && aligned16(dst)) {
     const dim3 grid(grid_stride_blocks(c * nb * plane / 4, kBlock));
     REMAT_LAUNCH(nchw_to_cnhw_kernel<4>, grid, dim3(kBlock), 0, stream, src, n0, nb, c, plane, dst);

@@ -33,8 +33,7 @@ void col2im(const float* col, const ConvShape& g, int64_t n0, int64_t nb, float*
 
 // dst[c][i * plane + j] = src[n0 + i][c][j] for i < nb: a chunk of an [N, C, plane] tensor
 // with the first two dimensions swapped.
-void nchw_to_cnhw(const float* src, int64_t n0, int64_t nb, int64_t c, int64_t plane, float* dst,
-                  cudaStream_t stream);
+void nchw_to_cnhw(const float* src, int64_t n0, int64_t nb, int64_t c, int64_t plane, float* dst, cudaStream_t stream);
 
 // y[i][c][j] = b[c] for an [n, c, plane] tensor.
 void broadcast_channels(const float* b, int64_t n, int64_t c, int64_t plane, float* y, cudaStream_t stream);

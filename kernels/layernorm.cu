@@ -17,8 +17,8 @@ using rows::Pack;
 // ---- kernels -----------------------------------------------------------------------------
 
 template <int kThreads, bool kVec>
-__global__ void layernorm_forward_kernel(const float* x, const float* gamma, const float* beta, int64_t rows,
-                                         int64_t c, float eps, float* y, float* mean, float* rstd) {
+__global__ void layernorm_forward_kernel(const float* x, const float* gamma, const float* beta, int64_t rows, int64_t c,
+                                         float eps, float* y, float* mean, float* rstd) {
   using P = Pack<kVec>;
   using G = Group<kThreads>;
   __shared__ double shared[G::kWarps];
@@ -101,8 +101,8 @@ constexpr int kColumns = 32;
 constexpr int kRowGroups = 16;
 
 __global__ void layernorm_param_grads_kernel(const float* dy, const float* x, const float* mean, const float* rstd,
-                                             int64_t rows, int64_t c, int64_t chunk_rows, float* dgamma,
-                                             float* dbeta, double* partial) {
+                                             int64_t rows, int64_t c, int64_t chunk_rows, float* dgamma, float* dbeta,
+                                             double* partial) {
   __shared__ double sum_g[kRowGroups][kColumns + 1];
   __shared__ double sum_b[kRowGroups][kColumns + 1];
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kColumns + threadIdx.x;
@@ -178,8 +178,8 @@ void layernorm_param_grads(const float* dy, const float* x, const float* mean, c
   if (chunks > 1) {
     constexpr int kBlock = 256;
     const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div<int64_t>(c, kBlock), 4096));
-    REMAT_LAUNCH(layernorm_param_grads_finish_kernel, dim3(blocks), dim3(kBlock), 0, stream, partial, chunks, c,
-                 dgamma, dbeta);
+    REMAT_LAUNCH(layernorm_param_grads_finish_kernel, dim3(blocks), dim3(kBlock), 0, stream, partial, chunks, c, dgamma,
+                 dbeta);
   }
 }
 

@@ -59,8 +59,7 @@ __global__ void maxpool2d_backward_kernel(const float* dy, const int32_t* indice
                                           int64_t out_plane, float* dx) {
   const int lane = threadIdx.x % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t pl = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; pl < planes;
-       pl += warps) {
+  for (int64_t pl = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; pl < planes; pl += warps) {
     float* dst = dx + pl * in_plane;
     const float* grad = dy + pl * out_plane;
     const int32_t* idx = indices + pl * out_plane;
@@ -144,8 +143,7 @@ template <int V>
 __global__ void global_avgpool_forward_kernel(const float* x, int64_t planes, int64_t hw, float* y) {
   const int lane = threadIdx.x % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t pl = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; pl < planes;
-       pl += warps) {
+  for (int64_t pl = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; pl < planes; pl += warps) {
     double s = 0.0;
     if constexpr (V == 4) {
       const float4* src = reinterpret_cast<const float4*>(x + pl * hw);
@@ -166,8 +164,7 @@ template <int V>
 __global__ void global_avgpool_backward_kernel(const float* dy, int64_t planes, int64_t hw, float* dx) {
   const int lane = threadIdx.x % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t pl = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; pl < planes;
-       pl += warps) {
+  for (int64_t pl = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; pl < planes; pl += warps) {
     const float v = dy[pl] / static_cast<float>(hw);
     if constexpr (V == 4) {
       float4* dst = reinterpret_cast<float4*>(dx + pl * hw);
@@ -186,8 +183,8 @@ void maxpool2d_forward(const float* x, const PoolShape& g, float* y, int32_t* in
   REMAT_LAUNCH(maxpool2d_forward_kernel, grid, dim3(kBlock), 0, stream, x, g, y, indices);
 }
 
-void maxpool2d_backward(const float* dy, const int32_t* indices, int64_t planes, int64_t in_plane,
-                        int64_t out_plane, float* dx, cudaStream_t stream) {
+void maxpool2d_backward(const float* dy, const int32_t* indices, int64_t planes, int64_t in_plane, int64_t out_plane,
+                        float* dx, cudaStream_t stream) {
   const dim3 grid(grid_stride_blocks(planes, kWarpsPerBlock));
   REMAT_LAUNCH(maxpool2d_backward_kernel, grid, dim3(kBlock), 0, stream, dy, indices, planes, in_plane, out_plane, dx);
 }

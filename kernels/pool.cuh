@@ -22,8 +22,8 @@ void maxpool2d_forward(const float* x, const PoolShape& g, float* y, int32_t* in
 
 // dx = 0, then dx[plane][indices[j]] += dy[plane][j] in the order of j. One warp per plane;
 // an index outside the plane is skipped.
-void maxpool2d_backward(const float* dy, const int32_t* indices, int64_t planes, int64_t in_plane,
-                        int64_t out_plane, float* dx, cudaStream_t stream);
+void maxpool2d_backward(const float* dy, const int32_t* indices, int64_t planes, int64_t in_plane, int64_t out_plane,
+                        float* dx, cudaStream_t stream);
 
 // y = sum of the window's elements inside the input / (kh * kw).
 void avgpool2d_forward(const float* x, const PoolShape& g, float* y, cudaStream_t stream);

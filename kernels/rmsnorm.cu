@@ -17,8 +17,8 @@ using rows::Pack;
 // ---- kernels -----------------------------------------------------------------------------
 
 template <int kThreads, bool kVec>
-__global__ void rmsnorm_forward_kernel(const float* x, const float* gamma, int64_t rows, int64_t c, float eps,
-                                       float* y, float* rstd) {
+__global__ void rmsnorm_forward_kernel(const float* x, const float* gamma, int64_t rows, int64_t c, float eps, float* y,
+                                       float* rstd) {
   using P = Pack<kVec>;
   using G = Group<kThreads>;
   __shared__ double shared[G::kWarps];

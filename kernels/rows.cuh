@@ -18,9 +18,9 @@
 
 namespace remat::kernels::rows {
 
-constexpr int64_t kWarpRowMax = 1024;  // rows up to this length: a warp per row
-constexpr int kBlockRowThreads = 512;  // longer rows: a block of this many threads per row
-constexpr int kWarpRowsPerBlock = 8;   // warps (rows) per block in warp-per-row kernels
+constexpr int64_t kWarpRowMax = 1024;      // rows up to this length: a warp per row
+constexpr int kBlockRowThreads = 512;      // longer rows: a block of this many threads per row
+constexpr int kWarpRowsPerBlock = 8;       // warps (rows) per block in warp-per-row kernels
 constexpr unsigned kMaxBlocks = 1u << 16;  // grid-stride beyond this
 
 // A pack of W floats: one float4 (kVec) or one float.
@@ -123,11 +123,15 @@ struct Layout {
 template <typename F>
 void dispatch(int64_t row_length, bool vec, F&& launch) {
   if (warp_per_row(row_length)) {
-    if (vec) launch(Layout<32, true>{});
-    else launch(Layout<32, false>{});
+    if (vec)
+      launch(Layout<32, true>{});
+    else
+      launch(Layout<32, false>{});
   } else {
-    if (vec) launch(Layout<kBlockRowThreads, true>{});
-    else launch(Layout<kBlockRowThreads, false>{});
+    if (vec)
+      launch(Layout<kBlockRowThreads, true>{});
+    else
+      launch(Layout<kBlockRowThreads, false>{});
   }
 }
 
@@ -142,9 +146,9 @@ bool can_vectorise(int64_t row_length, const Ptrs*... ptrs) {
 
 // Launches kernel<kThreads, kVec> (a template of a row-wise kernel) over `rows` rows of
 // length n, in the layout rows::dispatch picks; the rest are the kernel's arguments.
-#define REMAT_LAUNCH_ROWS(kernel, num_rows, row_length, vec, stream, ...)                               \
-  ::remat::kernels::rows::dispatch(row_length, vec, [&](auto layout) {                                 \
-    using L = decltype(layout);                                                                        \
+#define REMAT_LAUNCH_ROWS(kernel, num_rows, row_length, vec, stream, ...)                                   \
+  ::remat::kernels::rows::dispatch(row_length, vec, [&](auto layout) {                                      \
+    using L = decltype(layout);                                                                             \
     REMAT_LAUNCH((kernel<L::kThreads, L::kVec>), ::remat::kernels::rows::grid_shape<L::kThreads>(num_rows), \
-                 ::remat::kernels::rows::block_shape<L::kThreads>(), 0, stream, __VA_ARGS__);           \
+                 ::remat::kernels::rows::block_shape<L::kThreads>(), 0, stream, __VA_ARGS__);               \
   })

@@ -85,8 +85,7 @@ __global__ void softmax_forward_kernel(const float* x, int64_t rows, int64_t n, 
 }
 
 template <int kThreads, bool kVec>
-__global__ void softmax_backward_kernel(const float* dy, const float* y, int64_t rows, int64_t n, bool log,
-                                        float* dx) {
+__global__ void softmax_backward_kernel(const float* dy, const float* y, int64_t rows, int64_t n, bool log, float* dx) {
   using P = Pack<kVec>;
   using G = Group<kThreads>;
   const int64_t first = int64_t{G::lane()} * P::kWidth, step = int64_t{kThreads} * P::kWidth;
@@ -199,9 +198,7 @@ __device__ REMAT_INLINE ArgMax shfl_xor(ArgMax a, int lane_mask) {
 }
 
 // The larger value; of equal values the first column.
-__device__ REMAT_INLINE ArgMax first_max(ArgMax a, ArgMax b) {
-  return b.v > a.v || (b.v == a.v && b.i < a.i) ? b : a;
-}
+__device__ REMAT_INLINE ArgMax first_max(ArgMax a, ArgMax b) { return b.v > a.v || (b.v == a.v && b.i < a.i) ? b : a; }
 
 template <int kThreads, bool kVec>
 __global__ void accuracy_kernel(const float* x, const int32_t* targets, int64_t rows, int64_t n, int ignore_index,
@@ -262,8 +259,8 @@ void cross_entropy_backward(float dloss, const float* x, const int32_t* targets,
   REMAT_LAUNCH(cross_entropy_scale_kernel, dim3(1), dim3(kRowsReduceThreads), 0, stream, targets, rows, ignore_index,
                dloss, scale);
   const bool vec = rows::can_vectorise(n, x, dx);
-  REMAT_LAUNCH_ROWS(cross_entropy_backward_kernel, rows, n, vec, stream, x, targets, lse, scale, rows, n,
-                    ignore_index, dx);
+  REMAT_LAUNCH_ROWS(cross_entropy_backward_kernel, rows, n, vec, stream, x, targets, lse, scale, rows, n, ignore_index,
+                    dx);
 }
 
 void accuracy(const float* x, const int32_t* targets, int64_t rows, int64_t n, int ignore_index,

@@ -32,9 +32,9 @@ TEST(Allocator, RoundsTo512) {
 
 TEST(Allocator, ScriptedSequenceGivesExactFigures) {
   CachingAllocator a(Device::cpu(), remat::make_cpu_raw_allocator());
-  Block* p = a.allocate(1000, tag(MemoryCategory::parameter, "fc1"));     // 1024
-  Block* x = a.allocate(4096, tag(MemoryCategory::activation, "fc1"));    // 4096
-  Block* t = a.allocate(100, tag(MemoryCategory::temporary, "loss"));     // 512
+  Block* p = a.allocate(1000, tag(MemoryCategory::parameter, "fc1"));   // 1024
+  Block* x = a.allocate(4096, tag(MemoryCategory::activation, "fc1"));  // 4096
+  Block* t = a.allocate(100, tag(MemoryCategory::temporary, "loss"));   // 512
   auto s = a.stats();
   EXPECT_EQ(s.allocated, 1024 + 4096 + 512);
   EXPECT_EQ(s.requested, 1000 + 4096 + 100);
@@ -55,7 +55,7 @@ TEST(Allocator, ScriptedSequenceGivesExactFigures) {
   EXPECT_EQ(s.by_category_at_peak[MemoryCategory::gradient], 0);
   EXPECT_EQ(s.peak_by_category[MemoryCategory::gradient], 2048);
   EXPECT_EQ(s.reserved, 1024 + 4096 + 512 + 2048);  // the 4096 block stays cached
-  EXPECT_EQ(s.num_cache_hits, 0);  // 4096 would waste more than a quarter of 2048
+  EXPECT_EQ(s.num_cache_hits, 0);                   // 4096 would waste more than a quarter of 2048
 
   auto owners = a.owner_stats();
   EXPECT_EQ(owners["fc1"].current, 1024 + 2048);
@@ -91,8 +91,8 @@ TEST(Allocator, ReusesFreedBlocks) {
   auto s = a.stats();
   EXPECT_EQ(s.num_cache_hits, 1);
   EXPECT_EQ(s.num_raw_allocs, 1);
-  EXPECT_EQ(s.allocated, 9216);   // counted at the request's rounded size...
-  EXPECT_EQ(s.reserved, 10240);   // ...while the block's raw size stays reserved
+  EXPECT_EQ(s.allocated, 9216);  // counted at the request's rounded size...
+  EXPECT_EQ(s.reserved, 10240);  // ...while the block's raw size stays reserved
   a.free(b2);
 }
 

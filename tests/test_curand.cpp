@@ -5,8 +5,8 @@
 
 #include <vector>
 
-#include "remat/philox.h"
 #include "remat/cuda_check.h"
+#include "remat/philox.h"
 #include "remat/rng.h"
 
 namespace {

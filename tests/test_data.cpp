@@ -16,10 +16,10 @@
 #include <set>
 
 #include "fuzz/harness.h"
-#include "remat/philox.h"
 #include "remat/data.h"
 #include "remat/io.h"
 #include "remat/memory.h"
+#include "remat/philox.h"
 #include "support/expect_error.h"
 
 namespace fs = std::filesystem;
@@ -90,11 +90,11 @@ std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
-#define EXPECT_ERROR_NAMING(statement, file, substring)                                              \
-  do {                                                                                               \
-    const std::string msg_ = error_of([&] { statement; });                                           \
-    EXPECT_FALSE(msg_.empty()) << #statement " did not throw remat::Error";                          \
-    EXPECT_NE(msg_.find(file), std::string::npos) << "message does not name " << (file) << ": " << msg_; \
+#define EXPECT_ERROR_NAMING(statement, file, substring)                                                           \
+  do {                                                                                                            \
+    const std::string msg_ = error_of([&] { statement; });                                                        \
+    EXPECT_FALSE(msg_.empty()) << #statement " did not throw remat::Error";                                       \
+    EXPECT_NE(msg_.find(file), std::string::npos) << "message does not name " << (file) << ": " << msg_;          \
     EXPECT_NE(msg_.find(substring), std::string::npos) << "message: " << msg_ << "\n  expected: " << (substring); \
   } while (0)
 
@@ -106,8 +106,10 @@ class ScopedEnv {
     ::setenv(name, value.c_str(), 1);
   }
   ~ScopedEnv() {
-    if (old_) ::setenv(name_, old_->c_str(), 1);
-    else ::unsetenv(name_);
+    if (old_)
+      ::setenv(name_, old_->c_str(), 1);
+    else
+      ::unsetenv(name_);
   }
 
  private:
@@ -143,7 +145,8 @@ TEST(Idx, RawFilesRoundTripAndNormalise) {
 TEST(Idx, GzipFilesGiveTheSameData) {
   TempDir dir("gz");
   const auto raw = remat::load_idx(dir.write("i", idx({2, 2, 3}, kPixels)), dir.write("l", idx({2}, kLabels)));
-  const auto gz = remat::load_idx(dir.write("i.gz", gzip(idx({2, 2, 3}, kPixels))), dir.write("l.gz", gzip(idx({2}, kLabels))));
+  const auto gz =
+      remat::load_idx(dir.write("i.gz", gzip(idx({2, 2, 3}, kPixels))), dir.write("l.gz", gzip(idx({2}, kLabels))));
   const auto mixed = remat::load_idx(dir.file("i"), dir.file("l.gz"));
   EXPECT_EQ(gz.images.to_vector(), raw.images.to_vector());
   EXPECT_EQ(gz.labels.to_ints(), raw.labels.to_ints());
@@ -255,7 +258,8 @@ TEST(FashionMnist, PathsAndDefaultDirectory) {
 
 TEST(FashionMnist, RealFilesIfInstalled) {
   const std::string dir = remat::default_fashion_mnist_dir();
-  if (!fs::exists(fs::path(dir) / "train-labels-idx1-ubyte.gz") && !fs::exists(fs::path(dir) / "train-labels-idx1-ubyte"))
+  if (!fs::exists(fs::path(dir) / "train-labels-idx1-ubyte.gz") &&
+      !fs::exists(fs::path(dir) / "train-labels-idx1-ubyte"))
     GTEST_SKIP() << "Fashion-MNIST not installed in " << dir << " (Debian package dataset-fashion-mnist)";
   for (const auto& [split, n] : {std::pair<std::string, int64_t>{"train", 60000}, {"test", 10000}}) {
     const auto [ip, lp] = remat::fashion_mnist_paths(dir, split);

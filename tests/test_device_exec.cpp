@@ -149,7 +149,8 @@ TEST(DeviceExec, EveryPolicyIsBitwiseThePlainStepAndMatchesCpu) {
       // in other orders (cuBLAS tiles, tree reductions); relative to each tensor's scale.
       const StepRun cpu = run(m.graph, Device::cpu(), "none");
       for (size_t i = 0; i < cpu.losses.size(); ++i)
-        EXPECT_NEAR(plain.losses[i], cpu.losses[i], 1e-4 * std::max(1.0f, std::fabs(cpu.losses[i]))) << "step " << i + 1;
+        EXPECT_NEAR(plain.losses[i], cpu.losses[i], 1e-4 * std::max(1.0f, std::fabs(cpu.losses[i])))
+            << "step " << i + 1;
       for (size_t k = 0; k < cpu.state.size(); ++k)
         EXPECT_TRUE(close(cpu.state[k], plain.state[k], 1e-5, 2e-3)) << cpu.names[k];
     }
@@ -188,7 +189,8 @@ TEST(DeviceExec, MeasuredPeakEqualsThePrediction) {
     cfg.training.batch = 2;
     remat::Graph g = remat::build_graph(cfg.model, 2, path, {{"vocab", 24}});
     remat::Backend* ws = &remat::backend_for(dut());
-    const int64_t plain_peak = remat::profile_step(cfg, g, remat::make_plan(g, "none"), Device::meta(), false, ws).peak_bytes;
+    const int64_t plain_peak =
+        remat::profile_step(cfg, g, remat::make_plan(g, "none"), Device::meta(), false, ws).peak_bytes;
     for (std::string policy : {"none", "sqrt", "selective"}) {
       remat::CheckpointPlan plan = remat::resolve_policy(cfg, g, policy, ws);
       const auto predicted = remat::profile_step(cfg, g, plan, Device::meta(), false, ws);

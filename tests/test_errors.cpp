@@ -19,9 +19,7 @@ TEST(Errors, CheckMessageNamesConditionAndRelativeFile) {
   EXPECT_REMAT_ERROR(REMAT_THROW("bad ", 3, " thing"), "bad 3 thing");
 }
 
-TEST(Errors, ErrorIsARuntimeError) {
-  EXPECT_THROW(REMAT_THROW("x"), std::runtime_error);
-}
+TEST(Errors, ErrorIsARuntimeError) { EXPECT_THROW(REMAT_THROW("x"), std::runtime_error); }
 
 TEST(Logging, CaptureSeesWarnings) {
   remat::LogCapture capture;

@@ -28,12 +28,17 @@ nlohmann::json chain_model(int blocks, int width, double dropout) {
     "input": {"type": "image", "shape": [1, 4, 4]},
     "layers": [
       {"type": "flatten"},
-      {"type": "linear", "name": "proj", "out_features": )" + std::to_string(width) + R"(},
-      {"type": "repeat", "name": "block", "count": )" + std::to_string(blocks) + R"(, "checkpoint": true, "layers": [
-        {"type": "linear", "name": "fc1", "out_features": )" + std::to_string(2 * width) + R"(, "init_std": 0.1},
+      {"type": "linear", "name": "proj", "out_features": )" +
+                               std::to_string(width) + R"(},
+      {"type": "repeat", "name": "block", "count": )" +
+                               std::to_string(blocks) + R"(, "checkpoint": true, "layers": [
+        {"type": "linear", "name": "fc1", "out_features": )" +
+                               std::to_string(2 * width) + R"(, "init_std": 0.1},
         {"type": "gelu", "name": "act"},
-        {"type": "linear", "name": "fc2", "out_features": )" + std::to_string(width) + R"(, "init_std": 0.1},
-        {"type": "dropout", "name": "drop", "p": )" + std::to_string(dropout) + R"(},
+        {"type": "linear", "name": "fc2", "out_features": )" +
+                               std::to_string(width) + R"(, "init_std": 0.1},
+        {"type": "dropout", "name": "drop", "p": )" +
+                               std::to_string(dropout) + R"(},
         {"type": "add", "name": "res", "inputs": ["in", "drop"]}
       ]},
       {"type": "linear", "name": "head", "out_features": 5}
@@ -129,7 +134,7 @@ TEST(Executor, PeakActivationMemoryFollowsThePlan) {
   const int n = 16, width = 64;
   const int64_t batch = 32;
   remat::Graph g = remat::build_graph(chain_model(n, width, 0.1), batch, "test");
-  const int64_t c = batch * width * 4;                            // res output
+  const int64_t c = batch * width * 4;  // res output
   // Stored per block: what backward reads: fc1's output (read by GELU), GELU's output (read
   // by fc2) and the residual output (read by the next fc1). fc2's and dropout's outputs
   // are read by nothing in backward and are freed as soon as forward is past them.
@@ -187,13 +192,15 @@ TEST(Executor, VerifyRecomputeNamesTheFirstDifferingLayer) {
   (void)registered;
   EXPECT_REMAT_ERROR(remat::register_layer_type("noisy_test", nullptr), "already registered");
   auto model = chain_model(2, 8, 0.1);
-  model["layers"][2]["layers"].insert(model["layers"][2]["layers"].begin() + 2, nlohmann::json{{"type", "noisy_test"}, {"name", "noise"}});
+  model["layers"][2]["layers"].insert(model["layers"][2]["layers"].begin() + 2,
+                                      nlohmann::json{{"type", "noisy_test"}, {"name", "noise"}});
   model["layers"][2]["layers"][3]["inputs"] = {"noise"};
   remat::Graph g = remat::build_graph(model, 4, "test");
   // Without verification, a recomputed step silently uses different values...
   EXPECT_NO_THROW(run(g, "all"));
   // ...with it, the executor stops at the layer.
-  EXPECT_REMAT_ERROR(run(g, "all", /*verify=*/true), "verify-recompute: layer \"block1.noise\" (noisy_test): output differs");
+  EXPECT_REMAT_ERROR(run(g, "all", /*verify=*/true),
+                     "verify-recompute: layer \"block1.noise\" (noisy_test): output differs");
   // A deterministic model passes verification under every policy.
   remat::Graph ok = remat::build_graph(chain_model(4, 8, 0.3), 4, "test");
   for (const char* policy : {"all", "sqrt", "selective"}) EXPECT_NO_THROW(run(ok, policy, true)) << policy;
@@ -223,17 +230,20 @@ TEST(Config, ErrorsNameFileAndPointer) {
   const std::string in = R"("input": {"type": "image", "shape": [1, 4, 4]}, )";
   bad("{" + in + R"("layers": [{"type": "flatten"}, {"type": "linear", "out_features": "3x3"}]})",
       "models/x.json: /model/layers/1/out_features: expected a positive integer, got \"3x3\"");
-  bad("{" + in + R"("layers": [{"type": "conv"}]})", "models/x.json: /model/layers/0/type: unknown layer type \"conv\"");
+  bad("{" + in + R"("layers": [{"type": "conv"}]})",
+      "models/x.json: /model/layers/0/type: unknown layer type \"conv\"");
   bad("{" + in + R"("layers": [{"type": "relu", "slope": 2}]})", "models/x.json: /model/layers/0/slope: unknown key");
   bad("{" + in + R"("layers": [{"type": "add", "inputs": ["input", "nowhere"]}]})",
       "/model/layers/0/inputs: no tensor named \"nowhere\"");
   bad("{" + in + R"("layers": [{"type": "conv2d", "out_channels": 4, "kernel": 7}]})",
       "models/x.json: /model/layers/0: layer \"conv2d0\" (conv2d): ");
-  bad("{" + in + R"("layers": [{"type": "repeat", "count": 2, "layers": [{"type": "relu", "name": "r"}], "extra": 1}]})",
+  bad("{" + in +
+          R"("layers": [{"type": "repeat", "count": 2, "layers": [{"type": "relu", "name": "r"}], "extra": 1}]})",
       "/model/layers/0/extra: unknown key");
   bad("{" + in + R"("layers": [{"type": "flatten"}, {"type": "linear", "out_features": 4, "tie_weight": "nope"}]})",
       "/model/layers/1/tie_weight: no parameter \"nope.weight\"");
-  bad(R"({"input": {"type": "image", "shape": [1, 4]}, "layers": [{"type": "relu"}]})", "/model/input/shape: expected [C, H, W]");
+  bad(R"({"input": {"type": "image", "shape": [1, 4]}, "layers": [{"type": "relu"}]})",
+      "/model/input/shape: expected [C, H, W]");
   EXPECT_REMAT_ERROR(remat::parse_config(nlohmann::json::parse(R"({"model": {}, "training": {"batch": 0}})"), "c.json"),
                      "c.json: /training/batch: expected a positive integer, got 0");
   EXPECT_REMAT_ERROR(remat::parse_config(nlohmann::json::parse(R"({"model": {}, "optimiser": {}})"), "c.json"),
@@ -274,7 +284,8 @@ Batch batch_for(const remat::Graph& g, uint32_t seed) {
   Batch b;
   int64_t vocab = 0;
   for (int i = 0; i < g.size(); ++i)
-    if (g.layer(i).type == "embedding") vocab = g.params[static_cast<size_t>(g.layer_params[static_cast<size_t>(i)][0])].spec.shape[0];
+    if (g.layer(i).type == "embedding")
+      vocab = g.params[static_cast<size_t>(g.layer_params[static_cast<size_t>(i)][0])].spec.shape[0];
   const int64_t classes = g.layer(g.logits_id).out_shape[-1];
   if (in.out_dtype == remat::DType::i32) {
     std::vector<int32_t> ids(static_cast<size_t>(in.out_shape.numel()));
@@ -331,7 +342,8 @@ TEST(Executor, ShippedConfigsScaledDownAreBitwiseEqualUnderEveryPolicy) {
       const auto r = run_policy(policy);
       EXPECT_EQ(r.first, plain.first) << policy;
       ASSERT_EQ(r.second.size(), plain.second.size());
-      for (size_t k = 0; k < r.second.size(); ++k) EXPECT_TRUE(bitwise_equal(r.second[k], plain.second[k])) << policy << " tensor " << k;
+      for (size_t k = 0; k < r.second.size(); ++k)
+        EXPECT_TRUE(bitwise_equal(r.second[k], plain.second[k])) << policy << " tensor " << k;
     }
   }
 }

@@ -9,10 +9,9 @@
 using remat::Device;
 using remat::Tensor;
 
-
-#define REQUIRE_GPU()                                                              \
-  if (!remat::cuda_status().available) {                                           \
-    GTEST_SKIP() << "no CUDA device: " << remat::cuda_status().error;              \
+#define REQUIRE_GPU()                                                 \
+  if (!remat::cuda_status().available) {                              \
+    GTEST_SKIP() << "no CUDA device: " << remat::cuda_status().error; \
   }
 
 TEST(GpuRuntime, RoundTripAndFillKernel) {

@@ -84,7 +84,8 @@ std::vector<int> iota_tokens(int n, int start, int mod = 65536) {
 
 TEST(TokenShards, EveryHeaderFieldIsValidated) {
   auto bad = [](const std::string& bytes, const std::string& msg) {
-    EXPECT_REMAT_ERROR(TokenShards::from_bytes(bytes, "d/x_train_000001.bin"), "d/x_train_000001.bin: not a token shard: " + msg);
+    EXPECT_REMAT_ERROR(TokenShards::from_bytes(bytes, "d/x_train_000001.bin"),
+                       "d/x_train_000001.bin: not a token shard: " + msg);
   };
   const std::vector<int> t = iota_tokens(10, 100);
   bad(shard(t).substr(0, 1000), "the file is 1000 bytes, shorter than the header of 256 int32 (1024 bytes)");
@@ -96,22 +97,25 @@ TEST(TokenShards, EveryHeaderFieldIsValidated) {
   bad(shard(t, 20240520, 1, -3), "header field 2 (token count) is -3");
   bad(shard(t, 20240520, 1, -1, 3), "header field 3 (reserved) is 7, expected 0");
   bad(shard(t, 20240520, 1, -1, 255), "header field 255 (reserved) is 7, expected 0");
-  bad(shard(t).substr(0, 1024 + 19), "the header says 10 tokens (1044 bytes with the header) but the file is 1043 bytes; truncated?");
+  bad(shard(t).substr(0, 1024 + 19),
+      "the header says 10 tokens (1044 bytes with the header) but the file is 1043 bytes; truncated?");
   bad(shard(t, 20240520, 1, 0x7fffffff), "the header says 2147483647 tokens");
-  bad(shard(t) + "xy", "the header says 10 tokens (1044 bytes with the header) but the file is 1046 bytes; 2 bytes follow");
+  bad(shard(t) + "xy",
+      "the header says 10 tokens (1044 bytes with the header) but the file is 1046 bytes; 2 bytes follow");
   EXPECT_EQ(TokenShards::from_bytes(shard(t), "ok.bin").tokens(), 10);
   // Files: the path is named, and so is a missing one.
   TempDir d("hdr");
   write_bytes(d / "a_val.bin", shard(t, 1));
-  EXPECT_REMAT_ERROR(TokenShards::open({d / "a_val.bin"}), d / "a_val.bin" + ": not a token shard: header field 0 (magic) is 1");
+  EXPECT_REMAT_ERROR(TokenShards::open({d / "a_val.bin"}),
+                     d / "a_val.bin" + ": not a token shard: header field 0 (magic) is 1");
   EXPECT_REMAT_ERROR(TokenShards::open({d / "none.bin"}), "cannot open " + d / "none.bin");
 }
 
 TEST(TokenShards, WindowsStayInsideAFileAndShiftTargetsByOne) {
   TempDir d("win");
-  write_bytes(d / "s_train_000001.bin", shard(iota_tokens(11, 0)));     // 2 windows of 4 (+1 target), 2 tokens left
-  write_bytes(d / "s_train_000002.bin", shard(iota_tokens(9, 1000)));   // 2 windows of 4
-  write_bytes(d / "s_train_000003.bin", shard(iota_tokens(4, 2000)));   // none: 4 tokens leave no target
+  write_bytes(d / "s_train_000001.bin", shard(iota_tokens(11, 0)));    // 2 windows of 4 (+1 target), 2 tokens left
+  write_bytes(d / "s_train_000002.bin", shard(iota_tokens(9, 1000)));  // 2 windows of 4
+  write_bytes(d / "s_train_000003.bin", shard(iota_tokens(4, 2000)));  // none: 4 tokens leave no target
   const TokenShards s = TokenShards::open(remat::find_token_shards(d.path().string()));
   EXPECT_EQ(s.tokens(), 24);
   EXPECT_EQ(s.windows(4), 4);
@@ -120,7 +124,8 @@ TEST(TokenShards, WindowsStayInsideAFileAndShiftTargetsByOne) {
   const remat::Batch b = s.batch({3, 0, 2, 1}, 4, 65536, remat::Device::cpu());
   EXPECT_EQ(b.input.shape(), (Shape{4, 4}));
   EXPECT_EQ(b.targets.shape(), (Shape{16}));
-  EXPECT_EQ(b.input.to_ints(), (std::vector<int32_t>{1004, 1005, 1006, 1007, 0, 1, 2, 3, 1000, 1001, 1002, 1003, 4, 5, 6, 7}));
+  EXPECT_EQ(b.input.to_ints(),
+            (std::vector<int32_t>{1004, 1005, 1006, 1007, 0, 1, 2, 3, 1000, 1001, 1002, 1003, 4, 5, 6, 7}));
   EXPECT_EQ(b.targets.to_ints(),
             (std::vector<int32_t>{1005, 1006, 1007, 1008, 1, 2, 3, 4, 1001, 1002, 1003, 1004, 5, 6, 7, 8}));
   EXPECT_REMAT_ERROR(s.batch({4}, 4, 65536, remat::Device::cpu()), "window 4 at position 0 is outside [0, 4)");
@@ -142,7 +147,8 @@ TEST(TokenShards, FindSplitAndHoldOut) {
   EXPECT_EQ(remat::find_token_shards(d.path().string()).size(), 3u);  // *.bin only
   EXPECT_EQ(remat::find_token_shards(d / "*train*").size(), 2u);
   EXPECT_EQ(remat::find_token_shards(d / "fineweb_val_000000.bin").size(), 1u);
-  EXPECT_REMAT_ERROR(remat::find_token_shards(d / "nothing_*.bin"), "no such file, and no file matches it as a pattern");
+  EXPECT_REMAT_ERROR(remat::find_token_shards(d / "nothing_*.bin"),
+                     "no such file, and no file matches it as a pattern");
   EXPECT_REMAT_ERROR(remat::find_token_shards(""), "no path given");
   {
     TempDir empty("split_empty");
@@ -190,7 +196,8 @@ TEST(TokenShards, MutatedFilesAreErrorsNeverCrashes) {
       put_i32(word, v);
       b.replace(4 * w, 4, word);
     } else if (kind == 1) {
-      for (int k = 0, n = 1 + static_cast<int>(gen() % 4); k < n; ++k) b[gen() % b.size()] ^= static_cast<char>(1 << (gen() % 8));
+      for (int k = 0, n = 1 + static_cast<int>(gen() % 4); k < n; ++k)
+        b[gen() % b.size()] ^= static_cast<char>(1 << (gen() % 8));
     } else if (kind == 2) {
       b.resize(gen() % (b.size() + 1));
     } else {
@@ -238,7 +245,9 @@ std::string f32_bytes(const std::vector<float>& v) {
 // The tiny GPT-2 of tests/configs/gpt2_tiny.json: 2 blocks, 64 wide, 4 heads, 64 positions.
 constexpr int64_t kL = 2, kC = 64, kV = 256, kP = 64;
 
-remat::Config tiny_config() { return remat::load_config(std::string(REMAT_SOURCE_DIR) + "/tests/configs/gpt2_tiny.json"); }
+remat::Config tiny_config() {
+  return remat::load_config(std::string(REMAT_SOURCE_DIR) + "/tests/configs/gpt2_tiny.json");
+}
 
 remat::Graph tiny_graph(const remat::Config& c) { return remat::build_graph(c.model, 1, c.source, {{"vocab", kV}}); }
 
@@ -331,9 +340,15 @@ void expect_params(const remat::ParamStore& ps, const std::map<std::string, std:
 }
 
 nlohmann::json hf_config_json() {
-  return {{"model_type", "gpt2"},  {"n_layer", kL},      {"n_head", 4},
-          {"n_embd", kC},          {"vocab_size", kV},   {"n_positions", kP},
-          {"activation_function", "gelu_new"}, {"layer_norm_epsilon", 1e-5}, {"tie_word_embeddings", true}};
+  return {{"model_type", "gpt2"},
+          {"n_layer", kL},
+          {"n_head", 4},
+          {"n_embd", kC},
+          {"vocab_size", kV},
+          {"n_positions", kP},
+          {"activation_function", "gelu_new"},
+          {"layer_norm_epsilon", 1e-5},
+          {"tie_word_embeddings", true}};
 }
 
 }  // namespace
@@ -343,7 +358,8 @@ TEST(InitFrom, PublishedLayoutWithMaskBuffers) {
   const HfState s = hf_state(1);
   std::vector<RawTensor> r = raw(s, "");
   for (int64_t i = 0; i < kL; ++i)
-    r.push_back({"h." + std::to_string(i) + ".attn.bias", "F32", {1, 1, kP, kP}, f32_bytes(std::vector<float>(kP * kP, 1.0f))});
+    r.push_back(
+        {"h." + std::to_string(i) + ".attn.bias", "F32", {1, 1, kP, kP}, f32_bytes(std::vector<float>(kP * kP, 1.0f))});
   r.push_back({"h.0.attn.masked_bias", "F32", {}, f32_bytes({-1e4f})});
   write_bytes(d / "model.safetensors", encode_raw(r));
   const remat::Config c = tiny_config();
@@ -405,13 +421,17 @@ TEST(InitFrom, ShapesMissingAndUnexpectedTensors) {
   s.t["wte.weight"].first = {kV - 1, kC};
   s.t["wte.weight"].second.resize((kV - 1) * kC);
   write_state(s);
-  EXPECT_REMAT_ERROR(remat::init_from(f, c, ps, true), f + ": tensor \"transformer.wte.weight\" (remat's \"embed.weight\") "
-                                                           "has shape [255, 64], the config (" + c.source + ") expects [256, 64]");
+  EXPECT_REMAT_ERROR(remat::init_from(f, c, ps, true),
+                     f +
+                         ": tensor \"transformer.wte.weight\" (remat's \"embed.weight\") "
+                         "has shape [255, 64], the config (" +
+                         c.source + ") expects [256, 64]");
   s = hf_state(3);
   s.t["h.1.attn.c_attn.weight"].first = {3 * kC, kC};  // remat's orientation: not what Hugging Face stores
   write_state(s);
-  EXPECT_REMAT_ERROR(remat::init_from(f, c, ps, false),
-                     "has shape [192, 64], the config (" + c.source + ") expects [64, 192] (Conv1D [in, out] of remat's [192, 64])");
+  EXPECT_REMAT_ERROR(
+      remat::init_from(f, c, ps, false),
+      "has shape [192, 64], the config (" + c.source + ") expects [64, 192] (Conv1D [in, out] of remat's [192, 64])");
 
   s = hf_state(3);
   s.t.erase("h.1.mlp.c_fc.bias");
@@ -433,7 +453,8 @@ TEST(InitFrom, ShapesMissingAndUnexpectedTensors) {
   s.t["score.weight"] = {{2, kC}, std::vector<float>(2 * kC, 1.0f)};
   write_state(s);
   EXPECT_REMAT_ERROR(remat::init_from(f, c, ps, false),
-                     "tensors the config (" + c.source + ") has no parameter for: transformer.h.2.ln_1.weight, transformer.score.weight");
+                     "tensors the config (" + c.source +
+                         ") has no parameter for: transformer.h.2.ln_1.weight, transformer.score.weight");
   rep = remat::init_from(f, c, ps, true);
   EXPECT_EQ(rep.unexpected.size(), 2u);
   EXPECT_TRUE(rep.missing.empty());
@@ -471,8 +492,8 @@ TEST(InitFrom, PickledCheckpointsAreRefusedWithTheConversion) {
   remat::ParamStore ps(g, remat::Device::cpu(), 7);
   EXPECT_REMAT_ERROR(remat::init_from(d.path().string(), c, ps, false),
                      d / "pytorch_model.bin" + " is a pickled PyTorch checkpoint, which remat does not read");
-  EXPECT_REMAT_ERROR(remat::init_from(d.path().string(), c, ps, false), "save_pretrained('" + d.path().string() +
-                                                                           "-safetensors', safe_serialization=True)");
+  EXPECT_REMAT_ERROR(remat::init_from(d.path().string(), c, ps, false),
+                     "save_pretrained('" + d.path().string() + "-safetensors', safe_serialization=True)");
   EXPECT_REMAT_ERROR(remat::init_from(d / "pytorch_model.bin", c, ps, false), "is a pickled PyTorch checkpoint");
   write_bytes(d / "weights.pt2", std::string("\x80\x02}q\x00.", 6));  // a bare pickle under another name
   EXPECT_REMAT_ERROR(remat::init_from(d / "weights.pt2", c, ps, false), "is a pickled PyTorch checkpoint");
@@ -486,10 +507,11 @@ TEST(InitFrom, HalfAndBfloatWeightsAreWidened) {
   HfState s = hf_state(4);
   std::vector<RawTensor> r = raw(s, "");
   // ln_f.weight in F16 and ln_f.bias in BF16, cycling through values with known floats.
-  const std::vector<std::pair<uint16_t, float>> f16{{0x3c00, 1.0f},       {0xc100, -2.5f},  {0x7bff, 65504.0f},
-                                                    {0x0001, 5.9604645e-8f}, {0x8000, -0.0f}, {0x3555, 0.33325195f},
+  const std::vector<std::pair<uint16_t, float>> f16{{0x3c00, 1.0f},          {0xc100, -2.5f},   {0x7bff, 65504.0f},
+                                                    {0x0001, 5.9604645e-8f}, {0x8000, -0.0f},   {0x3555, 0.33325195f},
                                                     {0x0400, 6.1035156e-5f}, {0x7c00, INFINITY}};
-  const std::vector<std::pair<uint16_t, float>> bf16{{0x3f80, 1.0f}, {0xc000, -2.0f}, {0x4049, 3.140625f}, {0x0001, 9.1835496e-41f}};
+  const std::vector<std::pair<uint16_t, float>> bf16{
+      {0x3f80, 1.0f}, {0xc000, -2.0f}, {0x4049, 3.140625f}, {0x0001, 9.1835496e-41f}};
   std::map<std::string, std::vector<float>> want = expected_remat(s);
   for (auto& t : r) {
     const bool is_w = t.name == "ln_f.weight", is_b = t.name == "ln_f.bias";
@@ -620,8 +642,9 @@ TEST(InitFrom, ResidentMemoryStaysNearTheWeights) {
   remat::ParamStore ps(g, remat::Device::cpu(), 3);
   // A Hugging Face file of it (Conv1D weights [in, out]: the transposing path).
   auto hf_name = [](const std::string& n, bool* conv1d) {
-    static const std::vector<std::pair<std::string, std::string>> block{
-        {"ln1", "ln_1"}, {"qkv", "attn.c_attn"}, {"proj", "attn.c_proj"}, {"ln2", "ln_2"}, {"fc", "mlp.c_fc"}, {"fc2", "mlp.c_proj"}};
+    static const std::vector<std::pair<std::string, std::string>> block{{"ln1", "ln_1"},         {"qkv", "attn.c_attn"},
+                                                                        {"proj", "attn.c_proj"}, {"ln2", "ln_2"},
+                                                                        {"fc", "mlp.c_fc"},      {"fc2", "mlp.c_proj"}};
     *conv1d = false;
     if (n == "embed.weight") return std::string("wte.weight");
     if (n == "embed.pos_weight") return std::string("wpe.weight");
@@ -644,7 +667,8 @@ TEST(InitFrom, ResidentMemoryStaysNearTheWeights) {
       const std::string name = hf_name(p.name, &conv1d);
       const auto& sh = p.spec.shape;
       const size_t n = static_cast<size_t>(sh.numel()) * 4;
-      h[name] = {{"dtype", "F32"}, {"shape", conv1d ? std::vector<int64_t>{sh[1], sh[0]} : sh.dims()},
+      h[name] = {{"dtype", "F32"},
+                 {"shape", conv1d ? std::vector<int64_t>{sh[1], sh[0]} : sh.dims()},
                  {"data_offsets", {off, off + n}}};
       off += n;
     }
@@ -656,7 +680,8 @@ TEST(InitFrom, ResidentMemoryStaysNearTheWeights) {
     w.write(size8.data(), 8);
     w.write(j.data(), j.size());
     const std::vector<float> chunk(1 << 20, 0.25f);
-    for (size_t done = 0; done < off; done += chunk.size() * 4) w.write(chunk.data(), std::min(off - done, chunk.size() * 4));
+    for (size_t done = 0; done < off; done += chunk.size() * 4)
+      w.write(chunk.data(), std::min(off - done, chunk.size() * 4));
     w.commit();
   }
   auto status_kib = [](const char* key) {
@@ -736,13 +761,15 @@ TEST(InitFrom, ParamsInitialisedInAnyOrderAreTheConstructorsValues) {
   const remat::ParamStore a(g, remat::Device::cpu(), 5);
   remat::ParamStore b(g, remat::Device::cpu(), 5, /*initialise=*/false);
   for (size_t p = g.params.size(); p-- > 0;) b.initialise(p);
-  for (size_t p = 0; p < g.params.size(); ++p) EXPECT_TRUE(remat::test::bitwise_equal(a.values[p], b.values[p])) << g.params[p].name;
+  for (size_t p = 0; p < g.params.size(); ++p)
+    EXPECT_TRUE(remat::test::bitwise_equal(a.values[p], b.values[p])) << g.params[p].name;
   EXPECT_REMAT_ERROR(b.initialise(g.params.size()), "ParamStore::initialise: parameter 28 of 28");
 }
 
 TEST(InitFrom, DatasetOverrideTrainsASyntheticConfigOnShards) {
   TempDir d("dataset");
-  nlohmann::json j = nlohmann::json::parse(remat::read_file(std::string(REMAT_SOURCE_DIR) + "/tests/configs/gpt2_tiny.json"));
+  nlohmann::json j =
+      nlohmann::json::parse(remat::read_file(std::string(REMAT_SOURCE_DIR) + "/tests/configs/gpt2_tiny.json"));
   j["data"] = {{"dataset", "synthetic_text"}, {"synthetic_size", 5000}};
   j["model"]["layers"][0]["vocab"] = kV;  // no $vocab: synthetic_text's default vocabulary is 32
   j["model"]["layers"].back()["out_features"] = kV;

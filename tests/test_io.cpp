@@ -59,16 +59,19 @@ TEST(Safetensors, CraftedFilesAreRejected) {
       "outside the data section");
   bad(with_header(R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", std::string(8, '\0')),
       "8 bytes of data for shape [3]");
-  bad(with_header(R"({"t":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", std::string(8, '\0')),
+  bad(with_header(R"({"t":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})",
+                  std::string(8, '\0')),
       "shape overflows");
   bad(with_header(R"({"t":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", std::string(4, '\0')),
       "non-negative integers");
-  bad(with_header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-                  std::string(12, '\0')),
+  bad(with_header(
+          R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+          std::string(12, '\0')),
       "overlap");
   // An empty tensor between two overlapping ones must not hide the overlap.
-  bad(with_header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[0],"data_offsets":[2,2]},"c":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-                  std::string(12, '\0')),
+  bad(with_header(
+          R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[0],"data_offsets":[2,2]},"c":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+          std::string(12, '\0')),
       "overlap");
   bad(with_header(R"({"t":{"dtype":"F32","shape":[1,1,1,1,1,1],"data_offsets":[0,4]}})", std::string(4, '\0')),
       "at most 5 dims");

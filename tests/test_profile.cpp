@@ -20,7 +20,8 @@ remat::Config chain_config(int blocks) {
       "layers": [
         {"type": "flatten"},
         {"type": "linear", "name": "proj", "out_features": 32},
-        {"type": "repeat", "name": "b", "count": )" + std::to_string(blocks) + R"(, "layers": [
+        {"type": "repeat", "name": "b", "count": )" +
+                                           std::to_string(blocks) + R"(, "layers": [
           {"type": "layernorm", "name": "ln"},
           {"type": "linear", "name": "fc1", "out_features": 96},
           {"type": "gelu", "name": "act"},
@@ -119,8 +120,10 @@ TEST(Memprof, ReportsTraceAndSvgAreWellFormed) {
   remat::Config cfg = chain_config(4);
   remat::Graph g = remat::build_config_graph(cfg, 16, 0);
   std::vector<remat::StepProfile> ps;
-  for (const char* policy : {"none", "all"}) ps.push_back(remat::profile_step(cfg, g, remat::make_plan(g, policy), remat::Device::meta()));
-  EXPECT_LT(ps[1].peak_by_category[remat::MemoryCategory::activation], ps[0].peak_by_category[remat::MemoryCategory::activation]);
+  for (const char* policy : {"none", "all"})
+    ps.push_back(remat::profile_step(cfg, g, remat::make_plan(g, policy), remat::Device::meta()));
+  EXPECT_LT(ps[1].peak_by_category[remat::MemoryCategory::activation],
+            ps[0].peak_by_category[remat::MemoryCategory::activation]);
   const nlohmann::json j = remat::profile_json(ps, nullptr);
   ASSERT_EQ(j["policies"].size(), 2u);
   for (const char* key : {"policy", "peak_bytes", "peak_by_category", "recompute_flops", "step_flops",

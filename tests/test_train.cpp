@@ -44,10 +44,13 @@ std::string write_config(const std::string& dir, const std::string& extra_traini
         {"type": "linear", "name": "head", "out_features": 4}
       ]
     },
-    "data": {"dataset": "synthetic_images", "image_shape": [1, 6, 6], "classes": 4, "synthetic_size": 96)" + extra_data + R"(},
-    "optimizer": {"type": "adamw", "lr": )" + std::to_string(lr) + R"(, "weight_decay": 0.01},
+    "data": {"dataset": "synthetic_images", "image_shape": [1, 6, 6], "classes": 4, "synthetic_size": 96)" +
+                             extra_data + R"(},
+    "optimizer": {"type": "adamw", "lr": )" +
+                             std::to_string(lr) + R"(, "weight_decay": 0.01},
     "schedule": {"type": "cosine", "warmup_steps": 2},
-    "training": {"batch": 8, "steps": )" + std::to_string(steps) + R"(, "policy": "sqrt", "log_every": 1)" + extra_training + R"(}
+    "training": {"batch": 8, "steps": )" +
+                             std::to_string(steps) + R"(, "policy": "sqrt", "log_every": 1)" + extra_training + R"(}
   })";
   return path;
 }

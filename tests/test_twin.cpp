@@ -149,9 +149,10 @@ TEST_P(Twin, OneStepMatchesPyTorchUnderEveryPolicy) {
         ++buffers;
       }
     }
-    std::printf("[ twin     ] %s %-9s loss %.9g (torch %.9g), %zu gradients, %zu buffers; gradient error: "
-                "worst %.2e of the layer scale, worst %.2e relative on entries >= 10%% of it\n",
-                c.name.c_str(), policy, static_cast<double>(r.loss), want_loss, grads, buffers, worst_abs, worst_rel);
+    std::printf(
+        "[ twin     ] %s %-9s loss %.9g (torch %.9g), %zu gradients, %zu buffers; gradient error: "
+        "worst %.2e of the layer scale, worst %.2e relative on entries >= 10%% of it\n",
+        c.name.c_str(), policy, static_cast<double>(r.loss), want_loss, grads, buffers, worst_abs, worst_rel);
     results.push_back(std::move(r));
   }
   // The policies agree bitwise: loss, gradients and running statistics.
@@ -173,7 +174,9 @@ std::vector<std::string> cases() {
 INSTANTIATE_TEST_SUITE_P(Configs, Twin, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<std::string>& i) {
                            std::string n = i.param.substr(i.param.find('/') + 1);
-                           std::replace_if(n.begin(), n.end(), [](char ch) { return !std::isalnum(static_cast<unsigned char>(ch)); }, '_');
+                           std::replace_if(
+                               n.begin(), n.end(),
+                               [](char ch) { return !std::isalnum(static_cast<unsigned char>(ch)); }, '_');
                            return n;
                          });
 

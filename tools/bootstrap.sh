@@ -4,7 +4,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  cmake ninja-build ccache g++ pkg-config
+  cmake ninja-build ccache g++ pkg-config clang-format
   libgtest-dev libbenchmark-dev
   libspdlog-dev nlohmann-json3-dev libcli11-dev
   libopenblas-dev libopenblas-openmp-dev zlib1g-dev libboost-context-dev

@@ -1,13 +1,31 @@
 #!/usr/bin/env bash
 # Builds and runs every test: the default build (CUDA when the toolkit is present), the
 # CPU-only build (REMAT_CUDA=OFF) and the AddressSanitizer + UBSan build.
-# Usage: tools/check.sh [preset ...]    (default: default cpu asan)
+# Usage: tools/check.sh [preset ...]    (default: format check, then default cpu asan)
+#        tools/check.sh --format        (only the format check: every C++ and CUDA file as
+#                                        .clang-format says; fix with the command it prints)
 # Tests labelled `gpu` run where a GPU exists and are reported as skipped elsewhere.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+format_check() {
+  mapfile -t files < <(git ls-files '*.cpp' '*.h' '*.cu' '*.cuh')
+  echo "=== format: ${#files[@]} files against .clang-format ($(clang-format --version))"
+  if ! clang-format --dry-run --Werror "${files[@]}" 2>/tmp/remat-format.$$; then
+    head -40 /tmp/remat-format.$$
+    rm -f /tmp/remat-format.$$
+    echo "=== format check failed; fix with: git ls-files '*.cpp' '*.h' '*.cu' '*.cuh' | xargs clang-format -i"
+    exit 1
+  fi
+  rm -f /tmp/remat-format.$$
+}
+
+if [[ "${1:-}" == "--format" ]]; then format_check; exit 0; fi
 presets=("$@")
-if ((${#presets[@]} == 0)); then presets=(default cpu asan); fi
+if ((${#presets[@]} == 0)); then
+  presets=(default cpu asan)
+  format_check
+fi
 
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
 export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-5G}"

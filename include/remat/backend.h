@@ -109,10 +109,10 @@ class Backend {
   // Evicts what earlier runs left in the device's caches (a GPU's L2); a no-op elsewhere.
   virtual void flush_caches() {}
   struct Properties {
-    std::string name;         // e.g. "NVIDIA H200"; the device string where unknown
-    double memory_gbps = 0;   // peak memory bandwidth, GB/s; 0: unknown
-    std::string gbps_source;  // how memory_gbps was found (or why it is unknown)
-    int64_t cache_bytes = 0;  // what flush_caches() evicts (a GPU's L2); 0: nothing
+    std::string name;           // e.g. "NVIDIA H200"; the device string where unknown
+    double memory_gbps = 0;     // peak memory bandwidth, GB/s; 0: unknown
+    std::string gbps_source;    // how memory_gbps was found (or why it is unknown)
+    int64_t cache_bytes = 0;    // what flush_caches() evicts (a GPU's L2); 0: nothing
     bool device_clock = false;  // time_ms reads the device's own clock
   };
   virtual Properties properties() const;

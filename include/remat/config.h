@@ -32,11 +32,11 @@ class ConfigReader {
   std::string string_or(const std::string& key, const std::string& def);
   std::string one_of(const std::string& key, const std::vector<std::string>& choices, const std::string& def);
   std::vector<std::string> string_list_or(const std::string& key, const std::vector<std::string>& def);
-  std::vector<int64_t> shape(const std::string& key);  // a list of positive integers
-  const nlohmann::json& raw(const std::string& key);   // marks consumed
-  ConfigReader child(const std::string& key);          // an object
+  std::vector<int64_t> shape(const std::string& key);        // a list of positive integers
+  const nlohmann::json& raw(const std::string& key);         // marks consumed
+  ConfigReader child(const std::string& key);                // an object
   ConfigReader child(const std::string& key, size_t index);  // element of an array of objects
-  size_t array_size(const std::string& key);            // marks consumed; must be an array
+  size_t array_size(const std::string& key);                 // marks consumed; must be an array
 
   // Throws for the first key never consumed ("unknown key").
   void finish() const;
@@ -63,8 +63,8 @@ struct DataConfig {
   int64_t vocab = 32;                     // synthetic_text vocabulary; token_shards: $vocab (default kGpt2Vocab)
   std::vector<int64_t> image_shape{1, 28, 28};
   int64_t classes = 10;
-  double eval_fraction = 0.1;             // text: share of the tokens held out for evaluation
-  bool shuffle = true;                    // false: batches in data order (for comparisons)
+  double eval_fraction = 0.1;  // text: share of the tokens held out for evaluation
+  bool shuffle = true;         // false: batches in data order (for comparisons)
   // Training-time augmentation of image batches ("augment": {...}); evaluation batches are
   // never augmented.
   struct Augment {
@@ -80,7 +80,7 @@ struct OptimizerConfig {
   double dampening = 0.0;
   bool nesterov = false;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adamw
-  double grad_clip = 0.0;  // global norm; 0 = off
+  double grad_clip = 0.0;                         // global norm; 0 = off
 };
 
 struct ScheduleConfig {
@@ -98,8 +98,8 @@ struct TrainingConfig {
   uint64_t seed = 0;
   std::string policy = "none";
   int64_t log_every = 10;
-  int64_t eval_every = 0;  // steps; 0 = at the end of each epoch (and of the run)
-  int64_t eval_batches = 0;  // 0 = the whole eval set
+  int64_t eval_every = 0;        // steps; 0 = at the end of each epoch (and of the run)
+  int64_t eval_batches = 0;      // 0 = the whole eval set
   int64_t checkpoint_every = 0;  // steps; 0 = only at the end
   int64_t sample_every = 0;      // text models: generate a sample every N steps (0 = at the end)
   int64_t sample_length = 200;

@@ -22,44 +22,44 @@ std::string curand_status_name(curandStatus_t s);
 }  // namespace remat::detail
 #endif
 
-#define REMAT_CUDA_CHECK(expr)                                                                  \
-  do {                                                                                          \
-    cudaError_t remat_err_ = (expr);                                                            \
-    if (remat_err_ != cudaSuccess) {                                                            \
-      (void)cudaGetLastError(); /* clear a non-sticky error so it does not leak */              \
-      REMAT_THROW("CUDA error ", static_cast<int>(remat_err_), " (", cudaGetErrorName(remat_err_), \
-                  ": ", cudaGetErrorString(remat_err_), ") in `", #expr, "`");                  \
-    }                                                                                           \
+#define REMAT_CUDA_CHECK(expr)                                                                           \
+  do {                                                                                                   \
+    cudaError_t remat_err_ = (expr);                                                                     \
+    if (remat_err_ != cudaSuccess) {                                                                     \
+      (void)cudaGetLastError(); /* clear a non-sticky error so it does not leak */                       \
+      REMAT_THROW("CUDA error ", static_cast<int>(remat_err_), " (", cudaGetErrorName(remat_err_), ": ", \
+                  cudaGetErrorString(remat_err_), ") in `", #expr, "`");                                 \
+    }                                                                                                    \
   } while (0)
 
-#define REMAT_CUBLAS_CHECK(expr)                                                                 \
-  do {                                                                                           \
-    cublasStatus_t remat_st_ = (expr);                                                           \
-    if (remat_st_ != CUBLAS_STATUS_SUCCESS) {                                                    \
-      REMAT_THROW("cuBLAS error ", static_cast<int>(remat_st_), " (",                            \
-                  cublasGetStatusName(remat_st_), ") in `", #expr, "`");         \
-    }                                                                                            \
+#define REMAT_CUBLAS_CHECK(expr)                                                                                       \
+  do {                                                                                                                 \
+    cublasStatus_t remat_st_ = (expr);                                                                                 \
+    if (remat_st_ != CUBLAS_STATUS_SUCCESS) {                                                                          \
+      REMAT_THROW("cuBLAS error ", static_cast<int>(remat_st_), " (", cublasGetStatusName(remat_st_), ") in `", #expr, \
+                  "`");                                                                                                \
+    }                                                                                                                  \
   } while (0)
 
 #if !defined(REMAT_EMULATE)
-#define REMAT_CURAND_CHECK(expr)                                                                 \
-  do {                                                                                           \
-    curandStatus_t remat_st_ = (expr);                                                           \
-    if (remat_st_ != CURAND_STATUS_SUCCESS) {                                                    \
-      REMAT_THROW("cuRAND error ", static_cast<int>(remat_st_), " (",                            \
-                  ::remat::detail::curand_status_name(remat_st_), ") in `", #expr, "`");         \
-    }                                                                                            \
+#define REMAT_CURAND_CHECK(expr)                                                                                      \
+  do {                                                                                                                \
+    curandStatus_t remat_st_ = (expr);                                                                                \
+    if (remat_st_ != CURAND_STATUS_SUCCESS) {                                                                         \
+      REMAT_THROW("cuRAND error ", static_cast<int>(remat_st_), " (", ::remat::detail::curand_status_name(remat_st_), \
+                  ") in `", #expr, "`");                                                                              \
+    }                                                                                                                 \
   } while (0)
 
 #endif
 
 #if defined(REMAT_WITH_CUDNN) && !defined(REMAT_EMULATE)
-#define REMAT_CUDNN_CHECK(expr)                                                                  \
-  do {                                                                                           \
-    cudnnStatus_t remat_st_ = (expr);                                                            \
-    if (remat_st_ != CUDNN_STATUS_SUCCESS) {                                                     \
-      REMAT_THROW("cuDNN error ", static_cast<int>(remat_st_), " (", cudnnGetErrorString(remat_st_), \
-                  ") in `", #expr, "`");                                                         \
-    }                                                                                            \
+#define REMAT_CUDNN_CHECK(expr)                                                                                       \
+  do {                                                                                                                \
+    cudnnStatus_t remat_st_ = (expr);                                                                                 \
+    if (remat_st_ != CUDNN_STATUS_SUCCESS) {                                                                          \
+      REMAT_THROW("cuDNN error ", static_cast<int>(remat_st_), " (", cudnnGetErrorString(remat_st_), ") in `", #expr, \
+                  "`");                                                                                               \
+    }                                                                                                                 \
   } while (0)
 #endif

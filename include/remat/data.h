@@ -44,8 +44,8 @@ struct IdxArray {
 // with the output and never beyond what the header implies (nor max_bytes).
 IdxArray parse_idx(std::string bytes, const std::string& name, size_t max_bytes = kMaxIdxBytes);
 // images [N, H, W] and labels [N] -> a data set; checks dims, counts and label range.
-ImageDataset idx_dataset(const IdxArray& images, const IdxArray& labels, float mean = 0.2860f,
-                         float std = 0.3530f, int num_classes = 10);
+ImageDataset idx_dataset(const IdxArray& images, const IdxArray& labels, float mean = 0.2860f, float std = 0.3530f,
+                         int num_classes = 10);
 
 // Where Debian's dataset-fashion-mnist package puts the files; `split` is "train" or "test".
 // Returns {images_path, labels_path}; throws a clear error naming the package if absent.

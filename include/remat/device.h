@@ -47,8 +47,8 @@ struct CudaDeviceInfo {
 // What the CUDA runtime says about this machine. Probed once; probing never throws and
 // never leaves a CUDA error behind for later calls to trip over.
 struct CudaStatus {
-  bool built = false;       // remat was compiled with CUDA
-  bool available = false;   // a driver and at least one GPU
+  bool built = false;      // remat was compiled with CUDA
+  bool available = false;  // a driver and at least one GPU
   int device_count = 0;
   int error_code = 0;       // cudaGetDeviceCount's return code when not available
   std::string error;        // human-readable reason when not available
@@ -69,9 +69,9 @@ struct BuildInfo {
   std::string cublas;
   std::string cudnn;
   std::string curand;
-  std::string blas;          // OpenBLAS config string
+  std::string blas;  // OpenBLAS config string
   std::string compiler;
-  int cpu_threads = 1;       // OpenMP threads
+  int cpu_threads = 1;  // OpenMP threads
 };
 BuildInfo build_info();
 

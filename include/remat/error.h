@@ -37,11 +37,10 @@ std::string str_cat(Args&&... args) {
 #define REMAT_THROW(...) ::remat::detail::throw_error(__FILE__, __LINE__, ::remat::detail::str_cat(__VA_ARGS__))
 
 // Checks a condition that depends on user input or the environment.
-#define REMAT_CHECK(cond, ...)                                                         \
-  do {                                                                                 \
-    if (!(cond)) {                                                                     \
-      ::remat::detail::throw_error(__FILE__, __LINE__,                                 \
-                                   ::remat::detail::str_cat(__VA_ARGS__, " [check `", \
-                                                            #cond, "` failed]"));      \
-    }                                                                                  \
+#define REMAT_CHECK(cond, ...)                                                                              \
+  do {                                                                                                      \
+    if (!(cond)) {                                                                                          \
+      ::remat::detail::throw_error(__FILE__, __LINE__,                                                      \
+                                   ::remat::detail::str_cat(__VA_ARGS__, " [check `", #cond, "` failed]")); \
+    }                                                                                                       \
   } while (0)

@@ -10,15 +10,15 @@
 namespace remat {
 
 struct EvalOptions {
-  std::string config;        // model config (models/*.json)
-  std::string init_from;     // weights (interop.h's init_from); "" = initialised from the seed
+  std::string config;     // model config (models/*.json)
+  std::string init_from;  // weights (interop.h's init_from); "" = initialised from the seed
   bool init_from_partial = false;
-  std::string data_path;     // token shards: a file, folder or glob; "" = the config's data.path
+  std::string data_path;  // token shards: a file, folder or glob; "" = the config's data.path
   std::string device = "auto";
-  int64_t batch = -1;        // -1 = the config's training.batch
-  int64_t seed = -1;         // -1 = the config's training.seed
-  int64_t max_batches = 0;   // 0 = every window
-  std::string save_logits;   // a safetensors file for the first batch's input_ids, targets and logits
+  int64_t batch = -1;       // -1 = the config's training.batch
+  int64_t seed = -1;        // -1 = the config's training.seed
+  int64_t max_batches = 0;  // 0 = every window
+  std::string save_logits;  // a safetensors file for the first batch's input_ids, targets and logits
   bool quiet = false;
 };
 
@@ -26,8 +26,8 @@ struct EvalResult {
   double loss = 0;        // mean cross-entropy per target token, over every window evaluated
   double perplexity = 0;  // exp(loss)
   int64_t windows = 0, tokens = 0, batches = 0;
-  std::string data;       // the files evaluated
-  InitFromReport init;    // empty path when there was no --init-from
+  std::string data;     // the files evaluated
+  InitFromReport init;  // empty path when there was no --init-from
 };
 
 EvalResult evaluate_lm(const EvalOptions& opt);

@@ -39,7 +39,7 @@ struct CheckpointPlan {
   // of a layer's products); false where keep is true re-runs the layer for its extras
   // only (ForwardContext::extras_only), e.g. attention's probabilities under selective.
   std::vector<bool> keep_extras;
-  std::vector<int> segment_of;    // per layer
+  std::vector<int> segment_of;  // per layer
   // Per layer: re-run in backward because backward (or another re-run layer) reads a
   // product it does not keep. A non-kept layer nobody reads again is not re-run.
   std::vector<bool> rerun;
@@ -143,12 +143,12 @@ class Executor {
  private:
   // What the plan means for one layer's products, worked out once (the constructor).
   struct Lifetime {
-    int fwd_last = -1;              // last forward consumer of the output, -1 if none
-    bool read_by_backward = false;  // some backward reads the output
-    bool read_by_recompute = false; // a kept output some recomputed layer reads
-    int bwd_last = 0;               // smallest layer id whose backward (or recompute) reads it
-    int rec_last = -1;              // last recomputed consumer within its segment
-    std::vector<int> free_after;    // outputs to free after this layer's backward
+    int fwd_last = -1;                                      // last forward consumer of the output, -1 if none
+    bool read_by_backward = false;                          // some backward reads the output
+    bool read_by_recompute = false;                         // a kept output some recomputed layer reads
+    int bwd_last = 0;                                       // smallest layer id whose backward (or recompute) reads it
+    int rec_last = -1;                                      // last recomputed consumer within its segment
+    std::vector<int> free_after;                            // outputs to free after this layer's backward
     bool keep = false, keep_extras = false, rerun = false;  // the plan's flags
     int segment = -1;
   };

@@ -44,8 +44,8 @@ struct ParamSpec {
   // PyTorch's default for linear and conv layers: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
   static ParamSpec uniform(std::string name, Shape shape, int64_t fan_in);
   static ParamSpec normal(std::string name, Shape shape, float std);
-  ParamSpec no_decay() const;                    // excluded from weight decay
-  ParamSpec buffer() const;                      // not trained (no gradient), no decay
+  ParamSpec no_decay() const;                      // excluded from weight decay
+  ParamSpec buffer() const;                        // not trained (no gradient), no decay
   ParamSpec tied_to(std::string full_name) const;  // shares another layer's parameter
 };
 
@@ -149,7 +149,7 @@ LayerFactory find_layer_factory(const std::string& type);
 struct GraphParam {
   std::string name;  // "block0.fc1.weight"
   ParamSpec spec;
-  int owner = -1;    // layer id that declared it
+  int owner = -1;  // layer id that declared it
 };
 
 class Graph {

@@ -55,10 +55,10 @@ struct InitFromReport {
 // Every shape is checked against the config (the error names the tensor, the expected
 // and the found shape); a missing parameter or an unexpected tensor is an error unless
 // `partial`, which initialises the missing ones from the seed (ParamStore::initialise: the
-// store may be made without initialisation, which saves drawing values that are replaced). F32, F16 and BF16 tensors are read (converted to f32). A pickled
-// pytorch_model.bin is refused with the command that converts it. Files are memory-mapped
-// and copied once into the parameters, piece by piece, releasing each piece of the map,
-// so the resident memory grows by little more than the parameters.
+// store may be made without initialisation, which saves drawing values that are replaced). F32, F16 and BF16 tensors
+// are read (converted to f32). A pickled pytorch_model.bin is refused with the command that converts it. Files are
+// memory-mapped and copied once into the parameters, piece by piece, releasing each piece of the map, so the resident
+// memory grows by little more than the parameters.
 InitFromReport init_from(const std::string& path, const Config& cfg, ParamStore& params, bool partial);
 
 // `remat export RUN_DIR --format hf-gpt2 OUT`: RUN_DIR's checkpoint (and config.json)

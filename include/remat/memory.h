@@ -72,10 +72,10 @@ struct CategoryCounts {
 };
 
 struct MemoryStats {
-  int64_t allocated = 0;       // bytes in live allocations (rounded sizes)
+  int64_t allocated = 0;  // bytes in live allocations (rounded sizes)
   int64_t peak_allocated = 0;
-  int64_t requested = 0;       // bytes callers asked for (unrounded)
-  int64_t reserved = 0;        // raw bytes held (live + cached)
+  int64_t requested = 0;  // bytes callers asked for (unrounded)
+  int64_t reserved = 0;   // raw bytes held (live + cached)
   int64_t peak_reserved = 0;
   int64_t num_allocs = 0;
   int64_t num_frees = 0;
@@ -103,7 +103,7 @@ struct MemoryEvent {
   int64_t bytes = 0;  // rounded size for alloc/free; raw size for raw_*
   MemoryCategory category = MemoryCategory::temporary;
   Phase phase = Phase::setup;
-  uint32_t owner = 0;         // index into CachingAllocator::owner_names()
+  uint32_t owner = 0;           // index into CachingAllocator::owner_names()
   int64_t allocated_after = 0;  // total allocated after the event
   int64_t reserved_after = 0;
 };
@@ -115,7 +115,7 @@ class RawAllocator {
   virtual void* allocate(size_t bytes) = 0;
   virtual void deallocate(void* ptr, size_t bytes) = 0;
   virtual bool has_data() const { return true; }  // false for meta
-  virtual int64_t capacity() const = 0;            // bytes the device can hold
+  virtual int64_t capacity() const = 0;           // bytes the device can hold
 };
 std::unique_ptr<RawAllocator> make_cpu_raw_allocator();
 std::unique_ptr<RawAllocator> make_meta_raw_allocator();
@@ -182,7 +182,7 @@ class CachingAllocator {
   Device device_;
   std::unique_ptr<RawAllocator> raw_;
   mutable std::mutex mutex_;
-  std::multimap<size_t, Block*> free_blocks_;  // by raw size
+  std::multimap<size_t, Block*> free_blocks_;                  // by raw size
   std::unordered_map<Block*, std::unique_ptr<Block>> blocks_;  // every block, live or cached
   MemoryStats stats_;
   int64_t limit_ = 0;

@@ -57,8 +57,7 @@ REMAT_HD REMAT_INLINE Bits4 philox4x32_10(Bits4 counter, uint32_t k0, uint32_t k
 // The counter of block b (the layout above; its last part is always 0). Vectorised code
 // that runs the rounds itself (the CPU's SIMD dropout) forms counters with this too.
 REMAT_HD REMAT_INLINE Bits4 counter(uint64_t b) {
-  return Bits4{static_cast<uint32_t>(b >> 16), static_cast<uint32_t>(b >> 48), static_cast<uint32_t>(b & 0xffffu),
-               0u};
+  return Bits4{static_cast<uint32_t>(b >> 16), static_cast<uint32_t>(b >> 48), static_cast<uint32_t>(b & 0xffffu), 0u};
 }
 
 // The four words of block b (words 4b .. 4b+3) of seed's stream.

@@ -19,9 +19,9 @@ namespace remat {
 
 struct LayerProfile {
   std::string name, type, kind;
-  bool keep = true;            // the plan keeps its output (false: recomputed)
-  bool keep_extras = true;     // ... and its extras (false with keep: re-run for them)
-  int64_t saved_bytes = 0;     // its forward allocations still held when forward ends
+  bool keep = true;         // the plan keeps its output (false: recomputed)
+  bool keep_extras = true;  // ... and its extras (false with keep: re-run for them)
+  int64_t saved_bytes = 0;  // its forward allocations still held when forward ends
   double forward_flops = 0.0;
 };
 
@@ -34,17 +34,17 @@ struct LayerSpan {
 struct StepProfile {
   std::string policy;
   Device device;
-  int64_t base_bytes = 0;            // allocated before the step (not counted below)
-  int64_t peak_bytes = 0;            // peak allocated during the step
-  CategoryCounts peak_by_category;   // split of that peak
+  int64_t base_bytes = 0;           // allocated before the step (not counted below)
+  int64_t peak_bytes = 0;           // peak allocated during the step
+  CategoryCounts peak_by_category;  // split of that peak
   int64_t peak_reserved_bytes = 0;
   double forward_flops = 0, backward_flops = 0, recompute_flops = 0, optimizer_flops = 0;
   double step_flops() const { return forward_flops + backward_flops + recompute_flops + optimizer_flops; }
   int64_t recomputed_layers = 0;
-  std::optional<double> step_ms;     // measured on real devices
+  std::optional<double> step_ms;  // measured on real devices
   std::vector<LayerProfile> layers;
   std::vector<MemoryEvent> events;
-  std::vector<std::string> owners;   // names for MemoryEvent::owner
+  std::vector<std::string> owners;  // names for MemoryEvent::owner
   std::vector<LayerSpan> spans;
   std::vector<std::string> layer_names;  // by graph layer id (for spans)
 };

@@ -66,11 +66,11 @@ class Tensor {
   float* f32() const;
   int32_t* i32() const;
 
-  std::vector<float> to_vector() const;           // copy to host (f32)
-  std::vector<int32_t> to_ints() const;           // copy to host (i32)
-  Tensor to(Device device) const;                 // copy to another device (same tag)
+  std::vector<float> to_vector() const;  // copy to host (f32)
+  std::vector<int32_t> to_ints() const;  // copy to host (i32)
+  Tensor to(Device device) const;        // copy to another device (same tag)
   Tensor clone() const { return to(device()); }
-  void copy_from(const Tensor& src);              // same element count and dtype; any devices
+  void copy_from(const Tensor& src);  // same element count and dtype; any devices
   void fill_(float value);
   void zero_() { fill_(0.0f); }
 

@@ -21,7 +21,7 @@ namespace remat {
 
 constexpr int kShardHeaderInts = 256;
 constexpr size_t kShardHeaderBytes = kShardHeaderInts * 4;
-constexpr int32_t kShardMagic = 20240520;   // llm.c's GPT-2 shards (uint16 tokens)
+constexpr int32_t kShardMagic = 20240520;  // llm.c's GPT-2 shards (uint16 tokens)
 constexpr int32_t kShardVersion = 1;
 constexpr int32_t kShardMagicLlama3 = 20240801;  // llm.c's uint32 shards: recognised, refused
 

@@ -15,22 +15,22 @@
 namespace remat {
 
 struct TrainOptions {
-  std::string config;        // path of the model config
-  std::string policy;        // "" = the config's
+  std::string config;  // path of the model config
+  std::string policy;  // "" = the config's
   std::string device = "auto";
-  int64_t steps = -1;        // -1 = the config's
+  int64_t steps = -1;  // -1 = the config's
   int64_t epochs = -1;
   int64_t batch = -1;
   int64_t seed = -1;
-  std::string out;           // run folder: checkpoint/, metrics.jsonl, config.json
-  std::string resume;        // run folder to resume from
-  std::string data_path;     // overrides data.path
-  std::string dataset;       // overrides data.dataset (e.g. token_shards for a synthetic config)
-  std::string init_from;     // weights to start from: a Hugging Face GPT-2 checkpoint or a remat run (interop.h)
+  std::string out;                 // run folder: checkpoint/, metrics.jsonl, config.json
+  std::string resume;              // run folder to resume from
+  std::string data_path;           // overrides data.path
+  std::string dataset;             // overrides data.dataset (e.g. token_shards for a synthetic config)
+  std::string init_from;           // weights to start from: a Hugging Face GPT-2 checkpoint or a remat run (interop.h)
   bool init_from_partial = false;  // tolerate missing and unexpected tensors in init_from
   bool verify_recompute = false;
-  bool quiet = false;        // no progress lines
-  bool sample = true;        // generate a text sample at the end (character models)
+  bool quiet = false;  // no progress lines
+  bool sample = true;  // generate a text sample at the end (character models)
   // Called after every step with (step, loss); tests use it to stop early.
   std::function<void(int64_t, float)> on_step;
 };

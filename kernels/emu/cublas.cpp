@@ -30,7 +30,8 @@ void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float
   if (m == 0 || n == 0) return;
   if (k == 0) {  // C = beta * C (beta == 0 overwrites, NaN included, as cuBLAS)
     for (int j = 0; j < n; ++j)
-      for (int i = 0; i < m; ++i) C[static_cast<int64_t>(j) * ldc + i] = beta == 0.0f ? 0.0f : beta * C[static_cast<int64_t>(j) * ldc + i];
+      for (int i = 0; i < m; ++i)
+        C[static_cast<int64_t>(j) * ldc + i] = beta == 0.0f ? 0.0f : beta * C[static_cast<int64_t>(j) * ldc + i];
     return;
   }
   cblas_sgemm(CblasColMajor, to_cblas(ta), to_cblas(tb), m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -100,8 +101,7 @@ cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cubl
 cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
                                          int m, int n, int k, const float* alpha, const float* A, int lda,
                                          long long int strideA, const float* B, int ldb, long long int strideB,
-                                         const float* beta, float* C, int ldc, long long int strideC,
-                                         int batchCount) {
+                                         const float* beta, float* C, int ldc, long long int strideC, int batchCount) {
   const cublasStatus_t st = check_gemm(handle, transa, transb, m, n, k, lda, ldb, ldc);
   if (st != CUBLAS_STATUS_SUCCESS) return st;
   if (!alpha || !beta || batchCount < 0) return CUBLAS_STATUS_INVALID_VALUE;

@@ -30,7 +30,6 @@
 #define REMAT_EMU_ASAN 1
 #endif
 
-
 namespace remat::emu {
 namespace {
 
@@ -46,7 +45,7 @@ constexpr unsigned kMaxGridDimYZ = 65535;
 constexpr size_t kDefaultSharedPerBlock = 48 * 1024;
 constexpr size_t kMaxSharedPerBlockOptin = 227 * 1024;
 
-std::mutex g_launch_mutex;  // one launch at a time: the built-in variables are process-wide
+std::mutex g_launch_mutex;              // one launch at a time: the built-in variables are process-wide
 thread_local bool t_in_launch = false;  // this host thread is running a launch
 thread_local cudaError_t g_last_error = cudaSuccess;
 std::atomic<uint64_t> g_switches{0};
@@ -150,8 +149,8 @@ struct Thread {
 };
 
 struct Warp {
-  unsigned live = 0;     // lanes that exist and have not exited
-  unsigned pending = 0;  // lanes waiting in a warp collective
+  unsigned live = 0;        // lanes that exist and have not exited
+  unsigned pending = 0;     // lanes waiting in a warp collective
   uint64_t sync_epoch = 0;  // changes when a __syncwarp completes (race checking)
 };
 
@@ -229,8 +228,8 @@ std::string thread_str(const Launch& L, unsigned linear) {
 }
 
 std::string where(const Launch& L) {
-  return ::remat::detail::str_cat("kernel ", L.spec->name, " block ", dim_str(L.block), " of grid ", dim_str(L.spec->grid),
-                         " x block ", dim_str(L.spec->block));
+  return ::remat::detail::str_cat("kernel ", L.spec->name, " block ", dim_str(L.block), " of grid ",
+                                  dim_str(L.spec->grid), " x block ", dim_str(L.spec->block));
 }
 
 const char* op_name(WarpOp op) {
@@ -277,11 +276,10 @@ std::string describe_waiters(const Launch& L) {
   for (unsigned i = 0; i < L.nthreads; ++i) {
     const Thread& t = L.threads[i];
     if (t.state != State::kAtBarrier && t.state != State::kAtWarp) continue;
-    const std::string what =
-        t.state == State::kAtBarrier
-            ? ::remat::detail::str_cat(barrier_name(t.barrier_op), " (", t.file, ":", t.line, ")")
-            : ::remat::detail::str_cat(op_name(t.op), " (", t.file, ":", t.line, ") with mask 0x", std::hex, t.mask, std::dec,
-                              " in warp ", i / 32);
+    const std::string what = t.state == State::kAtBarrier
+                                 ? ::remat::detail::str_cat(barrier_name(t.barrier_op), " (", t.file, ":", t.line, ")")
+                                 : ::remat::detail::str_cat(op_name(t.op), " (", t.file, ":", t.line, ") with mask 0x",
+                                                            std::hex, t.mask, std::dec, " in warp ", i / 32);
     auto it = std::find_if(sites.begin(), sites.end(), [&](const Site& s) { return s.what == what; });
     if (it == sites.end()) it = sites.insert(sites.end(), Site{what, {}, 0});
     it->threads.push_back(i);
@@ -292,8 +290,8 @@ std::string describe_waiters(const Launch& L) {
   }
   std::string out;
   for (const Site& s : sites) {
-    out += ::remat::detail::str_cat("\n  ", s.threads.size(), s.threads.size() == 1 ? " thread" : " threads", " at ", s.what,
-                           ":");
+    out += ::remat::detail::str_cat("\n  ", s.threads.size(), s.threads.size() == 1 ? " thread" : " threads", " at ",
+                                    s.what, ":");
     for (size_t k = 0; k < s.threads.size() && k < 4; ++k) out += " " + thread_str(L, s.threads[k]);
     if (s.threads.size() > 4) out += " ...";
     if (s.missing) out += ::remat::detail::str_cat(" (waiting for lanes 0x", std::hex, s.missing, std::dec, ")");
@@ -365,7 +363,7 @@ void release_barrier(Launch& L) {
     if (!first) first = &t;
     if (!same_site(t.file, t.line, first->file, first->line) || t.barrier_op != first->barrier_op) {
       fail(L, ::remat::detail::str_cat("threads wait at different barriers, which never release each other (deadlock):",
-                              describe_waiters(L)));
+                                       describe_waiters(L)));
     }
     count += t.predicate;
     all &= t.predicate;
@@ -441,10 +439,11 @@ void complete_group(Launch& L, unsigned w, unsigned group) {
     if (!(group >> l & 1u)) continue;
     const Thread& t = L.threads[base + l];
     if (t.op != lead.op || t.mask != lead.mask || (is_shuffle(t.op) && t.width != lead.width)) {
-      fail(L, ::remat::detail::str_cat("lanes of warp ", w, " meet in different warp collectives: lane ", leader, " in ",
-                              op_name(lead.op), " (", lead.file, ":", lead.line, ") mask 0x", std::hex, lead.mask,
-                              std::dec, " width ", lead.width, ", lane ", l, " in ", op_name(t.op), " (", t.file, ":",
-                              t.line, ") mask 0x", std::hex, t.mask, std::dec, " width ", t.width));
+      fail(L,
+           ::remat::detail::str_cat("lanes of warp ", w, " meet in different warp collectives: lane ", leader, " in ",
+                                    op_name(lead.op), " (", lead.file, ":", lead.line, ") mask 0x", std::hex, lead.mask,
+                                    std::dec, " width ", lead.width, ", lane ", l, " in ", op_name(t.op), " (", t.file,
+                                    ":", t.line, ") mask 0x", std::hex, t.mask, std::dec, " width ", t.width));
     }
   }
   uint64_t ballot = 0, sum = 0;
@@ -572,8 +571,8 @@ bctx::fiber thread_main(Launch& L, Thread& t, bctx::fiber&& scheduler) {
 
 void check_race(Launch& L) {
   if (!race_pending()) return;
-  abort_block(L, std::make_exception_ptr(Error(race_report(where(L)) + ::remat::detail::str_cat(" (", L.spec->file, ":",
-                                                                                      L.spec->line, ")"))));
+  abort_block(L, std::make_exception_ptr(Error(race_report(where(L)) +
+                                               ::remat::detail::str_cat(" (", L.spec->file, ":", L.spec->line, ")"))));
 }
 
 void run_block(Launch& L, uint3 block) {
@@ -735,11 +734,12 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int 
   const unsigned w = t.linear / 32, lane = t.linear % 32;
   if (!(mask >> lane & 1u)) {
     fail(L, ::remat::detail::str_cat("thread ", thread_str(L, t.linear), " calls ", op_name(op), " (", file, ":", line,
-                            ") with mask 0x", std::hex, mask, std::dec, ", which does not name its own lane ", lane));
+                                     ") with mask 0x", std::hex, mask, std::dec, ", which does not name its own lane ",
+                                     lane));
   }
   if (is_shuffle(op) && (width < 1 || width > 32 || (width & (width - 1)) != 0)) {
     fail(L, ::remat::detail::str_cat("thread ", thread_str(L, t.linear), " calls ", op_name(op), " (", file, ":", line,
-                            ") with width ", width, ", which is not a power of two in [1, 32]"));
+                                     ") with width ", width, ", which is not a power of two in [1, 32]"));
   }
   t.state = State::kAtWarp;
   t.op = op;
@@ -763,8 +763,8 @@ unsigned active_mask() {
 void* dynamic_shared() { return g_launch ? g_launch->dynamic_smem : nullptr; }
 
 void trap(const char* file, int line) {
-  fail(*g_launch, ::remat::detail::str_cat("thread ", thread_str(*g_launch, g_current->linear), " executed __trap() (", file,
-                                  ":", line, ")"));
+  fail(*g_launch, ::remat::detail::str_cat("thread ", thread_str(*g_launch, g_current->linear), " executed __trap() (",
+                                           file, ":", line, ")"));
 }
 
 void set_racecheck(bool on) { g_racecheck = on; }

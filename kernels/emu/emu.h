@@ -58,20 +58,20 @@
 // ---------------------------------------------------------------------------
 // Vector types (sizes and alignments as in CUDA's vector_types.h)
 // ---------------------------------------------------------------------------
-#define REMAT_EMU_VEC2(T, name, align) \
-  struct __attribute__((aligned(align))) name {  \
-    T x, y;                                       \
-  };                                              \
+#define REMAT_EMU_VEC2(T, name, align)          \
+  struct __attribute__((aligned(align))) name { \
+    T x, y;                                     \
+  };                                            \
   inline constexpr name make_##name(T x, T y) { return name{x, y}; }
-#define REMAT_EMU_VEC3(T, name)                                          \
-  struct name {                                                          \
-    T x, y, z;                                                           \
-  };                                                                     \
+#define REMAT_EMU_VEC3(T, name) \
+  struct name {                 \
+    T x, y, z;                  \
+  };                            \
   inline constexpr name make_##name(T x, T y, T z) { return name{x, y, z}; }
-#define REMAT_EMU_VEC4(T, name, align)                                             \
-  struct __attribute__((aligned(align))) name {                                    \
-    T x, y, z, w;                                                                  \
-  };                                                                               \
+#define REMAT_EMU_VEC4(T, name, align)          \
+  struct __attribute__((aligned(align))) name { \
+    T x, y, z, w;                               \
+  };                                            \
   inline constexpr name make_##name(T x, T y, T z, T w) { return name{x, y, z, w}; }
 
 REMAT_EMU_VEC2(char, char2, 2)
@@ -148,8 +148,7 @@ int block_barrier(BarrierOp op, int predicate, const char* file, int line);
 
 // A warp collective: waits until every non-exited lane named in `mask` arrives, then
 // returns this lane's result (the raw bits of the shuffled value, or the vote).
-uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int width, const char* file,
-                         int line);
+uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int width, const char* file, int line);
 
 // Lanes of the calling thread's warp that have not exited.
 unsigned active_mask();
@@ -237,8 +236,8 @@ struct ReduceAt {
     return static_cast<unsigned>(warp_collective(unsigned_op, mask, value, 0, warpSize, file, line));
   }
   int operator()(unsigned mask, int value) const {
-    return static_cast<int>(static_cast<uint32_t>(
-        warp_collective(signed_op, mask, static_cast<uint32_t>(value), 0, warpSize, file, line)));
+    return static_cast<int>(
+        static_cast<uint32_t>(warp_collective(signed_op, mask, static_cast<uint32_t>(value), 0, warpSize, file, line)));
   }
 };
 
@@ -286,25 +285,32 @@ void launch(const char* name, const char* file, int line, void (*kernel)(KernelA
 #define __syncthreads() ::remat::emu::block_barrier(::remat::emu::BarrierOp::kSync, 0, __FILE__, __LINE__)
 #define __syncthreads_count(p) \
   ::remat::emu::block_barrier(::remat::emu::BarrierOp::kCount, (p) ? 1 : 0, __FILE__, __LINE__)
-#define __syncthreads_and(p) \
-  ::remat::emu::block_barrier(::remat::emu::BarrierOp::kAnd, (p) ? 1 : 0, __FILE__, __LINE__)
-#define __syncthreads_or(p) \
-  ::remat::emu::block_barrier(::remat::emu::BarrierOp::kOr, (p) ? 1 : 0, __FILE__, __LINE__)
-#define __syncwarp ::remat::emu::SyncwarpAt{__FILE__, __LINE__}
-#define __shfl_sync ::remat::emu::ShflAt<::remat::emu::WarpOp::kShflIdx>{__FILE__, __LINE__}
-#define __shfl_up_sync ::remat::emu::ShflAt<::remat::emu::WarpOp::kShflUp>{__FILE__, __LINE__}
-#define __shfl_down_sync ::remat::emu::ShflAt<::remat::emu::WarpOp::kShflDown>{__FILE__, __LINE__}
-#define __shfl_xor_sync ::remat::emu::ShflAt<::remat::emu::WarpOp::kShflXor>{__FILE__, __LINE__}
-#define __ballot_sync ::remat::emu::VoteAt<::remat::emu::WarpOp::kBallot>{__FILE__, __LINE__}
-#define __any_sync ::remat::emu::VoteAt<::remat::emu::WarpOp::kAny>{__FILE__, __LINE__}
-#define __all_sync ::remat::emu::VoteAt<::remat::emu::WarpOp::kAll>{__FILE__, __LINE__}
-#define __match_any_sync ::remat::emu::MatchAnyAt{__FILE__, __LINE__}
+#define __syncthreads_and(p) ::remat::emu::block_barrier(::remat::emu::BarrierOp::kAnd, (p) ? 1 : 0, __FILE__, __LINE__)
+#define __syncthreads_or(p) ::remat::emu::block_barrier(::remat::emu::BarrierOp::kOr, (p) ? 1 : 0, __FILE__, __LINE__)
+#define __syncwarp \
+  ::remat::emu::SyncwarpAt { __FILE__, __LINE__ }
+#define __shfl_sync \
+  ::remat::emu::ShflAt<::remat::emu::WarpOp::kShflIdx> { __FILE__, __LINE__ }
+#define __shfl_up_sync \
+  ::remat::emu::ShflAt<::remat::emu::WarpOp::kShflUp> { __FILE__, __LINE__ }
+#define __shfl_down_sync \
+  ::remat::emu::ShflAt<::remat::emu::WarpOp::kShflDown> { __FILE__, __LINE__ }
+#define __shfl_xor_sync \
+  ::remat::emu::ShflAt<::remat::emu::WarpOp::kShflXor> { __FILE__, __LINE__ }
+#define __ballot_sync \
+  ::remat::emu::VoteAt<::remat::emu::WarpOp::kBallot> { __FILE__, __LINE__ }
+#define __any_sync \
+  ::remat::emu::VoteAt<::remat::emu::WarpOp::kAny> { __FILE__, __LINE__ }
+#define __all_sync \
+  ::remat::emu::VoteAt<::remat::emu::WarpOp::kAll> { __FILE__, __LINE__ }
+#define __match_any_sync \
+  ::remat::emu::MatchAnyAt { __FILE__, __LINE__ }
 #define __reduce_add_sync \
-  ::remat::emu::ReduceAt{__FILE__, __LINE__, ::remat::emu::WarpOp::kReduceAdd, ::remat::emu::WarpOp::kReduceAdd}
+  ::remat::emu::ReduceAt { __FILE__, __LINE__, ::remat::emu::WarpOp::kReduceAdd, ::remat::emu::WarpOp::kReduceAdd }
 #define __reduce_min_sync \
-  ::remat::emu::ReduceAt{__FILE__, __LINE__, ::remat::emu::WarpOp::kReduceMinU, ::remat::emu::WarpOp::kReduceMinS}
+  ::remat::emu::ReduceAt { __FILE__, __LINE__, ::remat::emu::WarpOp::kReduceMinU, ::remat::emu::WarpOp::kReduceMinS }
 #define __reduce_max_sync \
-  ::remat::emu::ReduceAt{__FILE__, __LINE__, ::remat::emu::WarpOp::kReduceMaxU, ::remat::emu::WarpOp::kReduceMaxS}
+  ::remat::emu::ReduceAt { __FILE__, __LINE__, ::remat::emu::WarpOp::kReduceMaxU, ::remat::emu::WarpOp::kReduceMaxS }
 #define __trap() ::remat::emu::trap(__FILE__, __LINE__)
 
 inline unsigned __activemask() { return ::remat::emu::active_mask(); }
@@ -331,21 +337,21 @@ T atomic_update(T* address, F f) {
 }
 }  // namespace remat::emu::detail
 
-#define REMAT_EMU_ATOMIC_INT(T)                                                                        \
-  inline T atomicAdd(T* a, T v) { return __atomic_fetch_add(a, v, __ATOMIC_RELAXED); }                 \
-  inline T atomicExch(T* a, T v) { return __atomic_exchange_n(a, v, __ATOMIC_RELAXED); }               \
-  inline T atomicAnd(T* a, T v) { return __atomic_fetch_and(a, v, __ATOMIC_RELAXED); }                 \
-  inline T atomicOr(T* a, T v) { return __atomic_fetch_or(a, v, __ATOMIC_RELAXED); }                   \
-  inline T atomicXor(T* a, T v) { return __atomic_fetch_xor(a, v, __ATOMIC_RELAXED); }                 \
-  inline T atomicMax(T* a, T v) {                                                                      \
-    return ::remat::emu::detail::atomic_update(a, [v](T o) { return o < v ? v : o; });                 \
-  }                                                                                                    \
-  inline T atomicMin(T* a, T v) {                                                                      \
-    return ::remat::emu::detail::atomic_update(a, [v](T o) { return v < o ? v : o; });                 \
-  }                                                                                                    \
-  inline T atomicCAS(T* a, T compare, T v) {                                                           \
-    __atomic_compare_exchange_n(a, &compare, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);            \
-    return compare;                                                                                    \
+#define REMAT_EMU_ATOMIC_INT(T)                                                             \
+  inline T atomicAdd(T* a, T v) { return __atomic_fetch_add(a, v, __ATOMIC_RELAXED); }      \
+  inline T atomicExch(T* a, T v) { return __atomic_exchange_n(a, v, __ATOMIC_RELAXED); }    \
+  inline T atomicAnd(T* a, T v) { return __atomic_fetch_and(a, v, __ATOMIC_RELAXED); }      \
+  inline T atomicOr(T* a, T v) { return __atomic_fetch_or(a, v, __ATOMIC_RELAXED); }        \
+  inline T atomicXor(T* a, T v) { return __atomic_fetch_xor(a, v, __ATOMIC_RELAXED); }      \
+  inline T atomicMax(T* a, T v) {                                                           \
+    return ::remat::emu::detail::atomic_update(a, [v](T o) { return o < v ? v : o; });      \
+  }                                                                                         \
+  inline T atomicMin(T* a, T v) {                                                           \
+    return ::remat::emu::detail::atomic_update(a, [v](T o) { return v < o ? v : o; });      \
+  }                                                                                         \
+  inline T atomicCAS(T* a, T compare, T v) {                                                \
+    __atomic_compare_exchange_n(a, &compare, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED); \
+    return compare;                                                                         \
   }
 REMAT_EMU_ATOMIC_INT(int)
 REMAT_EMU_ATOMIC_INT(unsigned int)
@@ -490,7 +496,7 @@ inline void __stwt(T* p, T v) {
 }
 
 // CUDA's integer and float min/max overloads.
-#define REMAT_EMU_MINMAX(T)                          \
+#define REMAT_EMU_MINMAX(T)                        \
   inline T max(T a, T b) { return a < b ? b : a; } \
   inline T min(T a, T b) { return b < a ? b : a; }
 REMAT_EMU_MINMAX(int)

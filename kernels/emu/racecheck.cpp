@@ -41,8 +41,7 @@ struct Region {
 std::string tls_symbol(const std::string& module, size_t offset) {
   std::ifstream f(module, std::ios::binary);
   const std::vector<char> elf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (elf.size() < sizeof(Elf64_Ehdr) || std::memcmp(elf.data(), ELFMAG, SELFMAG) != 0 ||
-      elf[EI_CLASS] != ELFCLASS64) {
+  if (elf.size() < sizeof(Elf64_Ehdr) || std::memcmp(elf.data(), ELFMAG, SELFMAG) != 0 || elf[EI_CLASS] != ELFCLASS64) {
     return "";
   }
   Elf64_Ehdr eh;
@@ -95,20 +94,21 @@ void report(const char* kind, const Region& r, size_t offset, const Rec& prev, c
   std::string what = ::remat::detail::str_cat(r.name, " byte ", offset);
   if (&r == &g_static) {
     const std::string sym = tls_symbol(g_static_module, offset);
-    if (!sym.empty()) what = ::remat::detail::str_cat("static __shared__ ", sym, " (byte ", offset, " of the thread-local block)");
+    if (!sym.empty())
+      what = ::remat::detail::str_cat("static __shared__ ", sym, " (byte ", offset, " of the thread-local block)");
   }
   std::string at;
   Dl_info info{};
   if (pc && dladdr(pc, &info) && info.dli_fname) {
     const char* base = std::strrchr(info.dli_fname, '/');
     at = ::remat::detail::str_cat("; the second access is at ", base ? base + 1 : info.dli_fname, "+0x", std::hex,
-                         reinterpret_cast<uintptr_t>(pc) - reinterpret_cast<uintptr_t>(info.dli_fbase), std::dec,
-                         " (addr2line -e <binary> <offset> names the line)");
+                                  reinterpret_cast<uintptr_t>(pc) - reinterpret_cast<uintptr_t>(info.dli_fbase),
+                                  std::dec, " (addr2line -e <binary> <offset> names the line)");
   }
   g_report = ::remat::detail::str_cat("shared-memory race (", kind, ") on ", what, ": thread ",
-                             race::thread_name(prev.thread), " and thread ", race::thread_name(cur.thread),
-                             " access it in the same barrier interval (after ", race::interval_site(cur.thread),
-                             ") with no __syncthreads between them", at);
+                                      race::thread_name(prev.thread), " and thread ", race::thread_name(cur.thread),
+                                      " access it in the same barrier interval (after ",
+                                      race::interval_site(cur.thread), ") with no __syncthreads between them", at);
 }
 
 void access(Region& r, size_t offset, size_t size, bool is_write, const race::AccessorInfo& cur, const void* pc) {
@@ -153,8 +153,8 @@ void setup(Region& r, const void* base, size_t bytes, const char* name) {
 
 }  // namespace
 
-void race_begin_launch(const void* dynamic_base, size_t dynamic_bytes, const void* static_base,
-                       size_t static_bytes, const char* static_module) {
+void race_begin_launch(const void* dynamic_base, size_t dynamic_bytes, const void* static_base, size_t static_bytes,
+                       const char* static_module) {
   g_static_module = static_module ? static_module : "";
   setup(g_dynamic, dynamic_base, dynamic_bytes, "dynamic shared memory");
   setup(g_static, static_base, static_bytes, "static __shared__ memory");
@@ -184,24 +184,24 @@ std::string race_report(const std::string& where) {
 #if !defined(__SANITIZE_THREAD__)
 extern "C" {
 
-#define REMAT_RACE_RW(n)                                                                             \
-  void __tsan_read##n(void* a) {                                                                     \
-    if (remat::emu::g_active) remat::emu::on_access(a, n, false, __builtin_return_address(0));       \
-  }                                                                                                  \
-  void __tsan_write##n(void* a) {                                                                    \
-    if (remat::emu::g_active) remat::emu::on_access(a, n, true, __builtin_return_address(0));        \
-  }                                                                                                  \
-  void __tsan_unaligned_read##n(void* a) {                                                           \
-    if (remat::emu::g_active) remat::emu::on_access(a, n, false, __builtin_return_address(0));       \
-  }                                                                                                  \
-  void __tsan_unaligned_write##n(void* a) {                                                          \
-    if (remat::emu::g_active) remat::emu::on_access(a, n, true, __builtin_return_address(0));        \
-  }                                                                                                  \
-  void __tsan_volatile_read##n(void* a) {                                                            \
-    if (remat::emu::g_active) remat::emu::on_access(a, n, false, __builtin_return_address(0));       \
-  }                                                                                                  \
-  void __tsan_volatile_write##n(void* a) {                                                           \
-    if (remat::emu::g_active) remat::emu::on_access(a, n, true, __builtin_return_address(0));        \
+#define REMAT_RACE_RW(n)                                                                       \
+  void __tsan_read##n(void* a) {                                                               \
+    if (remat::emu::g_active) remat::emu::on_access(a, n, false, __builtin_return_address(0)); \
+  }                                                                                            \
+  void __tsan_write##n(void* a) {                                                              \
+    if (remat::emu::g_active) remat::emu::on_access(a, n, true, __builtin_return_address(0));  \
+  }                                                                                            \
+  void __tsan_unaligned_read##n(void* a) {                                                     \
+    if (remat::emu::g_active) remat::emu::on_access(a, n, false, __builtin_return_address(0)); \
+  }                                                                                            \
+  void __tsan_unaligned_write##n(void* a) {                                                    \
+    if (remat::emu::g_active) remat::emu::on_access(a, n, true, __builtin_return_address(0));  \
+  }                                                                                            \
+  void __tsan_volatile_read##n(void* a) {                                                      \
+    if (remat::emu::g_active) remat::emu::on_access(a, n, false, __builtin_return_address(0)); \
+  }                                                                                            \
+  void __tsan_volatile_write##n(void* a) {                                                     \
+    if (remat::emu::g_active) remat::emu::on_access(a, n, true, __builtin_return_address(0));  \
   }
 REMAT_RACE_RW(1)
 REMAT_RACE_RW(2)
@@ -224,27 +224,25 @@ void __tsan_vptr_read(void**) {}
 void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 void __tsan_atomic_signal_fence(int) { __atomic_signal_fence(__ATOMIC_SEQ_CST); }
 
-#define REMAT_RACE_ATOMIC(n, T)                                                                           \
-  T __tsan_atomic##n##_load(const volatile T* a, int) { return __atomic_load_n(a, __ATOMIC_SEQ_CST); }   \
-  void __tsan_atomic##n##_store(volatile T* a, T v, int) { __atomic_store_n(a, v, __ATOMIC_SEQ_CST); }   \
-  T __tsan_atomic##n##_exchange(volatile T* a, T v, int) { return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST); } \
-  T __tsan_atomic##n##_fetch_add(volatile T* a, T v, int) { return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); } \
-  T __tsan_atomic##n##_fetch_sub(volatile T* a, T v, int) { return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST); } \
-  T __tsan_atomic##n##_fetch_and(volatile T* a, T v, int) { return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST); } \
-  T __tsan_atomic##n##_fetch_or(volatile T* a, T v, int) { return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST); }   \
-  T __tsan_atomic##n##_fetch_xor(volatile T* a, T v, int) { return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST); } \
-  T __tsan_atomic##n##_fetch_nand(volatile T* a, T v, int) {                                              \
-    return __atomic_fetch_nand(a, v, __ATOMIC_SEQ_CST);                                                   \
-  }                                                                                                       \
-  int __tsan_atomic##n##_compare_exchange_strong(volatile T* a, T* c, T v, int, int) {                    \
-    return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);               \
-  }                                                                                                       \
-  int __tsan_atomic##n##_compare_exchange_weak(volatile T* a, T* c, T v, int, int) {                      \
-    return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);               \
-  }                                                                                                       \
-  T __tsan_atomic##n##_compare_exchange_val(volatile T* a, T c, T v, int, int) {                          \
-    __atomic_compare_exchange_n(a, &c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                     \
-    return c;                                                                                             \
+#define REMAT_RACE_ATOMIC(n, T)                                                                                    \
+  T __tsan_atomic##n##_load(const volatile T* a, int) { return __atomic_load_n(a, __ATOMIC_SEQ_CST); }             \
+  void __tsan_atomic##n##_store(volatile T* a, T v, int) { __atomic_store_n(a, v, __ATOMIC_SEQ_CST); }             \
+  T __tsan_atomic##n##_exchange(volatile T* a, T v, int) { return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST); }   \
+  T __tsan_atomic##n##_fetch_add(volatile T* a, T v, int) { return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); }   \
+  T __tsan_atomic##n##_fetch_sub(volatile T* a, T v, int) { return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST); }   \
+  T __tsan_atomic##n##_fetch_and(volatile T* a, T v, int) { return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST); }   \
+  T __tsan_atomic##n##_fetch_or(volatile T* a, T v, int) { return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST); }     \
+  T __tsan_atomic##n##_fetch_xor(volatile T* a, T v, int) { return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST); }   \
+  T __tsan_atomic##n##_fetch_nand(volatile T* a, T v, int) { return __atomic_fetch_nand(a, v, __ATOMIC_SEQ_CST); } \
+  int __tsan_atomic##n##_compare_exchange_strong(volatile T* a, T* c, T v, int, int) {                             \
+    return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                        \
+  }                                                                                                                \
+  int __tsan_atomic##n##_compare_exchange_weak(volatile T* a, T* c, T v, int, int) {                               \
+    return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                        \
+  }                                                                                                                \
+  T __tsan_atomic##n##_compare_exchange_val(volatile T* a, T c, T v, int, int) {                                   \
+    __atomic_compare_exchange_n(a, &c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                              \
+    return c;                                                                                                      \
   }
 REMAT_RACE_ATOMIC(8, char)
 REMAT_RACE_ATOMIC(16, short)

@@ -32,8 +32,8 @@ std::string interval_site(unsigned thread);
 
 // static_module: the ELF file whose thread-local block holds the static __shared__
 // variables (to name them in reports).
-void race_begin_launch(const void* dynamic_base, size_t dynamic_bytes, const void* static_base,
-                       size_t static_bytes, const char* static_module);
+void race_begin_launch(const void* dynamic_base, size_t dynamic_bytes, const void* static_base, size_t static_bytes,
+                       const char* static_module);
 void race_end_launch();
 // A race was found since the last report.
 bool race_pending();

@@ -24,10 +24,8 @@ struct Check {
   // A defined tensor of the dtype, on this backend's device.
   void tensor(const char* name, const Tensor& t, DType dtype = DType::f32) const {
     if (!t.defined()) fail(std::string(name) + " is undefined");
-    if (t.dtype() != dtype)
-      fail(std::string(name) + " " + t.str() + ": expected dtype " + dtype_name(dtype));
-    if (t.device() != device)
-      fail(std::string(name) + " " + t.str() + ": expected a tensor on " + device.str());
+    if (t.dtype() != dtype) fail(std::string(name) + " " + t.str() + ": expected dtype " + dtype_name(dtype));
+    if (t.device() != device) fail(std::string(name) + " " + t.str() + ": expected a tensor on " + device.str());
   }
   void rank(const char* name, const Tensor& t, int r) const {
     if (t.rank() != r) fail(std::string(name) + " " + t.str() + ": expected rank " + std::to_string(r));
@@ -153,11 +151,14 @@ void check_gemm(const Check& ck, const Tensor& a, const Tensor& b, const Tensor&
   ck.min_rank("c", c, 2);
   const int64_t m = p.trans_a ? a.size(-1) : a.size(-2), k = p.trans_a ? a.size(-2) : a.size(-1);
   const int64_t kb = p.trans_b ? b.size(-1) : b.size(-2), n = p.trans_b ? b.size(-2) : b.size(-1);
-  if (k != kb) ck.fail("a " + a.str() + " and b " + b.str() + ": inner dimensions differ (" + std::to_string(k) + " vs " + std::to_string(kb) + ")");
+  if (k != kb)
+    ck.fail("a " + a.str() + " and b " + b.str() + ": inner dimensions differ (" + std::to_string(k) + " vs " +
+            std::to_string(kb) + ")");
   if (c.size(-2) != m || c.size(-1) != n)
     ck.fail("c " + c.str() + ": expected [..., " + std::to_string(m) + ", " + std::to_string(n) + "]");
   const int64_t batch = a.numel() / std::max<int64_t>(m * k, 1);
-  if (c.numel() / std::max<int64_t>(m * n, 1) != batch || (b.rank() > 2 && b.numel() / std::max<int64_t>(k * n, 1) != batch))
+  if (c.numel() / std::max<int64_t>(m * n, 1) != batch ||
+      (b.rank() > 2 && b.numel() / std::max<int64_t>(k * n, 1) != batch))
     ck.fail("batch dimensions of a " + a.str() + ", b " + b.str() + " and c " + c.str() + " differ");
 }
 
@@ -168,12 +169,14 @@ void check_linear_forward(const Check& ck, const Tensor& x, const Tensor& w, con
   ck.rank("w", w, 2);
   ck.min_rank("x", x, 1);
   if (x.size(-1) != w.size(1))
-    ck.fail("x " + x.str() + " and w " + w.str() + ": in_features differ (" + std::to_string(x.size(-1)) + " vs " + std::to_string(w.size(1)) + ")");
+    ck.fail("x " + x.str() + " and w " + w.str() + ": in_features differ (" + std::to_string(x.size(-1)) + " vs " +
+            std::to_string(w.size(1)) + ")");
   ck.shape("y", y, with_last(x.shape(), w.size(0)));
   ck.optional("b", b, Shape{w.size(0)});
 }
 
-void check_linear_backward(const Check& ck, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx, const Tensor& dw, const Tensor& db) {
+void check_linear_backward(const Check& ck, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx,
+                           const Tensor& dw, const Tensor& db) {
   ck.tensor("dy", dy);
   ck.tensor("x", x);
   ck.tensor("w", w);
@@ -270,7 +273,8 @@ void check_softmax_backward(const Check& base, const Tensor& dy, const Tensor& y
   ck.same_shape("dx", dx, "y", y);
 }
 
-void check_cross_entropy_forward(const Check& ck, const Tensor& logits, const Tensor& targets, int ignore_index, const Tensor& loss, const Tensor& lse) {
+void check_cross_entropy_forward(const Check& ck, const Tensor& logits, const Tensor& targets, int ignore_index,
+                                 const Tensor& loss, const Tensor& lse) {
   ck.tensor("logits", logits);
   ck.tensor("targets", targets, DType::i32);
   ck.rank("logits", logits, 2);
@@ -281,7 +285,8 @@ void check_cross_entropy_forward(const Check& ck, const Tensor& logits, const Te
   ck.shape("lse", lse, Shape{logits.size(0)});
 }
 
-void check_cross_entropy_backward(const Check& ck, float dloss, const Tensor& logits, const Tensor& targets, const Tensor& lse, int ignore_index, const Tensor& dlogits) {
+void check_cross_entropy_backward(const Check& ck, float dloss, const Tensor& logits, const Tensor& targets,
+                                  const Tensor& lse, int ignore_index, const Tensor& dlogits) {
   ck.tensor("logits", logits);
   ck.tensor("targets", targets, DType::i32);
   ck.rank("logits", logits, 2);
@@ -305,7 +310,8 @@ void check_conv2d_forward_workspace(const Check& ck, const Shape& x, const Shape
   check_conv(ck, x, w, p);
 }
 
-void check_conv2d_forward(const Check& ck, const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p, const Tensor& y, const Tensor& workspace) {
+void check_conv2d_forward(const Check& ck, const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p,
+                          const Tensor& y, const Tensor& workspace) {
   ck.tensor("x", x);
   ck.tensor("w", w);
   ck.tensor("y", y);
@@ -319,7 +325,8 @@ void check_conv2d_backward_workspace(const Check& ck, const Shape& x, const Shap
   check_conv(ck, x, w, p);
 }
 
-void check_conv2d_backward(const Check& ck, const Tensor& dy, const Tensor& x, const Tensor& w, const Conv2dParams& p, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& workspace) {
+void check_conv2d_backward(const Check& ck, const Tensor& dy, const Tensor& x, const Tensor& w, const Conv2dParams& p,
+                           const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& workspace) {
   ck.tensor("dy", dy);
   ck.tensor("x", x);
   ck.tensor("w", w);
@@ -331,7 +338,8 @@ void check_conv2d_backward(const Check& ck, const Tensor& dy, const Tensor& x, c
   ck.workspace(workspace, ck.be->conv2d_backward_workspace(x.shape(), w.shape(), p));
 }
 
-void check_maxpool2d_forward(const Check& ck, const Tensor& x, const Pool2dParams& p, const Tensor& y, const Tensor& indices) {
+void check_maxpool2d_forward(const Check& ck, const Tensor& x, const Pool2dParams& p, const Tensor& y,
+                             const Tensor& indices) {
   ck.tensor("x", x);
   ck.tensor("y", y);
   ck.tensor("indices", indices, DType::i32);
@@ -381,7 +389,8 @@ void check_global_avgpool_backward(const Check& ck, const Tensor& dy, const Tens
 
 // ---- Normalisation ------------------------------------------------------------------------
 
-void check_bn_params(const Check& ck, const Tensor& x, std::initializer_list<std::pair<const char*, const Tensor*>> ps) {
+void check_bn_params(const Check& ck, const Tensor& x,
+                     std::initializer_list<std::pair<const char*, const Tensor*>> ps) {
   ck.tensor("x", x);
   ck.rank("x", x, 4);
   for (auto& [name, t] : ps) {
@@ -390,8 +399,12 @@ void check_bn_params(const Check& ck, const Tensor& x, std::initializer_list<std
   }
 }
 
-void check_batchnorm2d_forward_train(const Check& ck, const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean, const Tensor& running_var, const BatchNormParams& p, bool update_running, const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd) {
-  check_bn_params(ck, x, {{"gamma", &gamma}, {"beta", &beta}, {"save_mean", &save_mean}, {"save_invstd", &save_invstd}});
+void check_batchnorm2d_forward_train(const Check& ck, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                     const Tensor& running_mean, const Tensor& running_var, const BatchNormParams& p,
+                                     bool update_running, const Tensor& y, const Tensor& save_mean,
+                                     const Tensor& save_invstd) {
+  check_bn_params(ck, x,
+                  {{"gamma", &gamma}, {"beta", &beta}, {"save_mean", &save_mean}, {"save_invstd", &save_invstd}});
   if (update_running) check_bn_params(ck, x, {{"running_mean", &running_mean}, {"running_var", &running_var}});
   ck.tensor("y", y);
   ck.same_shape("x", x, "y", y);
@@ -399,13 +412,18 @@ void check_batchnorm2d_forward_train(const Check& ck, const Tensor& x, const Ten
     ck.fail("x " + x.str() + ": batch statistics need more than one value per channel");
 }
 
-void check_batchnorm2d_forward_eval(const Check& ck, const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean, const Tensor& running_var, const BatchNormParams& p, const Tensor& y) {
-  check_bn_params(ck, x, {{"gamma", &gamma}, {"beta", &beta}, {"running_mean", &running_mean}, {"running_var", &running_var}});
+void check_batchnorm2d_forward_eval(const Check& ck, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                    const Tensor& running_mean, const Tensor& running_var, const BatchNormParams& p,
+                                    const Tensor& y) {
+  check_bn_params(ck, x,
+                  {{"gamma", &gamma}, {"beta", &beta}, {"running_mean", &running_mean}, {"running_var", &running_var}});
   ck.tensor("y", y);
   ck.same_shape("x", x, "y", y);
 }
 
-void check_batchnorm2d_backward(const Check& ck, const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
+void check_batchnorm2d_backward(const Check& ck, const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx,
+                                const Tensor& dgamma, const Tensor& dbeta) {
   check_bn_params(ck, x, {{"gamma", &gamma}, {"save_mean", &save_mean}, {"save_invstd", &save_invstd}});
   ck.tensor("dy", dy);
   ck.same_shape("dy", dy, "x", x);
@@ -414,7 +432,8 @@ void check_batchnorm2d_backward(const Check& ck, const Tensor& dy, const Tensor&
   ck.optional("dbeta", dbeta, Shape{x.size(1)});
 }
 
-void check_layernorm_forward(const Check& ck, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+void check_layernorm_forward(const Check& ck, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                             const Tensor& y, const Tensor& mean, const Tensor& rstd) {
   ck.tensor("x", x);
   ck.min_rank("x", x, 1);
   const int64_t c = x.size(-1), n = rows_of(x.shape());
@@ -431,7 +450,9 @@ void check_layernorm_forward(const Check& ck, const Tensor& x, const Tensor& gam
   if (!(eps > 0.0f)) ck.fail("eps must be positive");
 }
 
-void check_layernorm_backward(const Check& ck, const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
+void check_layernorm_backward(const Check& ck, const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                              const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
+                              const Tensor& dbeta) {
   ck.tensor("x", x);
   ck.min_rank("x", x, 1);
   const int64_t c = x.size(-1), n = rows_of(x.shape());
@@ -461,8 +482,8 @@ void check_rmsnorm_forward(const Check& ck, const Tensor& x, const Tensor& gamma
   if (!(eps > 0.0f)) ck.fail("eps must be positive");
 }
 
-void check_rmsnorm_backward(const Check& ck, const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                            const Tensor& rstd, const Tensor& dx, const Tensor& dgamma) {
+void check_rmsnorm_backward(const Check& ck, const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
+                            const Tensor& dx, const Tensor& dgamma) {
   ck.tensor("x", x);
   ck.min_rank("x", x, 1);
   ck.tensor("dy", dy);
@@ -477,7 +498,8 @@ void check_rmsnorm_backward(const Check& ck, const Tensor& dy, const Tensor& x, 
 
 // ---- Transformer pieces ---------------------------------------------------------------------
 
-void check_embedding_forward(const Check& ck, const Tensor& ids, const Tensor& table, const Tensor& pos_table, const Tensor& y) {
+void check_embedding_forward(const Check& ck, const Tensor& ids, const Tensor& table, const Tensor& pos_table,
+                             const Tensor& y) {
   ck.tensor("ids", ids, DType::i32);
   ck.rank("ids", ids, 2);
   ck.tensor("table", table);
@@ -493,7 +515,8 @@ void check_embedding_forward(const Check& ck, const Tensor& ids, const Tensor& t
   }
 }
 
-void check_embedding_backward(const Check& ck, const Tensor& dy, const Tensor& ids, const Tensor& dtable, const Tensor& dpos_table) {
+void check_embedding_backward(const Check& ck, const Tensor& dy, const Tensor& ids, const Tensor& dtable,
+                              const Tensor& dpos_table) {
   ck.tensor("ids", ids, DType::i32);
   ck.rank("ids", ids, 2);
   ck.tensor("dy", dy);
@@ -517,7 +540,8 @@ void check_attention_forward_workspace(const Check& ck, const Shape& qkv, const 
   check_attention(ck, qkv, p);
 }
 
-void check_attention_forward(const Check& ck, const Tensor& qkv, const AttentionParams& p, RngState rng, const Tensor& out, const Tensor& probs, const Tensor& workspace) {
+void check_attention_forward(const Check& ck, const Tensor& qkv, const AttentionParams& p, RngState rng,
+                             const Tensor& out, const Tensor& probs, const Tensor& workspace) {
   ck.tensor("qkv", qkv);
   check_attention(ck, qkv.shape(), p);
   const int64_t b = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3;
@@ -529,8 +553,7 @@ void check_attention_forward(const Check& ck, const Tensor& qkv, const Attention
   ck.shape("probs", probs, Shape{b, p.n_head, t, t});
   if (out.defined() && (out.shares_storage(qkv) || out.shares_storage(probs)))
     ck.fail("qkv, out and probs must not share storage");
-  if (probs.shares_storage(qkv))
-    ck.fail("qkv, out and probs must not share storage");
+  if (probs.shares_storage(qkv)) ck.fail("qkv, out and probs must not share storage");
   ck.workspace(workspace, ck.be->attention_forward_workspace(qkv.shape(), p));
 }
 
@@ -538,7 +561,8 @@ void check_attention_backward_workspace(const Check& ck, const Shape& qkv, const
   check_attention(ck, qkv, p);
 }
 
-void check_attention_backward(const Check& ck, const Tensor& dout, const Tensor& qkv, const Tensor& probs, const AttentionParams& p, RngState rng, const Tensor& dqkv, const Tensor& workspace) {
+void check_attention_backward(const Check& ck, const Tensor& dout, const Tensor& qkv, const Tensor& probs,
+                              const AttentionParams& p, RngState rng, const Tensor& dqkv, const Tensor& workspace) {
   ck.tensor("qkv", qkv);
   check_attention(ck, qkv.shape(), p);
   const int64_t b = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3;
@@ -563,7 +587,8 @@ void check_permute_0213(const Check& ck, const Tensor& x, const Tensor& y) {
 
 // ---- Optimizers --------------------------------------------------------------------------------
 
-void check_sgd_step(const Check& ck, const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdParams& p, int64_t step) {
+void check_sgd_step(const Check& ck, const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
+                    const SgdParams& p, int64_t step) {
   ck.tensor("param", param);
   ck.tensor("grad", grad);
   ck.same_shape("param", param, "grad", grad);
@@ -576,7 +601,8 @@ void check_sgd_step(const Check& ck, const Tensor& param, const Tensor& grad, co
     ck.fail("Nesterov momentum requires a momentum and zero dampening");
 }
 
-void check_adamw_step(const Check& ck, const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamWParams& p, int64_t step) {
+void check_adamw_step(const Check& ck, const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                      const Tensor& exp_avg_sq, const AdamWParams& p, int64_t step) {
   ck.tensor("param", param);
   ck.tensor("grad", grad);
   ck.tensor("exp_avg", exp_avg);
@@ -585,8 +611,7 @@ void check_adamw_step(const Check& ck, const Tensor& param, const Tensor& grad, 
   ck.same_shape("param", param, "exp_avg", exp_avg);
   ck.same_shape("param", param, "exp_avg_sq", exp_avg_sq);
   if (step < 1) ck.fail("step counts from 1, got " + std::to_string(step));
-  if (!(p.beta1 >= 0.0 && p.beta1 < 1.0 && p.beta2 >= 0.0 && p.beta2 < 1.0))
-    ck.fail("betas must be in [0, 1)");
+  if (!(p.beta1 >= 0.0 && p.beta1 < 1.0 && p.beta2 >= 0.0 && p.beta2 < 1.0)) ck.fail("betas must be in [0, 1)");
 }
 
 void check_global_norm(const Check& ck, const std::vector<Tensor>& tensors) {
@@ -621,11 +646,11 @@ Backend::Properties Backend::properties() const {
 #define REMAT_OP_NAME_op(name) std::string_view(#name)
 #define REMAT_OP_NAME_result(name) std::string_view(#name)
 #define REMAT_OP_NAME_workspace(name) std::string_view(#name, sizeof(#name) - sizeof("_workspace"))
-#define REMAT_OP(kind, R, name, params, args)                                    \
-  R Backend::name params {                                                       \
+#define REMAT_OP(kind, R, name, params, args)                                         \
+  R Backend::name params {                                                            \
     check_##name(Check{REMAT_OP_NAME_##kind(name), device(), this}, REMAT_ARGS args); \
-    enter_op();                                         \
-    return name##_impl args;                            \
+    enter_op();                                                                       \
+    return name##_impl args;                                                          \
   }
 #include "remat/backend_ops.def"
 #undef REMAT_OP

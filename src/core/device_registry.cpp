@@ -39,8 +39,9 @@ const DeviceKind& device_kind(Device d) {
     case DeviceType::cuda:
       REMAT_THROW("device ", d.str(), " is not available: remat was built without CUDA (REMAT_CUDA=OFF)");
     case DeviceType::cuda_emu:
-      REMAT_THROW("device cuda-emu: this program was not linked with the emulated CUDA backend "
-                  "(remat_cuda_emu; call register_cuda_emu_backend() at startup)");
+      REMAT_THROW(
+          "device cuda-emu: this program was not linked with the emulated CUDA backend "
+          "(remat_cuda_emu; call register_cuda_emu_backend() at startup)");
     default: REMAT_THROW("device ", d.str(), ": no backend is registered for it in this program");
   }
 }

@@ -9,9 +9,12 @@ namespace {
 // folder when ccache rewrites them ("../../src/x.cpp"): report them from the repository.
 const char* repo_relative(const char* file) {
   for (;;) {
-    if (std::strncmp(file, "../", 3) == 0) file += 3;
-    else if (std::strncmp(file, "./", 2) == 0) file += 2;
-    else return file;
+    if (std::strncmp(file, "../", 3) == 0)
+      file += 3;
+    else if (std::strncmp(file, "./", 2) == 0)
+      file += 2;
+    else
+      return file;
   }
 }
 }  // namespace

@@ -2,8 +2,8 @@
 
 #include <limits>
 
-#include "remat/philox.h"
 #include "remat/error.h"
+#include "remat/philox.h"
 
 namespace remat {
 

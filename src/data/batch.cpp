@@ -7,10 +7,10 @@
 #include <random>
 
 #include "data/random.h"
-#include "remat/philox.h"
 #include "remat/data.h"
 #include "remat/error.h"
 #include "remat/memory.h"
+#include "remat/philox.h"
 
 namespace remat {
 
@@ -86,8 +86,8 @@ Batch image_batch(const ImageDataset& d, const std::vector<int64_t>& indices, De
   REMAT_CHECK(d.images.dtype() == DType::f32 && d.images.rank() == 4, "image_batch: images of ", d.source,
               " must be f32 [N, C, H, W], not ", d.images.str());
   const int64_t n = d.images.size(0);
-  REMAT_CHECK(d.labels.dtype() == DType::i32 && d.labels.rank() == 1 && d.labels.size(0) == n, "image_batch: labels of ",
-              d.source, " must be i32 [", n, "], not ", d.labels.str());
+  REMAT_CHECK(d.labels.dtype() == DType::i32 && d.labels.rank() == 1 && d.labels.size(0) == n,
+              "image_batch: labels of ", d.source, " must be i32 [", n, "], not ", d.labels.str());
   REMAT_CHECK(!indices.empty(), "image_batch: no indices");
   for (size_t i = 0; i < indices.size(); ++i)
     REMAT_CHECK(indices[i] >= 0 && indices[i] < n, "image_batch: index ", indices[i], " at position ", i,
@@ -144,7 +144,8 @@ Batch text_batch(const TextDataset& d, const std::vector<int64_t>& starts, int64
 
   TagScope scope(MemoryCategory::input, "data", Phase::setup);
   if (device.is_meta())
-    return {Tensor::empty(Shape{b, seq_len}, device, DType::i32), Tensor::empty(Shape{b * seq_len}, device, DType::i32)};
+    return {Tensor::empty(Shape{b, seq_len}, device, DType::i32),
+            Tensor::empty(Shape{b * seq_len}, device, DType::i32)};
   Tensor input = Tensor::empty(Shape{b, seq_len}, Device::cpu(), DType::i32);
   Tensor targets = Tensor::empty(Shape{b * seq_len}, Device::cpu(), DType::i32);
   int32_t* in = input.i32();

@@ -32,7 +32,8 @@ class Inflater {
 }  // namespace
 
 bool is_gzip(const std::string& bytes) {
-  return bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x1f && static_cast<unsigned char>(bytes[1]) == 0x8b;
+  return bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x1f &&
+         static_cast<unsigned char>(bytes[1]) == 0x8b;
 }
 
 std::string describe_bytes(size_t n) {
@@ -79,12 +80,12 @@ std::string gunzip(const std::string& in, size_t limit, const std::string& name,
     }
     if (rc == Z_OK) continue;
     if (rc == Z_BUF_ERROR && zs.avail_out > 0) {
-      REMAT_THROW(name, ": gzip stream is truncated (", in.size(), " compressed bytes end inside member ",
-                  members + 1, " after ", produced, " inflated bytes)");
+      REMAT_THROW(name, ": gzip stream is truncated (", in.size(), " compressed bytes end inside member ", members + 1,
+                  " after ", produced, " inflated bytes)");
     }
     if (rc == Z_BUF_ERROR) continue;  // output full: grow at the top of the loop
-    REMAT_THROW(name, ": gzip stream is corrupt in member ", members + 1, " after ", produced, " inflated bytes: ",
-                zs.msg ? zs.msg : "zlib error " + std::to_string(rc));
+    REMAT_THROW(name, ": gzip stream is corrupt in member ", members + 1, " after ", produced,
+                " inflated bytes: ", zs.msg ? zs.msg : "zlib error " + std::to_string(rc));
   }
   out.resize(produced);
   return out;

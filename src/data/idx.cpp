@@ -53,8 +53,7 @@ struct IdxHeader {
 
 // Reads the header from the first n bytes of the (decompressed) file. `what` is "the file"
 // or "the inflated stream", for messages.
-IdxHeader parse_header(const unsigned char* p, size_t n, const std::string& name, size_t max_bytes,
-                       const char* what) {
+IdxHeader parse_header(const unsigned char* p, size_t n, const std::string& name, size_t max_bytes, const char* what) {
   if (n < 4)
     REMAT_THROW(name, ": truncated IDX header: ", what, " has ", n, " bytes, fewer than the 4 of the magic number");
   const uint32_t magic = (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3];
@@ -85,8 +84,8 @@ IdxHeader parse_header(const unsigned char* p, size_t n, const std::string& name
         const unsigned char* r = p + 4 + 4 * j;
         all.push_back((int64_t{r[0]} << 24) | (int64_t{r[1]} << 16) | (int64_t{r[2]} << 8) | r[3]);
       }
-      REMAT_THROW(name, ": dims ", dims_str(all), " describe more data than the limit of ", detail::describe_bytes(max_bytes),
-                  " for an IDX file");
+      REMAT_THROW(name, ": dims ", dims_str(all), " describe more data than the limit of ",
+                  detail::describe_bytes(max_bytes), " for an IDX file");
     }
     count *= d;
   }
@@ -194,9 +193,12 @@ std::string default_fashion_mnist_dir() {
 
 std::pair<std::string, std::string> fashion_mnist_paths(const std::string& dir, const std::string& split) {
   std::string prefix;
-  if (split == "train") prefix = "train";
-  else if (split == "test") prefix = "t10k";
-  else REMAT_THROW("Fashion-MNIST: unknown split \"", split, "\" (expected \"train\" or \"test\")");
+  if (split == "train")
+    prefix = "train";
+  else if (split == "test")
+    prefix = "t10k";
+  else
+    REMAT_THROW("Fashion-MNIST: unknown split \"", split, "\" (expected \"train\" or \"test\")");
   auto find = [&](const std::string& stem) {
     const std::string base = (std::filesystem::path(dir) / stem).string();
     for (const std::string& p : {base + ".gz", base})

@@ -32,8 +32,7 @@ ImageDataset synthetic_images(int64_t n, int channels, int height, int width, in
   std::vector<float> prototypes(static_cast<size_t>(num_classes) * static_cast<size_t>(per));
   for (int k = 0; k < num_classes; ++k) {
     detail::SplitMix g(stream_seed(seed, kPrototypeStream, static_cast<uint64_t>(k)));
-    for (int64_t j = 0; j < per; ++j)
-      prototypes[static_cast<size_t>(k * per + j)] = (g() >> 63) ? 1.0f : -1.0f;
+    for (int64_t j = 0; j < per; ++j) prototypes[static_cast<size_t>(k * per + j)] = (g() >> 63) ? 1.0f : -1.0f;
   }
 
   TagScope scope(MemoryCategory::input, "data", Phase::setup);

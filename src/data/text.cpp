@@ -23,8 +23,10 @@ constexpr size_t kMaxTextBytes = size_t{1} << 30;
 
 std::string describe_byte(unsigned char c) {
   char buf[16];
-  if (c >= 0x20 && c < 0x7f) std::snprintf(buf, sizeof buf, "0x%02x '%c'", c, c);
-  else std::snprintf(buf, sizeof buf, "0x%02x", c);
+  if (c >= 0x20 && c < 0x7f)
+    std::snprintf(buf, sizeof buf, "0x%02x '%c'", c, c);
+  else
+    std::snprintf(buf, sizeof buf, "0x%02x", c);
   return buf;
 }
 

@@ -57,7 +57,8 @@ int64_t check_token_shard(const unsigned char* bytes, size_t size, const std::st
         "but the file is " + std::to_string(size) + " bytes; truncated?");
   if (size > expect)
     bad("the header says " + std::to_string(count) + " tokens (" + std::to_string(expect) + " bytes with the header) " +
-        "but the file is " + std::to_string(size) + " bytes; " + std::to_string(size - expect) + " bytes follow the tokens");
+        "but the file is " + std::to_string(size) + " bytes; " + std::to_string(size - expect) +
+        " bytes follow the tokens");
   return count;
 }
 
@@ -140,7 +141,8 @@ Batch TokenShards::batch(const std::vector<int64_t>& indices, int64_t seq_len, i
 
   TagScope scope(MemoryCategory::input, "data", Phase::setup);
   if (device.is_meta())
-    return {Tensor::empty(Shape{b, seq_len}, device, DType::i32), Tensor::empty(Shape{b * seq_len}, device, DType::i32)};
+    return {Tensor::empty(Shape{b, seq_len}, device, DType::i32),
+            Tensor::empty(Shape{b * seq_len}, device, DType::i32)};
   Tensor input = Tensor::empty(Shape{b, seq_len}, Device::cpu(), DType::i32);
   Tensor targets = Tensor::empty(Shape{b * seq_len}, Device::cpu(), DType::i32);
   int32_t* in = input.i32();
@@ -156,7 +158,8 @@ Batch TokenShards::batch(const std::vector<int64_t>& indices, int64_t seq_len, i
     for (int64_t t = 0; t <= seq_len; ++t) {
       const int32_t tok = le_u16(src + 2 * t);
       if (tok >= vocab)
-        REMAT_THROW(p.name, ": token ", p.first + start + t, " is ", tok, ", outside the model's vocabulary of ", vocab);
+        REMAT_THROW(p.name, ": token ", p.first + start + t, " is ", tok, ", outside the model's vocabulary of ",
+                    vocab);
       if (t < seq_len) in[i * seq_len + t] = tok;
       if (t > 0) tg[i * seq_len + t - 1] = tok;
     }
@@ -225,7 +228,8 @@ std::string describe_set(const char* what, const TokenShards& s) {
 TokenShardData load_token_shard_data(const std::string& path, double eval_fraction) {
   const ShardSplit split = split_token_shards(find_token_shards(path));
   if (split.train.empty())
-    REMAT_THROW(path, ": all ", split.val.size(), " shard(s) are validation shards (their names have the word "
+    REMAT_THROW(path, ": all ", split.val.size(),
+                " shard(s) are validation shards (their names have the word "
                 "\"val\"); training needs at least one other");
   TokenShardData d;
   if (!split.val.empty()) {
@@ -238,9 +242,10 @@ TokenShardData load_token_shard_data(const std::string& path, double eval_fracti
     d.train = all.slice(0, n - n_eval);
     d.eval = all.slice(n - n_eval, n);
   }
-  d.describe = describe_set("train:", d.train) + "; eval: " +
-               (split.val.empty() ? "the last " + std::to_string(d.eval.tokens()) + " tokens of those (no file named val)"
-                                  : describe_set("", d.eval).substr(1));
+  d.describe =
+      describe_set("train:", d.train) + "; eval: " +
+      (split.val.empty() ? "the last " + std::to_string(d.eval.tokens()) + " tokens of those (no file named val)"
+                         : describe_set("", d.eval).substr(1));
   return d;
 }
 

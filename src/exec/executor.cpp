@@ -123,8 +123,8 @@ void Executor::begin_step(const Batch& batch) {
   live_[g_.targets_id].out = batch.targets;
   REMAT_CHECK(batch.input.shape() == g_.layer(g_.input_id).out_shape, "batch input ", batch.input.str(),
               " does not match the model input ", g_.layer(g_.input_id).out_shape.str());
-  REMAT_CHECK(batch.targets.numel() == g_.layer(g_.targets_id).out_shape.numel(), "batch targets ",
-              batch.targets.str(), " do not match the model's ", g_.layer(g_.targets_id).out_shape.str());
+  REMAT_CHECK(batch.targets.numel() == g_.layer(g_.targets_id).out_shape.numel(), "batch targets ", batch.targets.str(),
+              " do not match the model's ", g_.layer(g_.targets_id).out_shape.str());
 }
 
 void Executor::end_step() {
@@ -264,7 +264,8 @@ void Executor::verify_recomputed(int i, bool extras_only) {
   const auto names = l.extra_names();
   const std::vector<Tensor>& extras = live_[i].extras;
   for (size_t k = 0; k < extras.size(); ++k)
-    check(static_cast<int>(k), extras[k], k < names.size() ? "tensor \"" + names[k] + "\"" : "extra " + std::to_string(k));
+    check(static_cast<int>(k), extras[k],
+          k < names.size() ? "tensor \"" + names[k] + "\"" : "extra " + std::to_string(k));
 }
 
 // ---- evaluation ------------------------------------------------------------------------------------

@@ -2,9 +2,9 @@
 // seed derived from the run's seed, so every device starts from the same weights.
 #include <cmath>
 
-#include "remat/philox.h"
 #include "remat/error.h"
 #include "remat/exec.h"
+#include "remat/philox.h"
 
 namespace remat {
 
@@ -79,8 +79,10 @@ void ParamStore::initialise(size_t p) {
   uint64_t offset = offsets_[p];
   std::vector<float> host;
   init_values(gp.spec, seed_, offset, host);
-  if (device_.is_cpu()) std::copy(host.begin(), host.end(), values[p].f32());
-  else values[p].copy_from(Tensor::from_vector(host, gp.spec.shape));
+  if (device_.is_cpu())
+    std::copy(host.begin(), host.end(), values[p].f32());
+  else
+    values[p].copy_from(Tensor::from_vector(host, gp.spec.shape));
 }
 
 void ParamStore::zero_grads(Backend& be) {

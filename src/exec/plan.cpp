@@ -77,7 +77,8 @@ CheckpointPlan make_plan_from_segments(const Graph& g, const std::string& name, 
   }
   plain(g.size());
   for (size_t si = 0; si < p.segments.size(); ++si)
-    for (int i = p.segments[si].begin; i < p.segments[si].end; ++i) p.segment_of[static_cast<size_t>(i)] = static_cast<int>(si);
+    for (int i = p.segments[si].begin; i < p.segments[si].end; ++i)
+      p.segment_of[static_cast<size_t>(i)] = static_cast<int>(si);
   // Invariants: inputs and the loss are kept; anything read by a later segment is kept
   // (it is that segment's checkpoint); a layer outside any recompute segment is kept.
   for (int i = 0; i < g.size(); ++i) {
@@ -85,7 +86,8 @@ CheckpointPlan make_plan_from_segments(const Graph& g, const std::string& name, 
     if (always_kept(l) || !p.segments[static_cast<size_t>(p.segment_of[static_cast<size_t>(i)])].recompute)
       p.keep[static_cast<size_t>(i)] = true;
     for (int j : l.inputs)
-      if (p.segment_of[static_cast<size_t>(j)] != p.segment_of[static_cast<size_t>(i)]) p.keep[static_cast<size_t>(j)] = true;
+      if (p.segment_of[static_cast<size_t>(j)] != p.segment_of[static_cast<size_t>(i)])
+        p.keep[static_cast<size_t>(j)] = true;
   }
   // Extras are kept with the output unless asked otherwise; a layer kept only because
   // the invariants above demand it keeps all its products.
@@ -100,7 +102,8 @@ CheckpointPlan make_plan_from_segments(const Graph& g, const std::string& name, 
   std::vector<bool> out_read_by_backward(n, false);
   for (int i = 0; i < g.size(); ++i) {
     const Layer& l = g.layer(i);
-    for (int k : l.backward_inputs()) out_read_by_backward[static_cast<size_t>(l.inputs[static_cast<size_t>(k)])] = true;
+    for (int k : l.backward_inputs())
+      out_read_by_backward[static_cast<size_t>(l.inputs[static_cast<size_t>(k)])] = true;
     if (l.backward_uses_output()) out_read_by_backward[static_cast<size_t>(i)] = true;
   }
   p.rerun.assign(n, false);

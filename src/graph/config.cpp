@@ -26,7 +26,8 @@ std::string show(const nlohmann::json& v) {
 ConfigReader::ConfigReader(const nlohmann::json& obj, std::string pointer, std::string source,
                            const std::map<std::string, int64_t>* vars)
     : obj_(obj), pointer_(std::move(pointer)), source_(std::move(source)), vars_(vars) {
-  if (!obj_.is_object()) REMAT_THROW(source_, ": ", pointer_.empty() ? "/" : pointer_, ": expected an object, got ", show(obj_));
+  if (!obj_.is_object())
+    REMAT_THROW(source_, ": ", pointer_.empty() ? "/" : pointer_, ": expected an object, got ", show(obj_));
 }
 
 void ConfigReader::fail(const std::string& key, const std::string& message) const {
@@ -51,7 +52,8 @@ int64_t ConfigReader::as_int(const std::string& key, const nlohmann::json& v, in
     x = it->second;
   } else if (v.is_number_integer()) {
     x = v.get<int64_t>();
-  } else if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>() && std::fabs(v.get<double>()) < 9e15) {
+  } else if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>() &&
+             std::fabs(v.get<double>()) < 9e15) {
     x = static_cast<int64_t>(v.get<double>());
   } else {
     fail(key, std::string("expected ") + what + ", got " + show(v));
@@ -64,7 +66,9 @@ int64_t ConfigReader::positive_int(const std::string& key) {
   return as_int(key, get(key), 1, std::numeric_limits<int64_t>::max(), "a positive integer");
 }
 
-int64_t ConfigReader::positive_int_or(const std::string& key, int64_t def) { return has(key) ? positive_int(key) : def; }
+int64_t ConfigReader::positive_int_or(const std::string& key, int64_t def) {
+  return has(key) ? positive_int(key) : def;
+}
 
 int64_t ConfigReader::int_or(const std::string& key, int64_t def, int64_t min, int64_t max) {
   if (!has(key)) return def;
@@ -106,7 +110,8 @@ std::string ConfigReader::string_or(const std::string& key, const std::string& d
   return has(key) ? string(key) : def;
 }
 
-std::string ConfigReader::one_of(const std::string& key, const std::vector<std::string>& choices, const std::string& def) {
+std::string ConfigReader::one_of(const std::string& key, const std::vector<std::string>& choices,
+                                 const std::string& def) {
   if (!has(key)) return def;
   const std::string s = string(key);
   for (const auto& c : choices)
@@ -133,7 +138,8 @@ std::vector<int64_t> ConfigReader::shape(const std::string& key) {
   if (!v.is_array() || v.empty()) fail(key, "expected a non-empty list of positive integers, got " + show(v));
   std::vector<int64_t> out;
   for (size_t i = 0; i < v.size(); ++i)
-    out.push_back(as_int(key + "/" + std::to_string(i), v[i], 1, std::numeric_limits<int32_t>::max(), "a positive integer"));
+    out.push_back(
+        as_int(key + "/" + std::to_string(i), v[i], 1, std::numeric_limits<int32_t>::max(), "a positive integer"));
   return out;
 }
 
@@ -179,8 +185,8 @@ Config parse_config(const nlohmann::json& j, const std::string& source) {
   }
   if (root.has("data")) {
     ConfigReader d = root.child("data");
-    c.data.dataset =
-        d.one_of("dataset", {"fashion_mnist", "text", "synthetic_images", "synthetic_text", "token_shards"}, c.data.dataset);
+    c.data.dataset = d.one_of(
+        "dataset", {"fashion_mnist", "text", "synthetic_images", "synthetic_text", "token_shards"}, c.data.dataset);
     c.data.path = d.string_or("path", "");
     c.data.synthetic_size = d.positive_int_or("synthetic_size", c.data.synthetic_size);
     // Token shards hold uint16 ids of some tokenizer; by default GPT-2's vocabulary.
@@ -192,7 +198,8 @@ Config parse_config(const nlohmann::json& j, const std::string& source) {
     if (d.has("augment")) {
       ConfigReader a = d.child("augment");
       c.data.augment.hflip = a.number_or("hflip", c.data.augment.hflip, 0.0, 1.0);
-      const bool text = c.data.dataset == "text" || c.data.dataset == "synthetic_text" || c.data.dataset == "token_shards";
+      const bool text =
+          c.data.dataset == "text" || c.data.dataset == "synthetic_text" || c.data.dataset == "token_shards";
       if (text && c.data.augment.hflip > 0)
         a.fail("hflip", "mirrors images, but the data set " + c.data.dataset + " is text");
       a.finish();
@@ -261,17 +268,29 @@ nlohmann::json Config::resolved() const {
   j["name"] = name;
   j["description"] = description;
   j["model"] = model;
-  j["data"] = {{"dataset", data.dataset},     {"path", data.path},       {"synthetic_size", data.synthetic_size},
-               {"vocab", data.vocab},         {"image_shape", data.image_shape}, {"classes", data.classes},
-               {"eval_fraction", data.eval_fraction}, {"shuffle", data.shuffle},
+  j["data"] = {{"dataset", data.dataset},
+               {"path", data.path},
+               {"synthetic_size", data.synthetic_size},
+               {"vocab", data.vocab},
+               {"image_shape", data.image_shape},
+               {"classes", data.classes},
+               {"eval_fraction", data.eval_fraction},
+               {"shuffle", data.shuffle},
                {"augment", {{"hflip", data.augment.hflip}}}};
-  j["optimizer"] = {{"type", optimizer.type},         {"lr", optimizer.lr},
-                    {"weight_decay", optimizer.weight_decay}, {"momentum", optimizer.momentum},
-                    {"dampening", optimizer.dampening}, {"nesterov", optimizer.nesterov},
-                    {"beta1", optimizer.beta1},       {"beta2", optimizer.beta2},
-                    {"eps", optimizer.eps},           {"grad_clip", optimizer.grad_clip}};
-  j["schedule"] = {{"type", schedule.type},           {"warmup_steps", schedule.warmup_steps},
-                   {"min_lr_ratio", schedule.min_lr_ratio}, {"step_size", schedule.step_size},
+  j["optimizer"] = {{"type", optimizer.type},
+                    {"lr", optimizer.lr},
+                    {"weight_decay", optimizer.weight_decay},
+                    {"momentum", optimizer.momentum},
+                    {"dampening", optimizer.dampening},
+                    {"nesterov", optimizer.nesterov},
+                    {"beta1", optimizer.beta1},
+                    {"beta2", optimizer.beta2},
+                    {"eps", optimizer.eps},
+                    {"grad_clip", optimizer.grad_clip}};
+  j["schedule"] = {{"type", schedule.type},
+                   {"warmup_steps", schedule.warmup_steps},
+                   {"min_lr_ratio", schedule.min_lr_ratio},
+                   {"step_size", schedule.step_size},
                    {"gamma", schedule.gamma}};
   j["training"] = {{"batch", training.batch},
                    {"epochs", training.epochs},

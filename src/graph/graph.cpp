@@ -12,7 +12,6 @@
 
 namespace remat {
 
-
 namespace {
 
 class InputLayer final : public Layer {
@@ -63,8 +62,8 @@ struct Builder {
         }
         const GraphParam& target = g.params[static_cast<size_t>(it->second)];
         if (target.spec.shape != spec.shape) {
-          const std::string msg = "\"" + spec.tie + "\" has shape " + target.spec.shape.str() +
-                                  ", this layer needs " + spec.shape.str();
+          const std::string msg =
+              "\"" + spec.tie + "\" has shape " + target.spec.shape.str() + ", this layer needs " + spec.shape.str();
           if (r) r->fail("tie_weight", msg);
           REMAT_THROW(msg);
         }

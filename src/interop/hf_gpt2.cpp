@@ -189,7 +189,8 @@ void load_param(const SafetensorsFile& f, const SafetensorsEntry& e, bool transp
     copy_entry(f, e, transpose, t.f32());
     return;
   }
-  Tensor host = Tensor::empty(t.shape(), Device::cpu(), DType::f32, AllocTag{MemoryCategory::temporary, "init_from", Phase::setup});
+  Tensor host = Tensor::empty(t.shape(), Device::cpu(), DType::f32,
+                              AllocTag{MemoryCategory::temporary, "init_from", Phase::setup});
   copy_entry(f, e, transpose, host.f32());
   t.copy_from(host);
 }
@@ -203,8 +204,10 @@ void collect_layers(const nlohmann::json& layers, const std::string& type, bool 
   for (const auto& l : layers) {
     if (!l.is_object()) continue;
     const std::string t = l.value("type", "");
-    if (t == "repeat" && l.contains("layers")) collect_layers(l["layers"], type, true, out);
-    else if (t == type) out.emplace_back(&l, in_block);
+    if (t == "repeat" && l.contains("layers"))
+      collect_layers(l["layers"], type, true, out);
+    else if (t == type)
+      out.emplace_back(&l, in_block);
   }
 }
 
@@ -247,8 +250,10 @@ ModelFacts model_facts(const Config& cfg) {
   if (shared_value(cfg.model, "gelu", "approximate", "none", cfg.source, &v))
     m.activation = v == "tanh" ? "gelu_new" : "gelu";
   if (shared_value(cfg.model, "layernorm", "eps", 1e-5, cfg.source, &v) && v.is_number()) m.ln_eps = v.get<double>();
-  if (shared_value(cfg.model, "attention", "heads", 1, cfg.source, &v) && v.is_number_integer()) m.heads = v.get<int64_t>();
-  if (shared_value(cfg.model, "attention", "dropout", 0.0, cfg.source, &v) && v.is_number()) m.attn_pdrop = v.get<double>();
+  if (shared_value(cfg.model, "attention", "heads", 1, cfg.source, &v) && v.is_number_integer())
+    m.heads = v.get<int64_t>();
+  if (shared_value(cfg.model, "attention", "dropout", 0.0, cfg.source, &v) && v.is_number())
+    m.attn_pdrop = v.get<double>();
   if (shared_value(cfg.model, "attention", "causal", true, cfg.source, &v) && v.is_boolean()) m.causal = v.get<bool>();
   auto first_p = [&](int where) {
     const auto ls = layers_of(cfg.model, "dropout", where);
@@ -300,7 +305,8 @@ void check_hf_config_json(const std::string& path, const Config& cfg, int64_t n_
     if (!e.is_number() || static_cast<float>(e.get<double>()) != static_cast<float>(m.ln_eps))
       fail("layer_norm_epsilon", "the config's layernorm eps is " + nlohmann::json(m.ln_eps).dump());
   }
-  if (j.value("scale_attn_weights", true) != true) fail("scale_attn_weights", "remat's attention scales by 1/sqrt(head size)");
+  if (j.value("scale_attn_weights", true) != true)
+    fail("scale_attn_weights", "remat's attention scales by 1/sqrt(head size)");
   if (j.value("scale_attn_by_inverse_layer_idx", false) != false)
     fail("scale_attn_by_inverse_layer_idx", "remat's attention does not scale by layer");
   if (!m.causal) REMAT_THROW(cfg.source, ": the attention layers are not causal; GPT-2's are");
@@ -310,10 +316,12 @@ void check_hf_config_json(const std::string& path, const Config& cfg, int64_t n_
 
 [[noreturn]] void refuse_pickle(const std::string& file) {
   const std::string dir = fs::path(file).parent_path().string().empty() ? "." : fs::path(file).parent_path().string();
-  REMAT_THROW(file, " is a pickled PyTorch checkpoint, which remat does not read (unpickling can run arbitrary code). "
+  REMAT_THROW(file,
+              " is a pickled PyTorch checkpoint, which remat does not read (unpickling can run arbitrary code). "
               "Convert it to safetensors with transformers, e.g.\n  python3 -c \"from transformers import "
-              "GPT2LMHeadModel; GPT2LMHeadModel.from_pretrained('", dir, "').save_pretrained('", dir,
-              "-safetensors', safe_serialization=True)\"\nand pass --init-from ", dir, "-safetensors");
+              "GPT2LMHeadModel; GPT2LMHeadModel.from_pretrained('",
+              dir, "').save_pretrained('", dir, "-safetensors', safe_serialization=True)\"\nand pass --init-from ", dir,
+              "-safetensors");
 }
 
 bool looks_pickled(const std::string& file) {
@@ -372,9 +380,11 @@ Sources open_sources(const std::string& path) {
     } else if (fs::exists(d / "model.safetensors.index.json")) {
       add_index((d / "model.safetensors.index.json").string());
     } else if (fs::exists(d / "pytorch_model.bin") || fs::exists(d / "pytorch_model.bin.index.json")) {
-      refuse_pickle((d / (fs::exists(d / "pytorch_model.bin") ? "pytorch_model.bin" : "pytorch_model.bin.index.json")).string());
+      refuse_pickle(
+          (d / (fs::exists(d / "pytorch_model.bin") ? "pytorch_model.bin" : "pytorch_model.bin.index.json")).string());
     } else {
-      REMAT_THROW(path, ": no weights found (expected model.safetensors, model.safetensors.index.json, or a remat run "
+      REMAT_THROW(path,
+                  ": no weights found (expected model.safetensors, model.safetensors.index.json, or a remat run "
                   "folder with checkpoint/model.safetensors)");
     }
     if (ckpt.empty() && fs::exists(d / "config.json")) s.config_json = (d / "config.json").string();
@@ -452,7 +462,8 @@ InitFromReport init_from(const std::string& path, const Config& cfg, ParamStore&
     for (const auto& e : f.entries()) {
       const std::string c = canonical_hf(e.name);
       int64_t i = -1;
-      if (c == "wte.weight" || match_pattern("h.{}.ln_1.weight", c, &i) || match_pattern("h.{}.attn.c_attn.weight", c, &i))
+      if (c == "wte.weight" || match_pattern("h.{}.ln_1.weight", c, &i) ||
+          match_pattern("h.{}.attn.c_attn.weight", c, &i))
         hf = true;
     }
   r.format = hf ? "hf-gpt2" : "remat";
@@ -488,7 +499,8 @@ InitFromReport init_from(const std::string& path, const Config& cfg, ParamStore&
           params.initialise(p);
           continue;
         }
-        REMAT_THROW(cfg.source, ": parameter \"", name, "\" has no Hugging Face GPT-2 name (a GPT-2 config uses the "
+        REMAT_THROW(cfg.source, ": parameter \"", name,
+                    "\" has no Hugging Face GPT-2 name (a GPT-2 config uses the "
                     "layer names of models/gpt2_124m.json: embed, h{i}.ln1, h{i}.qkv, h{i}.proj, h{i}.ln2, h{i}.fc, "
                     "h{i}.fc2, ln_f, head); pass --init-from-partial to load the others");
       }
@@ -503,7 +515,8 @@ InitFromReport init_from(const std::string& path, const Config& cfg, ParamStore&
         params.initialise(p);
         continue;
       }
-      REMAT_THROW(join(r.files, 2), ": no tensor ", hf ? "\"" + key + "\" (remat's \"" + name + "\")" : "\"" + name + "\"",
+      REMAT_THROW(join(r.files, 2), ": no tensor ",
+                  hf ? "\"" + key + "\" (remat's \"" + name + "\")" : "\"" + name + "\"",
                   "; pass --init-from-partial to leave missing parameters as initialised");
     }
     const SafetensorsEntry& e = *it->second.entry;
@@ -571,7 +584,8 @@ std::string export_hf_gpt2(const std::string& run_dir, const std::string& out_di
     std::string hf;
     bool conv1d = false;
     if (!hf_name_of(p.name, &hf, &conv1d))
-      REMAT_THROW(cfg_path, ": parameter \"", p.name, "\" has no Hugging Face GPT-2 name (a GPT-2 config uses the layer "
+      REMAT_THROW(cfg_path, ": parameter \"", p.name,
+                  "\" has no Hugging Face GPT-2 name (a GPT-2 config uses the layer "
                   "names of models/gpt2_124m.json)");
     REMAT_CHECK(f.has(p.name), f.source(), ": no tensor \"", p.name, "\" of the config's parameters");
     const SafetensorsEntry& e = f.entry(p.name);
@@ -584,7 +598,8 @@ std::string export_hf_gpt2(const std::string& run_dir, const std::string& out_di
     if (p.name == "embed.pos_weight") n_positions = e.shape[0];
     outs.push_back(Out{hf == kHfHead ? hf : kHfPrefix + hf, &e, conv1d, conv1d ? transposed(e.shape) : e.shape});
   }
-  REMAT_CHECK(n_blocks > 0 && n_positions > 0, cfg_path, ": not a GPT-2 (blocks h0.., a position table embed.pos_weight)");
+  REMAT_CHECK(n_blocks > 0 && n_positions > 0, cfg_path,
+              ": not a GPT-2 (blocks h0.., a position table embed.pos_weight)");
   const ModelFacts m = model_facts(cfg);
   REMAT_CHECK(!m.activation.empty() && m.heads > 0 && m.causal, cfg_path,
               ": not a GPT-2 (its blocks need gelu, causal attention with integer heads)");

@@ -83,13 +83,19 @@ void SafetensorsFile::parse_header(size_t size) {
     SafetensorsEntry e;
     e.name = name;
     const std::string dt = v["dtype"].get<std::string>();
-    if (dt == "F32") e.dtype = DType::f32;
-    else if (dt == "I32") e.dtype = DType::i32;
-    else if (dt == "BF16") e.dtype = DType::bf16;
-    else if (dt == "F16") e.dtype = DType::f16;
-    else bad(where + ": unsupported dtype " + dt);
+    if (dt == "F32")
+      e.dtype = DType::f32;
+    else if (dt == "I32")
+      e.dtype = DType::i32;
+    else if (dt == "BF16")
+      e.dtype = DType::bf16;
+    else if (dt == "F16")
+      e.dtype = DType::f16;
+    else
+      bad(where + ": unsupported dtype " + dt);
     const auto& sh = v["shape"];
-    if (!sh.is_array() || sh.size() > static_cast<size_t>(Shape::kMaxDims)) bad(where + ": shape must be an array of at most 5 dims");
+    if (!sh.is_array() || sh.size() > static_cast<size_t>(Shape::kMaxDims))
+      bad(where + ": shape must be an array of at most 5 dims");
     std::vector<int64_t> dims;
     uint64_t numel = 1;
     for (const auto& d : sh) {
@@ -105,8 +111,8 @@ void SafetensorsFile::parse_header(size_t size) {
       bad(where + ": data_offsets must be two non-negative integers");
     const uint64_t b = off[0].get<uint64_t>(), en = off[1].get<uint64_t>();
     if (b > en || en > data_size)
-      bad(where + ": data_offsets [" + std::to_string(b) + ", " + std::to_string(en) + "] outside the data section of " +
-          std::to_string(data_size) + " bytes");
+      bad(where + ": data_offsets [" + std::to_string(b) + ", " + std::to_string(en) +
+          "] outside the data section of " + std::to_string(data_size) + " bytes");
     if (en - b != numel * dtype_size(e.dtype))
       bad(where + ": " + std::to_string(en - b) + " bytes of data for shape " + e.shape.str() + " of " + dt);
     e.begin = b;
@@ -158,7 +164,8 @@ std::string encode_safetensors(const std::vector<std::pair<std::string, Tensor>>
     Tensor host = t.device().is_cpu() ? t : t.to(Device::cpu());
     const size_t begin = data.size();
     data.append(static_cast<const char*>(host.raw_data()), host.nbytes());
-    header[name] = {{"dtype", st_dtype(t.dtype())}, {"shape", t.shape().dims()}, {"data_offsets", {begin, data.size()}}};
+    header[name] = {
+        {"dtype", st_dtype(t.dtype())}, {"shape", t.shape().dims()}, {"data_offsets", {begin, data.size()}}};
   }
   std::string h = header.dump();
   while ((8 + h.size()) % 8 != 0) h.push_back(' ');  // align the data section to 8 bytes

@@ -127,7 +127,9 @@ CachingAllocator::~CachingAllocator() {
     }
     raw_->deallocate(block->ptr, block->size);
   }
-  if (leaked) log().error("{} allocation(s), {} bytes, still live at teardown of the {} allocator", leaked, leaked_bytes, device_.str());
+  if (leaked)
+    log().error("{} allocation(s), {} bytes, still live at teardown of the {} allocator", leaked, leaked_bytes,
+                device_.str());
 }
 
 size_t CachingAllocator::round_size(size_t bytes) {
@@ -174,8 +176,8 @@ void CachingAllocator::release_cached_locked() {
 
 void CachingAllocator::throw_oom(size_t bytes, const AllocTag& tag) {
   int64_t cap = limit_ > 0 ? std::min(limit_, raw_->capacity()) : raw_->capacity();
-  REMAT_THROW("out of memory on ", device_.str(), ": tried to allocate ", format_bytes(static_cast<int64_t>(bytes)), " (",
-              bytes, " bytes; category ", category_name(tag.category), ", owner \"", tag.owner, "\", phase ",
+  REMAT_THROW("out of memory on ", device_.str(), ": tried to allocate ", format_bytes(static_cast<int64_t>(bytes)),
+              " (", bytes, " bytes; category ", category_name(tag.category), ", owner \"", tag.owner, "\", phase ",
               phase_name(tag.phase), "); allocated ", format_bytes(stats_.allocated), ", reserved ",
               format_bytes(stats_.reserved), ", limit ", format_bytes(cap));
 }
@@ -194,7 +196,9 @@ Block* CachingAllocator::allocate(size_t bytes, const AllocTag& tag) {
     stats_.num_cache_hits++;
   } else {
     const int64_t cap = limit_ > 0 ? std::min(limit_, raw_->capacity()) : raw_->capacity();
-    auto fits = [&] { return rounded <= static_cast<size_t>(cap) && stats_.reserved <= cap - static_cast<int64_t>(rounded); };
+    auto fits = [&] {
+      return rounded <= static_cast<size_t>(cap) && stats_.reserved <= cap - static_cast<int64_t>(rounded);
+    };
     void* ptr = nullptr;
     if (fits()) ptr = raw_->allocate(rounded);
     if (!ptr && !free_blocks_.empty()) {  // give cached memory back and retry once
@@ -228,7 +232,8 @@ Block* CachingAllocator::allocate(size_t bytes, const AllocTag& tag) {
   stats_.num_allocs++;
   stats_.live_blocks++;
   stats_.by_category[tag.category] += r;
-  stats_.peak_by_category[tag.category] = std::max(stats_.peak_by_category[tag.category], stats_.by_category[tag.category]);
+  stats_.peak_by_category[tag.category] =
+      std::max(stats_.peak_by_category[tag.category], stats_.by_category[tag.category]);
   if (stats_.allocated > stats_.peak_allocated) {
     stats_.peak_allocated = stats_.allocated;
     stats_.by_category_at_peak = stats_.by_category;

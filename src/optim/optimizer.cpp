@@ -58,7 +58,8 @@ std::vector<std::pair<std::string, Tensor>> Optimizer::named_state() const {
   const char* adam[] = {"exp_avg", "exp_avg_sq"};
   for (size_t p = 0; p < params_.state.size(); ++p)
     for (size_t k = 0; k < params_.state[p].size(); ++k)
-      out.emplace_back(g.params[p].name + "." + (cfg_.type == "adamw" ? adam[k] : "momentum_buffer"), params_.state[p][k]);
+      out.emplace_back(g.params[p].name + "." + (cfg_.type == "adamw" ? adam[k] : "momentum_buffer"),
+                       params_.state[p][k]);
   return out;
 }
 

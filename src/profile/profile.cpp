@@ -17,17 +17,21 @@ namespace remat {
 Graph build_config_graph(const Config& cfg, int64_t batch, int64_t seq) {
   nlohmann::json model = cfg.model;
   if (seq > 0) {
-    REMAT_CHECK(model.contains("input") && model["input"].is_object() && model["input"].value("type", "image") == "tokens",
-                cfg.source, ": --seq applies to token models only");
+    REMAT_CHECK(
+        model.contains("input") && model["input"].is_object() && model["input"].value("type", "image") == "tokens",
+        cfg.source, ": --seq applies to token models only");
     model["input"]["seq_len"] = seq;
   }
   std::map<std::string, int64_t> vars;
   if (cfg.data.dataset == "synthetic_text") vars["vocab"] = cfg.data.vocab;
   if (cfg.data.dataset == "text" && model.dump().find("\"$vocab\"") != std::string::npos) {
     TextDataset t;
-    if (cfg.data.path.empty()) t = load_text_corpus(default_text_corpus_dir());
-    else if (std::filesystem::is_directory(cfg.data.path)) t = load_text_corpus(cfg.data.path);
-    else t = load_text(cfg.data.path);
+    if (cfg.data.path.empty())
+      t = load_text_corpus(default_text_corpus_dir());
+    else if (std::filesystem::is_directory(cfg.data.path))
+      t = load_text_corpus(cfg.data.path);
+    else
+      t = load_text(cfg.data.path);
     vars["vocab"] = t.vocab_size();
   }
   return build_graph(model, batch, cfg.source, vars);
@@ -42,8 +46,7 @@ Batch synthetic_batch(const Graph& g, Device d, uint64_t seed) {
   int64_t vocab = 1;  // the ids the input's readers accept
   for (int i = 0; i < g.size(); ++i)
     for (size_t k = 0; k < g.layer(i).inputs.size(); ++k)
-      if (g.layer(i).inputs[k] == g.input_id)
-        vocab = std::max(vocab, g.layer(i).input_id_range(static_cast<int>(k)));
+      if (g.layer(i).inputs[k] == g.input_id) vocab = std::max(vocab, g.layer(i).input_id_range(static_cast<int>(k)));
   const int64_t classes = g.layer(g.logits_id).out_shape[-1];
   Batch b;
   if (d.is_meta()) {
@@ -70,8 +73,8 @@ Batch synthetic_batch(const Graph& g, Device d, uint64_t seed) {
 
 }  // namespace
 
-StepProfile profile_step(const Config& cfg, const Graph& g, const CheckpointPlan& plan, Device device,
-                         bool keep_events, Backend* workspace_model) {
+StepProfile profile_step(const Config& cfg, const Graph& g, const CheckpointPlan& plan, Device device, bool keep_events,
+                         Backend* workspace_model) {
   StepProfile p;
   p.policy = plan.policy;
   p.device = device;
@@ -92,8 +95,10 @@ StepProfile profile_step(const Config& cfg, const Graph& g, const CheckpointPlan
     ExecOptions eo;
     if (keep_events) {
       eo.on_layer = [&](int i, Phase ph, bool begin) {
-        if (begin) spans.push_back({i, ph, alloc.event_count(), 0});
-        else spans.back().end = alloc.event_count();
+        if (begin)
+          spans.push_back({i, ph, alloc.event_count(), 0});
+        else
+          spans.back().end = alloc.event_count();
       };
     }
     Executor ex(g, params, be, plan, eo);
@@ -146,15 +151,16 @@ StepProfile profile_step(const Config& cfg, const Graph& g, const CheckpointPlan
     const Layer& l = g.layer(i);
     if (l.kind() == LayerKind::input) continue;
     p.layers.push_back({l.name, l.type, layer_kind_name(l.kind()), static_cast<bool>(plan.keep[static_cast<size_t>(i)]),
-                        static_cast<bool>(plan.keep_extras[static_cast<size_t>(i)]), saved.count(l.name) ? saved[l.name] : 0,
-                        l.forward_flops()});
+                        static_cast<bool>(plan.keep_extras[static_cast<size_t>(i)]),
+                        saved.count(l.name) ? saved[l.name] : 0, l.forward_flops()});
   }
   return p;
 }
 
 int64_t parse_size(const std::string& s) {
   auto bad = [&]() -> int64_t {
-    REMAT_THROW("malformed size \"", s, "\" (expected a number with an optional unit: B, K, M, G, T, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
+    REMAT_THROW("malformed size \"", s,
+                "\" (expected a number with an optional unit: B, K, M, G, T, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
   };
   size_t pos = 0;
   double v = 0;
@@ -166,10 +172,20 @@ int64_t parse_size(const std::string& s) {
   if (!(v >= 0) || !std::isfinite(v)) return bad();
   std::string unit = s.substr(pos);
   while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
-  static const std::map<std::string, double> units{
-      {"", 1},          {"B", 1},         {"K", 1024.0},    {"M", 1048576.0}, {"G", 1073741824.0},
-      {"T", 1099511627776.0}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
-      {"KB", 1e3},      {"MB", 1e6},      {"GB", 1e9},      {"TB", 1e12}};
+  static const std::map<std::string, double> units{{"", 1},
+                                                   {"B", 1},
+                                                   {"K", 1024.0},
+                                                   {"M", 1048576.0},
+                                                   {"G", 1073741824.0},
+                                                   {"T", 1099511627776.0},
+                                                   {"KiB", 1024.0},
+                                                   {"MiB", 1048576.0},
+                                                   {"GiB", 1073741824.0},
+                                                   {"TiB", 1099511627776.0},
+                                                   {"KB", 1e3},
+                                                   {"MB", 1e6},
+                                                   {"GB", 1e9},
+                                                   {"TB", 1e12}};
   auto it = units.find(unit);
   if (it == units.end()) return bad();
   const double bytes = v * it->second;
@@ -200,10 +216,12 @@ CheckpointPlan plan_from_unit_modes(const Graph& g, const std::string& name, con
     if (m.mode == 1) {
       keep_selective(g, us[u], keep, keep_extras);
     } else {
-      for (int i = us[u].begin; i < us[u].end; ++i) keep[static_cast<size_t>(i)] = keep_extras[static_cast<size_t>(i)] = false;
+      for (int i = us[u].begin; i < us[u].end; ++i)
+        keep[static_cast<size_t>(i)] = keep_extras[static_cast<size_t>(i)] = false;
     }
     // A full unit joins the previous segment when both belong to the same group.
-    if (m.mode == 2 && u > 0 && modes[u - 1].mode == 2 && modes[u - 1].group == m.group && !segs.empty() && segs.back().end == us[u].begin)
+    if (m.mode == 2 && u > 0 && modes[u - 1].mode == 2 && modes[u - 1].group == m.group && !segs.empty() &&
+        segs.back().end == us[u].begin)
       segs.back().end = us[u].end;
     else
       segs.push_back({us[u].begin, us[u].end, true});
@@ -275,9 +293,12 @@ PlanCandidate ordered_plan(const Config& cfg, const Graph& g, int64_t n, int64_t
                            Backend* ws) {
   std::vector<UnitModeSpec> modes(static_cast<size_t>(n));
   for (int64_t u = 0; u < n; ++u) {
-    if (u < m_full) modes[static_cast<size_t>(u)] = {2, static_cast<int>(u / k)};
-    else if (u < m_full + m_sel) modes[static_cast<size_t>(u)] = {1, 0};
-    else modes[static_cast<size_t>(u)] = {0, 0};
+    if (u < m_full)
+      modes[static_cast<size_t>(u)] = {2, static_cast<int>(u / k)};
+    else if (u < m_full + m_sel)
+      modes[static_cast<size_t>(u)] = {1, 0};
+    else
+      modes[static_cast<size_t>(u)] = {0, 0};
   }
   std::string name = m_full == 0 && m_sel == 0 ? "none" : "";
   if (m_full > 0) name += std::to_string(m_full) + " full (every:" + std::to_string(k) + ")";
@@ -297,9 +318,8 @@ PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget,
     if (!smallest || c.peak_bytes < smallest->peak_bytes ||
         (c.peak_bytes == smallest->peak_bytes && c.recompute_flops < smallest->recompute_flops))
       smallest = c;
-    if (c.peak_bytes <= budget &&
-        (!best || c.recompute_flops < best->recompute_flops ||
-         (c.recompute_flops == best->recompute_flops && c.peak_bytes < best->peak_bytes)))
+    if (c.peak_bytes <= budget && (!best || c.recompute_flops < best->recompute_flops ||
+                                   (c.recompute_flops == best->recompute_flops && c.peak_bytes < best->peak_bytes)))
       best = c;
   };
   for (int64_t m_full = 0; m_full <= n; ++m_full) {
@@ -321,8 +341,10 @@ PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget,
         const int64_t mid = (lo_sel + hi_sel) / 2;
         PlanCandidate c = ordered_plan(cfg, g, n, m_full, k, mid, ws);
         consider(c);
-        if (c.peak_bytes <= budget) hi_sel = mid;
-        else lo_sel = mid + 1;
+        if (c.peak_bytes <= budget)
+          hi_sel = mid;
+        else
+          lo_sel = mid + 1;
       }  // lo_sel's plan was simulated: the last fitting mid, or the all-selective one
     }
   }

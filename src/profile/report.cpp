@@ -31,11 +31,16 @@ std::string pad(const std::string& s, size_t w, bool right = true) {
 std::string xml_escape(const std::string& s) {
   std::string o;
   for (char c : s) {
-    if (c == '<') o += "&lt;";
-    else if (c == '>') o += "&gt;";
-    else if (c == '&') o += "&amp;";
-    else if (c == '"') o += "&quot;";
-    else o += c;
+    if (c == '<')
+      o += "&lt;";
+    else if (c == '>')
+      o += "&gt;";
+    else if (c == '&')
+      o += "&amp;";
+    else if (c == '"')
+      o += "&quot;";
+    else
+      o += c;
   }
   return o;
 }
@@ -59,11 +64,13 @@ std::string profile_table(const std::vector<StepProfile>& ps, const std::vector<
   row("peak reserved", [&](size_t i) { return format_bytes(ps[i].peak_reserved_bytes); });
   row("recomputed layers", [&](size_t i) { return std::to_string(ps[i].recomputed_layers); });
   row("recompute FLOPs", [&](size_t i) { return flops_str(ps[i].recompute_flops); });
-  row("  share of step", [&](size_t i) { return fmt("%.1f%%", 100.0 * ps[i].recompute_flops / std::max(1.0, ps[i].step_flops())); });
+  row("  share of step",
+      [&](size_t i) { return fmt("%.1f%%", 100.0 * ps[i].recompute_flops / std::max(1.0, ps[i].step_flops())); });
   row("step FLOPs", [&](size_t i) { return flops_str(ps[i].step_flops()); });
   if (measured) {
     row("measured peak", [&](size_t i) { return format_bytes((*measured)[i].peak_bytes); });
-    row("  = predicted", [&](size_t i) { return std::string((*measured)[i].peak_bytes == ps[i].peak_bytes ? "yes" : "NO"); });
+    row("  = predicted",
+        [&](size_t i) { return std::string((*measured)[i].peak_bytes == ps[i].peak_bytes ? "yes" : "NO"); });
     row("step time", [&](size_t i) { return fmt("%.1f ms", (*measured)[i].step_ms.value_or(NAN)); });
   }
   return out;
@@ -71,11 +78,15 @@ std::string profile_table(const std::vector<StepProfile>& ps, const std::vector<
 
 std::string layer_table(const StepProfile& p) {
   std::string out = "policy " + p.policy + ": per layer\n";
-  out += pad("layer", 28, false) + pad("type", 14, false) + pad("saved", 12) + pad("plan", 12) + pad("fwd FLOPs", 14) + "\n";
+  out += pad("layer", 28, false) + pad("type", 14, false) + pad("saved", 12) + pad("plan", 12) + pad("fwd FLOPs", 14) +
+         "\n";
   for (const auto& l : p.layers) {
     out += pad(l.name, 28, false) + pad(l.type, 14, false) + pad(format_bytes(l.saved_bytes), 12) +
-           pad(!l.keep ? "recompute" : l.keep_extras ? "keep" : "rec. extras", 12) + pad(flops_str(l.forward_flops), 14) +
-           "\n";
+           pad(!l.keep         ? "recompute"
+               : l.keep_extras ? "keep"
+                               : "rec. extras",
+               12) +
+           pad(flops_str(l.forward_flops), 14) + "\n";
   }
   return out;
 }
@@ -90,20 +101,27 @@ nlohmann::json profile_json(const std::vector<StepProfile>& predicted, const std
       cats[category_name(static_cast<MemoryCategory>(c))] = shown.peak_by_category.bytes[static_cast<size_t>(c)];
     nlohmann::json layers = nlohmann::json::array();
     for (const auto& l : shown.layers)
-      layers.push_back({{"name", l.name}, {"type", l.type}, {"kind", l.kind}, {"keep", l.keep}, {"keep_extras", l.keep_extras},
-                        {"saved_bytes", l.saved_bytes}, {"forward_flops", l.forward_flops}});
-    arr.push_back({{"policy", p.policy},
-                   {"device", shown.device.str()},
-                   {"peak_bytes", shown.peak_bytes},
-                   {"peak_by_category", cats},
-                   {"peak_reserved_bytes", shown.peak_reserved_bytes},
-                   {"recomputed_layers", shown.recomputed_layers},
-                   {"recompute_flops", shown.recompute_flops},
-                   {"step_flops", shown.step_flops()},
-                   {"predicted_peak_bytes", p.peak_bytes},
-                   {"measured_peak_bytes", measured ? nlohmann::json((*measured)[i].peak_bytes) : nlohmann::json(nullptr)},
-                   {"step_ms", measured && (*measured)[i].step_ms ? nlohmann::json(*(*measured)[i].step_ms) : nlohmann::json(nullptr)},
-                   {"layers", layers}});
+      layers.push_back({{"name", l.name},
+                        {"type", l.type},
+                        {"kind", l.kind},
+                        {"keep", l.keep},
+                        {"keep_extras", l.keep_extras},
+                        {"saved_bytes", l.saved_bytes},
+                        {"forward_flops", l.forward_flops}});
+    arr.push_back(
+        {{"policy", p.policy},
+         {"device", shown.device.str()},
+         {"peak_bytes", shown.peak_bytes},
+         {"peak_by_category", cats},
+         {"peak_reserved_bytes", shown.peak_reserved_bytes},
+         {"recomputed_layers", shown.recomputed_layers},
+         {"recompute_flops", shown.recompute_flops},
+         {"step_flops", shown.step_flops()},
+         {"predicted_peak_bytes", p.peak_bytes},
+         {"measured_peak_bytes", measured ? nlohmann::json((*measured)[i].peak_bytes) : nlohmann::json(nullptr)},
+         {"step_ms",
+          measured && (*measured)[i].step_ms ? nlohmann::json(*(*measured)[i].step_ms) : nlohmann::json(nullptr)},
+         {"layers", layers}});
   }
   return {{"format", "remat-memprof-1"}, {"policies", arr}};
 }
@@ -130,11 +148,17 @@ nlohmann::json chrome_trace(const std::vector<StepProfile>& ps) {
       const std::string name = s.layer >= 0 && static_cast<size_t>(s.layer) < p.layer_names.size()
                                    ? p.layer_names[static_cast<size_t>(s.layer)]
                                    : "?";
-      ev.push_back({{"name", name}, {"cat", phase_name(s.phase)}, {"ph", "X"},
-                    {"pid", pid}, {"tid", 1}, {"ts", s.begin}, {"dur", std::max<uint64_t>(1, s.end - s.begin)}});
+      ev.push_back({{"name", name},
+                    {"cat", phase_name(s.phase)},
+                    {"ph", "X"},
+                    {"pid", pid},
+                    {"tid", 1},
+                    {"ts", s.begin},
+                    {"dur", std::max<uint64_t>(1, s.end - s.begin)}});
     }
   }
-  return {{"traceEvents", ev}, {"displayTimeUnit", "ns"},
+  return {{"traceEvents", ev},
+          {"displayTimeUnit", "ns"},
           {"otherData", {{"time_axis", "1 us = one allocator event (alloc or free)"}}}};
 }
 
@@ -143,16 +167,21 @@ std::string memory_svg(const std::vector<StepProfile>& ps, const std::string& ti
   int64_t ymax = 1;
   for (const auto& p : ps) ymax = std::max(ymax, p.peak_bytes);
   const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"};
-  std::string s = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + fmt("%.0f", W) + "\" height=\"" + fmt("%.0f", H) +
-                  "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  s += "<text x=\"" + fmt("%.0f", W / 2) + "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">" + xml_escape(title) + "</text>\n";
+  std::string s =
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + fmt("%.0f", W) + "\" height=\"" + fmt("%.0f", H) +
+      "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  s += "<text x=\"" + fmt("%.0f", W / 2) + "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">" + xml_escape(title) +
+       "</text>\n";
   const double pw = W - L - R, ph = H - T - B;
-  s += "<line x1=\"" + fmt("%.0f", L) + "\" y1=\"" + fmt("%.0f", T + ph) + "\" x2=\"" + fmt("%.0f", L + pw) + "\" y2=\"" + fmt("%.0f", T + ph) + "\" stroke=\"black\"/>\n";
-  s += "<line x1=\"" + fmt("%.0f", L) + "\" y1=\"" + fmt("%.0f", T) + "\" x2=\"" + fmt("%.0f", L) + "\" y2=\"" + fmt("%.0f", T + ph) + "\" stroke=\"black\"/>\n";
+  s += "<line x1=\"" + fmt("%.0f", L) + "\" y1=\"" + fmt("%.0f", T + ph) + "\" x2=\"" + fmt("%.0f", L + pw) +
+       "\" y2=\"" + fmt("%.0f", T + ph) + "\" stroke=\"black\"/>\n";
+  s += "<line x1=\"" + fmt("%.0f", L) + "\" y1=\"" + fmt("%.0f", T) + "\" x2=\"" + fmt("%.0f", L) + "\" y2=\"" +
+       fmt("%.0f", T + ph) + "\" stroke=\"black\"/>\n";
   for (int k = 0; k <= 4; ++k) {
     const double y = T + ph - ph * k / 4.0;
-    s += "<line x1=\"" + fmt("%.0f", L - 4) + "\" y1=\"" + fmt("%.1f", y) + "\" x2=\"" + fmt("%.0f", L + pw) + "\" y2=\"" + fmt("%.1f", y) +
-         "\" stroke=\"#ddd\"/>\n<text x=\"" + fmt("%.0f", L - 8) + "\" y=\"" + fmt("%.1f", y + 4) + "\" text-anchor=\"end\">" +
+    s += "<line x1=\"" + fmt("%.0f", L - 4) + "\" y1=\"" + fmt("%.1f", y) + "\" x2=\"" + fmt("%.0f", L + pw) +
+         "\" y2=\"" + fmt("%.1f", y) + "\" stroke=\"#ddd\"/>\n<text x=\"" + fmt("%.0f", L - 8) + "\" y=\"" +
+         fmt("%.1f", y + 4) + "\" text-anchor=\"end\">" +
          format_bytes(static_cast<int64_t>(static_cast<double>(ymax) * k / 4.0)) + "</text>\n";
   }
   s += "<text x=\"" + fmt("%.0f", L + pw / 2) + "\" y=\"" + fmt("%.0f", H - 12) +
@@ -181,13 +210,15 @@ std::string memory_svg(const std::vector<StepProfile>& ps, const std::string& ti
       ++i;
     }
     s += "<polyline fill=\"none\" stroke=\"" + col + "\" stroke-width=\"1.5\" points=\"" + pts + "\"/>\n";
-    s += "<circle cx=\"" + fmt("%.1f", peak_x) + "\" cy=\"" + fmt("%.1f", peak_y) + "\" r=\"4\" fill=\"" + col + "\"/>\n";
-    s += "<text x=\"" + fmt("%.1f", peak_x + 6) + "\" y=\"" + fmt("%.1f", peak_y - 6) + "\" fill=\"" + col + "\">peak " +
-         format_bytes(p.peak_bytes) + "</text>\n";
+    s += "<circle cx=\"" + fmt("%.1f", peak_x) + "\" cy=\"" + fmt("%.1f", peak_y) + "\" r=\"4\" fill=\"" + col +
+         "\"/>\n";
+    s += "<text x=\"" + fmt("%.1f", peak_x + 6) + "\" y=\"" + fmt("%.1f", peak_y - 6) + "\" fill=\"" + col +
+         "\">peak " + format_bytes(p.peak_bytes) + "</text>\n";
     const double ly = T + 10 + 20.0 * static_cast<double>(k);
-    s += "<line x1=\"" + fmt("%.0f", L + pw + 15) + "\" y1=\"" + fmt("%.0f", ly) + "\" x2=\"" + fmt("%.0f", L + pw + 40) + "\" y2=\"" +
-         fmt("%.0f", ly) + "\" stroke=\"" + col + "\" stroke-width=\"3\"/>\n<text x=\"" + fmt("%.0f", L + pw + 46) + "\" y=\"" +
-         fmt("%.0f", ly + 4) + "\">" + xml_escape(p.policy) + "</text>\n";
+    s += "<line x1=\"" + fmt("%.0f", L + pw + 15) + "\" y1=\"" + fmt("%.0f", ly) + "\" x2=\"" +
+         fmt("%.0f", L + pw + 40) + "\" y2=\"" + fmt("%.0f", ly) + "\" stroke=\"" + col +
+         "\" stroke-width=\"3\"/>\n<text x=\"" + fmt("%.0f", L + pw + 46) + "\" y=\"" + fmt("%.0f", ly + 4) + "\">" +
+         xml_escape(p.policy) + "</text>\n";
   }
   return s + "</svg>\n";
 }
@@ -204,16 +235,22 @@ std::string pareto_svg(const std::vector<PlanCandidate>& all, const std::vector<
   const double pw = W - L - R, ph = H - T - B;
   auto X = [&](int64_t b) { return L + pw * static_cast<double>(b) / static_cast<double>(xmax); };
   auto Y = [&](double f) { return T + ph - ph * f / ymax; };
-  std::string s = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"800\" height=\"480\" font-family=\"sans-serif\" font-size=\"12\">\n"
-                  "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  std::string s =
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"800\" height=\"480\" font-family=\"sans-serif\" "
+      "font-size=\"12\">\n"
+      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   s += "<text x=\"400\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">" + xml_escape(title) + "</text>\n";
-  s += "<line x1=\"" + fmt("%.0f", L) + "\" y1=\"" + fmt("%.0f", T + ph) + "\" x2=\"" + fmt("%.0f", L + pw) + "\" y2=\"" + fmt("%.0f", T + ph) + "\" stroke=\"black\"/>\n";
-  s += "<line x1=\"" + fmt("%.0f", L) + "\" y1=\"" + fmt("%.0f", T) + "\" x2=\"" + fmt("%.0f", L) + "\" y2=\"" + fmt("%.0f", T + ph) + "\" stroke=\"black\"/>\n";
-  s += "<text x=\"" + fmt("%.0f", L + pw / 2) + "\" y=\"" + fmt("%.0f", H - 12) + "\" text-anchor=\"middle\">peak memory (max " + format_bytes(xmax) + ")</text>\n";
+  s += "<line x1=\"" + fmt("%.0f", L) + "\" y1=\"" + fmt("%.0f", T + ph) + "\" x2=\"" + fmt("%.0f", L + pw) +
+       "\" y2=\"" + fmt("%.0f", T + ph) + "\" stroke=\"black\"/>\n";
+  s += "<line x1=\"" + fmt("%.0f", L) + "\" y1=\"" + fmt("%.0f", T) + "\" x2=\"" + fmt("%.0f", L) + "\" y2=\"" +
+       fmt("%.0f", T + ph) + "\" stroke=\"black\"/>\n";
+  s += "<text x=\"" + fmt("%.0f", L + pw / 2) + "\" y=\"" + fmt("%.0f", H - 12) +
+       "\" text-anchor=\"middle\">peak memory (max " + format_bytes(xmax) + ")</text>\n";
   s += "<text x=\"20\" y=\"" + fmt("%.0f", T + ph / 2) + "\" transform=\"rotate(-90 20 " + fmt("%.0f", T + ph / 2) +
        ")\" text-anchor=\"middle\">recompute FLOPs (max " + flops_str(ymax) + ")</text>\n";
   for (const auto& c : all)
-    s += "<circle cx=\"" + fmt("%.1f", X(c.peak_bytes)) + "\" cy=\"" + fmt("%.1f", Y(c.recompute_flops)) + "\" r=\"3\" fill=\"#bbb\"/>\n";
+    s += "<circle cx=\"" + fmt("%.1f", X(c.peak_bytes)) + "\" cy=\"" + fmt("%.1f", Y(c.recompute_flops)) +
+         "\" r=\"3\" fill=\"#bbb\"/>\n";
   std::string pts;
   for (const auto& c : front) {
     pts += fmt("%.1f,", X(c.peak_bytes)) + fmt("%.1f ", Y(c.recompute_flops));
@@ -233,11 +270,12 @@ std::string memory_report(const MemoryStats& s, const std::string& title) {
   for (int c = 0; c < kNumMemoryCategories; ++c) {
     const int64_t b = s.by_category_at_peak.bytes[static_cast<size_t>(c)];
     std::snprintf(line, sizeof line, "  %-16s %14s %7.1f%%\n", category_name(static_cast<MemoryCategory>(c)),
-                  format_bytes(b).c_str(), s.peak_allocated ? 100.0 * static_cast<double>(b) / static_cast<double>(s.peak_allocated) : 0.0);
+                  format_bytes(b).c_str(),
+                  s.peak_allocated ? 100.0 * static_cast<double>(b) / static_cast<double>(s.peak_allocated) : 0.0);
     out += line;
   }
-  std::snprintf(line, sizeof line, "  %-16s %14s\n  %-16s %14s\n", "peak allocated", format_bytes(s.peak_allocated).c_str(),
-                "peak reserved", format_bytes(s.peak_reserved).c_str());
+  std::snprintf(line, sizeof line, "  %-16s %14s\n  %-16s %14s\n", "peak allocated",
+                format_bytes(s.peak_allocated).c_str(), "peak reserved", format_bytes(s.peak_reserved).c_str());
   out += line;
   return out;
 }

@@ -12,8 +12,7 @@ namespace fs = std::filesystem;
 
 namespace remat {
 
-void save_checkpoint(const std::string& dir, const ParamStore& params, const Optimizer& opt,
-                     const CheckpointState& s) {
+void save_checkpoint(const std::string& dir, const ParamStore& params, const Optimizer& opt, const CheckpointState& s) {
   const fs::path final_dir(dir), tmp = fs::path(dir + ".new"), old = fs::path(dir + ".old");
   std::error_code ec;
   // A crash between the two renames below leaves only the previous checkpoint in .old:
@@ -28,9 +27,15 @@ void save_checkpoint(const std::string& dir, const ParamStore& params, const Opt
   std::map<std::string, std::string> meta{{"format", "remat"}, {"step", std::to_string(s.step)}};
   save_safetensors((tmp / "model.safetensors").string(), params.named_values(), meta);
   save_safetensors((tmp / "optimizer.safetensors").string(), opt.named_state(), meta);
-  nlohmann::json j{{"step", s.step},         {"seed", s.seed},     {"rng_offset", s.rng_offset},
-                   {"epoch", s.epoch},       {"position", s.position}, {"optimizer_steps", s.optimizer_steps},
-                   {"policy", s.policy},     {"config_name", s.config_name}, {"batch", s.batch},
+  nlohmann::json j{{"step", s.step},
+                   {"seed", s.seed},
+                   {"rng_offset", s.rng_offset},
+                   {"epoch", s.epoch},
+                   {"position", s.position},
+                   {"optimizer_steps", s.optimizer_steps},
+                   {"policy", s.policy},
+                   {"config_name", s.config_name},
+                   {"batch", s.batch},
                    {"train_size", s.train_size}};
   write_file_atomic((tmp / "state.json").string(), j.dump(2) + "\n");
   fs::remove_all(old, ec);
@@ -65,9 +70,12 @@ CheckpointState load_checkpoint(const std::string& dir, ParamStore& params, Opti
   // one (.old) or the new one (.new: state.json is written last, so it is complete).
   std::string d = dir;
   if (!fs::exists(fs::path(d) / "state.json")) {
-    if (fs::exists(fs::path(d + ".new") / "state.json")) d += ".new";
-    else if (fs::exists(fs::path(d + ".old") / "state.json")) d += ".old";
-    else REMAT_THROW("no checkpoint in ", dir, " (state.json missing)");
+    if (fs::exists(fs::path(d + ".new") / "state.json"))
+      d += ".new";
+    else if (fs::exists(fs::path(d + ".old") / "state.json"))
+      d += ".old";
+    else
+      REMAT_THROW("no checkpoint in ", dir, " (state.json missing)");
   }
   const std::string state_path = (fs::path(d) / "state.json").string();
   nlohmann::json j;

@@ -22,13 +22,15 @@ EvalResult evaluate_lm(const EvalOptions& o) {
   const bool shards_config = cfg.data.dataset == "token_shards";
   const std::string path = !o.data_path.empty() ? o.data_path : shards_config ? cfg.data.path : "";
   if (path.empty())
-    REMAT_THROW(o.config, ": remat eval reads token shards: pass --data (a shard file, folder or pattern) or use a "
+    REMAT_THROW(o.config,
+                ": remat eval reads token shards: pass --data (a shard file, folder or pattern) or use a "
                 "config with data.dataset \"token_shards\" and data.path");
   const bool tokens_in = cfg.model.contains("input") && cfg.model["input"].is_object() &&
                          cfg.model["input"].value("type", "image") == "tokens";
   REMAT_CHECK(tokens_in, o.config, ": /model/input: remat eval needs a model of tokens (input type \"tokens\")");
 
-  Device dev = o.device == "auto" ? (cuda_status().available ? Device::cuda(0) : Device::cpu()) : Device::parse(o.device);
+  Device dev =
+      o.device == "auto" ? (cuda_status().available ? Device::cuda(0) : Device::cpu()) : Device::parse(o.device);
   require_available(dev);
   if (dev.is_meta()) REMAT_THROW("cannot evaluate on meta (it holds no data)");
   Backend& be = backend_for(dev);

@@ -34,7 +34,8 @@ RunData load_run_data(const Config& cfg, const nlohmann::json& model) {
   const DataConfig& dc = cfg.data;
   d.hflip = dc.augment.hflip;
   d.seed = cfg.training.seed;
-  const bool tokens = model.contains("input") && model["input"].is_object() && model["input"].value("type", "image") == "tokens";
+  const bool tokens =
+      model.contains("input") && model["input"].is_object() && model["input"].value("type", "image") == "tokens";
   if (dc.dataset == "fashion_mnist" || dc.dataset == "synthetic_images") {
     if (tokens) REMAT_THROW(cfg.source, ": /data/dataset: ", dc.dataset, " gives images but the model takes tokens");
     if (dc.dataset == "fashion_mnist") {
@@ -80,9 +81,12 @@ RunData load_run_data(const Config& cfg, const nlohmann::json& model) {
   }
   TextDataset all;
   if (dc.dataset == "text") {
-    if (dc.path.empty()) all = load_text_corpus(default_text_corpus_dir());
-    else if (fs::is_directory(dc.path)) all = load_text_corpus(dc.path);
-    else all = load_text(dc.path);
+    if (dc.path.empty())
+      all = load_text_corpus(default_text_corpus_dir());
+    else if (fs::is_directory(dc.path))
+      all = load_text_corpus(dc.path);
+    else
+      all = load_text(dc.path);
   } else {
     all = synthetic_text(dc.synthetic_size, static_cast<int>(dc.vocab), cfg.training.seed);
   }

@@ -33,9 +33,12 @@ double ms_since(Clock::time_point t) { return std::chrono::duration<double, std:
 std::string format_duration(double seconds) {
   char buf[32];
   const auto s = static_cast<long long>(seconds + 0.5);
-  if (s >= 3600) std::snprintf(buf, sizeof buf, "%lldh%02lldm", s / 3600, s / 60 % 60);
-  else if (s >= 60) std::snprintf(buf, sizeof buf, "%lldm%02llds", s / 60, s % 60);
-  else std::snprintf(buf, sizeof buf, "%llds", s);
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", s / 3600, s / 60 % 60);
+  else if (s >= 60)
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", s / 60, s % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%llds", s);
   return buf;
 }
 
@@ -123,10 +126,10 @@ struct Trainer::State {
         optimizer(cfg.optimizer, params, be),
         executor(graph, params, be, plan, ExecOptions{o.verify_recompute}),
         gen(cfg.training.seed),
-        eval_graph(build_graph(cfg.model,
-                               largest_divisor_at_most(std::max<int64_t>(data.eval_size(), 1),
-                                                       data.text ? cfg.training.batch : 500),
-                               cfg.source, vars)),
+        eval_graph(build_graph(
+            cfg.model,
+            largest_divisor_at_most(std::max<int64_t>(data.eval_size(), 1), data.text ? cfg.training.batch : 500),
+            cfg.source, vars)),
         // build_graph has validated the loss section.
         ignore_index(cfg.model.contains("loss") ? cfg.model["loss"].value("ignore_index", -100) : -100) {
     REMAT_CHECK(total > 0, cfg.source, ": /training: set steps or epochs (or pass --steps / --epochs)");
@@ -269,7 +272,8 @@ StepStats Trainer::step() {
   s.result.last_loss = st.loss;
   if (s.opt.on_step) s.opt.on_step(s.step, st.loss);
   const TrainingConfig& tc = s.cfg.training;
-  if (s.step % tc.log_every == 0 || s.step == s.total || s.step == s.first + 1) log_step(st, lr, ms, now.peak_allocated);
+  if (s.step % tc.log_every == 0 || s.step == s.total || s.step == s.first + 1)
+    log_step(st, lr, ms, now.peak_allocated);
   return st;
 }
 
@@ -278,8 +282,12 @@ void Trainer::log_step(const StepStats& st, double lr, double ms, int64_t peak) 
   const int64_t per_sample = s.data.text ? s.data.seq_len : 1;
   const double avg = s.time_ms / static_cast<double>(s.step - s.first);
   const double rate = static_cast<double>(s.cfg.training.batch * per_sample) / (avg / 1000.0);
-  s.write_metrics({{"step", s.step}, {"loss", std::stod(fmt_g(st.loss))}, {"lr", lr}, {"step_ms", ms},
-                   {"peak_bytes", peak}, {s.data.text ? "tokens_per_s" : "images_per_s", rate},
+  s.write_metrics({{"step", s.step},
+                   {"loss", std::stod(fmt_g(st.loss))},
+                   {"lr", lr},
+                   {"step_ms", ms},
+                   {"peak_bytes", peak},
+                   {s.data.text ? "tokens_per_s" : "images_per_s", rate},
                    {"recomputed_layers", st.recomputed_layers}});
   if (s.opt.quiet) return;
   std::printf("step %lld/%lld | loss %.4f | %.0f %s/s | %.1f ms/step | peak %s | lr %.2e | ETA %s\n",
@@ -332,8 +340,16 @@ void Trainer::checkpoint() {
   State& s = *s_;
   if (s.out_dir.empty()) return;
   const TrainingConfig& tc = s.cfg.training;
-  CheckpointState c{s.step,        tc.seed,   s.gen.state().offset, s.sampler.epoch(), s.sampler.position(),
-                    s.optimizer.steps_taken(), tc.policy, s.cfg.name, tc.batch, s.n_train};
+  CheckpointState c{s.step,
+                    tc.seed,
+                    s.gen.state().offset,
+                    s.sampler.epoch(),
+                    s.sampler.position(),
+                    s.optimizer.steps_taken(),
+                    tc.policy,
+                    s.cfg.name,
+                    tc.batch,
+                    s.n_train};
   save_checkpoint((fs::path(s.out_dir) / "checkpoint").string(), s.params, s.optimizer, c);
 }
 
@@ -386,8 +402,8 @@ TrainResult Trainer::run() {
   const bool can_sample = s.data.text && !s.data.shards && s.opt.sample;  // shards: no decoder for the ids
   if (!s.opt.quiet) {
     std::printf("remat train %s: %s, %lld parameters, batch %lld, %lld steps on %s\n", s.cfg.source.c_str(),
-                s.cfg.name.c_str(), static_cast<long long>(s.graph.parameter_count()),
-                static_cast<long long>(tc.batch), static_cast<long long>(s.total), s.dev.str().c_str());
+                s.cfg.name.c_str(), static_cast<long long>(s.graph.parameter_count()), static_cast<long long>(tc.batch),
+                static_cast<long long>(s.total), s.dev.str().c_str());
     std::printf("%s\n", s.plan.describe(s.graph).c_str());
     if (!s.data.describe.empty()) std::printf("data: %s\n", s.data.describe.c_str());
     std::fflush(stdout);

@@ -143,8 +143,8 @@ REMAT_OP_CASE(attention, dropout_mask_forward) {
       auto qkv = t.values(x, {B, T, 3 * C});
       auto out = t.output({B, T, C}), probs = t.output({B, H, T, T});
       t.run([&](Backend& be, Side sd) { forward(be, sd, qkv, p, rng, out, probs); });
-      const std::string what = std::string("out (dropped probs) offset ") + std::to_string(offset) +
-                               (causal ? " causal" : " full");
+      const std::string what =
+          std::string("out (dropped probs) offset ") + std::to_string(offset) + (causal ? " causal" : " full");
       t.expect_close(out, kProbsAtol, kProbsRtol, what);
       expect_same_zeros(out, what);
     }

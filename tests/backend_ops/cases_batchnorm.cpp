@@ -34,8 +34,7 @@ void check_train(OpCheck& t, const Shape& xs, bool update_running, float lo = -1
   BatchNormParams p;
   p.momentum = 0.1f;
   t.run([&](Backend& be, Side s) {
-    be.batchnorm2d_forward_train(s(x), s(gamma), s(beta), s(rm), s(rv), p, update_running, s(y), s(mean),
-                                 s(invstd));
+    be.batchnorm2d_forward_train(s(x), s(gamma), s(beta), s(rm), s(rv), p, update_running, s(y), s(mean), s(invstd));
   });
   t.expect_close(y, kTol, kTol, "y");
   t.expect_close(mean, kTol, kTol, "save_mean");
@@ -44,8 +43,7 @@ void check_train(OpCheck& t, const Shape& xs, bool update_running, float lo = -1
   t.expect_close(rv, 0.0, kTol, "running_var");
   // Again into an aligned y (the float4 path where H * W % 4 == 0), statistics not moved.
   t.run([&](Backend& be, Side s) {
-    be.batchnorm2d_forward_train(s(x), s(gamma), s(beta), s(rm), s(rv), p, false, s(y_aligned), s(mean),
-                                 s(invstd));
+    be.batchnorm2d_forward_train(s(x), s(gamma), s(beta), s(rm), s(rv), p, false, s(y_aligned), s(mean), s(invstd));
   });
   t.expect_close(y_aligned, kTol, kTol, "y (aligned)");
 }

@@ -24,8 +24,8 @@ std::string label(const EmbShape& s) {
 }  // namespace
 
 REMAT_OP_CASE(embedding, forward) {
-  const EmbShape shapes[] = {{2, 5, 11, 8, 5},  {2, 16, 7, 33, 20}, {2, 33, 50, 64, 40}, {1, 1, 3, 1, 0},
-                             {2, 33, 9, 20, 0}, {3, 7, 1, 300, 7}};
+  const EmbShape shapes[] = {{2, 5, 11, 8, 5}, {2, 16, 7, 33, 20}, {2, 33, 50, 64, 40},
+                             {1, 1, 3, 1, 0},  {2, 33, 9, 20, 0},  {3, 7, 1, 300, 7}};
   for (const auto& s : shapes) {
     auto ids = t.ints({s.b, s.t}, 0, static_cast<int>(s.v - 1));
     auto table = t.uniform({s.v, s.c});
@@ -56,8 +56,8 @@ REMAT_OP_CASE(embedding, backward_repeated_ids) {
   // Few distinct ids over many positions: rows of dtable get many contributions, spread
   // over several 128-position scan steps (n = 200); C = 300 spans two channel chunks, the
   // last partial.
-  const EmbShape shapes[] = {{2, 33, 4, 300, 40}, {2, 16, 7, 33, 16}, {2, 5, 50, 8, 9}, {1, 1, 3, 1, 1},
-                             {2, 100, 5, 40, 100}};
+  const EmbShape shapes[] = {
+      {2, 33, 4, 300, 40}, {2, 16, 7, 33, 16}, {2, 5, 50, 8, 9}, {1, 1, 3, 1, 1}, {2, 100, 5, 40, 100}};
   for (const auto& s : shapes) {
     auto ids = t.ints({s.b, s.t}, 0, static_cast<int>(s.v - 1));
     auto dy = t.uniform({s.b, s.t, s.c});
@@ -109,8 +109,10 @@ REMAT_OP_CASE(embedding, out_of_range_ids) {
     t.run([&](Backend& be, Side s) {
       for (int op = 0; op < 2; ++op) {
         try {
-          if (op == 0) be.embedding_forward(s(ids), s(table), Tensor(), s(y));
-          else be.embedding_backward(s(dy), s(ids), s(dtable), Tensor());
+          if (op == 0)
+            be.embedding_forward(s(ids), s(table), Tensor(), s(y));
+          else
+            be.embedding_backward(s(dy), s(ids), s(dtable), Tensor());
           ADD_FAILURE() << "no error on " << be.name();
         } catch (const Error& e) {
           // Without the source location at the end, and with the device named alike.

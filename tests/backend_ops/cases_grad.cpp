@@ -161,10 +161,13 @@ REMAT_OP_CASE(grad, pooling) {
   auto y2 = t.output(ys), idx2 = t.output(ys, DType::i32);
   OpCheck::GradOptions fine;
   fine.eps = 1e-3;
-  t.expect_gradient("maxpool2d", x, dx, [&](Backend& be) {
-    be.maxpool2d_forward(x.dut, p, y2.dut, idx2.dut);
-    return dot(dy.dut, y2.dut);
-  }, fine);
+  t.expect_gradient(
+      "maxpool2d", x, dx,
+      [&](Backend& be) {
+        be.maxpool2d_forward(x.dut, p, y2.dut, idx2.dut);
+        return dot(dy.dut, y2.dut);
+      },
+      fine);
   auto adx = t.output(xs);
   t.run([&](Backend& be, Side d) { be.avgpool2d_backward(d(dy), p, d(adx)); });
   t.expect_gradient("avgpool2d", x, adx, [&](Backend& be) {
@@ -216,7 +219,8 @@ REMAT_OP_CASE(grad, norms) {
     auto bx = t.uniform(bs, -2.0f, 2.0f), bdy = t.uniform(bs), bg = t.uniform({3}, 0.5f, 1.5f), bb = t.uniform({3});
     auto y = t.output(bs), m = t.output({3}), is = t.output({3}), dx = t.output(bs), dg = zeros(3), db = zeros(3);
     t.run([&](Backend& be, Side d) {
-      be.batchnorm2d_forward_train(d(bx), d(bg), d(bb), Tensor(), Tensor(), BatchNormParams{}, false, d(y), d(m), d(is));
+      be.batchnorm2d_forward_train(d(bx), d(bg), d(bb), Tensor(), Tensor(), BatchNormParams{}, false, d(y), d(m),
+                                   d(is));
       be.batchnorm2d_backward(d(bdy), d(bx), d(bg), d(m), d(is), d(dx), d(dg), d(db));
     });
     auto loss = [&](Backend& be) {

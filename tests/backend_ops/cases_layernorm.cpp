@@ -52,7 +52,7 @@ std::string shape_name(int64_t rows, int64_t c) { return "[" + std::to_string(ro
 REMAT_OP_CASE(layernorm, forward_shapes) {
   for (int64_t rows : kRows)
     for (int64_t c : kChannels) {
-      if (rows == 64 && c > 1100) continue;  // keep the emulator fast: the longest rows, few of them
+      if (rows == 64 && c > 1100) continue;       // keep the emulator fast: the longest rows, few of them
       auto x = t.uniform({rows, c}, 1.0f, 5.0f);  // mean far from 0: the two passes matter
       auto gamma = t.uniform({c}, 0.5f, 1.5f), beta = t.uniform({c}, -0.5f, 0.5f);
       expect_forward(t, run_forward(t, x, gamma, beta, 1e-5f, false), "layernorm " + shape_name(rows, c));

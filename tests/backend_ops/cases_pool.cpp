@@ -114,15 +114,15 @@ REMAT_OP_CASE(pool, avgpool) {
   check_avgpool(t, {2, 16, 28, 28}, pool(2, 2, 2, 2, 0, 0));
   check_avgpool(t, {2, 3, 9, 11}, pool(3, 3, 1, 1, 1, 1));  // overlapping, padded
   check_avgpool(t, {3, 2, 15, 13}, pool(3, 3, 2, 2, 1, 1));
-  check_avgpool(t, {1, 4, 7, 8}, pool(3, 2, 2, 1, 1, 1));   // asymmetric
-  check_avgpool(t, {2, 2, 5, 5}, pool(5, 5, 1, 1, 0, 0));   // one window per plane
+  check_avgpool(t, {1, 4, 7, 8}, pool(3, 2, 2, 1, 1, 1));  // asymmetric
+  check_avgpool(t, {2, 2, 5, 5}, pool(5, 5, 1, 1, 0, 0));  // one window per plane
 }
 
 // resnet_tiny's head: 64 channels at 7x7; a plane of 64 (float4 path) and 28x28 (longer
 // than a warp many times); a 1x1 plane; an empty plane (NaN, as the CPU).
 REMAT_OP_CASE(pool, global_avgpool) {
-  for (const Shape& xs : {Shape{2, 64, 7, 7}, Shape{3, 16, 8, 8}, Shape{2, 5, 28, 28}, Shape{4, 3, 1, 1},
-                          Shape{2, 3, 0, 4}}) {
+  for (const Shape& xs :
+       {Shape{2, 64, 7, 7}, Shape{3, 16, 8, 8}, Shape{2, 5, 28, 28}, Shape{4, 3, 1, 1}, Shape{2, 3, 0, 4}}) {
     auto x = t.uniform(xs);
     const Shape ys{xs[0], xs[1]};
     auto y = t.output(ys);

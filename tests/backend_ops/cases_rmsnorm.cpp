@@ -37,8 +37,8 @@ std::string what(const Shape& s) { return "rmsnorm " + s.str(); }
 // C = 1, under and over a warp, GPT-2's 768 (float4 packs), warp-per-row at its limit and
 // past it (a block per row), rank 3.
 REMAT_OP_CASE(rmsnorm, forward_shapes) {
-  for (const Shape& s : {Shape{3, 1}, Shape{5, 7}, Shape{4, 33}, Shape{5, 768}, Shape{3, 1024}, Shape{2, 1025},
-                         Shape{2, 3, 36}}) {
+  for (const Shape& s :
+       {Shape{3, 1}, Shape{5, 7}, Shape{4, 33}, Shape{5, 768}, Shape{3, 1024}, Shape{2, 1025}, Shape{2, 3, 36}}) {
     auto x = t.uniform(s, -2.0f, 3.0f), gamma = t.uniform({s[-1]}, 0.5f, 1.5f);
     for (bool aligned : {false, true}) {
       const Forward f = run_forward(t, x, gamma, 1e-6f, aligned);

@@ -34,8 +34,10 @@ constexpr int64_t kRows[] = {1, 3, 64};
 
 void check_softmax_forward(OpCheck& t, const Pair& x, const Pair& y, bool log, const std::string& what) {
   t.run([&](Backend& be, Side side) { be.softmax_forward(side(x), log, side(y)); });
-  if (log) t.expect_close(y, 1e-5, 1e-6, what);  // |y| up to ~15 here: a few ulp of it
-  else t.expect_close(y, 1e-8, 1e-5, what);     // rows of up to 5003 terms summed in another order
+  if (log)
+    t.expect_close(y, 1e-5, 1e-6, what);  // |y| up to ~15 here: a few ulp of it
+  else
+    t.expect_close(y, 1e-8, 1e-5, what);  // rows of up to 5003 terms summed in another order
 }
 
 }  // namespace
@@ -74,8 +76,10 @@ REMAT_OP_CASE(softmax_loss, softmax_forward_large_logits) {
       auto x = t.values(v, {4, n});
       auto y = t.output({4, n});
       t.run([&](Backend& be, Side s) { be.softmax_forward(s(x), log != 0, s(y)); });
-      if (log) t.expect_close(y, 3e-5, 1e-6, "log_softmax +-80, n=" + std::to_string(n));  // |y| up to 160
-      else t.expect_close(y, 1e-8, 1e-5, "softmax +-80, n=" + std::to_string(n));
+      if (log)
+        t.expect_close(y, 3e-5, 1e-6, "log_softmax +-80, n=" + std::to_string(n));  // |y| up to 160
+      else
+        t.expect_close(y, 1e-8, 1e-5, "softmax +-80, n=" + std::to_string(n));
     }
   }
 }
@@ -107,7 +111,8 @@ REMAT_OP_CASE(softmax_loss, softmax_forward_special_values) {
     for (int64_t n : {int64_t{40}, int64_t{1500}}) {
       auto x = t.values(special_rows(t, n), {6, n});
       auto y = t.output({6, n});
-      check_softmax_forward(t, x, y, log != 0, std::string(log ? "log_softmax" : "softmax") + " special n=" + std::to_string(n));
+      check_softmax_forward(t, x, y, log != 0,
+                            std::string(log ? "log_softmax" : "softmax") + " special n=" + std::to_string(n));
     }
   }
 }
@@ -234,7 +239,8 @@ REMAT_OP_CASE(softmax_loss, cross_entropy_ignore_index) {
     auto logits = t.uniform({5, v}, -4.0f, 4.0f);
     auto targets = t.int_values(std::vector<int32_t>(5, -1), {5});
     auto dlogits = t.output({5, v});
-    check_cross_entropy(t, logits, targets, -1, dlogits, 1.0f, 1e-5, "cross_entropy all ignored V=" + std::to_string(v));
+    check_cross_entropy(t, logits, targets, -1, dlogits, 1.0f, 1e-5,
+                        "cross_entropy all ignored V=" + std::to_string(v));
   }
 }
 
@@ -283,7 +289,8 @@ namespace {
 void check_accuracy(OpCheck& t, const Pair& logits, const Pair& targets, int ignore_index, const std::string& what,
                     int64_t want_correct = -1, int64_t want_counted = -1) {
   int64_t correct[2] = {-1, -1}, counted[2] = {-1, -1};
-  t.run([&](Backend& be, Side s) { correct[s.ref] = be.accuracy(s(logits), s(targets), ignore_index, &counted[s.ref]); });
+  t.run(
+      [&](Backend& be, Side s) { correct[s.ref] = be.accuracy(s(logits), s(targets), ignore_index, &counted[s.ref]); });
   EXPECT_EQ(correct[0], correct[1]) << what << ": correct (device, cpu)";
   EXPECT_EQ(counted[0], counted[1]) << what << ": counted (device, cpu)";
   if (want_correct >= 0) {
@@ -300,8 +307,8 @@ REMAT_OP_CASE(softmax_loss, accuracy_shapes) {
   struct Case {
     int64_t rows, v;
   };
-  for (const Case& c : {Case{1, 1}, Case{3, 7}, Case{64, 33}, Case{64, 1000}, Case{64, 1028}, Case{3, 5003},
-                        Case{2, 50257}}) {
+  for (const Case& c :
+       {Case{1, 1}, Case{3, 7}, Case{64, 33}, Case{64, 1000}, Case{64, 1028}, Case{3, 5003}, Case{2, 50257}}) {
     // Small integers as logits: many ties, and targets drawn near the maxima often hit.
     auto logits = t.ints({c.rows, c.v}, 0, 3);
     std::vector<float> lv;
@@ -327,9 +334,9 @@ REMAT_OP_CASE(softmax_loss, accuracy_ties_and_specials) {
   };
   std::vector<float> tie(static_cast<size_t>(v), 0.0f);
   tie[3] = 5.0f, tie[35] = 5.0f;
-  add(tie, 3, true);    // the first maximum wins the tie...
-  add(tie, 35, false);  // ...not the second
-  add(std::vector<float>(static_cast<size_t>(v), 2.0f), 0, true);  // all equal: column 0
+  add(tie, 3, true);                                                // the first maximum wins the tie...
+  add(tie, 35, false);                                              // ...not the second
+  add(std::vector<float>(static_cast<size_t>(v), 2.0f), 0, true);   // all equal: column 0
   add(std::vector<float>(static_cast<size_t>(v), -kInf), 0, true);  // all -inf: column 0
   std::vector<float> nan0(static_cast<size_t>(v), 1.0f);
   nan0[0] = kNaN, nan0[9] = 7.0f;
@@ -339,7 +346,7 @@ REMAT_OP_CASE(softmax_loss, accuracy_ties_and_specials) {
   add(nan9, 20, true);  // a NaN elsewhere never wins
   std::vector<float> inf(static_cast<size_t>(v), 1.0f);
   inf[30] = kInf, inf[31] = kInf;
-  add(inf, 30, true);  // +inf ties: the first
+  add(inf, 30, true);     // +inf ties: the first
   add(tie, -100, false);  // ignored
   std::vector<float> flat;
   for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());

@@ -1,9 +1,9 @@
 #include "backend_ops/harness.h"
 
-#include <cmath>
-#include <cstring>
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <set>
 #include <sstream>
@@ -15,7 +15,7 @@ namespace remat::test {
 
 namespace {
 
-constexpr int64_t kGuard = 67;  // elements each side; odd, so vector-width overruns land in it
+constexpr int64_t kGuard = 67;                // elements each side; odd, so vector-width overruns land in it
 constexpr uint32_t kGuardBits = 0x7fa5a5a5u;  // a NaN payload no kernel produces
 constexpr uint32_t kPoisonI32 = 0x7f7f7f7fu;
 
@@ -131,8 +131,7 @@ void OpCheck::check_guards() {
         ASSERT_EQ(bits[static_cast<size_t>(lo)], kGuardBits)
             << "write before an output (" << (kGuard - i) << " elements before it) on " << t->device().str();
         ASSERT_EQ(bits[static_cast<size_t>(hi)], kGuardBits)
-            << "write after an output (element " << (g.numel + i) << " of " << g.numel << ") on "
-            << t->device().str();
+            << "write after an output (element " << (g.numel + i) << " of " << g.numel << ") on " << t->device().str();
       }
     }
   }
@@ -162,8 +161,10 @@ void OpCheck::expect_close(const Pair& p, double atol, double rtol, const std::s
     for (int64_t i = 0; i < n; ++i) {
       const double a = r[static_cast<size_t>(i)], b = d[static_cast<size_t>(i)];
       bool ok;
-      if (std::isnan(a) || std::isnan(b)) ok = std::isnan(a) && std::isnan(b);
-      else if (std::isinf(a) || std::isinf(b)) ok = a == b;
+      if (std::isnan(a) || std::isnan(b))
+        ok = std::isnan(a) && std::isnan(b);
+      else if (std::isinf(a) || std::isinf(b))
+        ok = a == b;
       else {
         const double err = std::fabs(a - b);
         worst = std::max(worst, err);
@@ -210,8 +211,8 @@ void OpCheck::expect_gradient(const std::string& what, const Pair& x, const Pair
   }
   target.copy_from(Tensor::from_vector(host, x.dut.shape()));
   EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << count << " checked elements differ from central differences"
-                    << " (eps " << opt.eps << ", atol " << opt.atol << ", rtol " << opt.rtol << "); first: "
-                    << first.str();
+                    << " (eps " << opt.eps << ", atol " << opt.atol << ", rtol " << opt.rtol
+                    << "); first: " << first.str();
 }
 
 double dot(const Tensor& a, const Tensor& b) {

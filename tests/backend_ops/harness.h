@@ -64,9 +64,9 @@ struct Side {
 
 // What perf mode measured over one case's runs.
 struct PerfTotals {
-  int runs = 0;          // run() calls
-  double ms = 0.0;       // device time per iteration, summed over the runs
-  double bytes = 0.0;    // bytes of the distinct tensors each run touched, summed over the runs
+  int runs = 0;        // run() calls
+  double ms = 0.0;     // device time per iteration, summed over the runs
+  double bytes = 0.0;  // bytes of the distinct tensors each run touched, summed over the runs
 };
 // Iterations per run in perf mode (REMAT_OP_PERF), 0 in the normal (checking) mode.
 int perf_iterations();
@@ -149,8 +149,8 @@ struct OpCaseRegistrar {
 
 }  // namespace remat::test
 
-#define REMAT_OP_CASE(family, name)                                                                  \
-  static void remat_op_case_##family##_##name(::remat::test::OpCheck& t);                           \
-  static const ::remat::test::OpCaseRegistrar remat_op_case_reg_##family##_##name(                  \
-      #family, #name, &remat_op_case_##family##_##name);                                             \
+#define REMAT_OP_CASE(family, name)                                                                                  \
+  static void remat_op_case_##family##_##name(::remat::test::OpCheck& t);                                            \
+  static const ::remat::test::OpCaseRegistrar remat_op_case_reg_##family##_##name(#family, #name,                    \
+                                                                                  &remat_op_case_##family##_##name); \
   static void remat_op_case_##family##_##name([[maybe_unused]] ::remat::test::OpCheck& t)

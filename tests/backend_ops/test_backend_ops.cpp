@@ -23,12 +23,13 @@ TEST_P(BackendOps, MatchesCpu) {
   if (dut.is_cuda() && !cuda_status().available) GTEST_SKIP() << "no CUDA device: " << cuda_status().error;
   const OpCase& c = *GetParam();
   // Every backend implements every op (remat/backend_ops.def): an error here is a failure.
-  OpCheck check(backend_for(Device::cpu()), backend_for(dut), /*seed=*/0x5eed0000u + std::hash<std::string>{}(c.name) % 1000);
+  OpCheck check(backend_for(Device::cpu()), backend_for(dut),
+                /*seed=*/0x5eed0000u + std::hash<std::string>{}(c.name) % 1000);
   c.fn(check);
   if (perf_iterations()) {
     const PerfTotals& p = check.perf();
-    std::printf("perf %-48s %3d runs %10.4f ms %10.3f MB %8.1f GB/s\n", (c.family + "_" + c.name).c_str(), p.runs,
-                p.ms, p.bytes / 1e6, p.ms > 0 ? p.bytes / (p.ms * 1e-3) / 1e9 : 0.0);
+    std::printf("perf %-48s %3d runs %10.4f ms %10.3f MB %8.1f GB/s\n", (c.family + "_" + c.name).c_str(), p.runs, p.ms,
+                p.bytes / 1e6, p.ms > 0 ? p.bytes / (p.ms * 1e-3) / 1e9 : 0.0);
     RecordProperty("device_ms", std::to_string(p.ms));
     RecordProperty("bytes", std::to_string(p.bytes));
   }

@@ -69,9 +69,8 @@ int main() {
     float* sums = device<float>(blocks, 0.0f);
     for (bool check : {false, true}) {
       remat::emu::set_racecheck(check);
-      const double ms = best_ms(3, [&] {
-        emu_test::race_reduction(emu_test::RaceCase::kStaticFixed, x, sums, blocks);
-      });
+      const double ms =
+          best_ms(3, [&] { emu_test::race_reduction(emu_test::RaceCase::kStaticFixed, x, sums, blocks); });
       std::printf("instrumented shared-memory reduction, %d x 128 threads, race check %s: %.1f ms\n", blocks,
                   check ? "on " : "off", ms);
     }

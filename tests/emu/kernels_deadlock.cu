@@ -29,8 +29,6 @@ __global__ void split_shuffle_kernel(int* out) {
 
 void divergent_barriers(int* out) { REMAT_LAUNCH(divergent_barrier_kernel, dim3(2), dim3(32), 0, nullptr, out); }
 
-void shuffle_split_by_barrier(int* out) {
-  REMAT_LAUNCH(split_shuffle_kernel, dim3(1), dim3(32), 0, nullptr, out);
-}
+void shuffle_split_by_barrier(int* out) { REMAT_LAUNCH(split_shuffle_kernel, dim3(1), dim3(32), 0, nullptr, out); }
 
 }  // namespace emu_test

@@ -81,9 +81,7 @@ void race_reduction(RaceCase which, const float* in, float* out, int blocks) {
     case RaceCase::kDynamicMissingBarrier:
       REMAT_LAUNCH(dynamic_reduce_kernel<false>, grid, block, smem, nullptr, in, out);
       break;
-    case RaceCase::kDynamicFixed:
-      REMAT_LAUNCH(dynamic_reduce_kernel<true>, grid, block, smem, nullptr, in, out);
-      break;
+    case RaceCase::kDynamicFixed: REMAT_LAUNCH(dynamic_reduce_kernel<true>, grid, block, smem, nullptr, in, out); break;
     case RaceCase::kWarpWithoutSyncwarp:
       REMAT_LAUNCH(warp_tail_reduce_kernel<false>, grid, block, 0, nullptr, in, out);
       break;

@@ -154,9 +154,7 @@ __global__ void mismatched_kernel(int* out) {
   out[lane] = r;
 }
 
-__global__ void own_lane_kernel(int* out) {
-  out[threadIdx.x] = __shfl_sync(0x1u, static_cast<int>(threadIdx.x), 0);
-}
+__global__ void own_lane_kernel(int* out) { out[threadIdx.x] = __shfl_sync(0x1u, static_cast<int>(threadIdx.x), 0); }
 
 __global__ void shared_overflow_kernel(int* out) {
   REMAT_DYNAMIC_SHARED(int, buf);

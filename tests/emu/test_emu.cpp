@@ -119,8 +119,8 @@ TEST(EmuShuffle, WidthsAndOutOfRangeLanesMatchCuda) {
 
 TEST(EmuShuffle, HandWrittenCases) {
   // (op, arg, width) and the values lanes 0..15 must see (value = 100 + source lane).
-  const std::vector<int> cases = {emu_test::kDown, 3, 8, emu_test::kUp, 2, 16, emu_test::kXor, 8, 8,
-                                  emu_test::kIdx, 35, 8};
+  const std::vector<int> cases = {emu_test::kDown, 3, 8, emu_test::kUp,  2,  16,
+                                  emu_test::kXor,  8, 8, emu_test::kIdx, 35, 8};
   Dev<int> dcases(cases), out(4 * 32);
   emu_test::shuffles(dcases.get(), 4, 32, out.get());
   const auto got = out.host();
@@ -131,7 +131,8 @@ TEST(EmuShuffle, HandWrittenCases) {
       {103, 103, 103, 103, 103, 103, 103, 103, 111, 111, 111, 111, 111, 111, 111, 111},  // idx 35 = 3, width 8
   };
   for (int c = 0; c < 4; ++c) {
-    for (int lane = 0; lane < 16; ++lane) EXPECT_EQ(got[c * 32 + lane], want[c][lane]) << "case " << c << " lane " << lane;
+    for (int lane = 0; lane < 16; ++lane)
+      EXPECT_EQ(got[c * 32 + lane], want[c][lane]) << "case " << c << " lane " << lane;
   }
 }
 

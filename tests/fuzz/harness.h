@@ -25,8 +25,8 @@ struct InvariantBroken : std::logic_error {
   using std::logic_error::logic_error;
 };
 
-#define REMAT_FUZZ_ASSERT(cond)                                                                          \
-  do {                                                                                                   \
+#define REMAT_FUZZ_ASSERT(cond)                                                                        \
+  do {                                                                                                 \
     if (!(cond)) throw ::remat::fuzz::InvariantBroken(std::string("fuzz invariant broken: ") + #cond); \
   } while (0)
 
@@ -71,7 +71,8 @@ inline int run_idx_input(const uint8_t* data, size_t size) {
 // Safetensors input: the whole file. Returns 1 when it parsed.
 inline int run_safetensors_input(const uint8_t* data, size_t size) {
   try {
-    SafetensorsFile f = SafetensorsFile::parse(std::string(reinterpret_cast<const char*>(data), size), "fuzz.safetensors");
+    SafetensorsFile f =
+        SafetensorsFile::parse(std::string(reinterpret_cast<const char*>(data), size), "fuzz.safetensors");
     std::vector<std::pair<size_t, size_t>> ranges;
     for (const SafetensorsEntry& e : f.entries()) {
       REMAT_FUZZ_ASSERT(e.begin <= e.end && e.end <= size);

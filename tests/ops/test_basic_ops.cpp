@@ -8,9 +8,9 @@
 #include <cmath>
 #include <limits>
 
-#include "remat/philox.h"
 #include "remat/backend.h"
 #include "remat/ops.h"
+#include "remat/philox.h"
 #include "support/expect_error.h"
 #include "support/golden.h"
 #include "support/gradcheck.h"
@@ -46,9 +46,10 @@ TEST(BasicOps, GemmMatchesPyTorch) {
     SCOPED_TRACE(name);
     auto g = load_golden(std::string("basic/") + name);
     Tensor c = g.tensor("c0");
-    cpu().gemm(g.tensor("a"), g.tensor("b"), c,
-               remat::GemmParams{meta_int(g, "trans_a") != 0, meta_int(g, "trans_b") != 0,
-                                 static_cast<float>(meta_float(g, "alpha")), static_cast<float>(meta_float(g, "beta"))});
+    cpu().gemm(
+        g.tensor("a"), g.tensor("b"), c,
+        remat::GemmParams{meta_int(g, "trans_a") != 0, meta_int(g, "trans_b") != 0,
+                          static_cast<float>(meta_float(g, "alpha")), static_cast<float>(meta_float(g, "beta"))});
     EXPECT_TRUE(all_close(c, g.tensor("c"), kRtol, kAtol));
   }
 }
@@ -112,8 +113,10 @@ TEST(BasicOps, ReluGeluAddMatchPyTorch) {
     Tensor y = c.kind == 0 ? ops::relu(cpu(), x) : ops::gelu(cpu(), x, approx);
     // GELU: erf/tanh from libm vs PyTorch's vectorised versions differ by a few ulps.
     EXPECT_TRUE(all_close(y, g.tensor("y"), 1e-5, 1e-6));
-    if (c.kind == 0) cpu().relu_backward(g.tensor("dy"), x, dx);
-    else cpu().gelu_backward(g.tensor("dy"), x, approx, dx);
+    if (c.kind == 0)
+      cpu().relu_backward(g.tensor("dy"), x, dx);
+    else
+      cpu().gelu_backward(g.tensor("dy"), x, approx, dx);
     EXPECT_TRUE(all_close(dx, g.tensor("dx"), 1e-5, 1e-6));
   }
   auto g = load_golden("basic/add");
@@ -131,7 +134,8 @@ TEST(BasicOps, ElementwiseGradientsMatchFiniteDifferences) {
   remat::test::GradCheckOptions opt;
   const float* px = x.f32();
   opt.skip = [&](int64_t i) { return std::fabs(px[i]) < 2 * opt.eps; };  // the kink at 0
-  EXPECT_TRUE(check_gradient("relu", x, dx, [&] { return remat::test::dot(ops::relu(cpu(), x), dy); }, opt));
+  EXPECT_TRUE(check_gradient(
+      "relu", x, dx, [&] { return remat::test::dot(ops::relu(cpu(), x), dy); }, opt));
   // scale and accumulate
   Tensor y = Tensor::empty(x.shape());
   cpu().scale(x, -2.0f, y);
@@ -179,7 +183,8 @@ TEST(BasicOps, DropoutBackwardUsesTheForwardMask) {
       ASSERT_EQ(yv[i], xv[i] * 2.0f);
     }
   }
-  EXPECT_TRUE(check_gradient("dropout", x, dx, [&] { return remat::test::dot(ops::dropout(cpu(), x, 0.5f, rng), dy); }));
+  EXPECT_TRUE(
+      check_gradient("dropout", x, dx, [&] { return remat::test::dot(ops::dropout(cpu(), x, 0.5f, rng), dy); }));
 }
 
 TEST(BasicOps, DropoutEdgeProbabilitiesAndThreadCounts) {
@@ -251,9 +256,8 @@ TEST(BasicOps, CrossEntropyGradientAndEdgeCases) {
   auto ce = ops::cross_entropy(cpu(), logits, targets);
   Tensor dl = Tensor::empty(logits.shape());
   cpu().cross_entropy_backward(2.0f, logits, targets, ce.lse, -100, dl);
-  EXPECT_TRUE(check_gradient("cross_entropy", logits, dl, [&] {
-    return 2.0 * ops::cross_entropy(cpu(), logits, targets).loss.to_vector()[0];
-  }));
+  EXPECT_TRUE(check_gradient("cross_entropy", logits, dl,
+                             [&] { return 2.0 * ops::cross_entropy(cpu(), logits, targets).loss.to_vector()[0]; }));
   // All rows ignored: NaN like PyTorch; gradient zero.
   Tensor none = Tensor::from_ints({-100, -100}, {2});
   Tensor l2 = random_tensor({2, 3}, 18);
@@ -263,7 +267,8 @@ TEST(BasicOps, CrossEntropyGradientAndEdgeCases) {
                      "target 3 at row 1 is outside [0, 3)");
   int64_t counted = 0;
   Tensor acc_logits = Tensor::from_vector({0.1f, 0.9f, 0.0f, 2.0f, 1.0f, 2.0f, 0.5f, 0.2f, 0.1f}, {3, 3});
-  EXPECT_EQ(cpu().accuracy(acc_logits, Tensor::from_ints({1, 2, -100}, {3}), -100, &counted), 1);  // row 1 ties: the first max (0) wins
+  EXPECT_EQ(cpu().accuracy(acc_logits, Tensor::from_ints({1, 2, -100}, {3}), -100, &counted),
+            1);  // row 1 ties: the first max (0) wins
   EXPECT_EQ(counted, 2);
 }
 
@@ -351,7 +356,8 @@ TEST(BasicOps, BadInputNamesOpAndShapes) {
                      "linear_forward: x f32[4, 3] on cpu and w f32[5, 4] on cpu: in_features differ (3 vs 4)");
   EXPECT_REMAT_ERROR(ops::linear(cpu(), x, random_tensor({5, 3}, 1), random_tensor({4}, 2)),
                      "linear_forward: b f32[4] on cpu: expected shape [5]");
-  EXPECT_REMAT_ERROR(ops::matmul(cpu(), x, x), "gemm: a f32[4, 3] on cpu and b f32[4, 3] on cpu: inner dimensions differ");
+  EXPECT_REMAT_ERROR(ops::matmul(cpu(), x, x),
+                     "gemm: a f32[4, 3] on cpu and b f32[4, 3] on cpu: inner dimensions differ");
   EXPECT_REMAT_ERROR(ops::add(cpu(), x, w), "add: a f32[4, 3] on cpu and b f32[5, 4] on cpu must have the same shape");
   Tensor ids = Tensor::from_ints({1, 2, 3}, {3});
   EXPECT_REMAT_ERROR(ops::relu(cpu(), ids), "relu_forward: x i32[3] on cpu: expected dtype f32");

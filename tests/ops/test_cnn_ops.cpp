@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/conv_internal.h"
 #include "remat/backend.h"
 #include "remat/memory.h"
 #include "remat/ops.h"
-#include "backends/cpu/conv_internal.h"
 #include "support/expect_error.h"
 #include "support/golden.h"
 #include "support/gradcheck.h"
@@ -145,7 +145,7 @@ struct PathMode {
 };
 const std::vector<PathMode> kAllPathModes = {
     {ConvPath::automatic, 0}, {ConvPath::automatic, 2}, {ConvPath::im2col, 0}, {ConvPath::im2col, 2},
-    {ConvPath::implicit, 0},  {ConvPath::implicit, 2},  {ConvPath::direct, 0},  {ConvPath::direct, 2}};
+    {ConvPath::implicit, 0},  {ConvPath::implicit, 2},  {ConvPath::direct, 0}, {ConvPath::direct, 2}};
 
 // ---- PyTorch goldens ------------------------------------------------------------------------
 
@@ -182,8 +182,8 @@ TEST(CnnGolden, Conv2dForwardBackward) {
       const Tensor dw_only = Tensor::zeros(w.shape());
       EXPECT_FALSE(ops::conv2d_backward(cpu(), f.tensor("dy"), x, w, p, false, dw_only, Tensor()).defined());
       EXPECT_ALL_CLOSE(dw_only, f.tensor("dw"), kRtol, kAtol);
-      EXPECT_ALL_CLOSE(ops::conv2d_backward(cpu(), f.tensor("dy"), x, w, p, true, Tensor(), Tensor()),
-                       f.tensor("dx"), kRtol, kAtol);
+      EXPECT_ALL_CLOSE(ops::conv2d_backward(cpu(), f.tensor("dy"), x, w, p, true, Tensor(), Tensor()), f.tensor("dx"),
+                       kRtol, kAtol);
     }
   }
 }
@@ -358,7 +358,8 @@ TEST(CnnGradCheck, Pooling) {
     const Tensor dy = random_tensor(r.y.shape(), seed++);
     const Tensor dx = ops::empty_like(cpu(), x);
     cpu().maxpool2d_backward(dy, r.indices, dx);
-    EXPECT_TRUE(check_gradient("maxpool2d dx", x, dx, [&] { return dot(dy, ops::maxpool2d(cpu(), x, c.p).y); }, opt));
+    EXPECT_TRUE(check_gradient(
+        "maxpool2d dx", x, dx, [&] { return dot(dy, ops::maxpool2d(cpu(), x, c.p).y); }, opt));
 
     const Tensor xa = random_tensor(c.x, seed++);
     const Tensor dya = random_tensor(r.y.shape(), seed++);
@@ -683,10 +684,10 @@ TEST(CnnDeterminism, ThreadCountDoesNotChangeResults) {
 // convolution).
 const std::vector<ConvCase> kImplicitCases = {
     {Shape{5, 8, 40, 40}, Shape{12, 4, 3, 3}, make_conv(1, 1, 1, 1, 1, 1, 2), true},
-    {Shape{3, 4, 20, 24}, Shape{6, 2, 3, 3}, make_conv(1, 1, 2, 2, 2, 2, 2), true},      // dilation 2
-    {Shape{2, 3, 20, 20}, Shape{4, 3, 1, 1}, make_conv(1, 1, 1, 1, 1, 1, 1), false},     // dx explicit
-    {Shape{2, 3, 17, 19}, Shape{40, 3, 5, 3}, make_conv(1, 1, 2, 1, 1, 1, 1), true},     // K > NR, odd sizes
-    {Shape{4, 6, 18, 18}, Shape{6, 1, 3, 3}, make_conv(1, 1, 1, 1, 1, 1, 6), false},     // depthwise
+    {Shape{3, 4, 20, 24}, Shape{6, 2, 3, 3}, make_conv(1, 1, 2, 2, 2, 2, 2), true},   // dilation 2
+    {Shape{2, 3, 20, 20}, Shape{4, 3, 1, 1}, make_conv(1, 1, 1, 1, 1, 1, 1), false},  // dx explicit
+    {Shape{2, 3, 17, 19}, Shape{40, 3, 5, 3}, make_conv(1, 1, 2, 1, 1, 1, 1), true},  // K > NR, odd sizes
+    {Shape{4, 6, 18, 18}, Shape{6, 1, 3, 3}, make_conv(1, 1, 1, 1, 1, 1, 6), false},  // depthwise
 };
 
 TEST(CnnPaths, GemmFeedsAgree) {
@@ -820,7 +821,8 @@ TEST(CnnErrors, Conv2dNamesOpAndShapes) {
                      "conv2d_forward: x [2, 3, 8, 8] and w [4, 1, 3, 3]: channels must divide by groups 2");
   // Wrong dtype.
   const Tensor xi = Tensor::empty(Shape{2, 3, 8, 8}, Device::cpu(), DType::i32);
-  EXPECT_REMAT_ERROR(be.conv2d_forward(xi, w, Tensor(), p, y, ws), "conv2d_forward: x i32[2, 3, 8, 8] on cpu: expected dtype f32");
+  EXPECT_REMAT_ERROR(be.conv2d_forward(xi, w, Tensor(), p, y, ws),
+                     "conv2d_forward: x i32[2, 3, 8, 8] on cpu: expected dtype f32");
   // Output of the wrong shape, bias of the wrong size.
   EXPECT_REMAT_ERROR(be.conv2d_forward(x, w, Tensor(), p, Tensor::empty(Shape{2, 4, 6, 5}), ws),
                      "conv2d_forward: y f32[2, 4, 6, 5] on cpu: expected shape [2, 4, 6, 6]");
@@ -829,9 +831,9 @@ TEST(CnnErrors, Conv2dNamesOpAndShapes) {
   const size_t need = be.conv2d_forward_workspace(x.shape(), w.shape(), p);
   ASSERT_GT(need, 1024u);
   const Tensor small = ops::workspace(be, need / 2);
-  EXPECT_REMAT_ERROR(be.conv2d_forward(x, w, Tensor(), p, y, small),
-                     "conv2d_forward: workspace of " + std::to_string(need) + " bytes needed, got " +
-                         std::to_string(small.nbytes()));
+  EXPECT_REMAT_ERROR(
+      be.conv2d_forward(x, w, Tensor(), p, y, small),
+      "conv2d_forward: workspace of " + std::to_string(need) + " bytes needed, got " + std::to_string(small.nbytes()));
   EXPECT_REMAT_ERROR(be.conv2d_backward(y, x, w, p, Tensor(), Tensor::zeros(w.shape()), Tensor(), Tensor()),
                      "conv2d_backward: workspace of");
   // Backward: dy of the wrong shape.
@@ -857,9 +859,9 @@ TEST(CnnErrors, PoolingAndBatchNorm) {
   const Tensor x = Tensor::zeros(Shape{2, 3, 4, 4}), c3 = Tensor::zeros(Shape{3}), c4 = Tensor::zeros(Shape{4});
   EXPECT_REMAT_ERROR(ops::batchnorm2d_train(be, x, c4, c3, c3, c3, BatchNormParams{}),
                      "batchnorm2d_forward_train: gamma f32[4] on cpu: expected shape [3]");
-  EXPECT_REMAT_ERROR(be.batchnorm2d_forward_eval(xi, c3, c3, c3, c3, BatchNormParams{},
-                                                 Tensor::empty(Shape{1, 2, 4, 4})),
-                     "batchnorm2d_forward_eval: x i32[1, 2, 4, 4] on cpu: expected dtype f32");
+  EXPECT_REMAT_ERROR(
+      be.batchnorm2d_forward_eval(xi, c3, c3, c3, c3, BatchNormParams{}, Tensor::empty(Shape{1, 2, 4, 4})),
+      "batchnorm2d_forward_eval: x i32[1, 2, 4, 4] on cpu: expected dtype f32");
   EXPECT_REMAT_ERROR(ops::batchnorm2d_train(be, Tensor::zeros(Shape{1, 3, 1, 1}), c3, c3, c3, c3, BatchNormParams{}),
                      "batch statistics need more than one value per channel");
 }
@@ -895,8 +897,7 @@ Footprint conv_footprint(Backend& be, const ConvCase& c) {
 TEST(CnnMeta, ConvAllocatesExactlyWhatCpuAllocates) {
   ConvMode restore;
   const std::vector<ConvCase> cases = {
-      kDetConvs[0], kDetConvs[1],
-      ConvCase{Shape{2, 3, 7, 5}, Shape{4, 3, 3, 3}, make_conv(2, 1, 1, 1, 1, 1, 1), true},
+      kDetConvs[0], kDetConvs[1], ConvCase{Shape{2, 3, 7, 5}, Shape{4, 3, 3, 3}, make_conv(2, 1, 1, 1, 1, 1, 1), true},
       ConvCase{Shape{64, 16, 32, 32}, Shape{16, 16, 3, 3}, make_conv(1, 1, 1, 1, 1, 1, 1), true}};
   for (const PathMode& mode : {PathMode{ConvPath::automatic, 0}, PathMode{ConvPath::im2col, 2},
                                PathMode{ConvPath::implicit, 0}, PathMode{ConvPath::direct, 2}}) {

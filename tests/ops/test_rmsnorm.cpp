@@ -93,9 +93,9 @@ TEST(RmsNorm, BadArgumentsNameTheOpAndShapes) {
   EXPECT_REMAT_ERROR(cpu().rmsnorm_forward(x, random_tensor(Shape{8}, 2), 1e-6f, y, Tensor::empty(Shape{5})),
                      "rmsnorm_forward: rstd f32[5] on cpu: expected shape [4]");
   EXPECT_REMAT_ERROR(cpu().rmsnorm_forward(x, random_tensor(Shape{8}, 2), 0.0f, y, rstd), "eps must be positive");
-  EXPECT_REMAT_ERROR(cpu().rmsnorm_backward(random_tensor(Shape{4, 9}, 3), x, random_tensor(Shape{8}, 2), rstd,
-                                            Tensor(), Tensor()),
-                     "rmsnorm_backward: dy f32[4, 9] on cpu and x f32[4, 8] on cpu must have the same shape");
+  EXPECT_REMAT_ERROR(
+      cpu().rmsnorm_backward(random_tensor(Shape{4, 9}, 3), x, random_tensor(Shape{8}, 2), rstd, Tensor(), Tensor()),
+      "rmsnorm_backward: dy f32[4, 9] on cpu and x f32[4, 8] on cpu must have the same shape");
 }
 
 }  // namespace

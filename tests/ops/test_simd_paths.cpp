@@ -12,12 +12,12 @@
 #include <string>
 #include <vector>
 
-#include "remat/philox.h"
-#include "remat/backend.h"
-#include "remat/ops.h"
 #include "backends/cpu/conv_internal.h"
 #include "backends/cpu/philox_cpu.h"
 #include "backends/cpu/simd.h"
+#include "remat/backend.h"
+#include "remat/ops.h"
+#include "remat/philox.h"
 #include "support/golden.h"
 
 using remat::Backend;
@@ -69,9 +69,21 @@ void expect_paths_agree(const std::string& what, const std::function<std::vector
 // zeros, a denormal, values past the exp clamps and around the GELU's bend.
 Tensor with_specials(int64_t n, uint32_t seed, float lo) {
   std::vector<float> v = random_tensor({n}, seed, -lo, lo).to_vector();
-  const float specials[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
-                            -std::numeric_limits<float>::infinity(), 0.0f, -0.0f, 1e-40f, -1e-40f, 100.0f, -100.0f,
-                            44.0f, -44.0f, 9.0f, -9.0f, 3.0e38f, -3.0e38f};
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(),
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            0.0f,
+                            -0.0f,
+                            1e-40f,
+                            -1e-40f,
+                            100.0f,
+                            -100.0f,
+                            44.0f,
+                            -44.0f,
+                            9.0f,
+                            -9.0f,
+                            3.0e38f,
+                            -3.0e38f};
   for (size_t k = 0; k < sizeof specials / sizeof specials[0]; ++k) v[(k * 7919) % v.size()] = specials[k];
   return Tensor::from_vector(v, {n});
 }
@@ -80,7 +92,8 @@ Tensor with_specials(int64_t n, uint32_t seed, float lo) {
 
 TEST(SimdPaths, PhiloxBlocksMatchTheScalarGenerator) {
   // Block indices whose 16-bit and 48-bit counter fields carry inside a vector.
-  for (uint64_t b0 : {uint64_t{0}, uint64_t{0xfff9}, (uint64_t{1} << 48) - 11, ~uint64_t{0} - 20, uint64_t{123456789}}) {
+  for (uint64_t b0 :
+       {uint64_t{0}, uint64_t{0xfff9}, (uint64_t{1} << 48) - 11, ~uint64_t{0} - 20, uint64_t{123456789}}) {
     for (Simd s : {Simd::baseline, Simd::avx2, Simd::avx512}) {
       if (static_cast<int>(s) > static_cast<int>(remat::cpu::detected_simd())) continue;
       SimdLimit l(s);
@@ -90,7 +103,8 @@ TEST(SimdPaths, PhiloxBlocksMatchTheScalarGenerator) {
         const remat::philox::Bits4 want = remat::philox::block(0x1234abcd5678ef01ull, b0 + static_cast<uint64_t>(b));
         const uint32_t w4[4] = {want.x, want.y, want.z, want.w};
         for (int c = 0; c < 4; ++c)
-          ASSERT_EQ(words[static_cast<size_t>(4 * b + c)], w4[c]) << remat::cpu::simd_name(s) << " b0 " << b0 << " block " << b;
+          ASSERT_EQ(words[static_cast<size_t>(4 * b + c)], w4[c])
+              << remat::cpu::simd_name(s) << " b0 " << b0 << " block " << b;
       }
     }
   }

@@ -21,10 +21,10 @@
 #include <string>
 #include <vector>
 
-#include "remat/philox.h"
 #include "remat/backend.h"
 #include "remat/memory.h"
 #include "remat/ops.h"
+#include "remat/philox.h"
 #include "support/expect_error.h"
 #include "support/golden.h"
 #include "support/gradcheck.h"
@@ -111,7 +111,8 @@ TEST(LayerNorm, MatchesPyTorch) {
 
 TEST(LayerNorm, BackwardMayWriteDxOverDy) {
   const Tensor x = random_tensor(Shape{40, 30}, 5, -2.0f, 2.0f);
-  const Tensor gamma = random_tensor(Shape{30}, 6), beta = random_tensor(Shape{30}, 7), dy = random_tensor(x.shape(), 8);
+  const Tensor gamma = random_tensor(Shape{30}, 6), beta = random_tensor(Shape{30}, 7),
+               dy = random_tensor(x.shape(), 8);
   const auto r = ops::layernorm(cpu(), x, gamma, beta);
   const Tensor dx = ops::empty_like(cpu(), x), dg = Tensor::zeros(gamma.shape()), db = Tensor::zeros(beta.shape());
   cpu().layernorm_backward(dy, x, gamma, r.mean, r.invstd, dx, dg, db);
@@ -127,7 +128,8 @@ TEST(LayerNorm, GradientsMatchFiniteDifferences) {
   const Tensor gamma = random_tensor(Shape{21}, 2, 0.5f, 1.5f), beta = random_tensor(Shape{21}, 3);
   const Tensor dy = random_tensor(x.shape(), 4);
   const auto r = ops::layernorm(cpu(), x, gamma, beta);
-  const Tensor dx = ops::empty_like(cpu(), x), dgamma = Tensor::zeros(gamma.shape()), dbeta = Tensor::zeros(beta.shape());
+  const Tensor dx = ops::empty_like(cpu(), x), dgamma = Tensor::zeros(gamma.shape()),
+               dbeta = Tensor::zeros(beta.shape());
   cpu().layernorm_backward(dy, x, gamma, r.mean, r.invstd, dx, dgamma, dbeta);
   auto loss = [&] { return dot(dy, ops::layernorm(cpu(), x, gamma, beta).y); };
   EXPECT_TRUE(check_gradient("layernorm dx", x, dx, loss));
@@ -284,7 +286,9 @@ NaiveAttention naive_attention(const Tensor& qkv_t, const Tensor& dout_t, const 
           r.out[static_cast<size_t>((b * T + i) * C + h * hs + d)] = acc;
         }
       // Backward.
-      auto g = [&](int64_t t, int64_t d) { return static_cast<double>(dout[static_cast<size_t>((b * T + t) * C + h * hs + d)]); };
+      auto g = [&](int64_t t, int64_t d) {
+        return static_cast<double>(dout[static_cast<size_t>((b * T + t) * C + h * hs + d)]);
+      };
       for (int64_t i = 0; i < T; ++i)
         for (int64_t j = 0; j < T; ++j) {
           double acc = 0;
@@ -318,29 +322,29 @@ TEST(Attention, DropoutMatchesNaiveReference) {
   // T = 70: the causal GEMMs go by blocks of rows, the last one partial; rows are longer
   // than one chunk of the dropout mask.
   for (const auto& [shape, n_head] : std::vector<std::pair<Shape, int>>{{Shape{2, 7, 36}, 3}, {Shape{1, 70, 24}, 2}})
-  for (bool causal : {true, false}) {
-    const Tensor qkv = random_tensor(shape, 51, -1.5f, 1.5f);
-    const Tensor dout = random_tensor(Shape{shape[0], shape[1], shape[2] / 3}, 52);
-    for (float drop : {0.0f, 0.3f}) {
-      SCOPED_TRACE(shape.str() + (causal ? " causal" : " full") + " dropout " + std::to_string(drop));
-      const AttentionParams p{n_head, causal, drop};
-      const RngState rng{1234, 4096};
-      const auto ref = naive_attention(qkv, dout, p, rng);
-      if (drop > 0.0f) {  // the mask is not trivial
-        EXPECT_GT(ref.kept, 0);
-        EXPECT_GT(ref.dropped, 0);
-      }
-      const auto r = ops::attention(cpu(), qkv, p, rng);
-      EXPECT_ALL_CLOSE(r.probs, from_doubles(ref.probs, r.probs.shape()), 1e-5, 1e-6);
-      EXPECT_ALL_CLOSE(r.out, from_doubles(ref.out, r.out.shape()), 1e-5, 1e-6);
-      const Tensor dqkv = ops::attention_backward(cpu(), dout, qkv, r.probs, p, rng);
-      EXPECT_ALL_CLOSE(dqkv, from_doubles(ref.dqkv, qkv.shape()), 1e-5, 1e-6);
-      // A different Philox range gives a different mask, hence a different output.
-      if (drop > 0.0f) {
-        EXPECT_FALSE(bitwise_equal(ops::attention(cpu(), qkv, p, RngState{1234, 8192}).out, r.out));
+    for (bool causal : {true, false}) {
+      const Tensor qkv = random_tensor(shape, 51, -1.5f, 1.5f);
+      const Tensor dout = random_tensor(Shape{shape[0], shape[1], shape[2] / 3}, 52);
+      for (float drop : {0.0f, 0.3f}) {
+        SCOPED_TRACE(shape.str() + (causal ? " causal" : " full") + " dropout " + std::to_string(drop));
+        const AttentionParams p{n_head, causal, drop};
+        const RngState rng{1234, 4096};
+        const auto ref = naive_attention(qkv, dout, p, rng);
+        if (drop > 0.0f) {  // the mask is not trivial
+          EXPECT_GT(ref.kept, 0);
+          EXPECT_GT(ref.dropped, 0);
+        }
+        const auto r = ops::attention(cpu(), qkv, p, rng);
+        EXPECT_ALL_CLOSE(r.probs, from_doubles(ref.probs, r.probs.shape()), 1e-5, 1e-6);
+        EXPECT_ALL_CLOSE(r.out, from_doubles(ref.out, r.out.shape()), 1e-5, 1e-6);
+        const Tensor dqkv = ops::attention_backward(cpu(), dout, qkv, r.probs, p, rng);
+        EXPECT_ALL_CLOSE(dqkv, from_doubles(ref.dqkv, qkv.shape()), 1e-5, 1e-6);
+        // A different Philox range gives a different mask, hence a different output.
+        if (drop > 0.0f) {
+          EXPECT_FALSE(bitwise_equal(ops::attention(cpu(), qkv, p, RngState{1234, 8192}).out, r.out));
+        }
       }
     }
-  }
 }
 
 TEST(Attention, DropoutOneGivesZeros) {
@@ -351,7 +355,8 @@ TEST(Attention, DropoutOneGivesZeros) {
   // probs are saved before dropout: still a softmax.
   const auto ref = naive_attention(qkv, Tensor::zeros(Shape{2, 6, 8}), AttentionParams{2, true, 0.0f}, RngState{});
   EXPECT_ALL_CLOSE(r.probs, from_doubles(ref.probs, r.probs.shape()), 1e-5, 1e-6);
-  const Tensor dqkv = ops::attention_backward(cpu(), random_tensor(Shape{2, 6, 8}, 62), qkv, r.probs, p, RngState{3, 0});
+  const Tensor dqkv =
+      ops::attention_backward(cpu(), random_tensor(Shape{2, 6, 8}, 62), qkv, r.probs, p, RngState{3, 0});
   for (float v : dqkv.to_vector()) ASSERT_EQ(v, 0.0f);
 }
 
@@ -412,13 +417,13 @@ std::vector<Tensor> run_family() {
     out.insert(out.end(), {dtable, dpos});
   }
   for (int64_t t : {33, 70})  // rows on one thread, and in parallel
-  for (bool causal : {true, false}) {
-    const Tensor qkv = random_tensor(Shape{2, t, 96}, 101), dout = random_tensor(Shape{2, t, 32}, 102);
-    const AttentionParams p{4, causal, 0.2f};
-    const RngState rng{9, 40};
-    auto r = ops::attention(be, qkv, p, rng);
-    out.insert(out.end(), {r.out, r.probs, ops::attention_backward(be, dout, qkv, r.probs, p, rng)});
-  }
+    for (bool causal : {true, false}) {
+      const Tensor qkv = random_tensor(Shape{2, t, 96}, 101), dout = random_tensor(Shape{2, t, 32}, 102);
+      const AttentionParams p{4, causal, 0.2f};
+      const RngState rng{9, 40};
+      auto r = ops::attention(be, qkv, p, rng);
+      out.insert(out.end(), {r.out, r.probs, ops::attention_backward(be, dout, qkv, r.probs, p, rng)});
+    }
   out.push_back(ops::permute_0213(be, random_tensor(Shape{4, 16, 9, 32}, 111)));
   return out;
 }
@@ -459,18 +464,19 @@ TEST(TransformerErrors, BadArgumentsNameTheOpAndShapes) {
                      "must be positive");
   EXPECT_REMAT_ERROR(ops::attention(be, qkv, AttentionParams{2, true, 1.5f}, RngState{}), "dropout must be in [0, 1]");
   // probs of the wrong shape in backward.
-  EXPECT_REMAT_ERROR(ops::attention_backward(be, random_tensor(Shape{2, 5, 4}, 123), qkv, Tensor::zeros(Shape{2, 1, 5, 5}),
-                                             AttentionParams{2, true, 0.0f}, RngState{}),
-                     "probs f32[2, 1, 5, 5] on cpu: expected shape [2, 2, 5, 5]");
+  EXPECT_REMAT_ERROR(
+      ops::attention_backward(be, random_tensor(Shape{2, 5, 4}, 123), qkv, Tensor::zeros(Shape{2, 1, 5, 5}),
+                              AttentionParams{2, true, 0.0f}, RngState{}),
+      "probs f32[2, 1, 5, 5] on cpu: expected shape [2, 2, 5, 5]");
 
   // Outputs over inputs (probs [1, 1, 6, 6] can be a view of qkv [1, 6, 6]).
   const Tensor qkv6 = random_tensor(Shape{1, 6, 6}, 125);
-  EXPECT_REMAT_ERROR(be.attention_forward(qkv6, AttentionParams{1, true, 0.0f}, RngState{}, Tensor::empty(Shape{1, 6, 2}),
-                                          qkv6.reshape({1, 1, 6, 6}), Tensor()),
+  EXPECT_REMAT_ERROR(be.attention_forward(qkv6, AttentionParams{1, true, 0.0f}, RngState{},
+                                          Tensor::empty(Shape{1, 6, 2}), qkv6.reshape({1, 1, 6, 6}), Tensor()),
                      "attention_forward: qkv, out and probs must not share storage");
   const Tensor probs = Tensor::zeros(Shape{2, 2, 5, 5});
-  EXPECT_REMAT_ERROR(be.attention_backward(random_tensor(Shape{2, 5, 4}, 125), qkv, probs, AttentionParams{2, true, 0.0f},
-                                           RngState{}, qkv, ops::workspace(be, 400)),
+  EXPECT_REMAT_ERROR(be.attention_backward(random_tensor(Shape{2, 5, 4}, 125), qkv, probs,
+                                           AttentionParams{2, true, 0.0f}, RngState{}, qkv, ops::workspace(be, 400)),
                      "attention_backward: dqkv must not share storage with qkv, dout or probs");
 
   // Workspace too small, or missing.
@@ -478,28 +484,32 @@ TEST(TransformerErrors, BadArgumentsNameTheOpAndShapes) {
   const size_t need = be.attention_forward_workspace(qkv.shape(), pd);
   EXPECT_EQ(need, 4u * 5u * 5u * sizeof(float));  // 2 batches x 2 heads of [5, 5]
   const Tensor small = Tensor::empty(Shape{static_cast<int64_t>(need / 4 - 1)});
-  EXPECT_REMAT_ERROR(be.attention_forward(qkv, pd, RngState{}, Tensor::empty(Shape{2, 5, 4}),
-                                          Tensor::empty(Shape{2, 2, 5, 5}), small),
-                     "attention_forward: workspace of 400 bytes needed, got 396");
-  EXPECT_REMAT_ERROR(be.attention_backward(random_tensor(Shape{2, 5, 4}, 124), qkv, Tensor::zeros(Shape{2, 2, 5, 5}), pd,
-                                           RngState{}, Tensor::empty(qkv.shape()), Tensor()),
+  EXPECT_REMAT_ERROR(
+      be.attention_forward(qkv, pd, RngState{}, Tensor::empty(Shape{2, 5, 4}), Tensor::empty(Shape{2, 2, 5, 5}), small),
+      "attention_forward: workspace of 400 bytes needed, got 396");
+  EXPECT_REMAT_ERROR(be.attention_backward(random_tensor(Shape{2, 5, 4}, 124), qkv, Tensor::zeros(Shape{2, 2, 5, 5}),
+                                           pd, RngState{}, Tensor::empty(qkv.shape()), Tensor()),
                      "attention_backward: workspace of 800 bytes needed, got none");
 
   // Embedding: float ids, wrong ranks.
   const Tensor table = random_tensor(Shape{5, 4}, 125);
-  EXPECT_REMAT_ERROR(be.embedding_forward(random_tensor(Shape{2, 3}, 126), table, Tensor(), Tensor::empty(Shape{2, 3, 4})),
-                     "embedding_forward: ids f32[2, 3] on cpu: expected dtype i32");
-  EXPECT_REMAT_ERROR(be.embedding_forward(Tensor::from_ints({0, 1, 2}, Shape{3}), table, Tensor(), Tensor::empty(Shape{1, 3, 4})),
-                     "embedding_forward: ids i32[3] on cpu: expected rank 2");
-  EXPECT_REMAT_ERROR(ops::embedding(be, Tensor::from_ints({0, 1, 2, 3}, Shape{2, 2}), table, random_tensor(Shape{1, 4}, 127)),
-                     "pos_table f32[1, 4] on cpu must be [Tmax >= 2, 4]");
+  EXPECT_REMAT_ERROR(
+      be.embedding_forward(random_tensor(Shape{2, 3}, 126), table, Tensor(), Tensor::empty(Shape{2, 3, 4})),
+      "embedding_forward: ids f32[2, 3] on cpu: expected dtype i32");
+  EXPECT_REMAT_ERROR(
+      be.embedding_forward(Tensor::from_ints({0, 1, 2}, Shape{3}), table, Tensor(), Tensor::empty(Shape{1, 3, 4})),
+      "embedding_forward: ids i32[3] on cpu: expected rank 2");
+  EXPECT_REMAT_ERROR(
+      ops::embedding(be, Tensor::from_ints({0, 1, 2, 3}, Shape{2, 2}), table, random_tensor(Shape{1, 4}, 127)),
+      "pos_table f32[1, 4] on cpu must be [Tmax >= 2, 4]");
 
   // LayerNorm: gamma of the wrong width, wrong dtype.
   const Tensor x = random_tensor(Shape{3, 8}, 128);
   EXPECT_REMAT_ERROR(ops::layernorm(be, x, random_tensor(Shape{7}, 129), random_tensor(Shape{8}, 130)),
                      "layernorm_forward: gamma f32[7] on cpu: expected shape [8]");
-  EXPECT_REMAT_ERROR(ops::layernorm(be, x, Tensor::from_ints(std::vector<int32_t>(8, 1), Shape{8}), random_tensor(Shape{8}, 131)),
-                     "layernorm_forward: gamma i32[8] on cpu: expected dtype f32");
+  EXPECT_REMAT_ERROR(
+      ops::layernorm(be, x, Tensor::from_ints(std::vector<int32_t>(8, 1), Shape{8}), random_tensor(Shape{8}, 131)),
+      "layernorm_forward: gamma i32[8] on cpu: expected dtype f32");
 
   // permute_0213: wrong rank; output aliasing the input.
   EXPECT_REMAT_ERROR(be.permute_0213(random_tensor(Shape{2, 3, 4}, 132), Tensor::empty(Shape{2, 4, 3})),
@@ -567,8 +577,7 @@ TEST(TransformerMeta, AllocatesExactlyWhatCpuAllocates) {
     const int64_t head = 9 * 9 * sizeof(float);
     EXPECT_EQ(cpu().attention_forward_workspace(Shape{2, 9, 48}, p), drop > 0.0f ? 4 * head : 0);
     EXPECT_EQ(cpu().attention_backward_workspace(Shape{2, 9, 48}, p), drop > 0.0f ? 8 * head : 4 * head);
-    EXPECT_EQ(c.workspace_peak,
-              static_cast<int64_t>(CachingAllocator::round_size(drop > 0.0f ? 8 * head : 4 * head)));
+    EXPECT_EQ(c.workspace_peak, static_cast<int64_t>(CachingAllocator::round_size(drop > 0.0f ? 8 * head : 4 * head)));
   }
 }
 

@@ -12,7 +12,9 @@ namespace {
 std::string golden_root() { return std::string(REMAT_SOURCE_DIR) + "/tests/golden/"; }
 }  // namespace
 
-SafetensorsFile load_golden(const std::string& name) { return SafetensorsFile::load(golden_root() + name + ".safetensors"); }
+SafetensorsFile load_golden(const std::string& name) {
+  return SafetensorsFile::load(golden_root() + name + ".safetensors");
+}
 
 std::vector<std::string> golden_cases(const std::string& family) {
   std::vector<std::string> out;
@@ -36,7 +38,8 @@ double meta_float(const SafetensorsFile& f, const std::string& key) { return std
 
 ::testing::AssertionResult all_close(const Tensor& actual, const Tensor& expected, double rtol, double atol) {
   if (actual.shape() != expected.shape())
-    return ::testing::AssertionFailure() << "shape " << actual.shape().str() << " vs expected " << expected.shape().str();
+    return ::testing::AssertionFailure() << "shape " << actual.shape().str() << " vs expected "
+                                         << expected.shape().str();
   const auto a = actual.to_vector(), e = expected.to_vector();
   int64_t bad = 0, worst = -1;
   double worst_excess = 0;
@@ -64,8 +67,9 @@ double meta_float(const SafetensorsFile& f, const std::string& key) { return std
   }
   if (bad == 0) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << bad << " of " << a.size() << " elements differ (rtol " << rtol << ", atol "
-                                       << atol << "); worst at flat index " << worst << ": " << a[static_cast<size_t>(worst)]
-                                       << " vs expected " << e[static_cast<size_t>(worst)];
+                                       << atol << "); worst at flat index " << worst << ": "
+                                       << a[static_cast<size_t>(worst)] << " vs expected "
+                                       << e[static_cast<size_t>(worst)];
 }
 
 ::testing::AssertionResult bitwise_equal(const Tensor& a, const Tensor& b) {
@@ -76,7 +80,8 @@ double meta_float(const SafetensorsFile& f, const std::string& key) { return std
   const auto* pa = static_cast<const unsigned char*>(ha.raw_data());
   const auto* pb = static_cast<const unsigned char*>(hb.raw_data());
   for (size_t i = 0; i < ha.nbytes(); ++i)
-    if (pa[i] != pb[i]) return ::testing::AssertionFailure() << "first differing byte at " << i << " of " << ha.nbytes();
+    if (pa[i] != pb[i])
+      return ::testing::AssertionFailure() << "first differing byte at " << i << " of " << ha.nbytes();
   return ::testing::AssertionSuccess();
 }
 

@@ -35,5 +35,7 @@ double dot(const Tensor& a, const Tensor& b);
 
 }  // namespace remat::test
 
-#define EXPECT_ALL_CLOSE(actual, expected, rtol, atol) EXPECT_TRUE(::remat::test::all_close(actual, expected, rtol, atol))
-#define ASSERT_ALL_CLOSE(actual, expected, rtol, atol) ASSERT_TRUE(::remat::test::all_close(actual, expected, rtol, atol))
+#define EXPECT_ALL_CLOSE(actual, expected, rtol, atol) \
+  EXPECT_TRUE(::remat::test::all_close(actual, expected, rtol, atol))
+#define ASSERT_ALL_CLOSE(actual, expected, rtol, atol) \
+  ASSERT_TRUE(::remat::test::all_close(actual, expected, rtol, atol))

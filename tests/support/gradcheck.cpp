@@ -7,7 +7,8 @@ namespace remat::test {
 ::testing::AssertionResult check_gradient(const std::string& what, const Tensor& input, const Tensor& analytic,
                                           const std::function<double()>& loss, const GradCheckOptions& opt) {
   if (input.shape() != analytic.shape())
-    return ::testing::AssertionFailure() << what << ": gradient " << analytic.str() << " does not match input " << input.str();
+    return ::testing::AssertionFailure() << what << ": gradient " << analytic.str() << " does not match input "
+                                         << input.str();
   const int64_t n = input.numel();
   const auto grad = analytic.to_vector();
   float* x = input.f32();

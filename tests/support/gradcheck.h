@@ -16,10 +16,10 @@
 namespace remat::test {
 
 struct GradCheckOptions {
-  double eps = 1e-2;          // perturbation (inputs are O(1) fp32 values)
+  double eps = 1e-2;  // perturbation (inputs are O(1) fp32 values)
   double rtol = 2e-2;
   double atol = 2e-3;
-  int max_elements = 48;      // checked elements, spread over the tensor (all if fewer)
+  int max_elements = 48;  // checked elements, spread over the tensor (all if fewer)
   // Skip elements where the loss is not differentiable nearby (e.g. |x| < eps for ReLU):
   std::function<bool(int64_t index)> skip;
 };

@@ -10,9 +10,11 @@ namespace remat::test {
 inline int64_t model_dim(const nlohmann::json& j) {
   if (j.is_object()) {
     if (j.value("type", "") == "embedding" && j.contains("dim")) return j["dim"].get<int64_t>();
-    for (const auto& v : j) if (int64_t d = model_dim(v)) return d;
+    for (const auto& v : j)
+      if (int64_t d = model_dim(v)) return d;
   } else if (j.is_array()) {
-    for (const auto& v : j) if (int64_t d = model_dim(v)) return d;
+    for (const auto& v : j)
+      if (int64_t d = model_dim(v)) return d;
   }
   return 0;
 }

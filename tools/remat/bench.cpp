@@ -34,7 +34,7 @@ Tensor rnd(const Shape& s, uint32_t seed) {
 
 struct Case {
   std::string name;
-  double flops;  // of forward + backward, for GFLOP/s (0 when not meaningful)
+  double flops;                                  // of forward + backward, for GFLOP/s (0 when not meaningful)
   std::function<std::function<void()>()> setup;  // returns the timed body
 };
 
@@ -203,8 +203,9 @@ std::vector<Case> cases(Backend& be) {
 }  // namespace
 
 Runner add_bench_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("bench", "Benchmarks: `remat bench ops` times every op forward+backward, "
-                                          "`remat bench kernels` the memory-bound ops of a device in GB/s");
+  auto* cmd = app.add_subcommand("bench",
+                                 "Benchmarks: `remat bench ops` times every op forward+backward, "
+                                 "`remat bench kernels` the memory-bound ops of a device in GB/s");
   auto* ops_cmd = cmd->add_subcommand("ops", "Time each CPU op forward + backward at realistic sizes");
   Runner kernels = add_bench_kernels_command(*cmd);  // bench_kernels.cpp
   cmd->require_subcommand(1);
@@ -232,8 +233,10 @@ Runner add_bench_command(CLI::App& app) {
       }
       std::sort(ms.begin(), ms.end());
       const double med = ms[ms.size() / 2];
-      if (c.flops > 0) std::printf("%-32s %12.3f %12.1f\n", c.name.c_str(), med, c.flops / med / 1e6);
-      else std::printf("%-32s %12.3f %12s\n", c.name.c_str(), med, "-");
+      if (c.flops > 0)
+        std::printf("%-32s %12.3f %12.1f\n", c.name.c_str(), med, c.flops / med / 1e6);
+      else
+        std::printf("%-32s %12.3f %12s\n", c.name.c_str(), med, "-");
       std::fflush(stdout);
       out["cases"][c.name] = med;
     }

@@ -21,7 +21,6 @@
 #include "remat/error.h"
 #include "remat/io.h"
 
-
 namespace remat::cli {
 
 namespace {
@@ -94,9 +93,9 @@ Peak device_peak(Device d, double override_gbps, const Timer& timer) {
 struct KernelCase {
   std::string name;
   std::string shape;
-  int64_t elements = 0;    // of the main tensor
-  double bytes = 0;        // moved by one run: reads + writes
-  std::string formula;     // how `bytes` is counted
+  int64_t elements = 0;  // of the main tensor
+  double bytes = 0;      // moved by one run: reads + writes
+  std::string formula;   // how `bytes` is counted
   std::function<std::function<void()>()> setup;
 };
 
@@ -172,11 +171,12 @@ std::vector<KernelCase> kernel_cases(Backend& be, int64_t n) {
     // target in, its lse and the mean loss out. Memory-bound like softmax.
     const int64_t v = 50257, r = std::max<int64_t>(n / v, 1);
     cs.push_back({"cross_entropy_fwd", "[" + std::to_string(r) + ", " + std::to_string(v) + "]", r * v,
-                  4.0 * (static_cast<double>(r) * v + 2.0 * r + 1.0), "4 B x (R V + 2 R + 1): logits; targets, lse; loss",
-                  [&be, d, r, v] {
+                  4.0 * (static_cast<double>(r) * v + 2.0 * r + 1.0),
+                  "4 B x (R V + 2 R + 1): logits; targets, lse; loss", [&be, d, r, v] {
                     auto x = std::make_shared<Tensor>(uniform(Shape{r, v}, 1, -4, 4, d));
                     std::vector<int32_t> t(static_cast<size_t>(r));
-                    for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<int32_t>((i * 7919) % static_cast<size_t>(v));
+                    for (size_t i = 0; i < t.size(); ++i)
+                      t[i] = static_cast<int32_t>((i * 7919) % static_cast<size_t>(v));
                     auto tg = std::make_shared<Tensor>(Tensor::from_ints(t, Shape{r}, d));
                     auto loss = std::make_shared<Tensor>(Tensor::empty(Shape{1}, d));
                     auto lse = std::make_shared<Tensor>(Tensor::empty(Shape{r}, d));
@@ -234,8 +234,10 @@ int run_kernels(const Options& o) {
                 2.0 * peak.l2_bytes / 1048576.0);
   else
     std::printf("no L2 flush between runs\n");
-  if (peak.gbps > 0) std::printf("peak bandwidth %.1f GB/s, from %s\n", peak.gbps, peak.source.c_str());
-  else std::printf("peak bandwidth unknown: %s\n", peak.source.c_str());
+  if (peak.gbps > 0)
+    std::printf("peak bandwidth %.1f GB/s, from %s\n", peak.gbps, peak.source.c_str());
+  else
+    std::printf("peak bandwidth unknown: %s\n", peak.source.c_str());
   if (dev.is_cuda_emu() && o.elements > (int64_t{1} << 20))
     std::printf("note: the emulator runs every CUDA thread on the host; use --elements <= 1M for a smoke test\n");
   std::printf("\n%-20s %-18s %10s %10s %10s %8s\n", "kernel", "shape", "MB moved", "ms", "GB/s", "% peak");
@@ -258,13 +260,18 @@ int run_kernels(const Options& o) {
   auto report_error = [&](nlohmann::json& rec, const char* status, const std::string& what) {
     rec["status"] = status;
     rec["reason"] = what;
-    if (rec["status"] == "failed") std::printf("  failed: %s\n", what.c_str());
-    else ++skipped;
+    if (rec["status"] == "failed")
+      std::printf("  failed: %s\n", what.c_str());
+    else
+      ++skipped;
   };
 
   for (const auto& c : kernel_cases(be, o.elements)) {
     if (!o.filter.empty() && c.name.find(o.filter) == std::string::npos) continue;
-    nlohmann::json rec = {{"name", c.name}, {"shape", c.shape}, {"elements", c.elements}, {"bytes", c.bytes},
+    nlohmann::json rec = {{"name", c.name},
+                          {"shape", c.shape},
+                          {"elements", c.elements},
+                          {"bytes", c.bytes},
                           {"bytes_formula", c.formula}};
     std::printf("%-20s %-18s %10.1f ", c.name.c_str(), c.shape.c_str(), c.bytes / 1e6);
     std::fflush(stdout);
@@ -275,8 +282,10 @@ int run_kernels(const Options& o) {
       rec.update({{"status", "ok"}, {"median_ms", med}, {"min_ms", ms.front()}, {"gbps", gbps}});
       if (peak.gbps > 0) rec["pct_peak"] = 100.0 * gbps / peak.gbps;
       std::printf("%10.4f %10.1f ", med, gbps);
-      if (peak.gbps > 0) std::printf("%7.1f%%\n", 100.0 * gbps / peak.gbps);
-      else std::printf("%8s\n", "-");
+      if (peak.gbps > 0)
+        std::printf("%7.1f%%\n", 100.0 * gbps / peak.gbps);
+      else
+        std::printf("%8s\n", "-");
     } catch (const Error& e) {
       std::printf("%10s %10s %8s\n", "FAILED", "-", "-");
       report_error(rec, "failed", e.what());
@@ -307,7 +316,8 @@ int run_kernels(const Options& o) {
         auto a = std::make_shared<Tensor>(uniform(Shape{m, m}, 1, -1, 1, dev));
         auto b = std::make_shared<Tensor>(uniform(Shape{m, m}, 2, -1, 1, dev));
         auto cc = std::make_shared<Tensor>(Tensor::empty(Shape{m, m}, dev));
-        const auto ms = time_runs(timer, [&] { be.gemm(*a, *b, *cc, GemmParams{}); }, o);
+        const auto ms = time_runs(
+            timer, [&] { be.gemm(*a, *b, *cc, GemmParams{}); }, o);
         const double med = median(ms), tflops = flops / (med * 1e-3) / 1e12;
         rec.update({{"status", "ok"}, {"median_ms", med}, {"min_ms", ms.front()}, {"tflops", tflops}});
         std::printf("%10.3f %10.2f\n", med, tflops);
@@ -323,7 +333,9 @@ int run_kernels(const Options& o) {
   }
 
   if (!o.json.empty()) write_file_atomic(o.json, out.dump(2) + "\n");
-  if (skipped) std::printf("\n%d benchmark(s) skipped: not supported by the %s backend (reasons in --json)\n", skipped, be.name().c_str());
+  if (skipped)
+    std::printf("\n%d benchmark(s) skipped: not supported by the %s backend (reasons in --json)\n", skipped,
+                be.name().c_str());
   if (failed) std::printf("\n%d benchmark(s) failed\n", failed);
   return failed ? 1 : 0;
 }
@@ -336,8 +348,9 @@ Runner add_bench_kernels_command(CLI::App& bench) {
                                    "GEMM TFLOP/s");
   auto o = std::make_shared<Options>();
   cmd->add_option("--device", o->device, "cuda, cuda:N, cuda-emu (small --elements) or cpu")->default_val("cuda");
-  cmd->add_option("--elements", o->elements, "Elements of each op's main tensor (rows of a fixed width for "
-                                             "layernorm, softmax, cross-entropy)")
+  cmd->add_option("--elements", o->elements,
+                  "Elements of each op's main tensor (rows of a fixed width for "
+                  "layernorm, softmax, cross-entropy)")
       ->default_val(o->elements)
       ->check(CLI::PositiveNumber);
   cmd->add_option("--gemm-size", o->gemm, "m = n = k of the GEMM line (0: no GEMM)")
@@ -346,7 +359,9 @@ Runner add_bench_kernels_command(CLI::App& bench) {
   cmd->add_option("--iters", o->iters, "Timed runs per op (the median is reported)")
       ->default_val(o->iters)
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--warmup", o->warmup, "Untimed runs before them")->default_val(o->warmup)->check(CLI::NonNegativeNumber);
+  cmd->add_option("--warmup", o->warmup, "Untimed runs before them")
+      ->default_val(o->warmup)
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--peak-gbps", o->peak_gbps, "Peak memory bandwidth in GB/s (default: read from the device)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--filter", o->filter, "Only benchmarks whose name contains this");

@@ -14,8 +14,9 @@ Runner add_eval_command(CLI::App& app) {
   cmd->add_option("--init-from", opt->init_from,
                   "Weights: a Hugging Face GPT-2 folder or .safetensors file, or a remat run folder (default: "
                   "initialised from the seed)");
-  cmd->add_flag("--init-from-partial", opt->init_from_partial,
-                "Leave parameters missing from --init-from as initialised and ignore tensors the config has no use for");
+  cmd->add_flag(
+      "--init-from-partial", opt->init_from_partial,
+      "Leave parameters missing from --init-from as initialised and ignore tensors the config has no use for");
   cmd->add_option("--data", opt->data_path,
                   "Token shards: one file (evaluated whatever its name), a folder or a glob (its *val* shards, or "
                   "all of them when none is named val); default: the config's data.path");

@@ -19,7 +19,8 @@ Runner add_export_command(CLI::App& app) {
   cmd->add_option("--format", *format, "Output format: hf-gpt2 (config.json + model.safetensors for transformers)")
       ->required()
       ->check(CLI::IsMember({"hf-gpt2"}));
-  cmd->add_option("out", *out, "Output folder (created; its config.json and model.safetensors are replaced)")->required();
+  cmd->add_option("out", *out, "Output folder (created; its config.json and model.safetensors are replaced)")
+      ->required();
   return [cmd, run_dir, format, out]() -> int {
     if (!cmd->parsed()) return -1;
     std::printf("%s\n", export_hf_gpt2(*run_dir, *out).c_str());

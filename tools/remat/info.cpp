@@ -11,7 +11,8 @@
 namespace remat::cli {
 
 Runner add_info_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("info", "Print the build (CUDA, cuBLAS, cuDNN versions), the devices found and threads");
+  auto* cmd =
+      app.add_subcommand("info", "Print the build (CUDA, cuBLAS, cuDNN versions), the devices found and threads");
   return [cmd]() -> int {
     if (!cmd->parsed()) return -1;
     const BuildInfo b = build_info();

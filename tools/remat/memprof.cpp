@@ -34,8 +34,10 @@ Runner add_memprof_command(CLI::App& app) {
   cmd->add_option("config", o->config, "Model config (models/*.json)")->required()->check(CLI::ExistingFile);
   cmd->add_option("--batch", o->batch, "Batch size (default: the config's)");
   cmd->add_option("--seq", o->seq, "Sequence length for token models (default: the config's)");
-  cmd->add_option("--policy", o->policies, "Comma-separated policies, e.g. none,all,every:4,sqrt,selective,budget:8GiB");
-  cmd->add_option("--device", o->device, "meta (predict, computes nothing); cpu, cuda[:N] or cuda-emu (measure too)")->default_val("meta");
+  cmd->add_option("--policy", o->policies,
+                  "Comma-separated policies, e.g. none,all,every:4,sqrt,selective,budget:8GiB");
+  cmd->add_option("--device", o->device, "meta (predict, computes nothing); cpu, cuda[:N] or cuda-emu (measure too)")
+      ->default_val("meta");
   cmd->add_option("--json", o->json, "Write a machine-readable report");
   cmd->add_option("--trace", o->trace, "Write a Chrome Trace Event file (Perfetto, chrome://tracing)");
   cmd->add_option("--svg", o->svg, "Write a plot of memory over the step, one line per policy");
@@ -53,7 +55,8 @@ Runner add_memprof_command(CLI::App& app) {
     for (const std::string& pol : split_policies(o->policies)) {
       CheckpointPlan plan = resolve_policy(cfg, g, pol, dev.is_meta() ? nullptr : &backend_for(dev));
       // predicted on meta with the measured device's workspace sizes
-      predicted.push_back(profile_step(cfg, g, plan, Device::meta(), true, dev.is_meta() ? nullptr : &backend_for(dev)));
+      predicted.push_back(
+          profile_step(cfg, g, plan, Device::meta(), true, dev.is_meta() ? nullptr : &backend_for(dev)));
       if (!dev.is_meta()) measured.push_back(profile_step(cfg, g, plan, dev));
     }
     std::printf("remat memprof %s: %s, batch %lld, %lld parameters, device %s\n\n", o->config.c_str(), cfg.name.c_str(),
@@ -66,7 +69,8 @@ Runner add_memprof_command(CLI::App& app) {
       write_file_atomic(o->json, profile_json(predicted, dev.is_meta() ? nullptr : &measured).dump(2) + "\n");
     if (!o->trace.empty()) write_file_atomic(o->trace, chrome_trace(shown).dump() + "\n");
     if (!o->svg.empty())
-      write_file_atomic(o->svg, memory_svg(shown, cfg.name + ", batch " + std::to_string(batch) + ": allocated memory over one training step"));
+      write_file_atomic(o->svg, memory_svg(shown, cfg.name + ", batch " + std::to_string(batch) +
+                                                      ": allocated memory over one training step"));
     if (!dev.is_meta())
       for (size_t i = 0; i < predicted.size(); ++i)
         if (predicted[i].peak_bytes != measured[i].peak_bytes) {
@@ -80,7 +84,8 @@ Runner add_memprof_command(CLI::App& app) {
 }
 
 Runner add_plan_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("plan", "Find the cheapest checkpoint plan that fits a memory budget; print the Pareto front");
+  auto* cmd =
+      app.add_subcommand("plan", "Find the cheapest checkpoint plan that fits a memory budget; print the Pareto front");
   struct Opts {
     std::string config, budget, svg, device = "cpu";
     int64_t batch = -1, seq = 0;
@@ -114,7 +119,8 @@ Runner add_plan_command(CLI::App& app) {
     for (const auto& c : front)
       std::printf("%-24s %14s %18.3f\n", c.name.c_str(), format_bytes(c.peak_bytes).c_str(), c.recompute_flops / 1e9);
     if (!o->svg.empty())
-      write_file_atomic(o->svg, pareto_svg(all, front, cfg.name + ", batch " + std::to_string(batch) + ": checkpoint plans"));
+      write_file_atomic(o->svg,
+                        pareto_svg(all, front, cfg.name + ", batch " + std::to_string(batch) + ": checkpoint plans"));
     if (budget > 0) {
       PlanCandidate best = plan_for_budget(cfg, g, budget, ws);
       std::printf("\nbudget %s: plan %s, peak %s, recompute %.3f GFLOP\n  %s\n", format_bytes(budget).c_str(),

@@ -11,8 +11,12 @@ Runner add_train_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "Train a model config with a checkpointing policy");
   auto opt = std::make_shared<TrainOptions>();
   cmd->add_option("config", opt->config, "Model config (models/*.json)")->required()->check(CLI::ExistingFile);
-  cmd->add_option("--policy", opt->policy, "Checkpoint policy: none, all, every:K, sqrt, selective, manual (default: the config's)");
-  cmd->add_option("--device", opt->device, "cpu, cuda, cuda:N, cuda-emu (the CUDA kernels on the emulator: slow) or auto (cuda:0 when a GPU is present)")->default_val("auto");
+  cmd->add_option("--policy", opt->policy,
+                  "Checkpoint policy: none, all, every:K, sqrt, selective, manual (default: the config's)");
+  cmd->add_option(
+         "--device", opt->device,
+         "cpu, cuda, cuda:N, cuda-emu (the CUDA kernels on the emulator: slow) or auto (cuda:0 when a GPU is present)")
+      ->default_val("auto");
   auto* steps = cmd->add_option("--steps", opt->steps, "Training steps (overrides the config)");
   cmd->add_option("--epochs", opt->epochs, "Epochs (overrides the config)")->excludes(steps);
   cmd->add_option("--batch", opt->batch, "Batch size (overrides the config)");
@@ -40,8 +44,10 @@ Runner add_train_command(CLI::App& app) {
       std::printf("done: %lld steps, final loss %.4f", static_cast<long long>(r.steps), r.last_loss);
       if (r.eval_accuracy >= 0) std::printf(", eval loss %.4f, eval accuracy %.4f", r.eval_loss, r.eval_accuracy);
       std::printf(", peak %.1f MiB\n", static_cast<double>(r.peak_bytes) / (1 << 20));
-      std::printf("%s", memory_report(r.peak_stats, "memory at the peak of a training step (policy " +
-                                                          (opt->policy.empty() ? std::string("from the config") : opt->policy) + "):").c_str());
+      std::printf("%s", memory_report(r.peak_stats,
+                                      "memory at the peak of a training step (policy " +
+                                          (opt->policy.empty() ? std::string("from the config") : opt->policy) + "):")
+                            .c_str());
     }
     return 0;
   };

@@ -50,5 +50,4 @@ cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cubl
 cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
                                          int m, int n, int k, const float* alpha, const float* A, int lda,
                                          long long int strideA, const float* B, int ldb, long long int strideB,
-                                         const float* beta, float* C, int ldc, long long int strideC,
-                                         int batchCount);
+                                         const float* beta, float* C, int ldc, long long int strideC, int batchCount);

@@ -199,8 +199,8 @@ __attribute__((target("avx512f"))) inline __m512 exp_nonpositive16(__m512 x) {
   x = _mm512_max_ps(_mm512_set1_ps(kExpMin), x);  // returns x when x is NaN
   const __m512 shifter = _mm512_set1_ps(kShifter);
   const __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), shifter), shifter);
-  const __m512 r =
-      _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(kLn2Hi))), _mm512_mul_ps(n, _mm512_set1_ps(kLn2Lo)));
+  const __m512 r = _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(kLn2Hi))),
+                                 _mm512_mul_ps(n, _mm512_set1_ps(kLn2Lo)));
   __m512 q = _mm512_set1_ps(1.0f / 720.0f);
   q = _mm512_add_ps(_mm512_mul_ps(q, r), _mm512_set1_ps(1.0f / 120.0f));
   q = _mm512_add_ps(_mm512_mul_ps(q, r), _mm512_set1_ps(1.0f / 24.0f));
@@ -241,7 +241,8 @@ __attribute__((target("avx512f"))) void softmax_row_avx512(float* x, int64_t n) 
   _mm512_mask_storeu_ps(x + whole, tail, et);
   a = _mm512_mask_add_ps(a, tail, a, et);
   // lane_combine in registers: halves added pairwise, 8 + 8, 4 + 4, 2 + 2, 1 + 1.
-  __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+  __m256 h8 =
+      _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
   __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
   __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
   const float sum = _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
@@ -265,8 +266,8 @@ void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t
 constexpr int64_t kCausalBlock = 64;
 
 // S = alpha X Y^T; when causal, only the blocks on and below the diagonal are written.
-void gemm_xyt(bool causal, int64_t T, int64_t hs, float alpha, const float* X, int64_t ldx, const float* Y,
-              int64_t ldy, float* S) {
+void gemm_xyt(bool causal, int64_t T, int64_t hs, float alpha, const float* X, int64_t ldx, const float* Y, int64_t ldy,
+              float* S) {
   const int64_t R = causal ? kCausalBlock : T;
   for (int64_t i0 = 0; i0 < T; i0 += R) {
     const int64_t i1 = std::min(T, i0 + R);
@@ -275,19 +276,18 @@ void gemm_xyt(bool causal, int64_t T, int64_t hs, float alpha, const float* X, i
 }
 
 // Out = alpha A B (A [T, T]).
-void gemm_ab(bool causal, int64_t T, int64_t hs, float alpha, const float* A, const float* B, int64_t ldb,
-             float* out, int64_t ldo) {
+void gemm_ab(bool causal, int64_t T, int64_t hs, float alpha, const float* A, const float* B, int64_t ldb, float* out,
+             int64_t ldo) {
   const int64_t R = causal ? kCausalBlock : T;
   for (int64_t i0 = 0; i0 < T; i0 += R) {
     const int64_t i1 = std::min(T, i0 + R);
-    sgemm(CblasNoTrans, CblasNoTrans, i1 - i0, hs, causal ? i1 : T, alpha, A + i0 * T, T, B, ldb, out + i0 * ldo,
-          ldo);
+    sgemm(CblasNoTrans, CblasNoTrans, i1 - i0, hs, causal ? i1 : T, alpha, A + i0 * T, T, B, ldb, out + i0 * ldo, ldo);
   }
 }
 
 // Out = alpha A^T B (A [T, T]).
-void gemm_atb(bool causal, int64_t T, int64_t hs, float alpha, const float* A, const float* B, int64_t ldb,
-              float* out, int64_t ldo) {
+void gemm_atb(bool causal, int64_t T, int64_t hs, float alpha, const float* A, const float* B, int64_t ldb, float* out,
+              int64_t ldo) {
   const int64_t R = causal ? kCausalBlock : T;
   for (int64_t j0 = 0; j0 < T; j0 += R) {
     const int64_t j1 = std::min(T, j0 + R), first = causal ? j0 : 0;  // rows i < j0 of A are zero in columns >= j0
@@ -358,7 +358,8 @@ void CpuBackend::attention_forward_impl(const Tensor& qkv, const AttentionParams
       float* row = pr + (bh * T + i) * T;
       const int64_t n = causal ? i + 1 : T;
 #ifdef REMAT_ATTENTION_AVX512
-      if (avx512) softmax_row_avx512(row, n);
+      if (avx512)
+        softmax_row_avx512(row, n);
       else
 #endif
         softmax_row(row, n);
@@ -366,9 +367,9 @@ void CpuBackend::attention_forward_impl(const Tensor& qkv, const AttentionParams
       if (dropout) {
         float* drow = dropped + r * T;
         cpu::for_each_dropout_chunk(rng, static_cast<uint64_t>((bh * T + i) * T), n, keep_prob, inv_keep,
-                               [&](int64_t j0, const float* f, int64_t m) {
-                                 for (int64_t k = 0; k < m; ++k) drow[j0 + k] = row[j0 + k] * f[k];
-                               });
+                                    [&](int64_t j0, const float* f, int64_t m) {
+                                      for (int64_t k = 0; k < m; ++k) drow[j0 + k] = row[j0 + k] * f[k];
+                                    });
         std::fill(drow + n, drow + T, 0.0f);
       }
     }
@@ -396,7 +397,7 @@ void CpuBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv, 
   const float* go = dout.f32();
   float* dx = dqkv.f32();
   const int64_t G = group_heads(d);
-  float* ds = workspace.f32();                           // [G, T, T]: dPd, then dS
+  float* ds = workspace.f32();                          // [G, T, T]: dPd, then dS
   float* dropped = dropout ? ds + G * T * T : nullptr;  // [G, T, T]: dropped probs
   auto head_off = [&](int64_t bh) { return (bh / d.h) * T * ld + (bh % d.h) * d.hs; };
   auto head_out = [&](int64_t bh) { return (bh / d.h) * T * C + (bh % d.h) * d.hs; };
@@ -417,12 +418,12 @@ void CpuBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv, 
       if (dropout) {
         float* drow = dropped + r * T;
         cpu::for_each_dropout_chunk(rng, static_cast<uint64_t>((bh * T + i) * T), n, keep_prob, inv_keep,
-                               [&](int64_t j0, const float* f, int64_t m) {
-                                 for (int64_t k = 0; k < m; ++k) {
-                                   g[j0 + k] *= f[k];
-                                   drow[j0 + k] = row[j0 + k] * f[k];
-                                 }
-                               });
+                                    [&](int64_t j0, const float* f, int64_t m) {
+                                      for (int64_t k = 0; k < m; ++k) {
+                                        g[j0 + k] *= f[k];
+                                        drow[j0 + k] = row[j0 + k] * f[k];
+                                      }
+                                    });
         std::fill(drow + n, drow + T, 0.0f);
       }
       const float dot = row_dot(g, row, n);
@@ -453,8 +454,8 @@ void CpuBackend::permute_0213_impl(const Tensor& x, const Tensor& y) {
 #pragma omp parallel for schedule(static) if (rows * D >= kParallelMinWork)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t a = r / (C * B), c = (r / B) % C, b = r % B;
-    std::memcpy(dst + static_cast<size_t>(r) * row_bytes,
-                src + static_cast<size_t>((a * B + b) * C + c) * row_bytes, row_bytes);
+    std::memcpy(dst + static_cast<size_t>(r) * row_bytes, src + static_cast<size_t>((a * B + b) * C + c) * row_bytes,
+                row_bytes);
   }
 }
 

@@ -113,7 +113,7 @@ void tile_portable(int64_t kdim, const A& a, const B& b, float* tile, bool accum
 #ifdef REMAT_CONV_X86
 template <class A, class B>
 __attribute__((target("avx512f"))) void tile_avx512(int64_t kdim, const A& a, const B& b, float* tile,
-                                                     bool accumulate) {
+                                                    bool accumulate) {
   __m512 acc[MR][2];
   for (int64_t i = 0; i < MR; ++i) {
     acc[i][0] = accumulate ? _mm512_loadu_ps(tile + i * NR) : _mm512_setzero_ps();
@@ -136,8 +136,7 @@ __attribute__((target("avx512f"))) void tile_avx512(int64_t kdim, const A& a, co
 
 // 16 ymm registers: the tile in four 4 x 16 quarters (8 accumulators each).
 template <class A, class B>
-__attribute__((target("avx2,fma"))) void tile_avx2(int64_t kdim, const A& a, const B& b, float* tile,
-                                                    bool accumulate) {
+__attribute__((target("avx2,fma"))) void tile_avx2(int64_t kdim, const A& a, const B& b, float* tile, bool accumulate) {
   for (int64_t i0 = 0; i0 < MR; i0 += 4)
     for (int64_t j0 = 0; j0 < NR; j0 += 16) {
       __m256 acc[4][2];
@@ -177,8 +176,8 @@ const MicroKernels kPortable{"portable", &tile_portable<PackedA, PackedB>, &tile
 #ifdef REMAT_CONV_X86
 const MicroKernels kAvx512{"avx512", &tile_avx512<PackedA, PackedB>, &tile_avx512<PackedA, OffsetB>,
                            &tile_avx512<RowsA, PackedB>, &tile_avx512<TableA, PackedB>};
-const MicroKernels kAvx2{"avx2", &tile_avx2<PackedA, PackedB>, &tile_avx2<PackedA, OffsetB>,
-                         &tile_avx2<RowsA, PackedB>, &tile_avx2<TableA, PackedB>};
+const MicroKernels kAvx2{"avx2", &tile_avx2<PackedA, PackedB>, &tile_avx2<PackedA, OffsetB>, &tile_avx2<RowsA, PackedB>,
+                         &tile_avx2<TableA, PackedB>};
 #endif
 
 std::vector<const MicroKernels*> supported_kernels() {
@@ -295,9 +294,9 @@ Feed forced_feed() {
 }
 
 struct ConvGeom {
-  int64_t n, c, h, w;      // input
-  int64_t k, r, s;         // filters
-  int64_t p, q;            // output plane
+  int64_t n, c, h, w;  // input
+  int64_t k, r, s;     // filters
+  int64_t p, q;        // output plane
   int64_t sh, sw, ph, pw, dh, dw;
   int64_t groups, cg, kg;  // channels and filters per group
   int64_t grows;           // Cg * R * S: GEMM depth of the forward pass
@@ -379,10 +378,11 @@ struct ConvGeom {
       }
       return best;
     };
-    y_feed = pick({{Feed::im2col, true, kIm2colCost * rows(kg)},
-                   {Feed::implicit, implicit_y_ok,
-                    implicit_y_ok ? static_cast<double>(round_up(limg, NR)) / static_cast<double>(plane) * rows(kg) : 0},
-                   {Feed::direct, true, lanes(kg)}});
+    y_feed =
+        pick({{Feed::im2col, true, kIm2colCost * rows(kg)},
+              {Feed::implicit, implicit_y_ok,
+               implicit_y_ok ? static_cast<double>(round_up(limg, NR)) / static_cast<double>(plane) * rows(kg) : 0},
+              {Feed::direct, true, lanes(kg)}});
     dx_feed = pick({{Feed::im2col, true, kIm2colCost * rows(grows)},
                     {Feed::implicit, dx_pad_ok,
                      dx_pad_ok ? static_cast<double>(round_up(ldx, NR)) / static_cast<double>(h * w) * rows(cg) : 0},
@@ -772,7 +772,6 @@ inline void for_column_runs(int64_t l0, int64_t nr, int64_t pitch, int64_t width
   }
 }
 
-
 // ---- Direct path: tiles of MR output positions by NR channels -----------------------------
 
 // Packs a depth x channels matrix given by src(d, ch) into B panels of NR channels:
@@ -793,7 +792,7 @@ void pack_b(int64_t depth, int64_t channels, float* b, const Src& src) {
 // The output positions of an image: where each one's window starts in the padded input,
 // and where its value goes in an output plane.
 struct Positions {
-  int64_t plane, width;  // output positions per image and per row
+  int64_t plane, width;    // output positions per image and per row
   int64_t in_row, in_col;  // padded-input floats per output row and column
 
   // in_off and out_off of the MR positions from l0 on (past the plane: the last one again).
@@ -815,8 +814,8 @@ struct Positions {
 // B panels [group][channel block][depth][NR]. Tiles of MR positions by NR channels, channel
 // blocks innermost (they share the A rows); one thread.
 void direct_image(const MicroKernels& mk, const Positions& ps, int64_t groups, int64_t channels, const float* in,
-                  int64_t in_group, const int64_t* off, int64_t depth, const float* b, bool forward,
-                  const float* bias, float* out) {
+                  int64_t in_group, const int64_t* off, int64_t depth, const float* b, bool forward, const float* bias,
+                  float* out) {
   const int64_t blocks = ceil_div(channels, NR), ptiles = ceil_div(ps.plane, MR);
   for (int64_t t = 0; t < groups * ptiles * blocks; ++t) {
     const int64_t gi = t / (ptiles * blocks), pt = (t / blocks) % ptiles, jb = t % blocks;
@@ -983,8 +982,7 @@ void CpuBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, const Ten
   if (g.trivial()) {  // y is the bias
     const int64_t units = g.n * g.k;
 #pragma omp parallel for schedule(static) if (units * g.plane >= kMinParallelWork)
-    for (int64_t u = 0; u < units; ++u)
-      std::fill(yp + u * g.plane, yp + (u + 1) * g.plane, bp ? bp[u % g.k] : 0.0f);
+    for (int64_t u = 0; u < units; ++u) std::fill(yp + u * g.plane, yp + (u + 1) * g.plane, bp ? bp[u % g.k] : 0.0f);
     return;
   }
   const MicroKernels& mk = *g_kernels;
@@ -1112,9 +1110,9 @@ void CpuBackend::conv2d_backward_impl(const Tensor& dy, const Tensor& x, const T
   float* dwp = need_dw ? dw.f32() : nullptr;
 
   // dx operands that do not depend on the chunk.
-  const int64_t wt_stride = round_up(g.grows, MR) * g.kg;     // im2col: w_g^T [Cg*R*S, Kg]
-  const int64_t wf_stride = round_up(g.cg, MR) * g.krows;     // implicit: flipped [Cg, Kg*R*S]
-  const int64_t wfb_stride = g.cblocks() * g.krows * NR;      // direct: flipped [Kg*R*S, Cg]
+  const int64_t wt_stride = round_up(g.grows, MR) * g.kg;  // im2col: w_g^T [Cg*R*S, Kg]
+  const int64_t wf_stride = round_up(g.cg, MR) * g.krows;  // implicit: flipped [Cg, Kg*R*S]
+  const int64_t wfb_stride = g.cblocks() * g.krows * NR;   // direct: flipped [Kg*R*S, Cg]
   auto flipped = [&](int64_t gi, int64_t d, int64_t cc) {  // w_g flipped and transposed
     const int64_t kk = d / (g.r * g.s), rr = g.r - 1 - (d / g.s) % g.r, ss = g.s - 1 - d % g.s;
     return wp[(((gi * g.kg + kk) * g.cg + cc) * g.r + rr) * g.s + ss];
@@ -1127,8 +1125,7 @@ void CpuBackend::conv2d_backward_impl(const Tensor& dy, const Tensor& x, const T
              [&](int64_t d, int64_t cc) { return flipped(gi, d, cc); });
   } else if (need_dx && g.dx_feed == Feed::implicit) {
     for (int64_t gi = 0; gi < g.groups; ++gi)
-      pack_a(g.cg, g.krows, ws + lay.wflip + gi * wf_stride,
-             [&](int64_t cc, int64_t d) { return flipped(gi, d, cc); });
+      pack_a(g.cg, g.krows, ws + lay.wflip + gi * wf_stride, [&](int64_t cc, int64_t d) { return flipped(gi, d, cc); });
   } else if (need_dx) {
     for (int64_t gi = 0; gi < g.groups; ++gi)
       pack_a(g.grows, g.kg, ws + lay.wt + gi * wt_stride,
@@ -1159,7 +1156,8 @@ void CpuBackend::conv2d_backward_impl(const Tensor& dy, const Tensor& x, const T
         for (int64_t l = 0; l < g.plane; l += MR) {
           int64_t in_off[MR], out_off[MR];
           xpos.tile(l, in_off, out_off);
-          for (int64_t t = 0; t < std::min(MR, g.plane - l); ++t) pos[i * g.plane + l + t] = i * g.c * g.hp * g.wp + in_off[t];
+          for (int64_t t = 0; t < std::min(MR, g.plane - l); ++t)
+            pos[i * g.plane + l + t] = i * g.c * g.hp * g.wp + in_off[t];
         }
       }
       if (dx_direct) {

@@ -3,9 +3,9 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/parallel.h"
-#include "backends/cpu/vmath.h"
 #include "backends/cpu/philox_cpu.h"
 #include "backends/cpu/simd.h"
+#include "backends/cpu/vmath.h"
 
 namespace remat {
 

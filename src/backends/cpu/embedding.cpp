@@ -27,8 +27,8 @@ void check_ids(const char* op, const Tensor& ids, int64_t rows, const char* tabl
   const int64_t t = ids.size(1), n = ids.numel();
   for (int64_t i = 0; i < n; ++i) {
     if (id[i] < 0 || id[i] >= rows) {
-      REMAT_THROW(op, ": ids[", i / t, ", ", i % t, "] = ", id[i], " is out of range [0, ", rows, ") of ",
-                  table_name, " ", table.str(), " (ids ", ids.str(), ")");
+      REMAT_THROW(op, ": ids[", i / t, ", ", i % t, "] = ", id[i], " is out of range [0, ", rows, ") of ", table_name,
+                  " ", table.str(), " (ids ", ids.str(), ")");
     }
   }
 }

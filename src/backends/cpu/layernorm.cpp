@@ -65,12 +65,11 @@ inline void forward_row(const float* xr, int64_t c, const float* g, const float*
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define REMAT_LAYERNORM_X86 1
 __attribute__((target("avx2"))) void forward_row_avx2(const float* xr, int64_t c, const float* g, const float* bt,
-                                                       float eps, float* yr, float* m, float* rs) {
+                                                      float eps, float* yr, float* m, float* rs) {
   forward_row(xr, c, g, bt, eps, yr, m, rs);
 }
-__attribute__((target("avx512f"))) void forward_row_avx512(const float* xr, int64_t c, const float* g,
-                                                            const float* bt, float eps, float* yr, float* m,
-                                                            float* rs) {
+__attribute__((target("avx512f"))) void forward_row_avx512(const float* xr, int64_t c, const float* g, const float* bt,
+                                                           float eps, float* yr, float* m, float* rs) {
   forward_row(xr, c, g, bt, eps, yr, m, rs);
 }
 #endif

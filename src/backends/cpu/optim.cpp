@@ -44,7 +44,8 @@ __attribute__((target("avx512f"))) void adamw_range_avx512(float* w, const float
     const __m512 gi = _mm512_loadu_ps(g + i);
     const __m512 wi = _mm512_mul_ps(_mm512_loadu_ps(w + i), decay);
     const __m512 mi = _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(m + i), b1), _mm512_mul_ps(gi, one_b1));
-    const __m512 vi = _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(v + i), b2), _mm512_mul_ps(_mm512_mul_ps(one_b2, gi), gi));
+    const __m512 vi =
+        _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(v + i), b2), _mm512_mul_ps(_mm512_mul_ps(one_b2, gi), gi));
     // (the masked form: GCC 12 warns about _mm512_sqrt_ps's undefined pass-through)
     const __m512 root = _mm512_mask_sqrt_ps(vi, static_cast<__mmask16>(0xFFFF), vi);
     const __m512 denom = _mm512_add_ps(_mm512_div_ps(root, bc2), eps);

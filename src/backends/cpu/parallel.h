@@ -38,8 +38,8 @@ void column_sums(const float* x, int64_t rows, int64_t cols, float* out, bool ac
 // j % 16, in order of j, and the partial sums are combined pairwise ((0 + 1) + (2 + 3))
 // + ...: the same bits on every machine, whether the AVX-512 version (checked at run
 // time) or the portable one runs.
-double sum_f64(const float* s, int64_t n);                                  // sum of s
-double sum_sq_dev_f64(const float* s, int64_t n, double mean);              // sum of (s - mean)^2
+double sum_f64(const float* s, int64_t n);                                        // sum of s
+double sum_sq_dev_f64(const float* s, int64_t n, double mean);                    // sum of (s - mean)^2
 double sum_dev_dot_f64(const float* x, const float* dy, int64_t n, double mean);  // sum of (x - mean) * dy
 
 // Sum of f(i) over [0, n) in double, chunked (fixed chunk size) and combined in order.

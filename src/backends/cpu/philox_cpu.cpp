@@ -47,8 +47,7 @@ __attribute__((target("avx2"))) inline void mulhilo8(const __m256i& a, const __m
 }
 
 // The rounds of philox::philox4x32_10 on eight counters at once (one per 32-bit lane).
-__attribute__((target("avx2"))) void philox_blocks_avx2(uint64_t seed, uint64_t b0, int64_t nblocks,
-                                                         uint32_t* words) {
+__attribute__((target("avx2"))) void philox_blocks_avx2(uint64_t seed, uint64_t b0, int64_t nblocks, uint32_t* words) {
   const __m256i m0 = _mm256_set1_epi32(static_cast<int>(philox::kM0));
   const __m256i m1 = _mm256_set1_epi32(static_cast<int>(philox::kM1));
   int64_t l0 = 0;
@@ -81,8 +80,7 @@ __attribute__((target("avx2"))) void philox_blocks_avx2(uint64_t seed, uint64_t 
   philox_blocks_scalar(seed, b0 + static_cast<uint64_t>(l0), nblocks - l0, words + 4 * l0);
 }
 
-__attribute__((target("avx512f"))) inline void mulhilo16(const __m512i& a, const __m512i& m, __m512i& hi,
-                                                          __m512i& lo) {
+__attribute__((target("avx512f"))) inline void mulhilo16(const __m512i& a, const __m512i& m, __m512i& hi, __m512i& lo) {
   const __m512i even = _mm512_mul_epu32(a, m);                        // lanes 0, 2, ..., 14
   const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), m);  // lanes 1, 3, ..., 15
   hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd);
@@ -101,7 +99,8 @@ __attribute__((target("avx512f"))) void philox_blocks_avx512(uint64_t seed, uint
                                                              uint32_t* words) {
   const __m512i m0 = _mm512_set1_epi32(static_cast<int>(philox::kM0));
   const __m512i m1 = _mm512_set1_epi32(static_cast<int>(philox::kM1));
-  const __m512i step_lo = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0), step_hi = _mm512_set_epi64(15, 14, 13, 12, 11, 10, 9, 8);
+  const __m512i step_lo = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0),
+                step_hi = _mm512_set_epi64(15, 14, 13, 12, 11, 10, 9, 8);
   const __m512i low16 = _mm512_set1_epi64(0xffff);
   int64_t l0 = 0;
   for (; l0 + 16 <= nblocks; l0 += 16) {
@@ -171,11 +170,8 @@ void dropout_factors(uint64_t seed, uint64_t w, int64_t n, float keep_prob, floa
     case Simd::avx512:
       philox_blocks_avx512(seed, w >> 2, (nblocks + 15) / 16 * 16, words);
       return factors_avx512(words + skip, n, keep_prob, scale, factor);
-    case Simd::avx2:
-      philox_blocks_avx2(seed, w >> 2, (nblocks + 7) / 8 * 8, words);
-      break;
-    default:
-      philox_blocks_scalar(seed, w >> 2, nblocks, words);
+    case Simd::avx2: philox_blocks_avx2(seed, w >> 2, (nblocks + 7) / 8 * 8, words); break;
+    default: philox_blocks_scalar(seed, w >> 2, nblocks, words);
   }
 #else
   philox_blocks_scalar(seed, w >> 2, nblocks, words);

@@ -63,8 +63,8 @@ void maxpool2x2_row(const float* r0, const float* r1, int64_t q, int32_t top, in
 #define REMAT_POOL_AVX512 1
 // The same, 16 outputs per step: even and odd columns of both rows deinterleaved, then the
 // scalar version's comparisons as masks.
-__attribute__((target("avx512f"))) void maxpool2x2_row_avx512(const float* r0, const float* r1, int64_t q,
-                                                              int32_t top, int32_t bottom, float* d, int32_t* o) {
+__attribute__((target("avx512f"))) void maxpool2x2_row_avx512(const float* r0, const float* r1, int64_t q, int32_t top,
+                                                              int32_t bottom, float* d, int32_t* o) {
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
   const __m512i top0 = _mm512_add_epi32(_mm512_set1_epi32(top), even);

@@ -14,7 +14,7 @@ Simd& limit() {
 Simd detected_simd() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   static const Simd d = __builtin_cpu_supports("avx512f") ? Simd::avx512
-                        : __builtin_cpu_supports("avx2") ? Simd::avx2
+                        : __builtin_cpu_supports("avx2")  ? Simd::avx2
                                                           : Simd::baseline;
   return d;
 #else

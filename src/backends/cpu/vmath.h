@@ -14,7 +14,7 @@ namespace remat::cpu {
 
 inline float vexp(float x) {
   const float in = x;
-  x = x != x ? 0.0f : x;  // NaN: computed on 0, returned as NaN below (no UB on the way)
+  x = x != x ? 0.0f : x;        // NaN: computed on 0, returned as NaN below (no UB on the way)
   x = x < -87.3f ? -87.3f : x;  // plain selects: GCC if-converts them
   x = x > 88.3f ? 88.3f : x;    // keeps 2^n normal: n in [-126, 127]
   // Round to nearest with the 1.5 * 2^23 trick (SSE2 has no vector floor).
@@ -40,7 +40,8 @@ inline float vtanh(float x) { return 1.0f - 2.0f / (vexp(2.0f * x) + 1.0f); }
 inline float verf(float x) {
   const float a = __builtin_fabsf(x);
   const float t = 1.0f / (1.0f + 0.3275911f * a);
-  const float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
+  const float poly =
+      t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
   const float y = 1.0f - poly * vexp(-a * a);
   return __builtin_copysignf(y, x);
 }

@@ -136,7 +136,7 @@ void CudaBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv,
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const kernels::AttentionDropout drop = dropout_args(p, rng);
   const int64_t G = group_batch(d);
-  float* ds = workspace.f32();                                                    // [G, H, T, T]: dPd, then dS
+  float* ds = workspace.f32();                                                      // [G, H, T, T]: dPd, then dS
   float* dropped = drop.on ? ds + static_cast<int64_t>(group_floats(d)) : nullptr;  // [G, H, T, T]
 
   for (int64_t b0 = 0; b0 < d.b; b0 += G) {
@@ -153,7 +153,7 @@ void CudaBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv,
     const HeadMatrix pd{drop.on ? dropped : pr, T, H * TT, TT};
     head_gemm(cublas_, false, true, T, T, hs, 1.0f, go, v, dpd, nb, H);  // dPd = dO V^T
     kernels::attention_softmax_backward(ds, pr, dropped, nb * H * T, T, b0 * H * T, p.causal, drop, stream_);
-    head_gemm(cublas_, true, false, T, hs, T, 1.0f, pd, go, dv, nb, H);     // dV = Pd^T dO
+    head_gemm(cublas_, true, false, T, hs, T, 1.0f, pd, go, dv, nb, H);    // dV = Pd^T dO
     head_gemm(cublas_, false, false, T, hs, T, scale, dsm, k, dq, nb, H);  // dQ = dS K / sqrt(hs)
     head_gemm(cublas_, true, false, T, hs, T, scale, dsm, q, dk, nb, H);   // dK = dS^T Q / sqrt(hs)
   }

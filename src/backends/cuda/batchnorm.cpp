@@ -1,8 +1,8 @@
 // BatchNorm2d on the CUDA backend (kernels/batchnorm.cu), PyTorch's formulas as the CPU
 // backend. The per-channel partial sums of a launch live in the backend's scratch buffer
 // (stream-ordered, so no other op sees them); nothing is allocated.
-#include "backends/cuda/cuda_backend.h"
 #include "kernels/batchnorm.cuh"
+#include "backends/cuda/cuda_backend.h"
 #include "remat/error.h"
 
 namespace remat {
@@ -29,8 +29,8 @@ void CudaBackend::batchnorm2d_forward_train_impl(const Tensor& x, const Tensor& 
 void CudaBackend::batchnorm2d_forward_eval_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                                 const Tensor& running_mean, const Tensor& running_var,
                                                 const BatchNormParams& p, const Tensor& y) {
-  kernels::batchnorm_forward_eval(x.f32(), gamma.f32(), beta.f32(), running_mean.f32(), running_var.f32(),
-                                  bn_shape(x), p.eps, y.f32(), stream_);
+  kernels::batchnorm_forward_eval(x.f32(), gamma.f32(), beta.f32(), running_mean.f32(), running_var.f32(), bn_shape(x),
+                                  p.eps, y.f32(), stream_);
 }
 
 void CudaBackend::batchnorm2d_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma,

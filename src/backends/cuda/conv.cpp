@@ -72,8 +72,8 @@ struct ConvGeom {
 
   ConvGeom(const Shape& x, const Shape& w, const Conv2dParams& p) {
     const Shape y = conv2d_output_shape(x, w, p);
-    s = kernels::ConvShape{x[0], x[1], x[2], x[3], w[0], w[2], w[3], y[2], y[3], p.stride_h, p.stride_w,
-                           p.pad_h, p.pad_w, p.dilation_h, p.dilation_w};
+    s = kernels::ConvShape{x[0], x[1],       x[2],       x[3],    w[0],    w[2],         w[3],        y[2],
+                           y[3], p.stride_h, p.stride_w, p.pad_h, p.pad_w, p.dilation_h, p.dilation_w};
     groups = p.groups;
     cg = s.c / groups;
     kg = s.k / groups;
@@ -178,15 +178,14 @@ void CudaBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, const Te
                      b_group, beta, out + i * c_image, g.plane, c_group, g.groups);
     } else {
       for (int64_t gi = 0; gi < g.groups; ++gi)
-        strided_gemm(cublas_, false, false, g.kg, g.plane, g.grows, wp + gi * a_group, g.grows, 0,
-                     bmat + gi * b_group, ldb, b_image, beta, out + gi * c_group, g.plane, c_image, nb);
+        strided_gemm(cublas_, false, false, g.kg, g.plane, g.grows, wp + gi * a_group, g.grows, 0, bmat + gi * b_group,
+                     ldb, b_image, beta, out + gi * c_group, g.plane, c_image, nb);
     }
   }
 }
 
 void CudaBackend::conv2d_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& w, const Conv2dParams& p,
-                                       const Tensor& dx, const Tensor& dw, const Tensor& db,
-                                       const Tensor& workspace) {
+                                       const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& workspace) {
   const ConvGeom g(x.shape(), w.shape(), p);
   const kernels::ConvShape& s = g.s;
   const float* dyp = dy.f32();

@@ -78,8 +78,8 @@ CudnnConv& CudnnConv::of(const CudaBackend& backend) {
 }
 
 const CudnnConv::Plan& CudnnConv::plan(const Shape& x, const Shape& w, const Conv2dParams& p, bool tf32) {
-  const Key key{x[0],       x[1],       x[2],       x[3],         w[0],         w[1],     w[2], w[3],
-                p.stride_h, p.stride_w, p.pad_h,    p.pad_w,      p.dilation_h, p.dilation_w, p.groups, tf32};
+  const Key key{x[0],       x[1],       x[2],    x[3],    w[0],         w[1],         w[2],     w[3],
+                p.stride_h, p.stride_w, p.pad_h, p.pad_w, p.dilation_h, p.dilation_w, p.groups, tf32};
   std::lock_guard<std::mutex> lock(mutex_);
   if (auto it = plans_.find(key); it != plans_.end()) return *it->second;
 
@@ -101,9 +101,8 @@ const CudnnConv::Plan& CudnnConv::plan(const Shape& x, const Shape& w, const Con
         cudnnSetTensor4dDescriptor(pl.y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(y[0]), i(y[1]), i(y[2]), i(y[3])));
     REMAT_CUDNN_CHECK(
         cudnnSetFilter4dDescriptor(pl.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, i(w[0]), i(w[1]), i(w[2]), i(w[3])));
-    REMAT_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(pl.conv, p.pad_h, p.pad_w, p.stride_h, p.stride_w,
-                                                      p.dilation_h, p.dilation_w, CUDNN_CROSS_CORRELATION,
-                                                      CUDNN_DATA_FLOAT));
+    REMAT_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(pl.conv, p.pad_h, p.pad_w, p.stride_h, p.stride_w, p.dilation_h,
+                                                      p.dilation_w, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
     REMAT_CUDNN_CHECK(cudnnSetConvolutionGroupCount(pl.conv, p.groups));
     REMAT_CUDNN_CHECK(cudnnSetConvolutionMathType(pl.conv, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
     int on = 0, oc = 0, oh = 0, ow = 0;  // cuDNN's idea of y must be ours
@@ -137,8 +136,7 @@ const CudnnConv::Plan& CudnnConv::plan(const Shape& x, const Shape& w, const Con
     if (!pl.backward_ok) pl.data_bytes = pl.filter_bytes = 0;
   }
   log().debug("conv2d x {} w {}: cuDNN forward {}, backward data {}, filter {}", x.str(), w.str(),
-              algo_str(pl.forward_ok, pl.fwd_algo, pl.fwd_bytes),
-              algo_str(pl.backward_ok, pl.data_algo, pl.data_bytes),
+              algo_str(pl.forward_ok, pl.fwd_algo, pl.fwd_bytes), algo_str(pl.backward_ok, pl.data_algo, pl.data_bytes),
               algo_str(pl.backward_ok, pl.filter_algo, pl.filter_bytes));
   return *(plans_[key] = std::move(plan));
 }
@@ -157,8 +155,8 @@ void CudnnConv::backward_data(const Plan& pl, const float* w, const float* dy, f
 
 void CudnnConv::backward_filter(const Plan& pl, const float* x, const float* dy, float* dw, void* workspace) {
   const float one = 1.0f;  // beta = 1: accumulate into dw
-  REMAT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(handle_, &one, pl.x, x, pl.y, dy, pl.conv, pl.filter_algo,
-                                                   workspace, pl.filter_bytes, &one, pl.w, dw));
+  REMAT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(handle_, &one, pl.x, x, pl.y, dy, pl.conv, pl.filter_algo, workspace,
+                                                   pl.filter_bytes, &one, pl.w, dw));
 }
 
 }  // namespace remat

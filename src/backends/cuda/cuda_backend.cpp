@@ -161,22 +161,24 @@ void CudaBackend::gemm_impl(const Tensor& a, const Tensor& b, const Tensor& c, c
   const int64_t k = p.trans_a ? a.size(-2) : a.size(-1);
   const int64_t batch = m * n == 0 ? 0 : c.numel() / (m * n);
   const bool shared_b = b.rank() == 2;
-  sgemm_rowmajor(cublas_, p.trans_a, p.trans_b, m, n, k, p.alpha, a.f32(), m * k, b.f32(), shared_b ? 0 : k * n,
-                 p.beta, c.f32(), m * n, batch);
+  sgemm_rowmajor(cublas_, p.trans_a, p.trans_b, m, n, k, p.alpha, a.f32(), m * k, b.f32(), shared_b ? 0 : k * n, p.beta,
+                 c.f32(), m * n, batch);
 }
 
 void CudaBackend::linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) {
   const int64_t in = w.size(1), out = w.size(0), rows = in == 0 ? x.numel() : x.numel() / in;
   if (b.defined()) kernels::bias_broadcast(b.f32(), rows, out, y.f32(), stream_);
-  sgemm_rowmajor(cublas_, false, true, rows, out, in, 1.0f, x.f32(), 0, w.f32(), 0, b.defined() ? 1.0f : 0.0f,
-                 y.f32(), 0, 1);
+  sgemm_rowmajor(cublas_, false, true, rows, out, in, 1.0f, x.f32(), 0, w.f32(), 0, b.defined() ? 1.0f : 0.0f, y.f32(),
+                 0, 1);
 }
 
 void CudaBackend::linear_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx,
                                        const Tensor& dw, const Tensor& db) {
   const int64_t in = w.size(1), out = w.size(0), rows = dy.numel() / std::max<int64_t>(out, 1);
-  if (dx.defined()) sgemm_rowmajor(cublas_, false, false, rows, in, out, 1.0f, dy.f32(), 0, w.f32(), 0, 0.0f, dx.f32(), 0, 1);
-  if (dw.defined()) sgemm_rowmajor(cublas_, true, false, out, in, rows, 1.0f, dy.f32(), 0, x.f32(), 0, 1.0f, dw.f32(), 0, 1);
+  if (dx.defined())
+    sgemm_rowmajor(cublas_, false, false, rows, in, out, 1.0f, dy.f32(), 0, w.f32(), 0, 0.0f, dx.f32(), 0, 1);
+  if (dw.defined())
+    sgemm_rowmajor(cublas_, true, false, out, in, rows, 1.0f, dy.f32(), 0, x.f32(), 0, 1.0f, dw.f32(), 0, 1);
   if (db.defined()) kernels::column_sums(dy.f32(), rows, out, db.f32(), /*accumulate=*/true, stream_);
 }
 

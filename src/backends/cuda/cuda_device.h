@@ -10,9 +10,9 @@
 
 namespace remat::cuda_device {
 
-void require_available(Device d);                             // probe.cpp
-void describe(BuildInfo& info);                               // probe.cpp
-std::unique_ptr<RawAllocator> make_raw_allocator(Device d);   // cuda_memory.cpp
-std::unique_ptr<Backend> make_backend(Device d);              // cuda_backend.cpp
+void require_available(Device d);                            // probe.cpp
+void describe(BuildInfo& info);                              // probe.cpp
+std::unique_ptr<RawAllocator> make_raw_allocator(Device d);  // cuda_memory.cpp
+std::unique_ptr<Backend> make_backend(Device d);             // cuda_backend.cpp
 
 }  // namespace remat::cuda_device

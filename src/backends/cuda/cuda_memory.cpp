@@ -52,8 +52,10 @@ void device_memcpy(void* dst, Device dst_dev, const void* src, Device src_dev, s
   // cuda-emu memory is host memory
   cudaMemcpyKind kind = dst_dev.is_cuda() ? (src_dev.is_cuda() ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
                                           : (src_dev.is_cuda() ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
-  if (dst_dev.is_cuda()) REMAT_CUDA_CHECK(cudaSetDevice(dst_dev.index));
-  else if (src_dev.is_cuda()) REMAT_CUDA_CHECK(cudaSetDevice(src_dev.index));
+  if (dst_dev.is_cuda())
+    REMAT_CUDA_CHECK(cudaSetDevice(dst_dev.index));
+  else if (src_dev.is_cuda())
+    REMAT_CUDA_CHECK(cudaSetDevice(src_dev.index));
   REMAT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
 }
 

@@ -1,9 +1,9 @@
 // Elementwise ops on the CUDA backend: add, accumulate, scale, ReLU, GELU, dropout
 // (kernels/elementwise.cu, kernels/dropout.cu). Outputs may alias inputs where the CPU
 // backend allows it (scale in place, backward into dy).
+#include "kernels/elementwise.cuh"
 #include "backends/cuda/cuda_backend.h"
 #include "kernels/dropout.cuh"
-#include "kernels/elementwise.cuh"
 
 namespace remat {
 REMAT_KERNELS_ABI_BEGIN

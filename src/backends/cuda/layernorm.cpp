@@ -3,8 +3,8 @@
 // Backward computes dgamma/dbeta before dx, as the CPU does, so dx may alias dy or x. The
 // column sums for dgamma/dbeta go through the backend's scratch buffer in chunks of rows
 // (no workspace is part of this op's interface).
-#include "backends/cuda/cuda_backend.h"
 #include "kernels/layernorm.cuh"
+#include "backends/cuda/cuda_backend.h"
 
 namespace remat {
 REMAT_KERNELS_ABI_BEGIN

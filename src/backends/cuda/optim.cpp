@@ -9,8 +9,8 @@
 namespace remat {
 REMAT_KERNELS_ABI_BEGIN
 
-void CudaBackend::sgd_step_impl(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf,
-                                const SgdParams& p, int64_t step) {
+void CudaBackend::sgd_step_impl(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdParams& p,
+                                int64_t step) {
   kernels::SgdCoefficients c;
   c.weight_decay = static_cast<float>(p.weight_decay);
   c.momentum = static_cast<float>(p.momentum);

@@ -12,8 +12,8 @@ REMAT_KERNELS_ABI_BEGIN
 namespace {
 
 kernels::PoolShape pool_shape(const Shape& x, const Shape& y, const Pool2dParams& p) {
-  return kernels::PoolShape{x[0] * x[1], x[2], x[3], y[2], y[3], p.kernel_h, p.kernel_w,
-                            p.stride_h,  p.stride_w, p.pad_h, p.pad_w};
+  return kernels::PoolShape{x[0] * x[1], x[2],       x[3],       y[2],    y[3],   p.kernel_h,
+                            p.kernel_w,  p.stride_h, p.stride_w, p.pad_h, p.pad_w};
 }
 
 }  // namespace

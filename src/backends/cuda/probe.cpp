@@ -11,8 +11,8 @@
 
 #include "backends/cuda/cuda_device.h"
 #include "remat/cuda_check.h"
-#include "remat/error.h"
 #include "remat/device.h"
+#include "remat/error.h"
 #include "remat/log.h"
 
 namespace remat {
@@ -31,11 +31,11 @@ const CudaStatus& cuda_status() {
     if (err != cudaSuccess) {
       s.error_code = static_cast<int>(err);
       s.error = std::string(err == cudaErrorInsufficientDriver ? "no CUDA driver found"
-                            : err == cudaErrorNoDevice       ? "no CUDA-capable device"
-                            : err == cudaErrorStubLibrary    ? "only the CUDA stub driver library was found"
-                                                             : "CUDA initialisation failed") +
-                " (cudaGetDeviceCount: error " + std::to_string(static_cast<int>(err)) + " " +
-                cudaGetErrorName(err) + ")";
+                            : err == cudaErrorNoDevice         ? "no CUDA-capable device"
+                            : err == cudaErrorStubLibrary      ? "only the CUDA stub driver library was found"
+                                                               : "CUDA initialisation failed") +
+                " (cudaGetDeviceCount: error " + std::to_string(static_cast<int>(err)) + " " + cudaGetErrorName(err) +
+                ")";
       log().debug("CUDA probe: {}", s.error);
       return s;
     }

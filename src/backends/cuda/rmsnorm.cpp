@@ -1,7 +1,7 @@
 // RMS normalisation over the last dimension (kernels/rmsnorm.cu). Backward computes
 // dgamma before dx, as the CPU does, so dx may alias dy.
-#include "backends/cuda/cuda_backend.h"
 #include "kernels/rmsnorm.cuh"
+#include "backends/cuda/cuda_backend.h"
 
 namespace remat {
 REMAT_KERNELS_ABI_BEGIN

@@ -7,8 +7,10 @@ namespace {
 class Embedding final : public Layer {
  public:
   explicit Embedding(ConfigReader& r)
-      : vocab_(r.positive_int("vocab")), dim_(r.positive_int("dim")),
-        max_seq_(r.int_or("positions", 0, 0, int64_t{1} << 24)), init_std_(r.number_or("init_std", 1.0, 1e-6, 10.0)) {}
+      : vocab_(r.positive_int("vocab")),
+        dim_(r.positive_int("dim")),
+        max_seq_(r.int_or("positions", 0, 0, int64_t{1} << 24)),
+        init_std_(r.number_or("init_std", 1.0, 1e-6, 10.0)) {}
   LayerKind kind() const override { return LayerKind::embedding; }
   bool input_differentiable(int) const override { return false; }
   DType input_dtype(int) const override { return DType::i32; }
@@ -17,14 +19,15 @@ class Embedding final : public Layer {
   Shape infer(const std::vector<Shape>& in) override {
     expect_inputs(in, 1);
     REMAT_CHECK(in[0].rank() == 2, "embedding: input ", in[0].str(), " must be token ids [B, T]");
-    REMAT_CHECK(max_seq_ == 0 || in[0][1] <= max_seq_, "embedding: sequence length ", in[0][1],
-                " exceeds positions ", max_seq_);
+    REMAT_CHECK(max_seq_ == 0 || in[0][1] <= max_seq_, "embedding: sequence length ", in[0][1], " exceeds positions ",
+                max_seq_);
     n_ = in[0].numel();
     return Shape{in[0][0], in[0][1], dim_};
   }
   std::vector<ParamSpec> param_specs() const override {
     std::vector<ParamSpec> ps{ParamSpec::normal("weight", Shape{vocab_, dim_}, static_cast<float>(init_std_))};
-    if (max_seq_ > 0) ps.push_back(ParamSpec::normal("pos_weight", Shape{max_seq_, dim_}, static_cast<float>(init_std_)));
+    if (max_seq_ > 0)
+      ps.push_back(ParamSpec::normal("pos_weight", Shape{max_seq_, dim_}, static_cast<float>(init_std_)));
     return ps;
   }
   double forward_flops() const override { return static_cast<double>(n_) * dim_; }

@@ -35,6 +35,6 @@ std::unique_ptr<Layer> make_cross_entropy(int ignore_index);
 }  // namespace remat
 
 // REMAT_REGISTER_LAYER("linear", Linear): layer type "linear" is built by Linear(ConfigReader&).
-#define REMAT_REGISTER_LAYER(type, L)                                                       \
+#define REMAT_REGISTER_LAYER(type, L)                                                                \
   [[maybe_unused]] static const bool remat_layer_registered_##L = ::remat::layers::register_builtin( \
       type, [](::remat::ConfigReader& r) -> std::unique_ptr<::remat::Layer> { return std::make_unique<L>(r); })

@@ -7,8 +7,10 @@ namespace {
 class Linear final : public Layer {
  public:
   explicit Linear(ConfigReader& r)
-      : out_(r.positive_int("out_features")), bias_(r.bool_or("bias", true)),
-        init_std_(r.number_or("init_std", 0.0, 0.0, 10.0)), tie_(r.string_or("tie_weight", "")) {}
+      : out_(r.positive_int("out_features")),
+        bias_(r.bool_or("bias", true)),
+        init_std_(r.number_or("init_std", 0.0, 0.0, 10.0)),
+        tie_(r.string_or("tie_weight", "")) {}
   LayerKind kind() const override { return LayerKind::gemm; }
   SelectiveKeep selective_keep() const override { return SelectiveKeep::all; }
   Shape infer(const std::vector<Shape>& in) override {
@@ -26,8 +28,9 @@ class Linear final : public Layer {
     if (!tie_.empty()) w = w.tied_to(tie_ + ".weight");
     std::vector<ParamSpec> ps{w};
     if (bias_) {
-      ps.push_back((init_std_ > 0 ? ParamSpec::zeros("bias", Shape{out_}) : ParamSpec::uniform("bias", Shape{out_}, in_))
-                       .no_decay());
+      ps.push_back(
+          (init_std_ > 0 ? ParamSpec::zeros("bias", Shape{out_}) : ParamSpec::uniform("bias", Shape{out_}, in_))
+              .no_decay());
     }
     return ps;
   }

@@ -19,8 +19,8 @@ class CrossEntropyLoss final : public Layer {
     REMAT_CHECK(in[0].rank() >= 2, "cross_entropy: logits ", in[0].str(), " must have rank >= 2");
     v_ = in[0][-1];
     n_ = in[0].numel() / v_;
-    REMAT_CHECK(in[1].numel() == n_, "cross_entropy: targets ", in[1].str(), " do not match logits ", in[0].str(),
-                " (", n_, " rows)");
+    REMAT_CHECK(in[1].numel() == n_, "cross_entropy: targets ", in[1].str(), " do not match logits ", in[0].str(), " (",
+                n_, " rows)");
     return Shape{1};
   }
   double forward_flops() const override { return 4.0 * n_ * v_; }
