@@ -31,6 +31,7 @@
 #include <cstring>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/parallel.h"
 #include "backends/cpu/philox_cpu.h"
 #include "backends/cpu/simd.h"
 #include "remat/error.h"
@@ -301,10 +302,6 @@ void gemm_atb(bool causal, int64_t T, int64_t hs, float alpha, const float* A, c
 // whichever thread gets it.
 constexpr int kRowChunk = 8;
 
-// Loops over fewer elements than this run on the calling thread: waking the OpenMP team
-// costs more than it saves. (Each element is computed the same way either way.)
-constexpr int64_t kParallelMinWork = int64_t{1} << 14;
-
 }  // namespace
 
 size_t cpu::attention_forward_workspace(const Shape& qkv, const AttentionParams& p) {
@@ -352,7 +349,7 @@ void CpuBackend::attention_forward_impl(const Tensor& qkv, const AttentionParams
     }
     // Softmax (and dropout) row by row.
     const int64_t rows = (g1 - g0) * T;
-#pragma omp parallel for schedule(static, kRowChunk) if (rows * T >= kParallelMinWork)
+#pragma omp parallel for schedule(static, kRowChunk) if (rows * T >= cpu::kParallelMinWork)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t bh = g0 + r / T, i = r % T;
       float* row = pr + (bh * T + i) * T;
@@ -409,7 +406,7 @@ void CpuBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv, 
       gemm_xyt(causal, T, d.hs, 1.0f, go + head_out(bh), C, x + head_off(bh) + 2 * C, ld, ds + (bh - g0) * T * T);
     // dP = dPd * mask / (1 - p); dS = P * (dP - rowsum(dP * P)); the dropped probs for dV.
     const int64_t rows = (g1 - g0) * T;
-#pragma omp parallel for schedule(static, kRowChunk) if (rows * T >= kParallelMinWork)
+#pragma omp parallel for schedule(static, kRowChunk) if (rows * T >= cpu::kParallelMinWork)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t bh = g0 + r / T, i = r % T;
       const float* row = pr + (bh * T + i) * T;
@@ -451,7 +448,7 @@ void CpuBackend::permute_0213_impl(const Tensor& x, const Tensor& y) {
   const auto* src = static_cast<const unsigned char*>(x.raw_data());
   auto* dst = static_cast<unsigned char*>(y.raw_data());
   // One output row y[a, c, b, :] = x[a, b, c, :] per iteration.
-#pragma omp parallel for schedule(static) if (rows * D >= kParallelMinWork)
+#pragma omp parallel for schedule(static) if (rows * D >= cpu::kParallelMinWork)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t a = r / (C * B), c = (r / B) % C, b = r % B;
     std::memcpy(dst + static_cast<size_t>(r) * row_bytes, src + static_cast<size_t>((a * B + b) * C + c) * row_bytes,

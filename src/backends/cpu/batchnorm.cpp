@@ -15,10 +15,6 @@ namespace remat {
 
 namespace {
 
-// Below this many elements a loop runs on the calling thread (the results are the same
-// either way; it saves the fork/join on small tensors).
-constexpr int64_t kMinParallelWork = int64_t{1} << 15;
-
 struct BnGeom {
   int64_t n, c, hw;
   explicit BnGeom(const Tensor& x) : n(x.size(0)), c(x.size(1)), hw(x.size(2) * x.size(3)) {}
@@ -96,7 +92,7 @@ void CpuBackend::batchnorm2d_forward_train_impl(const Tensor& x, const Tensor& g
   const int64_t count = g.count();
   const double momentum = p.momentum;
   const Passes pass = passes();
-#pragma omp parallel for schedule(static) if (g.n * g.c * g.hw >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (g.n * g.c * g.hw >= cpu::kParallelMinWork)
   for (int64_t ch = 0; ch < g.c; ++ch) {
     double sum = 0.0;
     for (int64_t i = 0; i < g.n; ++i) sum += sum_f64(xp + g.plane(i, ch), g.hw);
@@ -131,7 +127,7 @@ void CpuBackend::batchnorm2d_forward_eval_impl(const Tensor& x, const Tensor& ga
   float* yp = y.f32();
   const int64_t units = g.n * g.c;
   const Passes pass = passes();
-#pragma omp parallel for schedule(static) if (units * g.hw >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (units * g.hw >= cpu::kParallelMinWork)
   for (int64_t u = 0; u < units; ++u) {
     const int64_t ch = u % g.c;
     const double scale = gp[ch] / std::sqrt(static_cast<double>(rvp[ch]) + static_cast<double>(p.eps));
@@ -155,7 +151,7 @@ void CpuBackend::batchnorm2d_backward_impl(const Tensor& dy, const Tensor& x, co
   float* dbp = dbeta.defined() ? dbeta.f32() : nullptr;
   const int64_t count = g.count();
   const Passes pass = passes();
-#pragma omp parallel for schedule(static) if (g.n * g.c * g.hw >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (g.n * g.c * g.hw >= cpu::kParallelMinWork)
   for (int64_t ch = 0; ch < g.c; ++ch) {
     const double mean = smp[ch], invstd = sip[ch];
     double sum_dy = 0.0, dot = 0.0;

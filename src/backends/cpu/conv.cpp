@@ -241,14 +241,11 @@ int64_t g_chunk_images = 0;  // 0: chosen from the shapes
 inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 inline int64_t ceil_div(int64_t v, int64_t m) { return (v + m - 1) / m; }
 
-// Below this much work a loop runs on the calling thread (results are the same either way).
-constexpr int64_t kMinParallelWork = int64_t{1} << 15;
-
 // Runs body(t) for t in [0, tiles): GEMM tiles, disjoint outputs, one thread each.
 // Consecutive tiles share their B operand, which stays in cache while A panels pass over it.
 template <class Body>
 void for_tiles(int64_t tiles, int64_t flops_per_tile, const Body& body) {
-#pragma omp parallel for schedule(static) if (tiles * flops_per_tile >= 64 * kMinParallelWork)
+#pragma omp parallel for schedule(static) if (tiles * flops_per_tile >= 64 * cpu::kParallelMinWork)
   for (int64_t t = 0; t < tiles; ++t) body(t);
 }
 
@@ -501,7 +498,7 @@ void im2col_panels(const ConvGeom& g, const float* x, int64_t n0, int64_t nb, fl
     valid_range(ss * g.dw - g.pw, g.sw, g.w, g.q, &qrange_v[static_cast<size_t>(2 * ss)],
                 &qrange_v[static_cast<size_t>(2 * ss + 1)]);
   const int64_t* qrange = qrange_v.data();
-#pragma omp parallel for schedule(static) if (units * NR * g.grows >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (units * NR * g.grows >= cpu::kParallelMinWork)
   for (int64_t u = 0; u < units; ++u) {
     const int64_t gi = u / np, jp = u % np;
     float* panel = b + (gi * np + jp) * NR * g.grows;
@@ -559,7 +556,7 @@ void im2col_panels(const ConvGeom& g, const float* x, int64_t n0, int64_t nb, fl
 void im2col_t_panels(const ConvGeom& g, const float* x, int64_t n0, int64_t nb, float* b) {
   const int64_t len = nb * g.plane, np = ceil_div(g.grows, NR), units = g.groups * np * nb;
   const int64_t group_stride = np * NR * len;
-#pragma omp parallel for schedule(static) if (units * NR * g.plane >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (units * NR * g.plane >= cpu::kParallelMinWork)
   for (int64_t u = 0; u < units; ++u) {
     const int64_t gi = u / (np * nb), jp = (u / nb) % np, i = u % nb;
     float* panel = b + gi * group_stride + jp * NR * len + i * g.plane * NR;  // row l = i * plane
@@ -599,7 +596,7 @@ void im2col_t_panels(const ConvGeom& g, const float* x, int64_t n0, int64_t nb, 
 // positions im2col read from; one (image, channel) plane per iteration, in a fixed order.
 void col2im(const ConvGeom& g, const float* col, int64_t n0, int64_t nb, float* dx) {
   const int64_t len = nb * g.plane, units = nb * g.c;
-#pragma omp parallel for schedule(static) if (units * g.r * g.s * g.plane >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (units * g.r * g.s * g.plane >= cpu::kParallelMinWork)
   for (int64_t u = 0; u < units; ++u) {
     const int64_t i = u / g.c, ch = u % g.c;
     float* dst = dx + ((n0 + i) * g.c + ch) * g.h * g.w;
@@ -632,7 +629,7 @@ void col2im(const ConvGeom& g, const float* col, int64_t n0, int64_t nb, float* 
 template <class Src>
 void pack_a(int64_t m, int64_t kdim, float* a, const Src& src) {
   const int64_t mp = ceil_div(m, MR);
-#pragma omp parallel for schedule(static) if (mp * MR * kdim >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (mp * MR * kdim >= cpu::kParallelMinWork)
   for (int64_t ip = 0; ip < mp; ++ip) {
     float* d = a + ip * MR * kdim;
     const int64_t rows = std::min(MR, m - ip * MR);
@@ -646,7 +643,7 @@ void pack_a(int64_t m, int64_t kdim, float* a, const Src& src) {
 void pack_dy_a(const ConvGeom& g, const float* dy, int64_t n0, int64_t nb, float* a) {
   const int64_t len = nb * g.plane, mp = ceil_div(g.kg, MR), units = g.groups * mp * nb;
   const int64_t kplane = g.k * g.plane;
-#pragma omp parallel for schedule(static) if (units * MR * g.plane >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (units * MR * g.plane >= cpu::kParallelMinWork)
   for (int64_t u = 0; u < units; ++u) {
     const int64_t gi = u / (mp * nb), ip = (u / nb) % mp, i = u % nb;
     float* d = a + (gi * mp + ip) * MR * len + i * g.plane * MR;
@@ -696,7 +693,7 @@ struct PanelRowWriter {
 void pack_dy_b(const ConvGeom& g, const float* dy, int64_t n0, int64_t nb, float* b) {
   const int64_t len = nb * g.plane, len_pad = round_up(len, NR), units = g.k * nb;
   const int64_t kplane = g.k * g.plane;
-#pragma omp parallel for schedule(static) if (units * g.plane >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (units * g.plane >= cpu::kParallelMinWork)
   for (int64_t u = 0; u < units; ++u) {
     const int64_t kk = u / nb, i = u % nb, gi = kk / g.kg;
     PanelRowWriter out(b + gi * g.kg * len_pad, g.kg, kk % g.kg, i * g.plane);
@@ -724,7 +721,7 @@ void pad_plane(const float* s, int64_t h, int64_t w, int64_t rows, int64_t cols,
 void pad_planes(const float* src, int64_t n0, int64_t nb, int64_t channels, int64_t h, int64_t w, int64_t rows,
                 int64_t cols, int64_t top, int64_t left, float* dst) {
   const int64_t units = nb * channels, dplane = rows * cols;
-#pragma omp parallel for schedule(static) if (units * dplane >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (units * dplane >= cpu::kParallelMinWork)
   for (int64_t u = 0; u < units; ++u)
     pad_plane(src + (n0 * channels + u) * h * w, h, w, rows, cols, top, left, dst + u * dplane);
   std::fill(dst + units * dplane, dst + units * dplane + NR, 0.0f);
@@ -735,7 +732,7 @@ void pad_planes(const float* src, int64_t n0, int64_t nb, int64_t channels, int6
 // Layout: [group][k panel][image][l][NR].
 void pack_dy_t(const ConvGeom& g, const float* dy, int64_t n0, int64_t nb, float* b) {
   const int64_t nk = ceil_div(g.kg, NR), units = g.groups * nk * nb, kplane = g.k * g.plane;
-#pragma omp parallel for schedule(static) if (units * NR * g.limg >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (units * NR * g.limg >= cpu::kParallelMinWork)
   for (int64_t u = 0; u < units; ++u) {
     const int64_t gi = u / (nk * nb), jk = (u / nb) % nk, i = u % nb;
     float* d = b + u * g.limg * NR;
@@ -981,7 +978,7 @@ void CpuBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, const Ten
   const int64_t kplane = g.k * g.plane;
   if (g.trivial()) {  // y is the bias
     const int64_t units = g.n * g.k;
-#pragma omp parallel for schedule(static) if (units * g.plane >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (units * g.plane >= cpu::kParallelMinWork)
     for (int64_t u = 0; u < units; ++u) std::fill(yp + u * g.plane, yp + (u + 1) * g.plane, bp ? bp[u % g.k] : 0.0f);
     return;
   }
@@ -1003,7 +1000,7 @@ void CpuBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, const Ten
     const auto* off = reinterpret_cast<const int64_t*>(ws + lay.off);
     const Positions ps{g.plane, g.q, g.sh * g.wp, g.sw};
     const int64_t image_in = g.c * g.hp * g.wp;
-#pragma omp parallel if (2 * g.n * g.k * g.grows * g.plane >= 64 * kMinParallelWork)
+#pragma omp parallel if (2 * g.n * g.k * g.grows * g.plane >= 64 * cpu::kParallelMinWork)
     for (int64_t n0 = 0; n0 < g.n; n0 += g.nb) {
       const int64_t nb = std::min(g.nb, g.n - n0);
 #pragma omp for schedule(static)
@@ -1087,7 +1084,7 @@ void CpuBackend::conv2d_backward_impl(const Tensor& dy, const Tensor& x, const T
 
   if (db.defined() && g.n > 0) {
     float* dbp = db.f32();
-#pragma omp parallel for schedule(static) if (g.n * kplane >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (g.n * kplane >= cpu::kParallelMinWork)
     for (int64_t kk = 0; kk < g.k; ++kk) {
       double sum = 0.0;
       for (int64_t i = 0; i < g.n; ++i) sum += cpu::sum_f64(dyp + i * kplane + kk * g.plane, g.plane);
@@ -1174,7 +1171,7 @@ void CpuBackend::conv2d_backward_impl(const Tensor& dy, const Tensor& x, const T
 #pragma omp barrier
     }
   };
-  const bool parallel = 2 * g.n * g.k * g.grows * g.plane >= 64 * kMinParallelWork;
+  const bool parallel = 2 * g.n * g.k * g.grows * g.plane >= 64 * cpu::kParallelMinWork;
   if ((dw_direct || !need_dw) && (dx_direct || !need_dx)) {  // all direct: one parallel region
 #pragma omp parallel if (parallel)
     for (int64_t n0 = 0; n0 < g.n; n0 += g.nb) direct_chunk(n0, std::min(g.nb, g.n - n0));

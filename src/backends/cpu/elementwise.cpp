@@ -11,8 +11,6 @@ namespace remat {
 
 namespace {
 
-constexpr int64_t kGrain = 1 << 14;
-
 // y[i] = f(a[i]) and y[i] = f(a[i], b[i]) over chunks in parallel, in tight loops that
 // vectorise. y may be a or b (in-place backward): each element is read before it is
 // written, so no restrict (GCC adds a run-time overlap check and still vectorises).
@@ -53,7 +51,7 @@ __attribute__((target("avx512f"))) void loop2_avx512(const float* a, const float
 template <typename F>
 void map1(const float* a, float* y, int64_t n, F f) {
   const cpu::Simd level = cpu::simd();
-  cpu::parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
+  cpu::parallel_for(n, cpu::kParallelMinWork, [&](int64_t b, int64_t e) {
 #ifdef REMAT_ELEMENTWISE_X86
     if (level == cpu::Simd::avx512) return loop1_avx512(a, y, b, e, f);
     if (level == cpu::Simd::avx2) return loop1_avx2(a, y, b, e, f);
@@ -65,7 +63,7 @@ void map1(const float* a, float* y, int64_t n, F f) {
 template <typename F>
 void map2(const float* a, const float* a2, float* y, int64_t n, F f) {
   const cpu::Simd level = cpu::simd();
-  cpu::parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
+  cpu::parallel_for(n, cpu::kParallelMinWork, [&](int64_t b, int64_t e) {
 #ifdef REMAT_ELEMENTWISE_X86
     if (level == cpu::Simd::avx512) return loop2_avx512(a, a2, y, b, e, f);
     if (level == cpu::Simd::avx2) return loop2_avx2(a, a2, y, b, e, f);
@@ -141,7 +139,7 @@ void apply_dropout(const float* x, float* y, int64_t n, float p, RngState rng) {
   const float keep_prob = 1.0f - p, scale = 1.0f / keep_prob;
   // factor is scale (kept) or 0 (dropped): kept elements become x * scale, dropped ones 0
   // whatever x holds (a NaN or inf included).
-  cpu::parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
+  cpu::parallel_for(n, cpu::kParallelMinWork, [&](int64_t b, int64_t e) {
     cpu::for_each_dropout_chunk(rng, static_cast<uint64_t>(b), e - b, keep_prob, scale,
                                 [&](int64_t j0, const float* factor, int64_t m) {
                                   const float* px = x + b + j0;

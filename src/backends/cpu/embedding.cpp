@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/parallel.h"
 #include "remat/error.h"
 
 namespace remat {
@@ -17,10 +18,6 @@ namespace remat {
 namespace {
 
 constexpr int64_t kChannelBlock = 16;  // one 64-byte cache line of floats
-// Loops over fewer elements than this run on the calling thread: waking the OpenMP team
-// costs more than it saves. (Each element is computed the same way either way.)
-constexpr int64_t kParallelMinWork = int64_t{1} << 14;
-
 // Throws if any id is outside [0, rows); names the first offending position.
 void check_ids(const char* op, const Tensor& ids, int64_t rows, const char* table_name, const Tensor& table) {
   const int32_t* id = ids.i32();
@@ -43,7 +40,7 @@ void CpuBackend::embedding_forward_impl(const Tensor& ids, const Tensor& table, 
   const float* tab = table.f32();
   const float* pos = pos_table.defined() ? pos_table.f32() : nullptr;
   float* yp = y.f32();
-#pragma omp parallel for schedule(static) if (n * c >= kParallelMinWork)
+#pragma omp parallel for schedule(static) if (n * c >= cpu::kParallelMinWork)
   for (int64_t i = 0; i < n; ++i) {
     const float* src = tab + static_cast<int64_t>(id[i]) * c;
     float* dst = yp + i * c;
@@ -65,7 +62,7 @@ void CpuBackend::embedding_backward_impl(const Tensor& dy, const Tensor& ids, co
     const int32_t* id = ids.i32();
     float* dt = dtable.f32();
     const int64_t nblocks = (c + kChannelBlock - 1) / kChannelBlock;
-#pragma omp parallel for schedule(static) if (n * c >= kParallelMinWork)
+#pragma omp parallel for schedule(static) if (n * c >= cpu::kParallelMinWork)
     for (int64_t blk = 0; blk < nblocks; ++blk) {
       const int64_t j0 = blk * kChannelBlock;
       const int64_t w = std::min(kChannelBlock, c - j0);
@@ -78,7 +75,7 @@ void CpuBackend::embedding_backward_impl(const Tensor& dy, const Tensor& ids, co
   }
   if (dpos_table.defined()) {
     float* dp = dpos_table.f32();
-#pragma omp parallel for schedule(static) if (n * c >= kParallelMinWork)
+#pragma omp parallel for schedule(static) if (n * c >= cpu::kParallelMinWork)
     for (int64_t p = 0; p < t; ++p) {
       float* dst = dp + p * c;
       for (int64_t b = 0; b < bsz; ++b) {

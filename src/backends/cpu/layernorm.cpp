@@ -16,16 +16,13 @@
 #include <cstdint>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/parallel.h"
 #include "backends/cpu/simd.h"
 
 namespace remat {
 
 namespace {
 constexpr int64_t kChannelBlock = 16;  // one 64-byte cache line of floats
-// Loops over fewer elements than this run on the calling thread: waking the OpenMP team
-// costs more than it saves. (Each element is computed the same way either way.)
-constexpr int64_t kParallelMinWork = int64_t{1} << 14;
-
 constexpr int kLanes = 8;
 
 inline double lane_combine(double* acc) {
@@ -87,7 +84,7 @@ void CpuBackend::layernorm_forward_impl(const Tensor& x, const Tensor& gamma, co
   float* mp = mean.f32();
   float* rp = rstd.f32();
   const cpu::Simd level = cpu::simd();
-#pragma omp parallel for schedule(static) if (n * c >= kParallelMinWork)
+#pragma omp parallel for schedule(static) if (n * c >= cpu::kParallelMinWork)
   for (int64_t r = 0; r < n; ++r) {
 #ifdef REMAT_LAYERNORM_X86
     if (level == cpu::Simd::avx512) {
@@ -120,7 +117,7 @@ void CpuBackend::layernorm_backward_impl(const Tensor& dy, const Tensor& x, cons
     float* dg = dgamma.defined() ? dgamma.f32() : nullptr;
     float* db = dbeta.defined() ? dbeta.f32() : nullptr;
     const int64_t nblocks = (c + kChannelBlock - 1) / kChannelBlock;
-#pragma omp parallel for schedule(static) if (n * c >= kParallelMinWork)
+#pragma omp parallel for schedule(static) if (n * c >= cpu::kParallelMinWork)
     for (int64_t blk = 0; blk < nblocks; ++blk) {
       const int64_t j0 = blk * kChannelBlock;
       const int64_t w = std::min(kChannelBlock, c - j0);
@@ -145,7 +142,7 @@ void CpuBackend::layernorm_backward_impl(const Tensor& dy, const Tensor& x, cons
   if (dx.defined()) {
     float* dxp = dx.f32();
     // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma.
-#pragma omp parallel for schedule(static) if (n * c >= kParallelMinWork)
+#pragma omp parallel for schedule(static) if (n * c >= cpu::kParallelMinWork)
     for (int64_t r = 0; r < n; ++r) {
       const float* xr = xp + r * c;
       const float* dyr = dyp + r * c;

@@ -14,8 +14,6 @@ namespace remat {
 
 namespace {
 
-constexpr int64_t kGrain = 1 << 14;
-
 // AdamW's update of elements [b, e), the scalars in float. The AVX-512 version does the
 // same operations in the same order, so the two round alike.
 struct AdamWScalars {
@@ -66,7 +64,7 @@ void CpuBackend::sgd_step_impl(const Tensor& param, const Tensor& grad, const Te
   float* buf = p.momentum != 0.0 ? momentum_buf.f32() : nullptr;
   const auto wd = static_cast<float>(p.weight_decay), mom = static_cast<float>(p.momentum),
              one_damp = static_cast<float>(1.0 - p.dampening), neg_lr = static_cast<float>(-p.lr);
-  cpu::parallel_for(param.numel(), kGrain, [&](int64_t b, int64_t e) {
+  cpu::parallel_for(param.numel(), cpu::kParallelMinWork, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       float d = g[i];
       if (wd != 0.0f) d = d + wd * w[i];
@@ -100,7 +98,7 @@ void CpuBackend::adamw_step_impl(const Tensor& param, const Tensor& grad, const 
 #else
   auto* range = &adamw_range;
 #endif
-  cpu::parallel_for(param.numel(), kGrain, [&](int64_t b, int64_t e) { range(w, g, m, v, b, e, s); });
+  cpu::parallel_for(param.numel(), cpu::kParallelMinWork, [&](int64_t b, int64_t e) { range(w, g, m, v, b, e, s); });
 }
 
 double CpuBackend::global_norm_impl(const std::vector<Tensor>& tensors) {

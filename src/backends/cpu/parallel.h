@@ -13,6 +13,12 @@
 
 namespace remat::cpu {
 
+// The one parallel threshold of the CPU backend: a loop runs on the thread pool once it
+// does at least this much work (elements, or multiply-adds); below it, waking the pool
+// costs more than it saves. Also the chunk size of the pointwise loops. Results never
+// depend on it: every loop splits its work by problem size alone (above).
+constexpr int64_t kParallelMinWork = int64_t{1} << 14;
+
 // Calls fn(begin, end) over [0, n) in chunks of `grain`, in parallel.
 template <typename Fn>
 void parallel_for(int64_t n, int64_t grain, const Fn& fn) {

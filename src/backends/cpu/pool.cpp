@@ -20,10 +20,6 @@ namespace remat {
 
 namespace {
 
-// Below this many elements touched a loop runs on the calling thread (the results are the
-// same either way; it saves the fork/join on small tensors).
-constexpr int64_t kMinParallelWork = int64_t{1} << 15;
-
 struct PoolGeom {
   int64_t planes, h, w, p, q;
   int64_t kh, kw, sh, sw, ph, pw;
@@ -112,7 +108,7 @@ void maxpool2x2(const PoolGeom& g, const float* xp, float* yp, int32_t* ip) {
 #else
   auto* row = &maxpool2x2_row;
 #endif
-#pragma omp parallel for schedule(static) if (g.planes * g.p * g.q * 4 >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (g.planes * g.p * g.q * 4 >= cpu::kParallelMinWork)
   for (int64_t pl = 0; pl < g.planes; ++pl) {
     const float* src = xp + pl * g.h * g.w;
     for (int64_t pp = 0; pp < g.p; ++pp) {
@@ -137,7 +133,7 @@ void CpuBackend::maxpool2d_forward_impl(const Tensor& x, const Pool2dParams& prm
     maxpool2x2(g, xp, yp, ip);
     return;
   }
-#pragma omp parallel for schedule(static) if (g.planes * g.p * g.q * g.kh * g.kw >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (g.planes * g.p * g.q * g.kh * g.kw >= cpu::kParallelMinWork)
   for (int64_t pl = 0; pl < g.planes; ++pl) {
     const float* src = xp + pl * g.h * g.w;
     float* dst = yp + pl * g.p * g.q;
@@ -183,7 +179,7 @@ void CpuBackend::maxpool2d_backward_impl(const Tensor& dy, const Tensor& indices
   const int32_t* ip = indices.i32();
   float* dxp = dx.f32();
   std::atomic<int64_t> bad{-1};  // the first flat position of an out-of-range index, if any
-#pragma omp parallel for schedule(static) if (planes * (in_plane + out_plane) >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (planes * (in_plane + out_plane) >= cpu::kParallelMinWork)
   for (int64_t pl = 0; pl < planes; ++pl) {
     float* dst = dxp + pl * in_plane;
     const float* g = dyp + pl * out_plane;
@@ -214,7 +210,7 @@ void CpuBackend::avgpool2d_forward_impl(const Tensor& x, const Pool2dParams& prm
   // count_include_pad: the padded window always fits (no ceil mode), so every window
   // divides by kh * kw.
   const float div = static_cast<float>(g.kh * g.kw);
-#pragma omp parallel for schedule(static) if (g.planes * g.p * g.q * g.kh * g.kw >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (g.planes * g.p * g.q * g.kh * g.kw >= cpu::kParallelMinWork)
   for (int64_t pl = 0; pl < g.planes; ++pl) {
     const float* src = xp + pl * g.h * g.w;
     float* dst = yp + pl * g.p * g.q;
@@ -238,7 +234,7 @@ void CpuBackend::avgpool2d_backward_impl(const Tensor& dy, const Pool2dParams& p
   const float* dyp = dy.f32();
   float* dxp = dx.f32();
   const float div = static_cast<float>(g.kh * g.kw);
-#pragma omp parallel for schedule(static) if (g.planes * (g.h * g.w + g.p * g.q * g.kh * g.kw) >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (g.planes * (g.h * g.w + g.p * g.q * g.kh * g.kw) >= cpu::kParallelMinWork)
   for (int64_t pl = 0; pl < g.planes; ++pl) {
     float* dst = dxp + pl * g.h * g.w;
     const float* src = dyp + pl * g.p * g.q;
@@ -261,7 +257,7 @@ void CpuBackend::global_avgpool_forward_impl(const Tensor& x, const Tensor& y) {
   const int64_t planes = x.size(0) * x.size(1), hw = x.size(2) * x.size(3);
   const float* xp = x.f32();
   float* yp = y.f32();
-#pragma omp parallel for schedule(static) if (planes * hw >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (planes * hw >= cpu::kParallelMinWork)
   for (int64_t pl = 0; pl < planes; ++pl)
     yp[pl] = hw == 0 ? std::numeric_limits<float>::quiet_NaN()
                      : static_cast<float>(sum_f64(xp + pl * hw, hw) / static_cast<double>(hw));
@@ -271,7 +267,7 @@ void CpuBackend::global_avgpool_backward_impl(const Tensor& dy, const Tensor& dx
   const int64_t planes = dx.size(0) * dx.size(1), hw = dx.size(2) * dx.size(3);
   const float* dyp = dy.f32();
   float* dxp = dx.f32();
-#pragma omp parallel for schedule(static) if (planes * hw >= kMinParallelWork)
+#pragma omp parallel for schedule(static) if (planes * hw >= cpu::kParallelMinWork)
   for (int64_t pl = 0; pl < planes; ++pl) {
     const float v = dyp[pl] / static_cast<float>(hw);
     std::fill(dxp + pl * hw, dxp + (pl + 1) * hw, v);
