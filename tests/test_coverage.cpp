@@ -5,7 +5,8 @@
 // - every registered layer type has a row in docs/config.md's table (and every row is a
 //   type), and appears in a model config (models/*.json, tests/configs/*.json), which the
 //   executor tests run under every checkpoint policy on cpu and cuda-emu;
-// - every CUDA kernel file (kernels/*.cu) is described in docs/kernels.md.
+// - every CUDA kernel file (kernels/*.cu) is described in docs/kernels.md;
+// - every repository path the docs name exists.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -137,6 +138,32 @@ TEST(Coverage, EveryKernelFileIsDescribed) {
         << "kernels/" << e.path().filename().string() << " is not described in docs/kernels.md";
   }
   EXPECT_GE(files, 10);
+}
+
+// Every repository path a doc names in backticks (`src/...`, `tools/...`) exists, so a
+// moved or deleted file cannot leave a stale pointer in the docs.
+TEST(Coverage, EveryPathTheDocsNameExists) {
+  std::vector<fs::path> docs = {kRoot / "README.md"};
+  for (const auto& e : fs::directory_iterator(kRoot / "docs"))
+    if (e.path().extension() == ".md") docs.push_back(e.path());
+  int paths = 0;
+  for (const fs::path& doc : docs) {
+    const std::string text = read(doc);
+    for (size_t open = text.find('`'); open != std::string::npos; open = text.find('`', open + 1)) {
+      const size_t close = text.find('`', open + 1);
+      if (close == std::string::npos) break;
+      std::string p = text.substr(open + 1, close - open - 1);
+      open = close;
+      bool known = false;
+      for (const char* top : {"src/", "include/", "kernels/", "tests/", "tools/", "models/", "docs/", ".ci/"})
+        known = known || starts_with(p, top);
+      if (!known || p.find_first_of(" *<>{}$") != std::string::npos) continue;           // commands, patterns
+      if (const size_t colon = p.find(':'); colon != std::string::npos) p.erase(colon);  // file:line
+      ++paths;
+      EXPECT_TRUE(fs::exists(kRoot / p)) << doc.filename().string() << " names " << p << ", which does not exist";
+    }
+  }
+  EXPECT_GT(paths, 50) << "the docs' paths were not read";
 }
 
 }  // namespace
