@@ -37,7 +37,7 @@ void launch(const char* name, const char* file, int line, void (*kernel)(KernelA
 #if defined(REMAT_EMULATE)
   ::remat::emu::launch(name, file, line, kernel, grid, block, smem, std::forward<Args>(args)...);
 #else
-  kernel<<<grid, block, smem, stream> > >(std::forward<Args>(args)...);
+  kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
 #endif
   check_launch(name, grid, block, smem, stream, file, line);
 }
