@@ -18,6 +18,9 @@
 #include "remat/train.h"
 #include "support/golden.h"
 #include "support/models.h"
+#if defined(REMAT_TEST_EMU)
+#include "backends/cuda/cuda_backend.h"
+#endif
 
 using remat::Batch;
 using remat::Device;
@@ -204,3 +207,30 @@ TEST(DeviceExec, MeasuredPeakEqualsThePrediction) {
     EXPECT_LT(measured.peak_bytes, plain_peak) << plan.policy;
   }
 }
+
+#if defined(REMAT_TEST_EMU)
+// cuBLAS's math mode: the default mode while TF32 is off, pedantic only when asked for,
+// TF32 winning over pedantic.
+TEST(DeviceExec, CublasMathMode) {
+  auto& be = dynamic_cast<remat::CudaBackend&>(remat::backend_for(dut()));
+  const bool tf32 = be.tf32(), pedantic = be.pedantic_math();
+  auto mode = [&] {
+    cublasMath_t m{};
+    EXPECT_EQ(cublasGetMathMode(be.cublas(), &m), CUBLAS_STATUS_SUCCESS);
+    return m;
+  };
+  be.set_pedantic_math(false);
+  be.set_tf32(false);
+  EXPECT_EQ(mode(), CUBLAS_DEFAULT_MATH);
+  be.set_pedantic_math(true);
+  EXPECT_EQ(mode(), CUBLAS_PEDANTIC_MATH);
+  be.set_tf32(true);
+  EXPECT_EQ(mode(), CUBLAS_TF32_TENSOR_OP_MATH);
+  be.set_tf32(false);
+  EXPECT_EQ(mode(), CUBLAS_PEDANTIC_MATH);
+  be.set_pedantic_math(false);
+  EXPECT_EQ(mode(), CUBLAS_DEFAULT_MATH);
+  be.set_pedantic_math(pedantic);
+  be.set_tf32(tf32);
+}
+#endif
