@@ -859,7 +859,18 @@ cudaError_t cudaFreeHost(void* ptr) {
   return cudaSuccess;
 }
 
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+namespace remat::emu {
+namespace {
+std::atomic<uint64_t> g_default_stream_uses{0};
+}
+void note_stream(cudaStream_t stream) {
+  if (!stream) g_default_stream_uses.fetch_add(1, std::memory_order_relaxed);
+}
+uint64_t default_stream_uses() { return g_default_stream_uses.load(std::memory_order_relaxed); }
+}  // namespace remat::emu
+
+namespace {
+cudaError_t memcpy_on(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return cudaErrorInvalidMemcpyDirection;
   if (bytes == 0) return cudaSuccess;
   if (!dst || !src) return cudaErrorInvalidValue;
@@ -867,18 +878,33 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   return cudaSuccess;
 }
 
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
-  return cudaMemcpy(dst, src, bytes, kind);
-}
-
-cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+cudaError_t memset_on(void* dst, int value, size_t bytes) {
   if (bytes == 0) return cudaSuccess;
   if (!dst) return cudaErrorInvalidValue;
   std::memset(dst, value, bytes);
   return cudaSuccess;
 }
+}  // namespace
 
-cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) { return cudaMemset(dst, value, bytes); }
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  remat::emu::note_stream(nullptr);
+  return memcpy_on(dst, src, bytes, kind);
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+  remat::emu::note_stream(stream);
+  return memcpy_on(dst, src, bytes, kind);
+}
+
+cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+  remat::emu::note_stream(nullptr);
+  return memset_on(dst, value, bytes);
+}
+
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
+  remat::emu::note_stream(stream);
+  return memset_on(dst, value, bytes);
+}
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   const size_t total = static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<size_t>(sysconf(_SC_PAGESIZE));

@@ -59,7 +59,10 @@ void gemm_strided(cublasHandle_t h, bool ta, bool tb, int64_t m, int64_t n, int6
 CudaBackend::CudaBackend(Device device) : device_(device) {
   REMAT_CHECK(device.is_cuda() || device.is_cuda_emu(), "CudaBackend on ", device.str());
   activate();
-  REMAT_CUDA_CHECK(cudaStreamCreate(&stream_));  // blocking: ordered with cudaMemcpy on the default stream
+  // Every op, copy and fill runs on this stream (cuda_memory.cpp too). It stays a blocking
+  // stream (ordered with the legacy default stream) only as a safety net for code outside
+  // remat that uses the default stream; nothing of remat's relies on it.
+  REMAT_CUDA_CHECK(cudaStreamCreate(&stream_));
   REMAT_CUBLAS_CHECK(cublasCreate(&cublas_));
   REMAT_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
   pedantic_ = env_flag("REMAT_CUBLAS_PEDANTIC");
