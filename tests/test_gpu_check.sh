@@ -51,6 +51,7 @@ expect_in "$tmp/w1/summary.txt" '^  gpt_char_tiny +selective ' "the GPT runs"
 expect_in "$tmp/w1/summary.txt" '^  resnet_tiny +sqrt ' "the ResNet runs"
 expect_in "$tmp/w1/summary.txt" 'PyTorch eager gpt_char_tiny' "the PyTorch step"
 expect_in "$tmp/w1/logs/racecheck.log" 'compute-sanitizer --tool racecheck' "the sanitizer stand-in"
+expect_in "$tmp/w1/logs/racecheck.log" '^\[  PASSED  \] [1-9]' "tests under the sanitizer stand-in"
 budget_sum=$(awk -F'\t' '{ s += $2 } END { print s }' "$tmp/w1/plan.tsv")
 ((budget_sum <= 465)) || fail "the stage budgets sum to $budget_sum s > 465 s"
 ((failures == 0)) || sed 's/^/    | /' "$tmp/1.log" | tail -n 60

@@ -62,7 +62,7 @@
 #   GPU_CHECK_TORCH_MODEL the model PyTorch times [gpt2_124m / gpt_char_tiny]
 #   GPU_CHECK_TORCH_STEPS steps PyTorch times [20 / 2]
 #   GPU_CHECK_TF32       1: TF32 GEMMs in remat (REMAT_TF32) and PyTorch; 0: fp32 [1]
-#   GPU_CHECK_SANITIZER_BINARIES test binaries under the sanitizers [the test_*gpu* targets / emulator ones]
+#   GPU_CHECK_SANITIZER_BINARIES test binaries under the sanitizers [the test_*gpu* targets / test_backend_ops_race]
 #   GPU_CHECK_SANITIZER_FILTER  their --gtest_filter [*-*OutOfMemory* / two small cases]
 #   GPU_CHECK_PYTHON     the Python with PyTorch [python3]
 #   GPU_CHECK_NVIDIA_SMI the nvidia-smi command [nvidia-smi / none]
@@ -94,8 +94,8 @@ steps=${GPU_CHECK_STEPS:-$(dry 2 30)}
 torch_model=${GPU_CHECK_TORCH_MODEL:-$(dry gpt_char_tiny gpt2_124m)}
 torch_steps=${GPU_CHECK_TORCH_STEPS:-$(dry 2 20)}
 tf32=${GPU_CHECK_TF32:-1}
-sanitizer_filter=${GPU_CHECK_SANITIZER_FILTER:-$(dry "BackendOps/*conv2d*:BackendOps/*softmax*" "*-*OutOfMemory*")}
-sanitizer_binaries=${GPU_CHECK_SANITIZER_BINARIES:-$(dry "test_backend_ops" "")}
+sanitizer_filter=${GPU_CHECK_SANITIZER_FILTER:-$(dry "*BackendOps.MatchesCpu/conv2d*:*BackendOps.MatchesCpu/softmax*" "*-*OutOfMemory*")}
+sanitizer_binaries=${GPU_CHECK_SANITIZER_BINARIES:-$(dry "test_backend_ops_race" "")}
 python=${GPU_CHECK_PYTHON:-python3}
 nvidia_smi=${GPU_CHECK_NVIDIA_SMI:-$(dry none nvidia-smi)}
 jobs=$(nproc 2>/dev/null || echo 4)
@@ -223,7 +223,7 @@ deps_compatible() {
     echo "libstdc++ is older than the packages need: gather them on an older Debian (tools/gpu_deps.sh)"
     rc=1
   fi
-  return $rc
+  return "$rc"
 }
 
 env_report() {
@@ -290,7 +290,7 @@ preflight() {
   else
     echo "none: the system's packages"
   fi
-  return $rc
+  return "$rc"
 }
 
 configure() {
@@ -352,7 +352,9 @@ device_check() {
 # skips when it sees no device), and so does an empty selection.
 ctest_run() {
   local log=$work/logs/ctest_output.txt rc passed skipped
-  ctest --test-dir "$build" "${ctest_args[@]}" --no-tests=error -j "$jobs" --timeout 90 --output-on-failure 2>&1 | tee "$log"
+  # At most 8 at once: on one GPU each test process makes its own CUDA context.
+  ctest --test-dir "$build" "${ctest_args[@]}" --no-tests=error -j "$((jobs < 8 ? jobs : 8))" --timeout 90 \
+    --output-on-failure 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   passed=$(grep -cE 'Test +#[0-9]+: .* Passed' "$log")
   skipped=$(grep -cE 'Test +#[0-9]+: .*Skipped' "$log")
@@ -397,7 +399,7 @@ train_run() {  # train_run MODEL POLICY
   "$build/remat" train "$cfg" --device "$train_device" --policy "$2" --steps "$steps" --out "$run" "${train_args[@]}"
   local rc=$?
   rm -rf "$run/init.safetensors" "$run/checkpoint"  # weights: large and not looked at
-  return $rc
+  return "$rc"
 }
 
 # The dry run's compute-sanitizer: its options skipped, the program run (with the
@@ -430,11 +432,18 @@ sanitize() {  # sanitize TOOL: every GPU test binary under compute-sanitizer
   [[ $tool == racecheck ]] && extra+=(--racecheck-report analysis)
   # API errors are remat's own checks' business (the out-of-memory test provokes one).
   local cs=(compute-sanitizer --tool "$tool" --error-exitcode 99 --report-api-errors no --print-limit 20 "${extra[@]}")
+  local out=$work/logs/sanitize_$tool.txt
   for t in $(sanitizer_targets); do
     echo "== $t --gtest_filter=$sanitizer_filter"
-    "${cs[@]}" "$build/tests/$t" --gtest_filter="$sanitizer_filter" --gtest_brief=1 || rc=$?
+    "${cs[@]}" "$build/tests/$t" --gtest_filter="$sanitizer_filter" --gtest_brief=1 2>&1 | tee "$out"
+    local status=${PIPESTATUS[0]}
+    ((status == 0)) || rc=$status
+    if ! grep -Eq '^\[  PASSED  \] [1-9]' "$out"; then
+      echo "gpu_check: no test of $t passed under the filter: nothing was checked"
+      ((rc == 0)) && rc=1
+    fi
   done
-  return $rc
+  return "$rc"
 }
 
 # A stage's command, in a process of its own (see stage).
