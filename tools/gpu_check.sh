@@ -24,7 +24,7 @@
 #   train_gpt2_124m_{none,sqrt,selective}  25 each: 30 steps (step time, peak memory), TF32 GEMMs
 #   torch     30  the same GPT-2 step in PyTorch eager on the same GPU (tools/torch_reference.py)
 #   train_resnet_tiny_{none,sqrt,selective}  10 each
-#   memcheck  25  the GPU test binaries under compute-sanitizer --tool memcheck
+#   memcheck  25  the op cases (test_backend_ops_gpu) under compute-sanitizer --tool memcheck
 #   racecheck 15  the same under --tool racecheck
 # then the summary (tools/gpu_check_summary.py): rewritten after every stage, and printed
 # on exit whatever happened (an EXIT trap; INT and TERM stop the running stage first), so
@@ -62,8 +62,9 @@
 #   GPU_CHECK_TORCH_MODEL the model PyTorch times [gpt2_124m / gpt_char_tiny]
 #   GPU_CHECK_TORCH_STEPS steps PyTorch times [20 / 2]
 #   GPU_CHECK_TF32       1: TF32 GEMMs in remat (REMAT_TF32) and PyTorch; 0: fp32 [1]
-#   GPU_CHECK_SANITIZER_BINARIES test binaries under the sanitizers [the test_*gpu* targets / test_backend_ops_race]
-#   GPU_CHECK_SANITIZER_FILTER  their --gtest_filter [*-*OutOfMemory* / two small cases]
+#   GPU_CHECK_SANITIZER_BINARIES test binaries under the sanitizers [test_backend_ops_gpu / test_backend_ops_race]
+#                        (empty: every test_*gpu* target)
+#   GPU_CHECK_SANITIZER_FILTER  their --gtest_filter [Ops/BackendOps.MatchesCpu/* / the conv2d and softmax cases]
 #   GPU_CHECK_PYTHON     the Python with PyTorch [python3]
 #   GPU_CHECK_NVIDIA_SMI the nvidia-smi command [nvidia-smi / none]
 set -uo pipefail
@@ -94,8 +95,10 @@ steps=${GPU_CHECK_STEPS:-$(dry 2 30)}
 torch_model=${GPU_CHECK_TORCH_MODEL:-$(dry gpt_char_tiny gpt2_124m)}
 torch_steps=${GPU_CHECK_TORCH_STEPS:-$(dry 2 20)}
 tf32=${GPU_CHECK_TF32:-1}
-sanitizer_filter=${GPU_CHECK_SANITIZER_FILTER:-$(dry "*BackendOps.MatchesCpu/conv2d*:*BackendOps.MatchesCpu/softmax*" "*-*OutOfMemory*")}
-sanitizer_binaries=${GPU_CHECK_SANITIZER_BINARIES:-$(dry "test_backend_ops_race" "")}
+# Under the sanitizers: the op cases (small shapes, every kernel; the training tests would
+# not fit the stages' budgets under memcheck).
+sanitizer_filter=${GPU_CHECK_SANITIZER_FILTER:-$(dry "*BackendOps.MatchesCpu/conv2d*:*BackendOps.MatchesCpu/softmax*" "Ops/BackendOps.MatchesCpu/*")}
+sanitizer_binaries=${GPU_CHECK_SANITIZER_BINARIES-$(dry "test_backend_ops_race" "test_backend_ops_gpu")}
 python=${GPU_CHECK_PYTHON:-python3}
 nvidia_smi=${GPU_CHECK_NVIDIA_SMI:-$(dry none nvidia-smi)}
 jobs=$(nproc 2>/dev/null || echo 4)
