@@ -12,7 +12,9 @@
 # 3. A ctest selection whose tests all skip (the gpu label on a machine without a GPU)
 #    fails the ctest stage instead of passing.
 # 4. A budget too small for the plan: the stages past it are cut, the summary says so.
-# 5. The version checks alone: driver 13.0 vs toolkit 13.0 ok, 12.8 vs 13.0 fails,
+# 5. Stopped by SIGTERM mid-stage: that stage is "interrupted", the later ones "not
+#    reached", the summary printed.
+# 6. The version checks alone: driver 13.0 vs toolkit 13.0 ok, 12.8 vs 13.0 fails,
 #    13.0 vs 13.1 warns and passes; carried packages needing a newer GLIBCXX fail.
 set -uo pipefail
 build=$(realpath "$1")
@@ -98,8 +100,25 @@ rc=$?
 expect_in "$tmp/w4/summary.txt" '^  (bench|memcheck) +cut ' "a cut stage"
 expect_in "$tmp/4.log" '^== stages' "the summary printed"
 
-# 5. the version checks alone
-echo "== 5. versions"
+# 5. stopped by a signal in the middle of a stage: that stage is interrupted, the later
+#    ones not reached, and the summary is printed all the same
+echo "== 5. signal"
+GPU_CHECK_WORK=$tmp/w6 GPU_CHECK_STAGES=env,train_resnet,memcheck bash "$script" --dry-run >"$tmp/6.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 300); do
+  [[ -f $tmp/w6/logs/train_resnet_tiny_none.log ]] && break
+  sleep 0.1
+done
+kill -TERM "$pid"
+wait "$pid"
+rc=$?
+((rc != 0)) || fail "a stopped run exited 0"
+expect_in "$tmp/w6/summary.txt" '^  train_resnet_tiny_none +interrupted ' "the interrupted stage"
+expect_in "$tmp/w6/summary.txt" '^  memcheck +not reached ' "a stage not reached"
+expect_in "$tmp/6.log" '^== stages' "the summary printed"
+
+# 6. the version checks alone
+echo "== 6. versions"
 bash "$script" --run versions_compatible 13.0 13.0 >"$tmp/5a.log" 2>&1 || fail "13.0 vs 13.0 refused"
 if bash "$script" --run versions_compatible 12.8 13.0 >"$tmp/5b.log" 2>&1; then fail "12.8 vs 13.0 accepted"; fi
 expect_in "$tmp/5b.log" 'cudaErrorInsufficientDriver \(35\)' "the error 35 message"

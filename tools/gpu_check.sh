@@ -462,6 +462,8 @@ deadline=$((start + budget))
 slot_end=$start   # the end of the current stage's slot in the plan
 fatal=""          # set by a failed fatal stage: the stages after it are not run
 stage_pid=""
+stage_name=""
+stage_t0=0
 summarized=0
 
 budget_of() {
@@ -502,8 +504,11 @@ on_exit() {
 
 on_signal() {
   note "interrupted: stopping the running stage, then the summary"
-  [[ -n $stage_pid ]] && kill -TERM "$stage_pid" 2>/dev/null
-  wait 2>/dev/null
+  if [[ -n $stage_pid ]]; then
+    kill -TERM "$stage_pid" 2>/dev/null
+    wait 2>/dev/null
+    record "$stage_name" interrupted "$(($(date +%s) - stage_t0))" -
+  fi
   exit 1
 }
 
@@ -536,6 +541,8 @@ stage() {
   ((dry_run)) && mode=(--dry-run)
   timeout --kill-after=5 "$limit" bash "$self" "${mode[@]}" --run "$@" >"$log" 2>&1 &
   stage_pid=$!
+  stage_name=$name
+  stage_t0=$t0
   wait "$stage_pid"
   rc=$?
   stage_pid=""
