@@ -11,8 +11,8 @@
 # past the whole budget. A failed stage does not stop the others, except preflight and
 # device (no usable GPU: the rest would only skip); the script exits non-zero when any
 # stage failed, was cut or was not reached.
-#   env        8  the machine: GPU, driver, toolkit, compilers, C library, PyTorch
-#   preflight  7  fatal: the CUDA toolkit found; a GPU visible (nvidia-smi -L); the driver's
+#   env       10  the machine: GPU, driver, toolkit, compilers, C library, PyTorch
+#   preflight  5  fatal: the CUDA toolkit found; a GPU visible (nvidia-smi -L); the driver's
 #                 CUDA version not older than the toolkit's (else cudaErrorInsufficientDriver,
 #                 35); the carried packages' GLIBC/GLIBCXX needs met by this machine
 #   configure 30  the `gpu` preset (native architecture) with REMAT_DEPS_PREFIX at the
@@ -140,8 +140,8 @@ plan=()
 add_plan() { plan+=("$1:$2"); }
 model_name() { basename "$1" .json; }
 train_budget() { [[ $(model_name "$1") == resnet* ]] && echo 10 || echo 25; }
-add_plan env 8
-add_plan preflight 7
+add_plan env 10
+add_plan preflight 5
 add_plan configure 30
 add_plan build 150
 add_plan device 5
