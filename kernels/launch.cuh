@@ -35,6 +35,7 @@ void launch(const char* name, const char* file, int line, void (*kernel)(KernelA
             size_t smem, cudaStream_t stream, Args&&... args) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;  // nothing to do: an empty tensor
 #if defined(REMAT_EMULATE)
+  ::remat::emu::note_stream(stream);
   ::remat::emu::launch(name, file, line, kernel, grid, block, smem, std::forward<Args>(args)...);
 #else
   kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);

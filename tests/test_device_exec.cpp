@@ -18,6 +18,10 @@
 #include "remat/train.h"
 #include "support/golden.h"
 #include "support/models.h"
+#if defined(REMAT_TEST_EMU)
+#include "backends/cuda/cuda_backend.h"
+#include "kernels/emu/emu.h"
+#endif
 
 using remat::Batch;
 using remat::Device;
@@ -204,3 +208,60 @@ TEST(DeviceExec, MeasuredPeakEqualsThePrediction) {
     EXPECT_LT(measured.peak_bytes, plain_peak) << plan.policy;
   }
 }
+
+#if defined(REMAT_TEST_EMU)
+// The backend puts every op on its own stream: training steps of the tiny models (forward,
+// recomputation, backward, SGD and AdamW, norm and accuracy read back) enqueue nothing on
+// the legacy default stream (the emulator counts kernel launches, copies, fills and cuBLAS
+// calls there).
+TEST(DeviceExec, NothingRunsOnTheDefaultStream) {
+  namespace emu = remat::emu;
+  const uint64_t before = emu::default_stream_uses();
+  cudaMemsetAsync(nullptr, 0, 0);  // the counter can fail: one use of the default stream
+  ASSERT_EQ(emu::default_stream_uses(), before + 1);
+  remat::Backend& be = remat::backend_for(dut());
+  const uint64_t start = emu::default_stream_uses();
+  for (const char* tiny : {"gpt_char_tiny.json", "fashion_cnn_tiny.json", "conv_mix_tiny.json"}) {
+    const std::string path = std::string(REMAT_SOURCE_DIR) + "/tests/configs/" + tiny;
+    remat::Config c = remat::load_config(path);
+    const remat::Graph g = remat::build_graph(c.model, 2, path, {{"vocab", 24}});
+    run(g, dut(), "sqrt");
+    remat::ParamStore params(g, dut(), 5);
+    std::vector<Tensor> grads;
+    for (size_t p = 0; p < params.values.size(); ++p) {
+      if (!params.grads[p].defined()) continue;
+      Tensor m = Tensor::zeros(params.values[p].shape(), dut()), v = Tensor::zeros(params.values[p].shape(), dut());
+      params.grads[p].fill_(0.5f);
+      be.adamw_step(params.values[p], params.grads[p], m, v, remat::AdamWParams{}, 1);
+      grads.push_back(params.grads[p]);
+    }
+    EXPECT_GT(be.global_norm(grads), 0.0) << tiny;
+    EXPECT_EQ(emu::default_stream_uses(), start) << tiny << ": work on the legacy default stream";
+  }
+}
+
+// cuBLAS's math mode: the default mode while TF32 is off, pedantic only when asked for,
+// TF32 winning over pedantic.
+TEST(DeviceExec, CublasMathMode) {
+  auto& be = dynamic_cast<remat::CudaBackend&>(remat::backend_for(dut()));
+  const bool tf32 = be.tf32(), pedantic = be.pedantic_math();
+  auto mode = [&] {
+    cublasMath_t m{};
+    EXPECT_EQ(cublasGetMathMode(be.cublas(), &m), CUBLAS_STATUS_SUCCESS);
+    return m;
+  };
+  be.set_pedantic_math(false);
+  be.set_tf32(false);
+  EXPECT_EQ(mode(), CUBLAS_DEFAULT_MATH);
+  be.set_pedantic_math(true);
+  EXPECT_EQ(mode(), CUBLAS_PEDANTIC_MATH);
+  be.set_tf32(true);
+  EXPECT_EQ(mode(), CUBLAS_TF32_TENSOR_OP_MATH);
+  be.set_tf32(false);
+  EXPECT_EQ(mode(), CUBLAS_PEDANTIC_MATH);
+  be.set_pedantic_math(false);
+  EXPECT_EQ(mode(), CUBLAS_DEFAULT_MATH);
+  be.set_pedantic_math(pedantic);
+  be.set_tf32(tf32);
+}
+#endif

@@ -23,14 +23,27 @@ WARMUP_STEPS = 5
 
 
 def read_stages(work):
-    rows = []
+    """The stages in the plan's order (plan.tsv: name, budget), each with its result from
+    stages.tsv; a planned stage without one is "not reached" (the run was stopped first)."""
+    done = {}
     path = os.path.join(work, "stages.tsv")
     if os.path.exists(path):
         with open(path) as f:
             for line in f:
                 parts = line.rstrip("\n").split("\t")
                 if len(parts) == 4:
-                    rows.append({"stage": parts[0], "status": parts[1], "seconds": int(parts[2]), "rc": parts[3]})
+                    done[parts[0]] = {"stage": parts[0], "status": parts[1], "seconds": int(parts[2]), "rc": parts[3]}
+    rows = []
+    path = os.path.join(work, "plan.tsv")
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                parts = line.rstrip("\n").split("\t")
+                if len(parts) == 2:
+                    row = done.pop(parts[0], {"stage": parts[0], "status": "not reached", "seconds": 0, "rc": "-"})
+                    row["budget"] = int(parts[1])
+                    rows.append(row)
+    rows.extend(done.values())  # recorded but not planned (an older work folder)
     return rows
 
 
@@ -93,9 +106,9 @@ def main(argv):
     a = ap.parse_args(argv)
     out = {"tf32": a.tf32 == "1", "stages": read_stages(a.work)}
 
-    print("== stages")
+    print("== stages (status, seconds used / budget)")
     for s in out["stages"]:
-        print(f"  {s['stage']:<34} {s['status']:<8} {s['seconds']:>4} s")
+        print(f"  {s['stage']:<34} {s['status']:<11} {s['seconds']:>4} s / {s.get('budget', '-'):>3}")
 
     ct = ctest_counts(a.work)
     out["ctest_gpu"] = ct

@@ -1,6 +1,7 @@
 // The emulator's cuBLAS (kernels/emu/include/cublas_v2.h): OpenBLAS's column-major sgemm.
 #include <cblas.h>
 
+#include "kernels/emu/emu.h"
 #include "kernels/emu/include/cublas_v2.h"
 
 struct remat_emu_cublas_context {
@@ -94,6 +95,7 @@ cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cubl
   const cublasStatus_t st = check_gemm(handle, transa, transb, m, n, k, lda, ldb, ldc);
   if (st != CUBLAS_STATUS_SUCCESS) return st;
   if (!alpha || !beta) return CUBLAS_STATUS_INVALID_VALUE;
+  remat::emu::note_stream(handle->stream);
   gemm(transa, transb, m, n, k, *alpha, A, lda, B, ldb, *beta, C, ldc);
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -105,6 +107,7 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
   const cublasStatus_t st = check_gemm(handle, transa, transb, m, n, k, lda, ldb, ldc);
   if (st != CUBLAS_STATUS_SUCCESS) return st;
   if (!alpha || !beta || batchCount < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  remat::emu::note_stream(handle->stream);
   for (int b = 0; b < batchCount; ++b)
     gemm(transa, transb, m, n, k, *alpha, A + b * strideA, lda, B + b * strideB, ldb, *beta, C + b * strideC, ldc);
   return CUBLAS_STATUS_SUCCESS;

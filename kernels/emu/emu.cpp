@@ -632,6 +632,38 @@ cudaError_t validate(const LaunchSpec& s) {
   return cudaSuccess;
 }
 
+// Static + dynamic shared memory against the GPU's limits, with the static size known only
+// under race checking (the instrumented code's accesses name the __shared__ variables): at
+// most 48 KiB static (ptxas refuses more), and static + dynamic at most 48 KiB, or 227 KiB
+// once the kernel opted in with cudaFuncAttributeMaxDynamicSharedMemorySize (a GPU refuses
+// the launch). Checked after the blocks ran: thrown as an error naming the variables.
+void check_static_shared(const LaunchSpec& s) {
+  std::string variables;
+  const size_t static_bytes = race_static_shared_bytes(&variables);
+  if (static_bytes == 0) return;
+  bool opted_in = false;
+  {
+    std::lock_guard<std::mutex> lock(g_attr_mutex);
+    opted_in = g_max_dynamic_smem.count(s.kernel) > 0;
+  }
+  const size_t limit = opted_in ? kMaxSharedPerBlockOptin : kDefaultSharedPerBlock;
+  std::string why;
+  if (static_bytes > kDefaultSharedPerBlock) {
+    why = ::remat::detail::str_cat("static __shared__ memory of ", static_bytes, " bytes exceeds 48 KiB (",
+                                   kDefaultSharedPerBlock, " bytes: ptxas refuses the kernel)");
+  } else if (static_bytes + s.smem > limit) {
+    why = ::remat::detail::str_cat("static __shared__ memory of ", static_bytes, " bytes + ", s.smem,
+                                   " bytes of dynamic shared memory exceed the ", limit, " bytes a block may use",
+                                   opted_in ? "" : " without cudaFuncAttributeMaxDynamicSharedMemorySize",
+                                   " (a GPU refuses the launch)");
+  }
+  if (why.empty()) return;
+  ::remat::detail::throw_error(s.file, s.line,
+                               ::remat::detail::str_cat("kernel ", s.name, " <<<(", s.grid.x, ",", s.grid.y, ",",
+                                                        s.grid.z, "), (", s.block.x, ",", s.block.y, ",", s.block.z,
+                                                        "), ", s.smem, ">>>: ", why, "; variables: ", variables));
+}
+
 struct LaunchGuard {
   ~LaunchGuard() {
     t_in_launch = false;
@@ -709,6 +741,7 @@ void run_kernel(const LaunchSpec& spec) {
       for (unsigned x = 0; x < spec.grid.x; ++x) run_block(L, uint3{x, y, z});
     }
   }
+  if (g_racecheck) check_static_shared(spec);
 }
 
 int block_barrier(BarrierOp op, int predicate, const char* file, int line) {
@@ -859,7 +892,18 @@ cudaError_t cudaFreeHost(void* ptr) {
   return cudaSuccess;
 }
 
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+namespace remat::emu {
+namespace {
+std::atomic<uint64_t> g_default_stream_uses{0};
+}
+void note_stream(cudaStream_t stream) {
+  if (!stream) g_default_stream_uses.fetch_add(1, std::memory_order_relaxed);
+}
+uint64_t default_stream_uses() { return g_default_stream_uses.load(std::memory_order_relaxed); }
+}  // namespace remat::emu
+
+namespace {
+cudaError_t memcpy_on(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return cudaErrorInvalidMemcpyDirection;
   if (bytes == 0) return cudaSuccess;
   if (!dst || !src) return cudaErrorInvalidValue;
@@ -867,18 +911,33 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
   return cudaSuccess;
 }
 
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
-  return cudaMemcpy(dst, src, bytes, kind);
-}
-
-cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+cudaError_t memset_on(void* dst, int value, size_t bytes) {
   if (bytes == 0) return cudaSuccess;
   if (!dst) return cudaErrorInvalidValue;
   std::memset(dst, value, bytes);
   return cudaSuccess;
 }
+}  // namespace
 
-cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) { return cudaMemset(dst, value, bytes); }
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  remat::emu::note_stream(nullptr);
+  return memcpy_on(dst, src, bytes, kind);
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+  remat::emu::note_stream(stream);
+  return memcpy_on(dst, src, bytes, kind);
+}
+
+cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+  remat::emu::note_stream(nullptr);
+  return memset_on(dst, value, bytes);
+}
+
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
+  remat::emu::note_stream(stream);
+  return memset_on(dst, value, bytes);
+}
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   const size_t total = static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<size_t>(sysconf(_SC_PAGESIZE));

@@ -631,7 +631,14 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 
 namespace remat::emu {
 cudaError_t func_set_attribute(const void* kernel, cudaFuncAttribute attr, int value);
-}
+// Work enqueued on the legacy default stream: kernel launches (REMAT_LAUNCH) and
+// cudaMemcpy*/cudaMemset* with stream nullptr, and cudaMemcpy/cudaMemset themselves.
+// Counted process-wide, so that tests can check that the CUDA backend puts all its work on
+// its own stream (on a GPU, work on the default stream is ordered with the backend's only
+// while that stream is a blocking one).
+void note_stream(cudaStream_t stream);
+uint64_t default_stream_uses();
+}  // namespace remat::emu
 template <typename... Args>
 inline cudaError_t cudaFuncSetAttribute(void (*kernel)(Args...), cudaFuncAttribute attr, int value) {
   return ::remat::emu::func_set_attribute(reinterpret_cast<const void*>(kernel), attr, value);

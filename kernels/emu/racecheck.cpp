@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <vector>
 
 #include "remat/error.h"
@@ -36,13 +37,22 @@ struct Region {
   std::vector<Shadow> shadow;
 };
 
-// The thread-local variable of `module` (an ELF file) that holds byte `offset` of its TLS
-// block, as "name + k", from the symbol table; "" when unknown (e.g. a stripped binary).
-std::string tls_symbol(const std::string& module, size_t offset) {
+struct TlsSymbol {
+  size_t value = 0, size = 0;  // offset in the module's TLS block, bytes
+  std::string name;            // demangled
+};
+
+// The thread-local variables of `module` (an ELF file), from its symbol table, by offset;
+// empty when unknown (e.g. a stripped binary). Read once per module.
+const std::vector<TlsSymbol>& tls_symbols(const std::string& module) {
+  static std::map<std::string, std::vector<TlsSymbol>> cache;
+  auto [it, inserted] = cache.try_emplace(module);
+  if (!inserted) return it->second;
+  std::vector<TlsSymbol>& out = it->second;
   std::ifstream f(module, std::ios::binary);
   const std::vector<char> elf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   if (elf.size() < sizeof(Elf64_Ehdr) || std::memcmp(elf.data(), ELFMAG, SELFMAG) != 0 || elf[EI_CLASS] != ELFCLASS64) {
-    return "";
+    return out;
   }
   Elf64_Ehdr eh;
   std::memcpy(&eh, elf.data(), sizeof eh);
@@ -59,19 +69,29 @@ std::string tls_symbol(const std::string& module, size_t offset) {
     for (size_t k = 0; k < symtab.sh_size / sizeof(Elf64_Sym); ++k) {
       Elf64_Sym sym;
       std::memcpy(&sym, elf.data() + symtab.sh_offset + k * sizeof sym, sizeof sym);
-      if (ELF64_ST_TYPE(sym.st_info) != STT_TLS || offset < sym.st_value || offset >= sym.st_value + sym.st_size ||
-          strtab.sh_offset + sym.st_name >= elf.size()) {
-        continue;
-      }
+      if (ELF64_ST_TYPE(sym.st_info) != STT_TLS || strtab.sh_offset + sym.st_name >= elf.size()) continue;
       const char* mangled = elf.data() + strtab.sh_offset + sym.st_name;
       int status = 0;
       char* demangled = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
-      std::string name = status == 0 && demangled ? demangled : mangled;
+      out.push_back({sym.st_value, sym.st_size, status == 0 && demangled ? demangled : mangled});
       std::free(demangled);
-      return ::remat::detail::str_cat(name, " + ", offset - sym.st_value);
     }
   }
-  return "";
+  std::sort(out.begin(), out.end(), [](const TlsSymbol& a, const TlsSymbol& b) { return a.value < b.value; });
+  return out;
+}
+
+// The symbol of `module` that holds byte `offset` of its TLS block; nullptr when unknown.
+const TlsSymbol* tls_symbol_at(const std::string& module, size_t offset) {
+  for (const TlsSymbol& s : tls_symbols(module))
+    if (offset >= s.value && offset < s.value + s.size) return &s;
+  return nullptr;
+}
+
+// The thread-local variable that holds byte `offset`, as "name + k"; "" when unknown.
+std::string tls_symbol(const std::string& module, size_t offset) {
+  const TlsSymbol* s = tls_symbol_at(module, offset);
+  return s ? ::remat::detail::str_cat(s->name, " + ", offset - s->value) : "";
 }
 
 bool g_active = false;
@@ -168,6 +188,28 @@ void race_end_launch() {
 }
 
 bool race_pending() { return g_found; }
+
+size_t race_static_shared_bytes(std::string* variables) {
+  size_t total = 0;
+  for (size_t o = 0; o < g_static.bytes;) {
+    const Shadow& sh = g_static.shadow[o];
+    if (!sh.write.interval && !sh.read1.interval && !sh.read2.interval) {
+      ++o;
+      continue;
+    }
+    const TlsSymbol* sym = tls_symbol_at(g_static_module, o);
+    if (!sym) {  // no symbol table: the bytes touched, at least
+      ++total;
+      ++o;
+      continue;
+    }
+    total += sym->size;
+    if (variables)
+      *variables += ::remat::detail::str_cat(variables->empty() ? "" : ", ", sym->name, " (", sym->size, ")");
+    o = sym->value + sym->size;
+  }
+  return total;
+}
 
 std::string race_report(const std::string& where) {
   g_found = false;

@@ -37,6 +37,10 @@ void race_begin_launch(const void* dynamic_base, size_t dynamic_bytes, const voi
 void race_end_launch();
 // A race was found since the last report.
 bool race_pending();
+// The static __shared__ memory of the launch running (or just run): the whole size of every
+// thread-local variable of the module that its instrumented code touched (the bytes touched
+// where the symbol table is missing); `variables` gets their names and sizes.
+size_t race_static_shared_bytes(std::string* variables);
 // The report of the first race found (prefixed by `where`); clears it.
 std::string race_report(const std::string& where);
 

@@ -68,7 +68,28 @@ __global__ void shared_atomics_kernel(const float* in, float* out) {
   if (t == 0) out[blockIdx.x] = total;
 }
 
+// kFloats floats of static shared memory (40 or 50 KiB), for the shared-memory limits.
+template <int kFloats>
+__global__ void big_static_shared_kernel(float* out) {
+  __shared__ float big[kFloats];
+  const int t = static_cast<int>(threadIdx.x);
+  big[t] = static_cast<float>(t);
+  __syncthreads();
+  if (t == 0) out[0] = big[kThreads - 1];
+}
+
 }  // namespace
+
+void big_static_shared(int static_kib, size_t dynamic_bytes, float* out) {
+  if (static_kib == 40)
+    REMAT_LAUNCH(big_static_shared_kernel<40 * 256>, dim3(1), dim3(kThreads), dynamic_bytes, nullptr, out);
+  else
+    REMAT_LAUNCH(big_static_shared_kernel<50 * 256>, dim3(1), dim3(kThreads), dynamic_bytes, nullptr, out);
+}
+
+cudaError_t allow_big_static_dynamic(int bytes) {
+  return cudaFuncSetAttribute(big_static_shared_kernel<40 * 256>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
 
 void race_reduction(RaceCase which, const float* in, float* out, int blocks) {
   const dim3 grid(static_cast<unsigned>(blocks)), block(kThreads);

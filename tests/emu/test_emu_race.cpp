@@ -113,3 +113,37 @@ TEST_F(EmuRace, SharedAtomicsAreNotRaces) {
 }
 
 }  // namespace
+
+// Static + dynamic shared memory against the GPU's limits (known under race checking, where
+// the instrumented accesses name the __shared__ variables).
+TEST(EmuSharedLimits, StaticPlusDynamicSharedOverTheLimitIsCaught) {
+  float* out = nullptr;
+  ASSERT_EQ(cudaMalloc(&out, sizeof(float)), cudaSuccess);
+  auto error = [&](int static_kib, size_t dynamic_bytes) -> std::string {
+    try {
+      emu_test::big_static_shared(static_kib, dynamic_bytes, out);
+    } catch (const remat::Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  remat::emu::set_racecheck(true);
+  EXPECT_EQ(error(40, 8 * 1024), "") << "40 + 8 KiB fit in 48 KiB";
+  std::string msg = error(40, 16 * 1024);
+  EXPECT_NE(msg.find("static __shared__ memory of 40960 bytes + 16384 bytes of dynamic shared memory exceed the 49152"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("big_static_shared_kernel"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("big (40960)"), std::string::npos) << "names the variable: " << msg;
+  msg = error(50, 0);
+  EXPECT_NE(msg.find("static __shared__ memory of 51200 bytes exceeds 48 KiB"), std::string::npos) << msg;
+  // After opting in, static + dynamic may reach 227 KiB.
+  ASSERT_EQ(emu_test::allow_big_static_dynamic(64 * 1024), cudaSuccess);
+  EXPECT_EQ(error(40, 16 * 1024), "");
+  msg = error(40, 64 * 1024);
+  EXPECT_EQ(msg, "") << "40 + 64 KiB fit in 227 KiB after opting in";
+  // Without race checking the static size is not known: not checked (docs/kernels.md, limits).
+  remat::emu::set_racecheck(false);
+  EXPECT_EQ(error(50, 0), "");
+  cudaFree(out);
+}

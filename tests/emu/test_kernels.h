@@ -59,5 +59,9 @@ enum class RaceCase : int {
   kSharedAtomics,
 };
 void race_reduction(RaceCase which, const float* in, float* out, int blocks);
+// A kernel with static_kib (40 or 50) KiB of static __shared__ memory, launched with
+// dynamic_bytes of dynamic shared memory; the opt-in of the 40 KiB one.
+void big_static_shared(int static_kib, size_t dynamic_bytes, float* out);
+cudaError_t allow_big_static_dynamic(int bytes);
 
 }  // namespace emu_test

@@ -2,7 +2,8 @@
 //
 // - cudnn (the default where remat is built with cuDNN; not in the emulated build):
 //   cuDNN's deterministic direct-family algorithms (conv_cudnn.h). A shape cuDNN has no
-//   such algorithm for takes the im2col path in that direction.
+//   such algorithm for takes the im2col path in that direction; so does every shape when
+//   cuDNN cannot be used (planning failed: one warning, see conv_cudnn.h).
 // - im2col: the kernels of kernels/im2col.cu around cuBLAS GEMMs, over chunks of nb images
 //   whose column matrix col [C*R*S, L = nb*P*Q] fits in kMaxConvWorkspaceBytes (32 MiB, or
 //   one image's when that is larger). Per group g
@@ -111,8 +112,10 @@ size_t CudaBackend::conv2d_forward_workspace_impl(const Shape& x, const Shape& w
   if (g.trivial()) return 0;
   if (use_cudnn()) {
 #if defined(REMAT_WITH_CUDNN) && !defined(REMAT_EMULATE)
-    const CudnnConv::Plan& plan = CudnnConv::of(*this).plan(x, w, p, tf32());
-    if (plan.forward_ok) return plan.fwd_bytes;
+    if (CudnnConv* cudnn = CudnnConv::of(*this)) {
+      const CudnnConv::Plan& plan = cudnn->plan(x, w, p, tf32());
+      if (plan.forward_ok) return plan.fwd_bytes;
+    }
 #endif
   }
   return g.fwd_bytes();
@@ -123,8 +126,10 @@ size_t CudaBackend::conv2d_backward_workspace_impl(const Shape& x, const Shape& 
   if (g.trivial()) return 0;
   if (use_cudnn()) {
 #if defined(REMAT_WITH_CUDNN) && !defined(REMAT_EMULATE)
-    const CudnnConv::Plan& plan = CudnnConv::of(*this).plan(x, w, p, tf32());
-    if (plan.backward_ok) return plan.bwd_bytes();
+    if (CudnnConv* cudnn = CudnnConv::of(*this)) {
+      const CudnnConv::Plan& plan = cudnn->plan(x, w, p, tf32());
+      if (plan.backward_ok) return plan.bwd_bytes();
+    }
 #endif
   }
   return g.bwd_bytes();
@@ -144,11 +149,12 @@ void CudaBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, const Te
 
   if (use_cudnn()) {
 #if defined(REMAT_WITH_CUDNN) && !defined(REMAT_EMULATE)
-    CudnnConv& cudnn = CudnnConv::of(*this);
-    const CudnnConv::Plan& plan = cudnn.plan(x.shape(), w.shape(), p, tf32());
-    if (plan.forward_ok) {
-      cudnn.forward(plan, x.f32(), w.f32(), beta, yp, plan.fwd_bytes ? workspace.raw_data() : nullptr);
-      return;
+    if (CudnnConv* cudnn = CudnnConv::of(*this)) {
+      const CudnnConv::Plan& plan = cudnn->plan(x.shape(), w.shape(), p, tf32());
+      if (plan.forward_ok) {
+        cudnn->forward(plan, x.f32(), w.f32(), beta, yp, plan.fwd_bytes ? workspace.raw_data() : nullptr);
+        return;
+      }
     }
 #endif
   }
@@ -199,13 +205,14 @@ void CudaBackend::conv2d_backward_impl(const Tensor& dy, const Tensor& x, const 
 
   if (use_cudnn()) {
 #if defined(REMAT_WITH_CUDNN) && !defined(REMAT_EMULATE)
-    CudnnConv& cudnn = CudnnConv::of(*this);
-    const CudnnConv::Plan& plan = cudnn.plan(x.shape(), w.shape(), p, tf32());
-    if (plan.backward_ok) {
-      void* ws = plan.bwd_bytes() ? workspace.raw_data() : nullptr;
-      if (need_dw) cudnn.backward_filter(plan, x.f32(), dyp, dw.f32(), ws);
-      if (need_dx) cudnn.backward_data(plan, w.f32(), dyp, dx.f32(), ws);
-      return;
+    if (CudnnConv* cudnn = CudnnConv::of(*this)) {
+      const CudnnConv::Plan& plan = cudnn->plan(x.shape(), w.shape(), p, tf32());
+      if (plan.backward_ok) {
+        void* ws = plan.bwd_bytes() ? workspace.raw_data() : nullptr;
+        if (need_dw) cudnn->backward_filter(plan, x.f32(), dyp, dw.f32(), ws);
+        if (need_dx) cudnn->backward_data(plan, w.f32(), dyp, dx.f32(), ws);
+        return;
+      }
     }
 #endif
   }

@@ -3,6 +3,7 @@
 
 #if defined(REMAT_WITH_CUDNN) && !defined(REMAT_EMULATE)
 
+#include <atomic>
 #include <limits>
 #include <string>
 #include <utility>
@@ -66,15 +67,33 @@ CudnnConv::CudnnConv(cudaStream_t stream) {
   REMAT_CUDNN_CHECK(cudnnSetStream(handle_, stream));
 }
 
-CudnnConv& CudnnConv::of(const CudaBackend& backend) {
+void CudnnConv::warn_fallback(const std::string& why) {
+  static std::atomic<bool> warned{false};
+  if (!warned.exchange(true))
+    log().warn(
+        "cuDNN cannot be used ({}): convolutions take the im2col path (remat's kernels + cuBLAS) instead; "
+        "REMAT_CONV=im2col silences this",
+        why);
+  else
+    log().debug("cuDNN cannot be used ({}): im2col", why);
+}
+
+CudnnConv* CudnnConv::of(const CudaBackend& backend) {
   // One instance per (device, stream), kept to the end of the process: its handle is never
-  // destroyed, as the CUDA runtime may already be gone when static objects are.
+  // destroyed, as the CUDA runtime may already be gone when static objects are. A failure
+  // to make one is remembered (nullptr) and not retried.
   static std::mutex mutex;
   static auto* instances = new std::map<std::pair<int, cudaStream_t>, std::unique_ptr<CudnnConv>>();
   std::lock_guard<std::mutex> lock(mutex);
-  auto& slot = (*instances)[{backend.device().index, backend.stream()}];
-  if (!slot) slot.reset(new CudnnConv(backend.stream()));
-  return *slot;
+  const auto key = std::make_pair(backend.device().index, backend.stream());
+  if (auto it = instances->find(key); it != instances->end()) return it->second.get();
+  std::unique_ptr<CudnnConv> made;
+  try {
+    made.reset(new CudnnConv(backend.stream()));
+  } catch (const Error& e) {
+    warn_fallback(std::string("no cuDNN handle: ") + e.what());
+  }
+  return ((*instances)[key] = std::move(made)).get();
 }
 
 const CudnnConv::Plan& CudnnConv::plan(const Shape& x, const Shape& w, const Conv2dParams& p, bool tf32) {
@@ -84,12 +103,32 @@ const CudnnConv::Plan& CudnnConv::plan(const Shape& x, const Shape& w, const Con
   if (auto it = plans_.find(key); it != plans_.end()) return *it->second;
 
   auto plan = std::make_unique<Plan>();
-  Plan& pl = *plan;
+  try {
+    make_plan(*plan, x, w, p, tf32);
+  } catch (const Error& e) {
+    plan = std::make_unique<Plan>();  // im2col both ways; the descriptors made so far are freed
+    warn_fallback("planning conv2d x " + x.str() + " w " + w.str() + ": " + e.what());
+  }
+  const Plan& pl = *plan;
+  log().debug("conv2d x {} w {}: cuDNN forward {}, backward data {}, filter {}", x.str(), w.str(),
+              algo_str(pl.forward_ok, pl.fwd_algo, pl.fwd_bytes), algo_str(pl.backward_ok, pl.data_algo, pl.data_bytes),
+              algo_str(pl.backward_ok, pl.filter_algo, pl.filter_bytes));
+  return *(plans_[key] = std::move(plan));
+}
+
+void CudnnConv::make_plan(Plan& pl, const Shape& x, const Shape& w, const Conv2dParams& p, bool tf32) {
   const Shape y = conv2d_output_shape(x, w, p);
+  // cuDNN's legacy API indexes with 32-bit ints: every dimension and every element count.
   bool dims_ok = true;
-  for (const Shape* s : {&x, &w, &y})
+  for (const Shape* s : {&x, &w, &y}) {
     for (int d = 0; d < 4; ++d) dims_ok = dims_ok && fits_int((*s)[d]);
-  if (dims_ok) {
+    dims_ok = dims_ok && fits_int(s->numel());
+  }
+  if (!dims_ok) {
+    warn_fallback("conv2d x " + x.str() + " w " + w.str() + " has a tensor of 2^31 elements or more");
+    return;
+  }
+  {
     REMAT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&pl.x));
     REMAT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&pl.y));
     REMAT_CUDNN_CHECK(cudnnCreateFilterDescriptor(&pl.w));
@@ -110,35 +149,40 @@ const CudnnConv::Plan& CudnnConv::plan(const Shape& x, const Shape& w, const Con
     const Shape cudnn_y{on, oc, oh, ow};
     REMAT_CHECK(cudnn_y == y, "conv2d: cuDNN's output ", cudnn_y.str(), " differs from ", y.str());
 
+    // A heuristic that fails (a sub-library that does not load, a shape it does not take)
+    // leaves its direction to im2col, with the warning.
+    auto heuristic = [&](cudnnStatus_t st, const char* what) {
+      if (st == CUDNN_STATUS_SUCCESS) return true;
+      warn_fallback(std::string(what) + " heuristic for conv2d x " + x.str() + " w " + w.str() + ": " +
+                    cudnnGetErrorString(st));
+      return false;
+    };
     int returned = 0;
     cudnnConvolutionFwdAlgoPerf_t fwd[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    if (cudnnGetConvolutionForwardAlgorithm_v7(handle_, pl.x, pl.w, pl.conv, pl.y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-                                               &returned, fwd) == CUDNN_STATUS_SUCCESS)
+    if (heuristic(cudnnGetConvolutionForwardAlgorithm_v7(handle_, pl.x, pl.w, pl.conv, pl.y,
+                                                         CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, fwd),
+                  "forward"))
       pl.forward_ok = pick(fwd, returned, tf32, &pl.fwd_algo, &pl.fwd_bytes, [&](auto algo, size_t* bytes) {
         return cudnnGetConvolutionForwardWorkspaceSize(handle_, pl.x, pl.w, pl.conv, pl.y, algo, bytes);
       });
     bool data_ok = false, filter_ok = false;
     cudnnConvolutionBwdDataAlgoPerf_t data[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-    if (cudnnGetConvolutionBackwardDataAlgorithm_v7(handle_, pl.w, pl.y, pl.conv, pl.x,
-                                                    CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned,
-                                                    data) == CUDNN_STATUS_SUCCESS)
+    if (heuristic(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle_, pl.w, pl.y, pl.conv, pl.x,
+                                                              CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned, data),
+                  "backward data"))
       data_ok = pick(data, returned, tf32, &pl.data_algo, &pl.data_bytes, [&](auto algo, size_t* bytes) {
         return cudnnGetConvolutionBackwardDataWorkspaceSize(handle_, pl.w, pl.y, pl.conv, pl.x, algo, bytes);
       });
     cudnnConvolutionBwdFilterAlgoPerf_t filter[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    if (cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle_, pl.x, pl.y, pl.conv, pl.w,
-                                                      CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned,
-                                                      filter) == CUDNN_STATUS_SUCCESS)
+    if (heuristic(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                      handle_, pl.x, pl.y, pl.conv, pl.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned, filter),
+                  "backward filter"))
       filter_ok = pick(filter, returned, tf32, &pl.filter_algo, &pl.filter_bytes, [&](auto algo, size_t* bytes) {
         return cudnnGetConvolutionBackwardFilterWorkspaceSize(handle_, pl.x, pl.y, pl.conv, pl.w, algo, bytes);
       });
     pl.backward_ok = data_ok && filter_ok;
     if (!pl.backward_ok) pl.data_bytes = pl.filter_bytes = 0;
   }
-  log().debug("conv2d x {} w {}: cuDNN forward {}, backward data {}, filter {}", x.str(), w.str(),
-              algo_str(pl.forward_ok, pl.fwd_algo, pl.fwd_bytes), algo_str(pl.backward_ok, pl.data_algo, pl.data_bytes),
-              algo_str(pl.backward_ok, pl.filter_algo, pl.filter_bytes));
-  return *(plans_[key] = std::move(plan));
 }
 
 void CudnnConv::forward(const Plan& pl, const float* x, const float* w, float beta, float* y, void* workspace) {

@@ -8,6 +8,12 @@
 // so nothing is allocated and the choice depends only on the shapes and the GPU) whose
 // workspace is at most kMaxConvWorkspaceBytes. A shape with no such algorithm in a
 // direction falls back to the im2col path there (plan.forward_ok / backward_ok).
+//
+// Planning never fails: when cuDNN cannot be used for a shape (a missing or mismatched
+// cuDNN 9 sub-library, a handle that cannot be made, a tensor of 2^31 elements or more, any
+// error of a descriptor or heuristic call) the plan says im2col in both directions and the
+// first such fallback of the process is logged as one warning naming the cause (later ones
+// at debug level). Errors of the convolution calls themselves stay errors.
 #pragma once
 
 #if defined(REMAT_WITH_CUDNN) && !defined(REMAT_EMULATE)
@@ -20,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "backends/cuda/cuda_backend.h"
 
@@ -48,11 +55,15 @@ class CudnnConv {
   };
 
   // The instance of `backend` (created on first use, on the current device, which must be
-  // the backend's: call from a CudaBackend op, which entered the device).
-  static CudnnConv& of(const CudaBackend& backend);
+  // the backend's: call from a CudaBackend op, which entered the device); nullptr when no
+  // cuDNN handle can be made (warned about once: the callers take the im2col path).
+  static CudnnConv* of(const CudaBackend& backend);
 
   // The plan for a non-empty convolution (cached per shape; TF32 or FMA math).
   const Plan& plan(const Shape& x, const Shape& w, const Conv2dParams& p, bool tf32);
+
+  // Logs why cuDNN is not used: a warning the first time in the process, then debug.
+  static void warn_fallback(const std::string& why);
 
   // y = conv(x, w) + beta * y.
   void forward(const Plan& plan, const float* x, const float* w, float beta, float* y, void* workspace);
@@ -66,6 +77,8 @@ class CudnnConv {
 
  private:
   explicit CudnnConv(cudaStream_t stream);
+  // Fills `pl` (throws remat::Error on a cuDNN error; plan() turns that into im2col).
+  void make_plan(Plan& pl, const Shape& x, const Shape& w, const Conv2dParams& p, bool tf32);
 
   using Key = std::array<int64_t, 16>;
   cudnnHandle_t handle_ = nullptr;

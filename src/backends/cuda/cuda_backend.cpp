@@ -59,9 +59,13 @@ void gemm_strided(cublasHandle_t h, bool ta, bool tb, int64_t m, int64_t n, int6
 CudaBackend::CudaBackend(Device device) : device_(device) {
   REMAT_CHECK(device.is_cuda() || device.is_cuda_emu(), "CudaBackend on ", device.str());
   activate();
-  REMAT_CUDA_CHECK(cudaStreamCreate(&stream_));  // blocking: ordered with cudaMemcpy on the default stream
+  // Every op, copy and fill runs on this stream (cuda_memory.cpp too). It stays a blocking
+  // stream (ordered with the legacy default stream) only as a safety net for code outside
+  // remat that uses the default stream; nothing of remat's relies on it.
+  REMAT_CUDA_CHECK(cudaStreamCreate(&stream_));
   REMAT_CUBLAS_CHECK(cublasCreate(&cublas_));
   REMAT_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+  pedantic_ = env_flag("REMAT_CUBLAS_PEDANTIC");
   set_tf32(env_flag("REMAT_TF32"));
   REMAT_CUDA_CHECK(cudaMalloc(&scratch_, kScratchBytes));
 }
@@ -81,10 +85,20 @@ void CudaBackend::activate() const {
 }
 
 bool CudaBackend::set_tf32(bool on) {
-  // Pedantic math keeps fp32 GEMMs in fp32 even under NVIDIA_TF32_OVERRIDE.
-  REMAT_CUBLAS_CHECK(cublasSetMathMode(cublas_, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
   tf32_ = on;
+  apply_math_mode();
   return true;
+}
+
+void CudaBackend::set_pedantic_math(bool on) {
+  pedantic_ = on;
+  apply_math_mode();
+}
+
+void CudaBackend::apply_math_mode() {
+  // TF32 wins over pedantic: asking for TF32 is asking for tensor cores.
+  const cublasMath_t mode = tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : pedantic_ ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH;
+  REMAT_CUBLAS_CHECK(cublasSetMathMode(cublas_, mode));
 }
 
 void CudaBackend::synchronize() {

@@ -41,6 +41,12 @@ class CudaBackend : public Backend {
   // TF32 tensor-core GEMMs (cuBLAS math mode); off by default, on with REMAT_TF32=1.
   bool set_tf32(bool on) override;
   bool tf32() const override { return tf32_; }
+  // While TF32 is off, GEMMs run in CUBLAS_DEFAULT_MATH (fp32, the fastest kernels, the
+  // same bits run to run on one GPU); pedantic math (CUBLAS_PEDANTIC_MATH: the prescribed
+  // precision in every phase, also under NVIDIA_TF32_OVERRIDE, slower) is off by default,
+  // on with REMAT_CUBLAS_PEDANTIC=1 or here.
+  void set_pedantic_math(bool on);
+  bool pedantic_math() const { return pedantic_; }
 
   // A small device buffer the backend owns (allocated once, outside the tensor allocator)
   // for values returned to the host (accuracy, global_norm, input checks) and for partial
@@ -72,6 +78,8 @@ class CudaBackend : public Backend {
   cublasHandle_t cublas_ = nullptr;
   void* scratch_ = nullptr;
   bool tf32_ = false;
+  bool pedantic_ = false;
+  void apply_math_mode();
   // For time_ms and flush_caches, made on first use.
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
   void* flush_ = nullptr;

@@ -1,9 +1,15 @@
-// Raw CUDA memory for the caching allocator, and the copies and fills Tensor needs.
+// Raw CUDA memory for the caching allocator, and the copies and fills Tensor needs (on the
+// device's backend stream).
 #include <cuda_runtime.h>
 
+#include <cstring>
+
+#include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_device.h"
 #include "kernels/fill.cuh"
+#include "remat/backend.h"
 #include "remat/cuda_check.h"
+#include "remat/error.h"
 #include "remat/memory.h"
 #include "remat/tensor.h"
 
@@ -47,22 +53,45 @@ std::unique_ptr<RawAllocator> cuda_device::make_raw_allocator(Device d) {
 
 namespace detail {
 
+namespace {
+
+// The stream of the device's backend: every copy and fill goes there, in order with the
+// ops, never on the legacy default stream.
+cudaStream_t stream_of(Device d) {
+  auto* be = dynamic_cast<CudaBackend*>(&backend_for(d));
+  REMAT_CHECK(be, "the backend of ", d.str(), " is not the CUDA backend");
+  return be->stream();
+}
+
+}  // namespace
+
 void device_memcpy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) {
   REMAT_CHECK(!dst_dev.is_meta() && !src_dev.is_meta(), "copy between ", src_dev.str(), " and ", dst_dev.str());
   // cuda-emu memory is host memory
   cudaMemcpyKind kind = dst_dev.is_cuda() ? (src_dev.is_cuda() ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
                                           : (src_dev.is_cuda() ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
-  if (dst_dev.is_cuda())
-    REMAT_CUDA_CHECK(cudaSetDevice(dst_dev.index));
-  else if (src_dev.is_cuda())
+  if (kind == cudaMemcpyHostToHost) {
+    std::memmove(dst, src, bytes);
+    return;
+  }
+  // A copy out of another GPU waits for that GPU's stream to produce the data.
+  if (src_dev.is_cuda() && dst_dev.is_cuda() && src_dev.index != dst_dev.index) {
     REMAT_CUDA_CHECK(cudaSetDevice(src_dev.index));
-  REMAT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
+    REMAT_CUDA_CHECK(cudaStreamSynchronize(stream_of(src_dev)));
+  }
+  const Device dev = dst_dev.is_cuda() ? dst_dev : src_dev;
+  REMAT_CUDA_CHECK(cudaSetDevice(dev.index));
+  cudaStream_t stream = stream_of(dev);
+  REMAT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream));
+  // Host memory here is pageable and the caller's (a std::vector): wait until the copy has
+  // read or written it. A device-to-device copy stays ordered on the stream.
+  if (kind != cudaMemcpyDeviceToDevice) REMAT_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 void device_fill_f32(float* dst, Device dev, int64_t n, float value) {
   REMAT_CHECK(dev.is_cuda(), "device_fill_f32 on ", dev.str());
   REMAT_CUDA_CHECK(cudaSetDevice(dev.index));
-  kernels::fill_f32(dst, n, value, nullptr);
+  kernels::fill_f32(dst, n, value, stream_of(dev));
 }
 
 }  // namespace detail
