@@ -4,6 +4,7 @@
 // <, " and & cannot break out of the page; bad output paths are clear errors; `remat train`
 // writes memory.html. The browser half is tests/browser/test_memory_page.py.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -49,11 +50,14 @@ size_t count(const std::string& s, const std::string& what) {
 }
 
 std::string run(const std::string& args) {
-  const std::string out = (fs::temp_directory_path() / "remat_memhtml_cli.txt").string();
+  // ctest runs the cases of this file in parallel processes: one output file each.
+  const std::string out =
+      (fs::temp_directory_path() / ("remat_memhtml_cli_" + std::to_string(::getpid()) + ".txt")).string();
   const int rc = std::system((std::string(REMAT_CLI) + " " + args + " > " + out + " 2>&1").c_str());
   std::ifstream in(out);
   std::stringstream ss;
   ss << in.rdbuf();
+  fs::remove(out);
   return std::to_string(rc) + ":" + ss.str();
 }
 
@@ -140,7 +144,7 @@ TEST(MemoryHtml, EmbeddedDataRoundTripsToTheJsonReport) {
   EXPECT_EQ(back["policies"][3]["budget_bytes"].get<int64_t>(), 2 << 20);
   EXPECT_EQ(back["pareto"]["front"].size(), front.size());
   // The file --json writes is the same report.
-  const fs::path dir = fs::temp_directory_path() / "remat_memhtml_rt";
+  const fs::path dir = fs::temp_directory_path() / ("remat_memhtml_rt_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const std::string out = run("memprof " + kNames + " --policy none,sqrt --json " + (dir / "r.json").string() +
                               " --html " + (dir / "r.html").string());
@@ -191,7 +195,9 @@ TEST(MemoryHtml, ChartJsIsInlinedWithItsLicence) {
   EXPECT_NE(html.find("Permission is hereby granted"), std::string::npos);  // the Expat licence
   EXPECT_NE(html.find("default-src 'none'"), std::string::npos);            // nothing may be fetched
   const std::string js = REMAT_CHARTJS_FILE;
-  if (!js.empty() && fs::exists(js)) EXPECT_NE(html.find(remat::read_file(js)), std::string::npos);
+  if (!js.empty() && fs::exists(js)) {
+    EXPECT_NE(html.find(remat::read_file(js)), std::string::npos);
+  }
   EXPECT_EQ(html.find("src=\"http"), std::string::npos);
   EXPECT_EQ(html.find("href=\"http"), std::string::npos);
 }
@@ -210,7 +216,7 @@ TEST(MemoryHtml, BadOutputPathsAreClearErrors) {
 
 TEST(MemoryHtml, TrainWritesMemoryHtmlIntoItsRunFolder) {
   if (!remat::memory_html_available()) GTEST_SKIP() << "built without Chart.js (libjs-chart.js)";
-  const fs::path dir = fs::temp_directory_path() / "remat_memhtml_train";
+  const fs::path dir = fs::temp_directory_path() / ("remat_memhtml_train_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   remat::TrainOptions o;
   o.config = kNames;

@@ -39,6 +39,7 @@ tr.hl td { background: #ffe1a8; }
 .small { height: 340px; }
 #live { flex: 0 0 460px; max-height: 460px; overflow: auto; border: 1px solid #ddd; padding: 6px; }
 #live h3 { font-size: 14px; margin: 0 0 4px; }
+#live td.t { white-space: normal; overflow-wrap: anywhere; }
 .scroll { max-height: 420px; overflow: auto; border: 1px solid #ddd; display: inline-block; }
 #peak-value { font-weight: 600; }
 .phase { display: inline-block; width: 12px; height: 12px; vertical-align: middle; margin: 0 3px 0 10px; border: 1px solid #ccc; }
@@ -78,6 +79,14 @@ const char* const kScript = R"js(
   }
   const exact = (b) => Number(b).toLocaleString('en-US') + ' bytes';
   function layerMatches(owner, layer) { return owner === layer || owner.startsWith(layer + '.'); }
+  // The layer a tensor's owner belongs to: the owner itself, or for a parameter
+  // ("blk.0.fc1.weight") the longest layer name it extends.
+  const layerNames = new Set();
+  for (const p of R.policies) for (const l of p.layers) layerNames.add(l.name);
+  function layerOf(owner) {
+    for (let o = owner; o; o = o.includes('.') ? o.slice(0, o.lastIndexOf('.')) : '') if (layerNames.has(o)) return o;
+    return owner;
+  }
 
   const state = { policy: 0, layer: null, hover: null };
   const policies = R.policies;
@@ -317,9 +326,10 @@ const char* const kScript = R"js(
       const tr = el('tr');
       tr.dataset.id = String(t.id);
       tr.dataset.layer = t.layer;
-      tr.appendChild(el('td', '#' + t.id + ' ' + t.series + (t.phase === 'setup' ? '' : ' (' + t.phase + ')'), 't'));
+      const when = t.phase === 'setup' || (t.series === 'recomputed' && t.phase === 'recompute') ? '' : ' (' + t.phase + ')';
+      tr.appendChild(el('td', '#' + t.id + ' ' + t.series + when, 't'));
       const lt = el('td', null, 't'), ls = el('span', t.layer, 'layer');
-      ls.addEventListener('click', () => selectLayer(t.layer));
+      ls.addEventListener('click', () => selectLayer(layerOf(t.layer)));
       lt.appendChild(ls);
       tr.appendChild(lt);
       tr.appendChild(el('td', t.shape, 't'));
@@ -411,7 +421,7 @@ const char* const kScript = R"js(
         animation: false, responsive: true, maintainAspectRatio: false,
         plugins: { tooltip: { callbacks: { label: (c) => (c.raw.name || c.dataset.label) + ': peak ' + fmtBytes(c.raw.x) +
                                                           ', recompute ' + fmtFlops(c.raw.y) } } },
-        scales: { x: { min: 0, ticks: { callback: (v) => fmtBytes(v) }, title: { display: true, text: 'peak bytes' } },
+        scales: { x: { ticks: { callback: (v) => fmtBytes(v) }, title: { display: true, text: 'peak bytes' } },
                   y: { min: 0, ticks: { callback: (v) => fmtFlops(v) }, title: { display: true, text: 'recomputed FLOPs' } } }
       }
     });
@@ -466,6 +476,7 @@ const char* const kScript = R"js(
   drawCompare();
   drawPareto();
   selectPolicy(0);
+  window.rematPage.drawnAtMs = performance.now();  // since navigation started
   window.rematPage.ready = true;
 })();
 )js";

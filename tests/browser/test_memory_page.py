@@ -107,15 +107,20 @@ def main():
                   [peaks[o] for o in order] == sorted(peaks.values(), reverse=rev),
                   "policy table sorted by peak, %s: %s" % (want_dir, order))
 
-        # Clicking a layer in the live list highlights its rows and its table row.
-        layer = page.eval_on_selector("#live-rows tr .layer", "e => e.textContent")
-        page.click("#live-rows tr .layer")
+        # Clicking a layer in the live list highlights its tensors, its spans and its row of
+        # the layer table. The first row naming a graph layer (or a parameter of one).
+        names = [l["name"] for l in report["policies"][0]["layers"]]
+        owners = page.eval_on_selector_all("#live-rows tr", "rs => rs.map(r => r.dataset.layer)")
+        k = next(i for i, o in enumerate(owners) if any(o == n or o.startswith(n + ".") for n in names))
+        layer = max((n for n in names if owners[k] == n or owners[k].startswith(n + ".")), key=len)
+        page.locator("#live-rows tr .layer").nth(k).click()
         hl = page.eval_on_selector_all("#live-rows tr.hl", "rs => rs.map(r => r.dataset.layer)")
         sel = page.eval_on_selector_all("#layer-table tbody tr.sel", "rs => rs.map(r => r.dataset.key)")
         check(len(hl) > 0 and all(h == layer or h.startswith(layer + ".") for h in hl),
               "clicking layer %s highlights its tensors (%d)" % (layer, len(hl)))
-        check(sel == [layer] or not any(l["name"] == layer for l in report["policies"][0]["layers"]),
-              "... and its row of the layer table")
+        check(sel == [layer], "... and its row of the layer table: %s" % sel)
+        check(page.evaluate("() => window.rematPage.state.layer") == layer, "... and its spans in the timeline")
+        check(page.evaluate("() => typeof window.pwned") == "undefined", "no layer name ran as script")
 
         page.mouse.move(box["x"] + px, box["y"] + py)
         shot = os.path.join(outdir, "memory_page.png")
