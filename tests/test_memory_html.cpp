@@ -101,11 +101,18 @@ TEST(MemoryHtml, TimelinePeakAndLiveSetMatchAReplayOfTheEvents) {
     // live_at_peak: exactly the replayed set, largest first.
     std::map<uint64_t, int64_t> listed;
     int64_t prev = INT64_MAX;
+    ASSERT_EQ(t["tensor_fields"], nlohmann::json({"id", "begin", "end", "bytes", "series", "phase", "layer", "shape"}));
     for (const auto& r : t["live_at_peak"]) {
-      listed[r["id"].get<uint64_t>()] = r["bytes"].get<int64_t>();
-      EXPECT_LE(r["bytes"].get<int64_t>(), prev);
-      prev = r["bytes"].get<int64_t>();
-      EXPECT_FALSE(r["shape"].get<std::string>().empty()) << r.dump();
+      listed[r[0].get<uint64_t>()] = r[3].get<int64_t>();
+      EXPECT_LE(r[3].get<int64_t>(), prev);
+      prev = r[3].get<int64_t>();
+      EXPECT_LE(r[1].get<int64_t>(), peak_index);  // allocated at or before the peak
+      EXPECT_TRUE(r[2].get<int64_t>() == -1 || r[2].get<int64_t>() > peak_index) << r.dump();
+      // every tensor (not workspace bytes) has its shape
+      const std::string series = t["series"][r[4].get<size_t>()].get<std::string>();
+      if (series != "workspace") {
+        EXPECT_FALSE(t["shapes"][r[7].get<size_t>()].get<std::string>().empty()) << r.dump();
+      }
     }
     EXPECT_EQ(listed, at_peak);
     // Everywhere, the merged curve never exceeds the peak and the drawn totals are real

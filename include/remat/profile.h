@@ -125,7 +125,7 @@ nlohmann::json profile_json(const std::vector<StepProfile>& predicted, const std
 // about `max_points` points, each the event of most bytes live in its stretch (so the peak
 // is one of them, exact); the `top_k` largest tensors live at each point; every tensor live
 // at the peak ("live_at_peak", largest first); phases and layer spans in event indices.
-nlohmann::json step_timeline_json(const StepProfile& p, size_t max_points = 1200, size_t top_k = 10);
+nlohmann::json step_timeline_json(const StepProfile& p, size_t max_points = 1000, size_t top_k = 10);
 const std::vector<std::string>& timeline_series();
 // The self-contained HTML page of a profile_json report (Chart.js and the data inline, no
 // network). Throws, naming the Debian package, when remat was built without Chart.js.

@@ -39,7 +39,10 @@ tr.hl td { background: #ffe1a8; }
 .small { height: 340px; }
 #live { flex: 0 0 460px; max-height: 460px; overflow: auto; border: 1px solid #ddd; padding: 6px; }
 #live h3 { font-size: 14px; margin: 0 0 4px; }
+#live table { table-layout: fixed; width: 100%; }
 #live td.t { white-space: normal; overflow-wrap: anywhere; }
+#live tr > :nth-child(1) { width: 30%; } #live tr > :nth-child(2) { width: 30%; }
+#live tr > :nth-child(3) { width: 22%; } #live tr > :nth-child(4) { width: 18%; }
 .scroll { max-height: 420px; overflow: auto; border: 1px solid #ddd; display: inline-block; }
 #peak-value { font-weight: 600; }
 .phase { display: inline-block; width: 12px; height: 12px; vertical-align: middle; margin: 0 3px 0 10px; border: 1px solid #ccc; }
@@ -48,6 +51,7 @@ tr.hl td { background: #ffe1a8; }
 const char* const kScript = R"js(
 (function () {
   'use strict';
+  const T = { start: performance.now() };
   const R = JSON.parse(document.getElementById('remat-data').textContent);
   const SERIES_COLORS = {
     parameter: '#4e79a7', gradient: '#f28e2b', optimizer_state: '#e15759', activation: '#76b7b2',
@@ -310,27 +314,19 @@ const char* const kScript = R"js(
     const isPeak = e === tl.peak_event;
     $('live-head').textContent = (isPeak ? 'At the peak, event ' : 'At event ') + e + ': ' + exact(total) + ' (' +
                                  fmtBytes(total) + ') in ' + tl.live_count[k] + ' tensors';
-    box.textContent = '';
-    let rows;
-    if (isPeak) {
-      rows = tl.live_at_peak;
-    } else {
-      const byId = tensorIndex(tl);
-      rows = tl.top[k].map((id) => {
-        const t = byId.get(id);
-        return { id: t[0], bytes: t[3], series: tl.series[t[4]], phase: t[5], layer: tl.layers[t[6]], shape: tl.shapes[t[7]] };
-      });
-    }
+    const byId = tensorIndex(tl);
+    const rows = (isPeak ? tl.live_at_peak : tl.top[k].map((id) => byId.get(id))).map((t) => (
+      { id: t[0], bytes: t[3], series: tl.series[t[4]], phase: t[5], layer: tl.layers[t[6]], shape: tl.shapes[t[7]] }));
     let shown = 0;
+    const frag = document.createDocumentFragment();
     for (const t of rows) {
       const tr = el('tr');
       tr.dataset.id = String(t.id);
       tr.dataset.layer = t.layer;
       const when = t.phase === 'setup' || (t.series === 'recomputed' && t.phase === 'recompute') ? '' : ' (' + t.phase + ')';
       tr.appendChild(el('td', '#' + t.id + ' ' + t.series + when, 't'));
-      const lt = el('td', null, 't'), ls = el('span', t.layer, 'layer');
-      ls.addEventListener('click', () => selectLayer(layerOf(t.layer)));
-      lt.appendChild(ls);
+      const lt = el('td', null, 't');
+      lt.appendChild(el('span', t.layer, 'layer'));  // a click selects it (below)
       tr.appendChild(lt);
       tr.appendChild(el('td', t.shape, 't'));
       const bt = el('td', fmtBytes(t.bytes));
@@ -338,25 +334,20 @@ const char* const kScript = R"js(
       bt.dataset.bytes = String(t.bytes);
       tr.appendChild(bt);
       if (state.layer && layerMatches(t.layer, state.layer)) tr.className = 'hl';
-      box.appendChild(tr);
+      frag.appendChild(tr);
       shown += t.bytes;
     }
+    box.textContent = '';
+    box.appendChild(frag);
     const more = tl.live_count[k] - rows.length;
     $('live-more').textContent = more > 0 ? '… and ' + more + ' smaller tensors, ' + fmtBytes(total - shown) : '';
   }
+  $('live-rows').addEventListener('click', (ev) => {
+    if (ev.target.classList.contains('layer')) selectLayer(layerOf(ev.target.closest('tr').dataset.layer));
+  });
   const tensorIndexCache = new Map();
-  function tensorIndex(tl) {  // id -> row of tensors; the peak's tensors come from live_at_peak
-    if (!tensorIndexCache.has(tl)) {
-      const m = new Map(tl.tensors.map((t) => [t[0], t]));
-      const si = new Map(tl.series.map((s, i) => [s, i])), li = new Map(tl.layers.map((s, i) => [s, i]));
-      const shi = new Map(tl.shapes.map((s, i) => [s, i]));
-      for (const t of tl.live_at_peak) {
-        if (!li.has(t.layer)) { li.set(t.layer, tl.layers.length); tl.layers.push(t.layer); }
-        if (!shi.has(t.shape)) { shi.set(t.shape, tl.shapes.length); tl.shapes.push(t.shape); }
-        m.set(t.id, [t.id, t.begin, t.end, t.bytes, si.get(t.series), t.phase, li.get(t.layer), shi.get(t.shape)]);
-      }
-      tensorIndexCache.set(tl, m);
-    }
+  function tensorIndex(tl) {  // id -> row of tensor_fields, from tensors and live_at_peak
+    if (!tensorIndexCache.has(tl)) tensorIndexCache.set(tl, new Map(tl.tensors.concat(tl.live_at_peak).map((t) => [t[0], t])));
     return tensorIndexCache.get(tl);
   }
 
@@ -466,16 +457,26 @@ const char* const kScript = R"js(
     state.hover = null;
     Array.from(buttons.children).forEach((b, k) => b.classList.toggle('on', k === i));
     markPolicyRow();
-    drawTimeline();
-    drawLayers();
     const tl = policies[i].timeline;
-    if (tl) { state.hover = tl.event.indexOf(tl.peak_event); showLive(state.hover); timeline.draw(); }
+    if (tl) state.hover = tl.event.indexOf(tl.peak_event);  // the panel starts at the peak
+    T.sel0 = performance.now();
+    drawTimeline();
+    T.sel1 = performance.now();
+    drawLayers();
+    T.sel2 = performance.now();
+    if (tl) showLive(state.hover);
+    T.sel3 = performance.now();
   }
 
   window.rematPage = { data: R, selectPolicy: selectPolicy, selectLayer: selectLayer, state: state };
+  T.parsed = performance.now();
   drawCompare();
+  T.compare = performance.now();
   drawPareto();
+  T.pareto = performance.now();
   selectPolicy(0);
+  T.timeline = performance.now();
+  window.rematPage.timings = T;
   window.rematPage.drawnAtMs = performance.now();  // since navigation started
   window.rematPage.ready = true;
 })();

@@ -173,14 +173,9 @@ nlohmann::json step_timeline_json(const StepProfile& p, size_t max_points, size_
   nlohmann::json peak_rows = nlohmann::json::array();
   for (size_t t : peak_live) {
     const Tensor_& x = tensors[t];
-    peak_rows.push_back({{"id", x.id},
-                         {"begin", x.begin},
-                         {"end", x.end},
-                         {"layer", owner_name(x.owner)},
-                         {"series", series[static_cast<size_t>(x.series)]},
-                         {"phase", phase_name(x.phase)},
-                         {"shape", shape_name(x.shape)},
-                         {"bytes", x.bytes}});
+    peak_rows.push_back({x.id, x.begin, x.end, x.bytes, x.series, phase_name(x.phase),
+                         intern(owner_ix, owners, x.owner, owner_name(x.owner)),
+                         intern(shape_ix, shapes, x.shape, shape_name(x.shape))});
   }
 
   // Phases: each event takes the phase of the layer span it lies in, else its own tag's.

@@ -1,17 +1,20 @@
 """The HTML memory page in a real headless browser (ctest label `browser`).
 
-Usage: test_memory_page.py REMAT CONFIG OUTDIR
+Usage: test_memory_page.py REMAT CONFIG OUTDIR [--policy P1,P2,...] [--batch B] [--name NAME]
+                           [--max-bytes N] [--max-draw-ms MS]
 
 Runs `remat memprof CONFIG --json --html` into OUTDIR, opens the page from disk in Debian's
 chromium driven by Playwright (which never downloads a browser of its own: it is pointed at
 /usr/bin/chromium) and checks: no console error or page error, no network request, the peak
 shown equals the JSON's peak_bytes to the byte for every policy, hovering the peak lists
 exactly the tensors the JSON lists live at the peak (largest first), the policy table sorts
-by peak both ways, clicking a layer highlights it. Writes OUTDIR/memory_page.png.
+by peak both ways, clicking a layer highlights it, and (with --max-bytes / --max-draw-ms,
+for a big model) the page's size and the time until it is drawn. Writes OUTDIR/NAME.png.
 
 Exits 77 (ctest SKIP_RETURN_CODE) saying why when there is no browser or no Playwright.
 """
 
+import argparse
 import json
 import os
 import subprocess
@@ -27,7 +30,17 @@ def skip(why):
 
 
 def main():
-    remat, config, outdir = sys.argv[1:4]
+    ap = argparse.ArgumentParser()
+    ap.add_argument("remat")
+    ap.add_argument("config")
+    ap.add_argument("outdir")
+    ap.add_argument("--policy", default="none,all,every:2,budget:1.2MiB")
+    ap.add_argument("--batch", type=int, default=0)
+    ap.add_argument("--name", default="memory_page")
+    ap.add_argument("--max-bytes", type=int, default=0)
+    ap.add_argument("--max-draw-ms", type=float, default=0)
+    a = ap.parse_args()
+    remat, config, outdir = a.remat, a.config, a.outdir
     if not os.access(CHROMIUM, os.X_OK):
         skip(CHROMIUM + " not found (Debian package chromium; tools/bootstrap.sh installs it)")
     try:
@@ -35,11 +48,12 @@ def main():
     except ImportError:
         skip("Playwright for Python is not installed (tools/bootstrap.sh puts it into the browser venv)")
     os.makedirs(outdir, exist_ok=True)
-    html = os.path.join(outdir, "memory_page.html")
-    js = os.path.join(outdir, "memory_page.json")
-    policies = "none,all,every:2,budget:1.2MiB"
-    r = subprocess.run([remat, "memprof", config, "--policy", policies, "--json", js, "--html", html],
-                       capture_output=True, text=True)
+    html = os.path.join(outdir, a.name + ".html")
+    js = os.path.join(outdir, a.name + ".json")
+    cmd = [remat, "memprof", config, "--policy", a.policy, "--json", js, "--html", html]
+    if a.batch:
+        cmd += ["--batch", str(a.batch)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         print(r.stdout + r.stderr)
         sys.exit("remat memprof failed")
@@ -61,7 +75,14 @@ def main():
         page.on("request", lambda q: requests.append(q.url) if not q.url.startswith(("file:", "data:")) else None)
         url = "file://" + os.path.abspath(html)
         page.goto(url)
-        page.wait_for_function("window.rematPage && window.rematPage.ready === true", timeout=10000)
+        page.wait_for_function("window.rematPage && window.rematPage.ready === true", timeout=20000)
+        drawn = page.evaluate("() => window.rematPage.drawnAtMs")
+        size = os.path.getsize(html)
+        print("page %s: %d bytes, drawn %.0f ms after navigation started" % (html, size, drawn))
+        if a.max_bytes:
+            check(size <= a.max_bytes, "page size %d <= %d bytes" % (size, a.max_bytes))
+        if a.max_draw_ms:
+            check(drawn <= a.max_draw_ms, "drawn in %.0f ms <= %.0f ms" % (drawn, a.max_draw_ms))
 
         # The embedded data is the --json report.
         embedded = json.loads(page.eval_on_selector("#remat-data", "e => e.textContent"))
@@ -86,7 +107,7 @@ def main():
             page.mouse.move(box["x"] + px, box["y"] + py)
             ids = page.eval_on_selector_all("#live-rows tr", "rs => rs.map(r => Number(r.dataset.id))")
             byts = page.eval_on_selector_all("#live-rows tr td:last-child", "ts => ts.map(t => Number(t.dataset.bytes))")
-            want = [t["id"] for t in pol["timeline"]["live_at_peak"]]
+            want = [t[0] for t in pol["timeline"]["live_at_peak"]]  # tensor_fields: id first
             check(ids == want, "policy %s: hovering the peak lists the %d tensors live at the peak (got %d)" %
                   (pol["policy"], len(want), len(ids)))
             check(byts == sorted(byts, reverse=True) and sum(byts) == pol["peak_bytes"],
@@ -123,7 +144,7 @@ def main():
         check(page.evaluate("() => typeof window.pwned") == "undefined", "no layer name ran as script")
 
         page.mouse.move(box["x"] + px, box["y"] + py)
-        shot = os.path.join(outdir, "memory_page.png")
+        shot = os.path.join(outdir, a.name + ".png")
         page.screenshot(path=shot, full_page=True)
         check(os.path.getsize(shot) > 10000, "screenshot written: " + shot)
         browser.close()
