@@ -10,6 +10,7 @@ PACKAGES=(
   libopenblas-dev libopenblas-openmp-dev zlib1g-dev libboost-context-dev
   dataset-fashion-mnist fortunes
   python3-torch python3-numpy python3-venv
+  libjs-chart.js chromium
 )
 
 missing=()
@@ -52,6 +53,30 @@ else
   else
     # Without it the interop tests that need transformers report themselves skipped.
     echo "bootstrap: WARNING: could not install $req into $venv; the transformers interop tests will be skipped" >&2
+  fi
+fi
+
+# Playwright for Python for the browser test of the HTML memory page (tests/browser): a
+# venv of its own (tools/browser_python.sh finds it) with the pinned versions of
+# tools/requirements-browser.txt. Its browsers are never downloaded (no `playwright
+# install`): the test drives Debian's chromium, installed above.
+bvenv="$(bash tools/browser_python.sh --venv)"
+breq=tools/requirements-browser.txt
+bstamp="$(sha256sum "$breq" | cut -d' ' -f1)"
+if [[ -f "$bvenv/.remat-requirements" && "$(cat "$bvenv/.remat-requirements")" == "$bstamp" ]] &&
+   "$bvenv/bin/python" -c 'import playwright.sync_api' 2>/dev/null; then
+  echo "bootstrap: browser venv present ($bvenv)"
+else
+  echo "bootstrap: making the browser venv $bvenv (pinned Playwright)"
+  if [[ -e "$bvenv" && ! -f "$bvenv/pyvenv.cfg" ]]; then
+    echo "bootstrap: $bvenv exists and is not a venv; not replacing it" >&2
+    exit 1
+  fi
+  if /usr/bin/python3 -m venv --clear "$bvenv" &&
+     "$bvenv/bin/pip" install -q --disable-pip-version-check --no-input -r "$breq"; then
+    echo "$bstamp" > "$bvenv/.remat-requirements"
+  else
+    echo "bootstrap: WARNING: could not install $breq into $bvenv; the browser test will be skipped" >&2
   fi
 fi
 

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -104,6 +105,7 @@ struct MemoryEvent {
   MemoryCategory category = MemoryCategory::temporary;
   Phase phase = Phase::setup;
   uint32_t owner = 0;           // index into CachingAllocator::owner_names()
+  uint32_t shape = 0;           // alloc: index into CachingAllocator::shape_names() (0: not a tensor's)
   int64_t allocated_after = 0;  // total allocated after the event
   int64_t reserved_after = 0;
 };
@@ -172,6 +174,11 @@ class CachingAllocator {
   uint64_t event_count() const;  // events recorded so far (the next event's index)
   void clear_events();
   std::vector<std::string> owner_names() const;
+  // With event logging on: names the shape of the tensor that `block` was just allocated for
+  // (Tensor::empty calls it), recorded in its alloc event. Cheap to skip: event_logging().
+  bool event_logging() const { return log_events_.load(std::memory_order_relaxed); }
+  void note_shape(const Block* block, const std::string& shape);
+  std::vector<std::string> shape_names() const;  // [0] = ""
 
  private:
   uint32_t intern_owner(const std::string& name);
@@ -189,7 +196,9 @@ class CachingAllocator {
   std::vector<std::string> owners_{""};
   std::unordered_map<std::string, uint32_t> owner_ids_{{"", 0}};
   std::vector<OwnerStats> owner_stats_{OwnerStats{}};
-  bool log_events_ = false;
+  std::atomic<bool> log_events_{false};
+  std::vector<std::string> shapes_{""};
+  std::unordered_map<std::string, uint32_t> shape_ids_{{"", 0}};
   uint64_t seq_ = 0;
   uint64_t next_alloc_id_ = 1;
   std::vector<MemoryEvent> events_;

@@ -35,6 +35,7 @@ struct StepProfile {
   std::string policy;
   Device device;
   int64_t base_bytes = 0;           // allocated before the step (not counted below)
+  int64_t base_reserved_bytes = 0;  // reserved before the step
   int64_t peak_bytes = 0;           // peak allocated during the step
   CategoryCounts peak_by_category;  // split of that peak
   int64_t peak_reserved_bytes = 0;
@@ -45,6 +46,7 @@ struct StepProfile {
   std::vector<LayerProfile> layers;
   std::vector<MemoryEvent> events;
   std::vector<std::string> owners;  // names for MemoryEvent::owner
+  std::vector<std::string> shapes;  // names for MemoryEvent::shape ("[2, 64] f32")
   std::vector<LayerSpan> spans;
   std::vector<std::string> layer_names;  // by graph layer id (for spans)
 };
@@ -107,7 +109,28 @@ std::string layer_table(const StepProfile& p);
 // A table of where the memory of a measured step went, by category, at its peak (what
 // `remat train` prints after a run).
 std::string memory_report(const MemoryStats& s, const std::string& title);
-nlohmann::json profile_json(const std::vector<StepProfile>& predicted, const std::vector<StepProfile>* measured);
+// What profile_json adds beside the policies: a title, and the planner's candidates and
+// Pareto front (the page draws them).
+struct ProfileJsonExtras {
+  std::string title;
+  const std::vector<PlanCandidate>* candidates = nullptr;
+  const std::vector<PlanCandidate>* front = nullptr;
+};
+// Each policy's figures, per-layer table and, when the profile kept its events, its
+// "timeline" (step_timeline_json); format "remat-memprof-2" (docs/memory.md).
+nlohmann::json profile_json(const std::vector<StepProfile>& predicted, const std::vector<StepProfile>* measured,
+                            const ProfileJsonExtras& extras = {});
+// Bytes live over the step's allocator events by series (timeline_series(): the memory
+// categories with activations split into forward-made and recomputed), merged to at most
+// about `max_points` points, each the event of most bytes live in its stretch (so the peak
+// is one of them, exact); the `top_k` largest tensors live at each point; every tensor live
+// at the peak ("live_at_peak", largest first); phases and layer spans in event indices.
+nlohmann::json step_timeline_json(const StepProfile& p, size_t max_points = 1000, size_t top_k = 10);
+const std::vector<std::string>& timeline_series();
+// The self-contained HTML page of a profile_json report (Chart.js and the data inline, no
+// network). Throws, naming the Debian package, when remat was built without Chart.js.
+std::string memory_html(const nlohmann::json& report);
+bool memory_html_available();
 nlohmann::json chrome_trace(const std::vector<StepProfile>& ps);
 std::string memory_svg(const std::vector<StepProfile>& ps, const std::string& title);
 std::string pareto_svg(const std::vector<PlanCandidate>& all, const std::vector<PlanCandidate>& front,

@@ -22,7 +22,7 @@ struct TrainOptions {
   int64_t epochs = -1;
   int64_t batch = -1;
   int64_t seed = -1;
-  std::string out;                 // run folder: checkpoint/, metrics.jsonl, config.json
+  std::string out;                 // run folder: checkpoint/, metrics.jsonl, config.json, memory.html
   std::string resume;              // run folder to resume from
   std::string data_path;           // overrides data.path
   std::string dataset;             // overrides data.dataset (e.g. token_shards for a synthetic config)
@@ -79,6 +79,7 @@ class Trainer {
   void init_weights();
   void resume();
   void open_run_folder();
+  void write_memory_page();
   void log_step(const StepStats& st, double lr, double ms, int64_t peak);
 
   std::unique_ptr<State> s_;

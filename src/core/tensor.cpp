@@ -32,7 +32,9 @@ Tensor Tensor::empty(const Shape& shape, Device device, DType dtype, const Alloc
   REMAT_CHECK(shape.numel() <= INT64_MAX / esize, "tensor of shape ", shape.str(), " and dtype ", dtype_name(dtype),
               " is too large to address");
   Tensor t;
-  t.storage_ = std::make_shared<Storage>(allocator_for(device), static_cast<size_t>(shape.numel() * esize), tag);
+  CachingAllocator& alloc = allocator_for(device);
+  t.storage_ = std::make_shared<Storage>(alloc, static_cast<size_t>(shape.numel() * esize), tag);
+  if (alloc.event_logging()) alloc.note_shape(&t.storage_->block(), shape.str() + " " + dtype_name(dtype));
   t.shape_ = shape;
   t.dtype_ = dtype;
   return t;

@@ -329,6 +329,26 @@ std::vector<std::string> CachingAllocator::owner_names() const {
   return owners_;
 }
 
+void CachingAllocator::note_shape(const Block* block, const std::string& shape) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!log_events_ || !block) return;
+  // The alloc event is the last one recorded for this block (no other thread allocates in
+  // between on a profiled device), but look back a little to be safe.
+  for (size_t k = events_.size(), n = 0; k-- > 0 && n < 8; ++n) {
+    MemoryEvent& e = events_[k];
+    if (e.kind != MemoryEvent::Kind::alloc || e.alloc_id != block->alloc_id) continue;
+    auto [it, fresh] = shape_ids_.emplace(shape, static_cast<uint32_t>(shapes_.size()));
+    if (fresh) shapes_.push_back(shape);
+    e.shape = it->second;
+    return;
+  }
+}
+
+std::vector<std::string> CachingAllocator::shape_names() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return shapes_;
+}
+
 // ---------------------------------------------------------------------------
 
 CachingAllocator& allocator_for(Device d) {

@@ -120,6 +120,7 @@ StepProfile profile_step(const Config& cfg, const Graph& g, const CheckpointPlan
   }
   const MemoryStats s = alloc.stats();
   p.base_bytes = base.allocated;
+  p.base_reserved_bytes = base.reserved;
   p.peak_bytes = s.peak_allocated - base.allocated;
   for (int c = 0; c < kNumMemoryCategories; ++c)
     p.peak_by_category.bytes[static_cast<size_t>(c)] =
@@ -128,6 +129,7 @@ StepProfile profile_step(const Config& cfg, const Graph& g, const CheckpointPlan
   if (keep_events) {
     p.events = alloc.events();
     p.owners = alloc.owner_names();
+    p.shapes = alloc.shape_names();
     p.spans = spans;
   }
   alloc.set_event_logging(false);

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 
 #include "remat/error.h"
 #include "remat/profile.h"
@@ -91,7 +92,8 @@ std::string layer_table(const StepProfile& p) {
   return out;
 }
 
-nlohmann::json profile_json(const std::vector<StepProfile>& predicted, const std::vector<StepProfile>* measured) {
+nlohmann::json profile_json(const std::vector<StepProfile>& predicted, const std::vector<StepProfile>* measured,
+                            const ProfileJsonExtras& extras) {
   nlohmann::json arr = nlohmann::json::array();
   for (size_t i = 0; i < predicted.size(); ++i) {
     const StepProfile& p = predicted[i];
@@ -99,31 +101,62 @@ nlohmann::json profile_json(const std::vector<StepProfile>& predicted, const std
     nlohmann::json cats;
     for (int c = 0; c < kNumMemoryCategories; ++c)
       cats[category_name(static_cast<MemoryCategory>(c))] = shown.peak_by_category.bytes[static_cast<size_t>(c)];
+    // What each layer recomputes: the bytes its recomputes allocate, and its forward FLOPs
+    // once per recompute.
+    std::map<std::string, int64_t> rec_bytes;
+    for (const auto& e : shown.events)
+      if (e.kind == MemoryEvent::Kind::alloc && e.phase == Phase::recompute && e.owner < shown.owners.size())
+        rec_bytes[shown.owners[e.owner]] += e.bytes;
+    std::map<std::string, int> rec_runs;
+    for (const auto& sp : shown.spans)
+      if (sp.phase == Phase::recompute && sp.layer >= 0 && static_cast<size_t>(sp.layer) < shown.layer_names.size())
+        rec_runs[shown.layer_names[static_cast<size_t>(sp.layer)]]++;
     nlohmann::json layers = nlohmann::json::array();
-    for (const auto& l : shown.layers)
+    for (const auto& l : shown.layers) {
+      const double rf = (rec_runs.count(l.name) ? rec_runs[l.name] : 0) * l.forward_flops;
       layers.push_back({{"name", l.name},
                         {"type", l.type},
                         {"kind", l.kind},
                         {"keep", l.keep},
                         {"keep_extras", l.keep_extras},
                         {"saved_bytes", l.saved_bytes},
-                        {"forward_flops", l.forward_flops}});
-    arr.push_back(
-        {{"policy", p.policy},
-         {"device", shown.device.str()},
-         {"peak_bytes", shown.peak_bytes},
-         {"peak_by_category", cats},
-         {"peak_reserved_bytes", shown.peak_reserved_bytes},
-         {"recomputed_layers", shown.recomputed_layers},
-         {"recompute_flops", shown.recompute_flops},
-         {"step_flops", shown.step_flops()},
-         {"predicted_peak_bytes", p.peak_bytes},
-         {"measured_peak_bytes", measured ? nlohmann::json((*measured)[i].peak_bytes) : nlohmann::json(nullptr)},
-         {"step_ms",
-          measured && (*measured)[i].step_ms ? nlohmann::json(*(*measured)[i].step_ms) : nlohmann::json(nullptr)},
-         {"layers", layers}});
+                        {"forward_flops", l.forward_flops},
+                        {"recomputed_bytes", rec_bytes.count(l.name) ? rec_bytes[l.name] : 0},
+                        {"recompute_flops", rf},
+                        {"recompute_share", rf / std::max(1.0, shown.step_flops())}});
+    }
+    nlohmann::json pj{
+        {"policy", p.policy},
+        {"device", shown.device.str()},
+        {"peak_bytes", shown.peak_bytes},
+        {"peak_by_category", cats},
+        {"peak_reserved_bytes", shown.peak_reserved_bytes},
+        {"recomputed_layers", shown.recomputed_layers},
+        {"recompute_flops", shown.recompute_flops},
+        {"step_flops", shown.step_flops()},
+        {"predicted_peak_bytes", p.peak_bytes},
+        {"measured_peak_bytes", measured ? nlohmann::json((*measured)[i].peak_bytes) : nlohmann::json(nullptr)},
+        {"step_ms",
+         measured && (*measured)[i].step_ms ? nlohmann::json(*(*measured)[i].step_ms) : nlohmann::json(nullptr)},
+        {"layers", layers}};
+    if (p.policy.rfind("budget:", 0) == 0)  // "budget:SIZE -> the plan found"
+      pj["budget_bytes"] = parse_size(
+          p.policy.substr(7, p.policy.find(' ') == std::string::npos ? std::string::npos : p.policy.find(' ') - 7));
+    if (!shown.events.empty()) pj["timeline"] = step_timeline_json(shown);
+    arr.push_back(pj);
   }
-  return {{"format", "remat-memprof-1"}, {"policies", arr}};
+  nlohmann::json out{{"format", "remat-memprof-2"}, {"policies", arr}};
+  if (!extras.title.empty()) out["title"] = extras.title;
+  if (extras.candidates && extras.front) {
+    auto list = [](const std::vector<PlanCandidate>& v) {
+      nlohmann::json a = nlohmann::json::array();
+      for (const auto& c : v)
+        a.push_back({{"name", c.name}, {"peak_bytes", c.peak_bytes}, {"recompute_flops", c.recompute_flops}});
+      return a;
+    };
+    out["pareto"] = {{"candidates", list(*extras.candidates)}, {"front", list(*extras.front)}};
+  }
+  return out;
 }
 
 nlohmann::json chrome_trace(const std::vector<StepProfile>& ps) {

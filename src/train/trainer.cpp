@@ -212,6 +212,7 @@ void Trainer::open_run_folder() {
   if (s.out_dir.empty()) return;
   fs::create_directories(s.out_dir);
   write_file_atomic((fs::path(s.out_dir) / "config.json").string(), s.cfg.resolved().dump(2) + "\n");
+  write_memory_page();
   const std::string mpath = (fs::path(s.out_dir) / "metrics.jsonl").string();
   if (!s.opt.resume.empty() && fs::exists(mpath)) {
     // Records of steps after the checkpoint were made by the interrupted run; they are
@@ -234,6 +235,21 @@ void Trainer::open_run_folder() {
     save_safetensors((fs::path(s.out_dir) / "init.safetensors").string(), s.params.named_values(),
                      {{"format", "remat"}, {"seed", std::to_string(s.cfg.training.seed)}});
   }
+}
+
+// memory.html: the step of this run's plan as the profiler predicts it on meta with the
+// device's workspace sizes (docs/memory.md). Without Chart.js in the build it is skipped.
+void Trainer::write_memory_page() {
+  State& s = *s_;
+  if (!memory_html_available()) {
+    log().info("{}: memory.html not written: remat was built without Chart.js (libjs-chart.js)", s.out_dir);
+    return;
+  }
+  const StepProfile p = profile_step(s.cfg, s.graph, s.plan, Device::meta(), true, &s.be);
+  ProfileJsonExtras extras;
+  extras.title = s.cfg.name + ", batch " + std::to_string(s.cfg.training.batch) + ", policy " + s.cfg.training.policy +
+                 " (predicted for " + s.dev.str() + ")";
+  write_file_atomic((fs::path(s.out_dir) / "memory.html").string(), memory_html(profile_json({p}, nullptr, extras)));
 }
 
 // ---- the phases of the loop -------------------------------------------------------------------

@@ -1,6 +1,9 @@
 // `remat memprof` and `remat plan`: where the memory of a training step goes under each
 // checkpoint policy, and which plan fits a budget (see docs/memory.md).
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
 #include <sstream>
 
 #include "commands.h"
@@ -21,12 +24,25 @@ std::vector<std::string> split_policies(const std::string& s) {
   return out;
 }
 
+// An output path whose folder does not exist or cannot be written fails before the
+// profile runs, naming the option.
+void check_output_path(const char* option, const std::string& path) {
+  if (path.empty()) return;
+  const std::filesystem::path p(path);
+  const std::filesystem::path dir = p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
+  std::error_code ec;
+  REMAT_CHECK(std::filesystem::is_directory(dir, ec), option, " ", path, ": the folder ", dir.string(),
+              " does not exist");
+  REMAT_CHECK(!std::filesystem::is_directory(p, ec), option, " ", path, ": is a folder, expected a file name");
+  REMAT_CHECK(::access(dir.c_str(), W_OK) == 0, option, " ", path, ": the folder ", dir.string(), " is not writable");
+}
+
 }  // namespace
 
 Runner add_memprof_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("memprof", "Profile the memory of one training step under checkpoint policies");
   struct Opts {
-    std::string config, policies = "none,all,sqrt,selective", device = "meta", json, trace, svg;
+    std::string config, policies = "none,all,sqrt,selective", device = "meta", json, trace, svg, html;
     int64_t batch = -1, seq = 0;
     bool layers = false;
   };
@@ -41,9 +57,19 @@ Runner add_memprof_command(CLI::App& app) {
   cmd->add_option("--json", o->json, "Write a machine-readable report");
   cmd->add_option("--trace", o->trace, "Write a Chrome Trace Event file (Perfetto, chrome://tracing)");
   cmd->add_option("--svg", o->svg, "Write a plot of memory over the step, one line per policy");
+  cmd->add_option("--html", o->html,
+                  "Write a self-contained interactive page: timeline, live tensors, policies, Pareto front, layers");
   cmd->add_flag("--layers", o->layers, "Print the per-layer table of each policy");
   return [cmd, o]() -> int {
     if (!cmd->parsed()) return -1;
+    check_output_path("--json", o->json);
+    check_output_path("--trace", o->trace);
+    check_output_path("--svg", o->svg);
+    check_output_path("--html", o->html);
+    if (!o->html.empty() && !memory_html_available())
+      REMAT_THROW(
+          "--html: this remat was built without Chart.js; install the Debian package libjs-chart.js "
+          "(tools/bootstrap.sh does) and configure remat again");
     Config cfg = load_config(o->config);
     if (o->batch == 0 || o->batch < -1) REMAT_THROW("--batch must be positive, got ", o->batch);
     const int64_t batch = o->batch > 0 ? o->batch : cfg.training.batch;
@@ -65,8 +91,19 @@ Runner add_memprof_command(CLI::App& app) {
     if (o->layers)
       for (const auto& p : dev.is_meta() ? predicted : measured) std::printf("\n%s", layer_table(p).c_str());
     const auto& shown = dev.is_meta() ? predicted : measured;
-    if (!o->json.empty())
-      write_file_atomic(o->json, profile_json(predicted, dev.is_meta() ? nullptr : &measured).dump(2) + "\n");
+    if (!o->json.empty() || !o->html.empty()) {
+      // The same report in both: the page embeds exactly what --json writes.
+      Backend* ws = dev.is_meta() ? nullptr : &backend_for(dev);
+      const std::vector<PlanCandidate> all = plan_candidates(cfg, g, ws);
+      const std::vector<PlanCandidate> front = pareto_front(all);
+      ProfileJsonExtras extras;
+      extras.title = cfg.name + ", batch " + std::to_string(batch) + ", device " + dev.str();
+      extras.candidates = &all;
+      extras.front = &front;
+      const nlohmann::json report = profile_json(predicted, dev.is_meta() ? nullptr : &measured, extras);
+      if (!o->json.empty()) write_file_atomic(o->json, report.dump(2) + "\n");
+      if (!o->html.empty()) write_file_atomic(o->html, memory_html(report));
+    }
     if (!o->trace.empty()) write_file_atomic(o->trace, chrome_trace(shown).dump() + "\n");
     if (!o->svg.empty())
       write_file_atomic(o->svg, memory_svg(shown, cfg.name + ", batch " + std::to_string(batch) +

@@ -21,7 +21,7 @@ Runner add_train_command(CLI::App& app) {
   cmd->add_option("--epochs", opt->epochs, "Epochs (overrides the config)")->excludes(steps);
   cmd->add_option("--batch", opt->batch, "Batch size (overrides the config)");
   cmd->add_option("--seed", opt->seed, "Seed for initialisation, data order and dropout");
-  cmd->add_option("--out", opt->out, "Run folder: checkpoint/, metrics.jsonl, config.json");
+  cmd->add_option("--out", opt->out, "Run folder: checkpoint/, metrics.jsonl, config.json, memory.html");
   cmd->add_option("--resume", opt->resume, "Resume from a run folder (continues bitwise as if uninterrupted)")
       ->check(CLI::ExistingDirectory);
   cmd->add_option("--data", opt->data_path, "Data folder, file or (token shards) glob (overrides data.path)");

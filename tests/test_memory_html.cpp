@@ -1,0 +1,251 @@
+// The HTML memory page (src/profile/html.cpp) and the timeline it draws
+// (src/profile/timeline.cpp): the data embedded in the page is the --json report; the peak
+// and its live set agree with an independent replay of the allocator's events; names with
+// <, " and & cannot break out of the page; bad output paths are clear errors; `remat train`
+// writes memory.html. The browser half is tests/browser/test_memory_page.py.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "remat/io.h"
+#include "remat/profile.h"
+#include "remat/train.h"
+#include "support/expect_error.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kNames = std::string(REMAT_SOURCE_DIR) + "/tests/configs/html_names.json";
+
+std::vector<remat::StepProfile> profiles(const remat::Config& cfg, const remat::Graph& g,
+                                         const std::vector<std::string>& policies) {
+  std::vector<remat::StepProfile> ps;
+  for (const auto& pol : policies)
+    ps.push_back(remat::profile_step(cfg, g, remat::resolve_policy(cfg, g, pol), remat::Device::meta()));
+  return ps;
+}
+
+// The text of the <script type="application/json"> element.
+std::string embedded_json(const std::string& html) {
+  const std::string open = "<script type=\"application/json\" id=\"remat-data\">";
+  const size_t b = html.find(open);
+  EXPECT_NE(b, std::string::npos);
+  const size_t e = html.find("</script>", b);
+  EXPECT_NE(e, std::string::npos);
+  return html.substr(b + open.size(), e - b - open.size());
+}
+
+size_t count(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t k = s.find(what); k != std::string::npos; k = s.find(what, k + 1)) ++n;
+  return n;
+}
+
+std::string run(const std::string& args) {
+  // ctest runs the cases of this file in parallel processes: one output file each.
+  const std::string out =
+      (fs::temp_directory_path() / ("remat_memhtml_cli_" + std::to_string(::getpid()) + ".txt")).string();
+  const int rc = std::system((std::string(REMAT_CLI) + " " + args + " > " + out + " 2>&1").c_str());
+  std::ifstream in(out);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  fs::remove(out);
+  return std::to_string(rc) + ":" + ss.str();
+}
+
+}  // namespace
+
+TEST(MemoryHtml, TimelinePeakAndLiveSetMatchAReplayOfTheEvents) {
+  remat::Config cfg = remat::load_config(kNames);
+  remat::Graph g = remat::build_config_graph(cfg, 16, 0);
+  for (const auto& p : profiles(cfg, g, {"none", "all", "sqrt"})) {
+    SCOPED_TRACE(p.policy);
+    const nlohmann::json t = remat::step_timeline_json(p, 20, 3);  // few points: merging is exercised
+    EXPECT_LE(t["event"].size(), 21u);
+    // Replay: allocated bytes after each alloc/free from the allocator's own running total;
+    // the first event reaching the peak and the allocations live there.
+    std::map<uint64_t, int64_t> live;
+    std::map<uint64_t, int64_t> at_peak;
+    int64_t peak = -1, index = 0, peak_index = -1;
+    for (const auto& e : p.events) {
+      if (e.kind == remat::MemoryEvent::Kind::alloc) live[e.alloc_id] = e.bytes;
+      if (e.kind == remat::MemoryEvent::Kind::free) live.erase(e.alloc_id);
+      if (e.kind != remat::MemoryEvent::Kind::alloc && e.kind != remat::MemoryEvent::Kind::free) continue;
+      if (e.allocated_after - p.base_bytes > peak) {
+        peak = e.allocated_after - p.base_bytes;
+        at_peak = live;
+        peak_index = index;
+      }
+      ++index;
+    }
+    EXPECT_EQ(peak, p.peak_bytes);
+    EXPECT_EQ(t["peak_bytes"].get<int64_t>(), p.peak_bytes);
+    EXPECT_EQ(t["peak_event"].get<int64_t>(), peak_index);
+    EXPECT_EQ(t["events"].get<int64_t>(), index);
+    // The peak is one of the drawn points, and there the series add up to it exactly.
+    size_t k = 0;
+    while (k < t["event"].size() && t["event"][k] != peak_index) ++k;
+    ASSERT_LT(k, t["event"].size());
+    int64_t sum = 0;
+    for (const auto& s : t["series"]) sum += t["values"][s.get<std::string>()][k].get<int64_t>();
+    EXPECT_EQ(sum, p.peak_bytes);
+    EXPECT_EQ(t["live_count"][k].get<size_t>(), at_peak.size());
+    // live_at_peak: exactly the replayed set, largest first.
+    std::map<uint64_t, int64_t> listed;
+    int64_t prev = INT64_MAX;
+    ASSERT_EQ(t["tensor_fields"], nlohmann::json({"id", "begin", "end", "bytes", "series", "phase", "layer", "shape"}));
+    for (const auto& r : t["live_at_peak"]) {
+      listed[r[0].get<uint64_t>()] = r[3].get<int64_t>();
+      EXPECT_LE(r[3].get<int64_t>(), prev);
+      prev = r[3].get<int64_t>();
+      EXPECT_LE(r[1].get<int64_t>(), peak_index);  // allocated at or before the peak
+      EXPECT_TRUE(r[2].get<int64_t>() == -1 || r[2].get<int64_t>() > peak_index) << r.dump();
+      // every tensor (not workspace bytes) has its shape
+      const std::string series = t["series"][r[4].get<size_t>()].get<std::string>();
+      if (series != "workspace") {
+        EXPECT_FALSE(t["shapes"][r[7].get<size_t>()].get<std::string>().empty()) << r.dump();
+      }
+    }
+    EXPECT_EQ(listed, at_peak);
+    // Everywhere, the merged curve never exceeds the peak and the drawn totals are real
+    // totals (each the running total at its event).
+    for (size_t i = 0; i < t["event"].size(); ++i) {
+      int64_t tot = 0;
+      for (const auto& s : t["series"]) tot += t["values"][s.get<std::string>()][i].get<int64_t>();
+      EXPECT_LE(tot, p.peak_bytes);
+      EXPECT_GE(tot, 0);
+    }
+  }
+}
+
+TEST(MemoryHtml, EmbeddedDataRoundTripsToTheJsonReport) {
+  if (!remat::memory_html_available()) GTEST_SKIP() << "built without Chart.js (libjs-chart.js)";
+  remat::Config cfg = remat::load_config(kNames);
+  remat::Graph g = remat::build_config_graph(cfg, 16, 0);
+  const auto ps = profiles(cfg, g, {"none", "all", "sqrt", "budget:2MiB"});
+  const auto all = remat::plan_candidates(cfg, g);
+  const auto front = remat::pareto_front(all);
+  remat::ProfileJsonExtras ex;
+  ex.title = "html_names <&\">";
+  ex.candidates = &all;
+  ex.front = &front;
+  const nlohmann::json report = remat::profile_json(ps, nullptr, ex);
+  const std::string html = remat::memory_html(report);
+  const nlohmann::json back = nlohmann::json::parse(embedded_json(html));
+  EXPECT_EQ(back, report);
+  // Same numbers as the profiles themselves.
+  ASSERT_EQ(back["policies"].size(), ps.size());
+  for (size_t i = 0; i < ps.size(); ++i) {
+    EXPECT_EQ(back["policies"][i]["peak_bytes"].get<int64_t>(), ps[i].peak_bytes);
+    EXPECT_EQ(back["policies"][i]["timeline"]["peak_bytes"].get<int64_t>(), ps[i].peak_bytes);
+    EXPECT_EQ(back["policies"][i]["recompute_flops"].get<double>(), ps[i].recompute_flops);
+  }
+  EXPECT_EQ(back["policies"][3]["budget_bytes"].get<int64_t>(), 2 << 20);
+  EXPECT_EQ(back["pareto"]["front"].size(), front.size());
+  // The file --json writes is the same report.
+  const fs::path dir = fs::temp_directory_path() / ("remat_memhtml_rt_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string out = run("memprof " + kNames + " --policy none,sqrt --json " + (dir / "r.json").string() +
+                              " --html " + (dir / "r.html").string());
+  ASSERT_EQ(out.substr(0, 2), "0:") << out;
+  const nlohmann::json j = nlohmann::json::parse(remat::read_file((dir / "r.json").string()));
+  EXPECT_EQ(nlohmann::json::parse(embedded_json(remat::read_file((dir / "r.html").string()))), j);
+  EXPECT_EQ(j["policies"][1]["peak_bytes"].get<int64_t>(), ps[2].peak_bytes);  // sqrt, same config and batch
+  fs::remove_all(dir);
+}
+
+TEST(MemoryHtml, NamesCannotBreakOutOfThePage) {
+  if (!remat::memory_html_available()) GTEST_SKIP() << "built without Chart.js (libjs-chart.js)";
+  remat::Config cfg = remat::load_config(kNames);
+  remat::Graph g = remat::build_config_graph(cfg, 16, 0);
+  const auto ps = profiles(cfg, g, {"sqrt"});
+  const nlohmann::json report = remat::profile_json(ps, nullptr, {"t</script><b>&\"", nullptr, nullptr});
+  const std::string dumped = report.dump();
+  ASSERT_NE(dumped.find("blk</script><script>window.pwned=1</script>"), std::string::npos);  // the names are in
+  ASSERT_NE(dumped.find("proj<b>&amp;\\\"x\\\""), std::string::npos);
+  const std::string html = remat::memory_html(report);
+  // Only the page's own three script elements end; no name appears raw.
+  EXPECT_EQ(count(html, "</script"), 3u);
+  EXPECT_EQ(count(html, "<script"), 3u);
+  EXPECT_EQ(html.find("pwned=1</"), std::string::npos);
+  EXPECT_EQ(html.find("proj<b>"), std::string::npos);
+  EXPECT_EQ(html.find("fc1 <i>"), std::string::npos);
+  const std::string data = embedded_json(html);
+  EXPECT_EQ(data.find('<'), std::string::npos);
+  EXPECT_EQ(data.find('&'), std::string::npos);
+  EXPECT_NE(data.find("proj\\u003cb\\u003e\\u0026amp;\\\"x\\\""), std::string::npos);
+  // ... and they come back intact.
+  const nlohmann::json back = nlohmann::json::parse(data);
+  std::set<std::string> names;
+  for (const auto& l : back["policies"][0]["layers"]) names.insert(l["name"].get<std::string>());
+  EXPECT_TRUE(names.count("proj<b>&amp;\"x\"")) << back["policies"][0]["layers"].dump();
+  EXPECT_TRUE(names.count("blk</script><script>window.pwned=1</script>0.fc1 <i>&"))
+      << back["policies"][0]["layers"].dump();
+  // The page builds no element from data with innerHTML.
+  EXPECT_EQ(html.find("innerHTML", html.find("id=\"remat-data\"")), std::string::npos);
+}
+
+TEST(MemoryHtml, ChartJsIsInlinedWithItsLicence) {
+  if (!remat::memory_html_available()) GTEST_SKIP() << "built without Chart.js (libjs-chart.js)";
+  remat::Config cfg = remat::load_config(kNames);
+  remat::Graph g = remat::build_config_graph(cfg, 16, 0);
+  const std::string html = remat::memory_html(remat::profile_json(profiles(cfg, g, {"none"}), nullptr));
+  EXPECT_NE(html.find("Chart.js v3"), std::string::npos);
+  EXPECT_NE(html.find("Permission is hereby granted"), std::string::npos);  // the Expat licence
+  EXPECT_NE(html.find("default-src 'none'"), std::string::npos);            // nothing may be fetched
+  const std::string js = REMAT_CHARTJS_FILE;
+  if (!js.empty() && fs::exists(js)) {
+    EXPECT_NE(html.find(remat::read_file(js)), std::string::npos);
+  }
+  EXPECT_EQ(html.find("src=\"http"), std::string::npos);
+  EXPECT_EQ(html.find("href=\"http"), std::string::npos);
+}
+
+TEST(MemoryHtml, BadOutputPathsAreClearErrors) {
+  const std::string missing = run("memprof " + kNames + " --html /nonexistent-remat-dir/m.html");
+  EXPECT_NE(missing.substr(0, 2), "0:") << missing;
+  EXPECT_NE(missing.find("--html /nonexistent-remat-dir/m.html: the folder /nonexistent-remat-dir does not exist"),
+            std::string::npos)
+      << missing;
+  const std::string folder = run("memprof " + kNames + " --html " + fs::temp_directory_path().string());
+  EXPECT_NE(folder.substr(0, 2), "0:") << folder;
+  EXPECT_NE(folder.find("is a folder, expected a file name"), std::string::npos) << folder;
+  if (remat::memory_html_available()) {
+    EXPECT_REMAT_ERROR(remat::memory_html(nlohmann::json::object()), "the report has no policies");
+  } else {  // a build without Chart.js names the package
+    EXPECT_REMAT_ERROR(remat::memory_html(nlohmann::json::object()), "libjs-chart.js");
+    const std::string no_lib = run("memprof " + kNames + " --html " + (fs::temp_directory_path() / "m.html").string());
+    EXPECT_NE(no_lib.find("install the Debian package libjs-chart.js"), std::string::npos) << no_lib;
+  }
+}
+
+TEST(MemoryHtml, TrainWritesMemoryHtmlIntoItsRunFolder) {
+  if (!remat::memory_html_available()) GTEST_SKIP() << "built without Chart.js (libjs-chart.js)";
+  const fs::path dir = fs::temp_directory_path() / ("remat_memhtml_train_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  remat::TrainOptions o;
+  o.config = kNames;
+  o.device = "cpu";
+  o.steps = 1;
+  o.out = dir.string();
+  o.quiet = true;
+  remat::train(o);
+  ASSERT_TRUE(fs::exists(dir / "memory.html"));
+  const nlohmann::json j = nlohmann::json::parse(embedded_json(remat::read_file((dir / "memory.html").string())));
+  ASSERT_EQ(j["policies"].size(), 1u);
+  EXPECT_EQ(j["policies"][0]["policy"], "sqrt");  // the config's
+  remat::Config cfg = remat::load_config(kNames);
+  remat::Graph g = remat::build_config_graph(cfg, 16, 0);
+  EXPECT_EQ(j["policies"][0]["peak_bytes"].get<int64_t>(), profiles(cfg, g, {"sqrt"})[0].peak_bytes);
+  for (const auto& e : fs::directory_iterator(dir))
+    EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << e.path();  // written atomically
+  fs::remove_all(dir);
+}
