@@ -30,55 +30,44 @@ else
   echo "bootstrap: all packages present"
 fi
 
-# Hugging Face transformers for the interop tests (tests/interop): Debian's python3 is
-# externally managed, so pip installs the pinned versions of tools/requirements-interop.txt
-# into a venv that sees the system's packages (torch 1.13, numpy). It is made again when
-# the requirements change; tools/interop_python.sh finds it.
 cd "$(dirname "$0")/.."
-venv="$(bash tools/interop_python.sh --venv)"
-req=tools/requirements-interop.txt
-stamp="$(sha256sum "$req" | cut -d' ' -f1)"
-if [[ -f "$venv/.remat-requirements" && "$(cat "$venv/.remat-requirements")" == "$stamp" ]] &&
-   "$venv/bin/python" -c 'import transformers' 2>/dev/null; then
-  echo "bootstrap: interop venv present ($venv)"
-else
-  echo "bootstrap: making the interop venv $venv (pinned transformers)"
+
+# ensure_venv WHAT VENV REQUIREMENTS IMPORT SYSTEM_SITE: a venv at VENV with the pinned
+# versions of REQUIREMENTS (pip from PyPI), made again when the requirements change (their
+# hash is stamped in the venv); SYSTEM_SITE=yes lets it see Debian's packages (torch,
+# numpy). Where pip fails, a warning: the tests that need it report themselves skipped.
+ensure_venv() {
+  local what=$1 venv=$2 req=$3 import=$4 system_site=$5 stamp
+  stamp="$(sha256sum "$req" | cut -d' ' -f1)"
+  if [[ -f "$venv/.remat-requirements" && "$(cat "$venv/.remat-requirements")" == "$stamp" ]] &&
+     "$venv/bin/python" -c "import $import" 2>/dev/null; then
+    echo "bootstrap: $what venv present ($venv)"
+    return
+  fi
+  echo "bootstrap: making the $what venv $venv ($req)"
   if [[ -e "$venv" && ! -f "$venv/pyvenv.cfg" ]]; then
     echo "bootstrap: $venv exists and is not a venv; not replacing it" >&2
     exit 1
   fi
-  if /usr/bin/python3 -m venv --clear --system-site-packages "$venv" &&
+  local flags=(--clear)
+  if [[ $system_site == yes ]]; then flags+=(--system-site-packages); fi
+  if /usr/bin/python3 -m venv "${flags[@]}" "$venv" &&
      "$venv/bin/pip" install -q --disable-pip-version-check --no-input -r "$req"; then
     echo "$stamp" > "$venv/.remat-requirements"
   else
-    # Without it the interop tests that need transformers report themselves skipped.
-    echo "bootstrap: WARNING: could not install $req into $venv; the transformers interop tests will be skipped" >&2
+    echo "bootstrap: WARNING: could not install $req into $venv; the tests that need $import will be skipped" >&2
   fi
-fi
+}
 
-# Playwright for Python for the browser test of the HTML memory page (tests/browser): a
-# venv of its own (tools/browser_python.sh finds it) with the pinned versions of
-# tools/requirements-browser.txt. Its browsers are never downloaded (no `playwright
-# install`): the test drives Debian's chromium, installed above.
-bvenv="$(bash tools/browser_python.sh --venv)"
-breq=tools/requirements-browser.txt
-bstamp="$(sha256sum "$breq" | cut -d' ' -f1)"
-if [[ -f "$bvenv/.remat-requirements" && "$(cat "$bvenv/.remat-requirements")" == "$bstamp" ]] &&
-   "$bvenv/bin/python" -c 'import playwright.sync_api' 2>/dev/null; then
-  echo "bootstrap: browser venv present ($bvenv)"
-else
-  echo "bootstrap: making the browser venv $bvenv (pinned Playwright)"
-  if [[ -e "$bvenv" && ! -f "$bvenv/pyvenv.cfg" ]]; then
-    echo "bootstrap: $bvenv exists and is not a venv; not replacing it" >&2
-    exit 1
-  fi
-  if /usr/bin/python3 -m venv --clear "$bvenv" &&
-     "$bvenv/bin/pip" install -q --disable-pip-version-check --no-input -r "$breq"; then
-    echo "$bstamp" > "$bvenv/.remat-requirements"
-  else
-    echo "bootstrap: WARNING: could not install $breq into $bvenv; the browser test will be skipped" >&2
-  fi
-fi
+# Hugging Face transformers for the interop tests (tests/interop): Debian's python3 is
+# externally managed, so pip installs them into a venv that sees the system's torch 1.13
+# and numpy; tools/interop_python.sh finds it.
+ensure_venv interop "$(bash tools/interop_python.sh --venv)" tools/requirements-interop.txt transformers yes
+
+# Playwright for Python for the browser test of the HTML memory page (tests/browser), in a
+# venv of its own (tools/browser_python.sh finds it). Its browsers are never downloaded
+# (no `playwright install`): the test drives Debian's chromium, installed above.
+ensure_venv browser "$(bash tools/browser_python.sh --venv)" tools/requirements-browser.txt playwright.sync_api no
 
 # The CUDA toolkit is optional: without it remat builds CPU-only (REMAT_CUDA=AUTO).
 if command -v nvcc >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/nvcc ]]; then
