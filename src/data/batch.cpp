@@ -7,6 +7,7 @@
 #include <random>
 
 #include "data/random.h"
+#include "data/token_batch.h"
 #include "remat/data.h"
 #include "remat/error.h"
 #include "remat/memory.h"
@@ -58,13 +59,17 @@ void BatchSampler::seek(int64_t epoch, int64_t position) {
   if (reshuffle) shuffle_epoch();
 }
 
-namespace {
+namespace data_detail {
 
-// Tensors of a batch are built on the host; for cuda they are then copied over, and for
-// meta only allocated (meta holds no data).
 Tensor to_device(const Tensor& host, Device device) { return device.is_cpu() ? host : host.to(device); }
 
-}  // namespace
+Batch empty_token_batch(int64_t b, int64_t seq_len, Device on) {
+  return {Tensor::empty(Shape{b, seq_len}, on, DType::i32), Tensor::empty(Shape{b * seq_len}, on, DType::i32)};
+}
+
+}  // namespace data_detail
+
+using data_detail::to_device;
 
 std::vector<uint8_t> hflip_draws(uint64_t seed, int64_t epoch, int64_t n, const std::vector<int64_t>& indices,
                                  double p) {
@@ -143,11 +148,8 @@ Batch text_batch(const TextDataset& d, const std::vector<int64_t>& starts, int64
   REMAT_CHECK(b <= INT64_MAX / seq_len, "text_batch: ", b, " windows of ", seq_len, " tokens overflow");
 
   TagScope scope(MemoryCategory::input, "data", Phase::setup);
-  if (device.is_meta())
-    return {Tensor::empty(Shape{b, seq_len}, device, DType::i32),
-            Tensor::empty(Shape{b * seq_len}, device, DType::i32)};
-  Tensor input = Tensor::empty(Shape{b, seq_len}, Device::cpu(), DType::i32);
-  Tensor targets = Tensor::empty(Shape{b * seq_len}, Device::cpu(), DType::i32);
+  if (device.is_meta()) return data_detail::empty_token_batch(b, seq_len, device);
+  auto [input, targets] = data_detail::empty_token_batch(b, seq_len, Device::cpu());
   int32_t* in = input.i32();
   int32_t* tg = targets.i32();
   const auto bytes = static_cast<size_t>(seq_len) * sizeof(int32_t);

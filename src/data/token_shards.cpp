@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "data/token_batch.h"
 #include "remat/error.h"
 #include "remat/memory.h"
 
@@ -28,9 +29,9 @@ int32_t le_i32(const unsigned char* p) {
 
 inline int32_t le_u16(const unsigned char* p) { return static_cast<int32_t>(p[0] | (p[1] << 8)); }
 
-Tensor to_device(const Tensor& host, Device device) { return device.is_cpu() ? host : host.to(device); }
-
 }  // namespace
+
+using data_detail::to_device;
 
 int64_t check_token_shard(const unsigned char* bytes, size_t size, const std::string& name) {
   auto bad = [&](const std::string& msg) -> void { REMAT_THROW(name, ": not a token shard: ", msg); };
@@ -140,11 +141,8 @@ Batch TokenShards::batch(const std::vector<int64_t>& indices, int64_t seq_len, i
   for (const Part& p : parts_) ends.push_back(acc += (p.count - 1) / seq_len);
 
   TagScope scope(MemoryCategory::input, "data", Phase::setup);
-  if (device.is_meta())
-    return {Tensor::empty(Shape{b, seq_len}, device, DType::i32),
-            Tensor::empty(Shape{b * seq_len}, device, DType::i32)};
-  Tensor input = Tensor::empty(Shape{b, seq_len}, Device::cpu(), DType::i32);
-  Tensor targets = Tensor::empty(Shape{b * seq_len}, Device::cpu(), DType::i32);
+  if (device.is_meta()) return data_detail::empty_token_batch(b, seq_len, device);
+  auto [input, targets] = data_detail::empty_token_batch(b, seq_len, Device::cpu());
   int32_t* in = input.i32();
   int32_t* tg = targets.i32();
   for (int64_t i = 0; i < b; ++i) {

@@ -163,20 +163,21 @@ nlohmann::json step_timeline_json(const StepProfile& p, size_t max_points, size_
     return it->second;
   };
   // [id, begin, end, bytes, series, phase, owner, shape], by id
+  auto row = [&](size_t t) {
+    const Tensor_& x = tensors[t];
+    return nlohmann::json{x.id,
+                          x.begin,
+                          x.end,
+                          x.bytes,
+                          x.series,
+                          phase_name(x.phase),
+                          intern(owner_ix, owners, x.owner, owner_name(x.owner)),
+                          intern(shape_ix, shapes, x.shape, shape_name(x.shape))};
+  };
   nlohmann::json trows = nlohmann::json::array();
-  for (size_t t : referenced) {
-    const Tensor_& x = tensors[t];
-    trows.push_back({x.id, x.begin, x.end, x.bytes, x.series, phase_name(x.phase),
-                     intern(owner_ix, owners, x.owner, owner_name(x.owner)),
-                     intern(shape_ix, shapes, x.shape, shape_name(x.shape))});
-  }
+  for (size_t t : referenced) trows.push_back(row(t));
   nlohmann::json peak_rows = nlohmann::json::array();
-  for (size_t t : peak_live) {
-    const Tensor_& x = tensors[t];
-    peak_rows.push_back({x.id, x.begin, x.end, x.bytes, x.series, phase_name(x.phase),
-                         intern(owner_ix, owners, x.owner, owner_name(x.owner)),
-                         intern(shape_ix, shapes, x.shape, shape_name(x.shape))});
-  }
+  for (size_t t : peak_live) peak_rows.push_back(row(t));
 
   // Phases: each event takes the phase of the layer span it lies in, else its own tag's.
   std::vector<Phase> ph(n, Phase::setup);
