@@ -249,6 +249,18 @@ TEST(Config, ErrorsNameFileAndPointer) {
   EXPECT_REMAT_ERROR(remat::parse_config(nlohmann::json::parse(R"({"model": {}, "optimiser": {}})"), "c.json"),
                      "c.json: /optimiser: unknown key");
   EXPECT_REMAT_ERROR(remat::load_config("/nonexistent/m.json"), "cannot open /nonexistent/m.json");
+  // training.precision: fp32 (default) or bf16; fp16 refused with the reason.
+  auto training = [](const std::string& t) {
+    return remat::parse_config(nlohmann::json::parse(R"({"model": {}, "training": )" + t + "}"), "c.json");
+  };
+  EXPECT_EQ(training("{}").training.precision, "fp32");
+  EXPECT_EQ(training(R"({"precision": "bf16"})").training.precision, "bf16");
+  EXPECT_EQ(training(R"({"precision": "bf16"})").resolved()["training"]["precision"], "bf16");
+  EXPECT_REMAT_ERROR(training(R"({"precision": "fp16"})"),
+                     "c.json: /training/precision: fp16 is not supported (it needs loss scaling");
+  EXPECT_REMAT_ERROR(training(R"({"precision": "f32"})"),
+                     "c.json: /training/precision: unknown precision \"f32\" (expected fp32 or bf16)");
+  EXPECT_REMAT_ERROR(training(R"({"precision": 16})"), "c.json: /training/precision: expected a string");
   // data.augment: an object of known keys, hflip a probability, images only.
   auto data = [](const std::string& d) {
     return remat::parse_config(nlohmann::json::parse(R"({"model": {}, "data": )" + d + "}"), "c.json");

@@ -97,6 +97,9 @@ struct TrainingConfig {
   int64_t steps = 0;
   uint64_t seed = 0;
   std::string policy = "none";
+  // fp32 | bf16: bf16 activations and working weights, fp32 masters, gradients and moments
+  // (docs/memory.md, "Mixed precision"); fp16 is rejected.
+  std::string precision = "fp32";
   int64_t log_every = 10;
   int64_t eval_every = 0;        // steps; 0 = at the end of each epoch (and of the run)
   int64_t eval_batches = 0;      // 0 = the whole eval set
@@ -123,6 +126,11 @@ struct Config {
 // data section's defaults are those of that data set (remat train --dataset).
 Config load_config(const std::string& path, const std::string& dataset = "");
 Config parse_config(const nlohmann::json& j, const std::string& source);
+
+// The precisions training.precision and --precision take.
+const std::vector<std::string>& precisions();
+// Empty when `p` names a precision, else why not (fp16: no loss scaling, use bf16).
+std::string precision_error(const std::string& p);
 
 // Learning rate at `step` (counting from 1) of `total` steps.
 double scheduled_lr(const OptimizerConfig& o, const ScheduleConfig& s, int64_t step, int64_t total);

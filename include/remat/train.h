@@ -15,8 +15,9 @@
 namespace remat {
 
 struct TrainOptions {
-  std::string config;  // path of the model config
-  std::string policy;  // "" = the config's
+  std::string config;     // path of the model config
+  std::string policy;     // "" = the config's
+  std::string precision;  // "" = the config's training.precision (fp32 | bf16)
   std::string device = "auto";
   int64_t steps = -1;  // -1 = the config's
   int64_t epochs = -1;

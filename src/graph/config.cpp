@@ -236,6 +236,8 @@ Config parse_config(const nlohmann::json& j, const std::string& source) {
     c.training.steps = t.int_or("steps", c.training.steps, 0, int64_t{1} << 40);
     c.training.seed = static_cast<uint64_t>(t.int_or("seed", 0, 0, std::numeric_limits<int64_t>::max()));
     c.training.policy = t.string_or("policy", c.training.policy);
+    c.training.precision = t.string_or("precision", c.training.precision);
+    if (const std::string e = precision_error(c.training.precision); !e.empty()) t.fail("precision", e);
     c.training.log_every = t.positive_int_or("log_every", c.training.log_every);
     c.training.eval_every = t.int_or("eval_every", c.training.eval_every, 0, int64_t{1} << 40);
     c.training.eval_batches = t.int_or("eval_batches", c.training.eval_batches, 0, int64_t{1} << 40);
@@ -297,6 +299,7 @@ nlohmann::json Config::resolved() const {
                    {"steps", training.steps},
                    {"seed", training.seed},
                    {"policy", training.policy},
+                   {"precision", training.precision},
                    {"log_every", training.log_every},
                    {"eval_every", training.eval_every},
                    {"eval_batches", training.eval_batches},
@@ -316,6 +319,19 @@ double scheduled_lr(const OptimizerConfig& o, const ScheduleConfig& s, int64_t s
   }
   if (s.type == "step") return o.lr * std::pow(s.gamma, static_cast<double>((step - 1) / s.step_size));
   return o.lr;
+}
+
+const std::vector<std::string>& precisions() {
+  static const std::vector<std::string> p{"fp32", "bf16"};
+  return p;
+}
+
+std::string precision_error(const std::string& p) {
+  if (p == "fp32" || p == "bf16") return "";
+  if (p == "fp16")
+    return "fp16 is not supported (it needs loss scaling for its narrow range); use bf16, which keeps fp32's range, "
+           "or fp32";
+  return "unknown precision \"" + p + "\" (expected fp32 or bf16)";
 }
 
 }  // namespace remat

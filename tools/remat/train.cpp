@@ -13,6 +13,7 @@ Runner add_train_command(CLI::App& app) {
   cmd->add_option("config", opt->config, "Model config (models/*.json)")->required()->check(CLI::ExistingFile);
   cmd->add_option("--policy", opt->policy,
                   "Checkpoint policy: none, all, every:K, sqrt, selective, manual (default: the config's)");
+  cmd->add_option("--precision", opt->precision, "fp32 or bf16 (default: the config's training.precision)");
   cmd->add_option(
          "--device", opt->device,
          "cpu, cuda, cuda:N, cuda-emu (the CUDA kernels on the emulator: slow) or auto (cuda:0 when a GPU is present)")
