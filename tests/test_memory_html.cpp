@@ -249,3 +249,36 @@ TEST(MemoryHtml, TrainWritesMemoryHtmlIntoItsRunFolder) {
     EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << e.path();  // written atomically
   fs::remove_all(dir);
 }
+
+// remat memprof --precision fp32,bf16: the policies once per precision, each JSON row naming
+// its precision and marked predicted only; its figures those of profile_step; bf16 on a
+// device that cannot compute it and fp16 are clear errors.
+TEST(MemoryHtml, MemprofPrecisionsSideBySide) {
+  remat::Config cfg = remat::load_config(kNames);
+  remat::Graph g = remat::build_config_graph(cfg, cfg.training.batch, 0);
+  const auto fp32 = profiles(cfg, g, {"none"});
+  cfg.training.precision = "bf16";
+  const auto bf16 = profiles(cfg, g, {"none"});
+  const fs::path dir = fs::temp_directory_path() / ("remat_memhtml_prec_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string out =
+      run("memprof " + kNames + " --policy none --precision fp32,bf16 --json " + (dir / "r.json").string());
+  ASSERT_EQ(out.substr(0, 2), "0:") << out;
+  EXPECT_NE(out.find("none bf16"), std::string::npos) << out;
+  EXPECT_NE(out.find("bf16 columns: predicted on meta only"), std::string::npos) << out;
+  const nlohmann::json j = nlohmann::json::parse(remat::read_file((dir / "r.json").string()));
+  fs::remove_all(dir);
+  ASSERT_EQ(j["policies"].size(), 2u);
+  EXPECT_EQ(j["policies"][0]["precision"], "fp32");
+  EXPECT_EQ(j["policies"][1]["precision"], "bf16");
+  EXPECT_EQ(j["policies"][1]["policy"], "none");
+  EXPECT_EQ(j["policies"][1]["predicted_only"], true);
+  EXPECT_EQ(j["policies"][0]["peak_bytes"].get<int64_t>(), fp32[0].peak_bytes);
+  EXPECT_EQ(j["policies"][1]["peak_bytes"].get<int64_t>(), bf16[0].peak_bytes);
+  EXPECT_NE(bf16[0].peak_bytes, fp32[0].peak_bytes);  // (bigger here: a tiny model, its working copies)
+  const std::string cpu = run("memprof " + kNames + " --precision bf16 --device cpu");
+  EXPECT_NE(cpu.substr(0, 2), "0:");
+  EXPECT_NE(cpu.find("--precision bf16: not yet supported on cpu"), std::string::npos) << cpu;
+  const std::string fp16 = run("memprof " + kNames + " --precision fp16");
+  EXPECT_NE(fp16.find("--precision: fp16 is not supported"), std::string::npos) << fp16;
+}

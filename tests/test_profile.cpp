@@ -176,6 +176,58 @@ TEST(Memprof, SizesAndBadInput) {
   EXPECT_EQ(fits.recomputed_layers(), 0);  // everything fits: nothing recomputed
 }
 
+// training.precision bf16 on meta: every float activation (layer outputs, saved tensors,
+// attention probabilities) takes 2 bytes, the layernorm statistics stay fp32:
+//   saved bytes per block = 32*s*b*h + 2*a*s^2*b + 16*s*b   (docs/memory.md)
+// and checkpointing every block keeps 2*s*b*h bytes per block.
+TEST(Memprof, Bf16BlockActivationsHalveAllButTheStatistics) {
+  remat::Config cfg = remat::load_config(std::string(REMAT_SOURCE_DIR) + "/models/gpt2_124m.json");
+  cfg.training.precision = "bf16";
+  const int64_t b = 2, s = 256, h = 768, a = 12;
+  remat::Graph g = remat::build_config_graph(cfg, b, s);
+  const auto p = remat::profile_step(cfg, g, remat::make_plan(g, "none"), remat::Device::meta());
+  EXPECT_EQ(p.precision, "bf16");
+  for (int block : {1, 5, 11}) {
+    int64_t saved = 0;
+    const std::string prefix = "h" + std::to_string(block) + ".";
+    for (const auto& l : p.layers)
+      if (l.name.rfind(prefix, 0) == 0) saved += l.saved_bytes;
+    EXPECT_EQ(saved, 32 * s * b * h + 2 * a * s * s * b + 16 * s * b) << "block " << block;
+  }
+  const auto all = remat::profile_step(cfg, g, remat::make_plan(g, "all"), remat::Device::meta());
+  int64_t saved = 0;
+  for (const auto& l : all.layers)
+    if (l.name.rfind("h5.", 0) == 0) saved += l.saved_bytes;
+  EXPECT_EQ(saved, 2 * s * b * h);
+}
+
+// Under bf16 the parameters are the fp32 masters plus a bf16 working copy of each trainable
+// one; gradients and AdamW moments stay fp32 (18 bytes per parameter, docs/memory.md).
+TEST(Memprof, Bf16ParameterBytesAreMastersPlusWorkingCopies) {
+  remat::Config cfg = remat::load_config(std::string(REMAT_SOURCE_DIR) + "/models/gpt_char.json");
+  remat::Graph g = remat::build_config_graph(cfg, 4, 0);
+  const auto f32 = remat::profile_step(cfg, g, remat::make_plan(g, "none"), remat::Device::meta());
+  cfg.training.precision = "bf16";
+  const auto bf16 = remat::profile_step(cfg, g, remat::make_plan(g, "none"), remat::Device::meta());
+  auto round512 = [](int64_t x) { return (x + 511) / 512 * 512; };
+  int64_t masters = 0, working = 0;
+  for (const auto& gp : g.params) {
+    masters += round512(4 * gp.spec.shape.numel());
+    if (gp.spec.trainable) working += round512(2 * gp.spec.shape.numel());
+  }
+  auto cat = [](const remat::StepProfile& p, remat::MemoryCategory c) {
+    return p.peak_by_category.bytes[static_cast<size_t>(c)];
+  };
+  EXPECT_EQ(cat(f32, remat::MemoryCategory::parameter), masters);
+  EXPECT_EQ(cat(bf16, remat::MemoryCategory::parameter), masters + working);
+  EXPECT_EQ(cat(bf16, remat::MemoryCategory::gradient), cat(f32, remat::MemoryCategory::gradient));
+  EXPECT_EQ(cat(bf16, remat::MemoryCategory::optimizer_state), cat(f32, remat::MemoryCategory::optimizer_state));
+  EXPECT_LT(bf16.peak_bytes, f32.peak_bytes);
+  // No backend computes in bf16 yet: measuring it is a clear error, not an fp32 step.
+  EXPECT_REMAT_ERROR(remat::profile_step(cfg, g, remat::make_plan(g, "none"), remat::Device::cpu()),
+                     "training.precision bf16: not yet supported on cpu");
+}
+
 TEST(Memprof, TransformerBlockActivationsMatchTheAnalyticCount) {
   // Korthikanti et al. 2022 count s*b*h*(34 + 5*a*s/h) bytes per layer in 16-bit with 1-byte
   // dropout masks. remat stores in fp32, regenerates dropout masks from Philox and does

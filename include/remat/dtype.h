@@ -13,4 +13,22 @@ size_t dtype_size(DType t);
 const char* dtype_name(DType t);
 DType parse_dtype(const std::string& s);  // "f32" | "bf16" | "f16" | "i32"; throws otherwise
 
+// The storage dtype of the float activations that ops and layers allocate on the calling
+// thread: f32, or bf16 inside an ActivationDTypeScope (training.precision bf16, see
+// docs/memory.md). What needs range stays f32 whatever it says: normalisation statistics,
+// the loss and cross-entropy's row statistics, parameter gradients, optimizer state.
+// The validators accept it where they expect f32. Only the meta backend runs under bf16
+// so far (the CPU and CUDA backends read f32 only and refuse other dtypes).
+DType activation_dtype();
+class ActivationDTypeScope {
+ public:
+  explicit ActivationDTypeScope(DType d);
+  ~ActivationDTypeScope();
+  ActivationDTypeScope(const ActivationDTypeScope&) = delete;
+  ActivationDTypeScope& operator=(const ActivationDTypeScope&) = delete;
+
+ private:
+  DType prev_;
+};
+
 }  // namespace remat

@@ -83,6 +83,10 @@ class ParamStore {
   Device device() const { return device_; }
   std::vector<Tensor> values;  // per graph param
   std::vector<Tensor> grads;   // undefined for buffers
+  // Under bf16 (activation_dtype() bf16 when constructed): the bf16 working copy of each
+  // trainable parameter that the forward and backward GEMMs read (category parameter,
+  // beside the fp32 master in `values`); empty under fp32. Gradients stay fp32.
+  std::vector<Tensor> working;
   // Optimizer state, created by the optimizer (category optimizer_state).
   std::vector<std::vector<Tensor>> state;
 

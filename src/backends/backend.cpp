@@ -24,7 +24,9 @@ struct Check {
   // A defined tensor of the dtype, on this backend's device.
   void tensor(const char* name, const Tensor& t, DType dtype = DType::f32) const {
     if (!t.defined()) fail(std::string(name) + " is undefined");
-    if (t.dtype() != dtype) fail(std::string(name) + " " + t.str() + ": expected dtype " + dtype_name(dtype));
+    const bool activation = dtype == DType::f32 && t.dtype() == activation_dtype();  // bf16 storage
+    if (t.dtype() != dtype && !activation)
+      fail(std::string(name) + " " + t.str() + ": expected dtype " + dtype_name(dtype));
     if (t.device() != device) fail(std::string(name) + " " + t.str() + ": expected a tensor on " + device.str());
   }
   void rank(const char* name, const Tensor& t, int r) const {

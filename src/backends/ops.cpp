@@ -5,7 +5,10 @@
 namespace remat::ops {
 
 namespace {
-Tensor out(Backend& be, const Shape& s, DType dt = DType::f32) { return Tensor::empty(s, be.device(), dt); }
+// Outputs are float activations (their dtype in scope: bf16 under training.precision
+// bf16) unless said f32 (statistics, the loss) or i32.
+Tensor out(Backend& be, const Shape& s) { return Tensor::empty(s, be.device(), activation_dtype()); }
+Tensor out(Backend& be, const Shape& s, DType dt) { return Tensor::empty(s, be.device(), dt); }
 }  // namespace
 
 Tensor workspace(Backend& be, size_t bytes) {
@@ -71,7 +74,7 @@ Tensor softmax(Backend& be, const Tensor& x, bool log) {
 
 CrossEntropy cross_entropy(Backend& be, const Tensor& logits, const Tensor& targets, int ignore_index) {
   REMAT_CHECK(logits.rank() == 2, "cross_entropy: logits ", logits.str(), ": expected rank 2");
-  CrossEntropy r{out(be, Shape{1}), out(be, Shape{logits.size(0)})};
+  CrossEntropy r{out(be, Shape{1}, DType::f32), out(be, Shape{logits.size(0)}, DType::f32)};
   be.cross_entropy_forward(logits, targets, ignore_index, r.loss, r.lse);
   return r;
 }
@@ -115,7 +118,7 @@ Normalized batchnorm2d_train(Backend& be, const Tensor& x, const Tensor& gamma, 
                              const Tensor& running_mean, const Tensor& running_var, const BatchNormParams& p,
                              bool update_running) {
   REMAT_CHECK(x.rank() == 4, "batchnorm2d: x ", x.str(), ": expected rank 4");
-  Normalized r{out(be, x.shape()), out(be, Shape{x.size(1)}), out(be, Shape{x.size(1)})};
+  Normalized r{out(be, x.shape()), out(be, Shape{x.size(1)}, DType::f32), out(be, Shape{x.size(1)}, DType::f32)};
   be.batchnorm2d_forward_train(x, gamma, beta, running_mean, running_var, p, update_running, r.y, r.mean, r.invstd);
   return r;
 }
@@ -123,7 +126,7 @@ Normalized batchnorm2d_train(Backend& be, const Tensor& x, const Tensor& gamma, 
 Normalized layernorm(Backend& be, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) {
   REMAT_CHECK(x.rank() >= 1 && x.size(-1) > 0, "layernorm: x ", x.str(), ": expected a non-empty last dimension");
   const int64_t n = x.numel() / x.size(-1);
-  Normalized r{out(be, x.shape()), out(be, Shape{n}), out(be, Shape{n})};
+  Normalized r{out(be, x.shape()), out(be, Shape{n}, DType::f32), out(be, Shape{n}, DType::f32)};
   be.layernorm_forward(x, gamma, beta, eps, r.y, r.mean, r.invstd);
   return r;
 }

@@ -32,4 +32,16 @@ DType parse_dtype(const std::string& s) {
   REMAT_THROW("unknown dtype \"", s, "\" (expected f32, bf16, f16 or i32)");
 }
 
+namespace {
+thread_local DType g_activation_dtype = DType::f32;
+}  // namespace
+
+DType activation_dtype() { return g_activation_dtype; }
+
+ActivationDTypeScope::ActivationDTypeScope(DType d) : prev_(g_activation_dtype) {
+  REMAT_CHECK(d == DType::f32 || d == DType::bf16, "activation dtype ", dtype_name(d), ": expected f32 or bf16");
+  g_activation_dtype = d;
+}
+ActivationDTypeScope::~ActivationDTypeScope() { g_activation_dtype = prev_; }
+
 }  // namespace remat

@@ -55,6 +55,7 @@ ParamStore::ParamStore(const Graph& g, Device device, uint64_t seed, bool initia
   grads.resize(g.params.size());
   state.resize(g.params.size());
   offsets_.resize(g.params.size());
+  if (activation_dtype() == DType::bf16) working.resize(g.params.size());
   uint64_t offset = 0;
   for (size_t p = 0; p < g.params.size(); ++p) {
     const GraphParam& gp = g.params[p];
@@ -65,6 +66,10 @@ ParamStore::ParamStore(const Graph& g, Device device, uint64_t seed, bool initia
       values[p] = Tensor::empty(gp.spec.shape, device);
     }
     if (initialise_values) initialise(p);
+    if (activation_dtype() == DType::bf16 && gp.spec.trainable) {
+      TagScope scope(MemoryCategory::parameter, gp.name, Phase::setup);
+      working[p] = Tensor::empty(gp.spec.shape, device, DType::bf16);
+    }
     if (gp.spec.trainable) {
       TagScope scope(MemoryCategory::gradient, gp.name, Phase::setup);
       grads[p] = Tensor::zeros(gp.spec.shape, device);

@@ -148,9 +148,11 @@ const char* const kScript = R"js(
   }
 
   // ---- the policy table ------------------------------------------------------------------
+  // A policy's name, with its precision when not fp32 (memprof --precision fp32,bf16).
+  const pname = (p) => (p.precision && p.precision !== 'fp32' ? p.policy + ' ' + p.precision : p.policy);
   const cats = Object.keys(policies[0].peak_by_category);
   const pcols = [
-    { label: 'policy', left: true, key: (p) => p.policy, cell: (p) => p.policy },
+    { label: 'policy', left: true, key: (p) => pname(p), cell: (p) => pname(p) },
     { label: 'peak allocated', key: (p) => p.peak_bytes, cell: (p) => fmtBytes(p.peak_bytes), title: (p) => exact(p.peak_bytes) }
   ].concat(cats.map((c) => ({
     label: c, key: (p) => p.peak_by_category[c], cell: (p) => fmtBytes(p.peak_by_category[c]),
@@ -172,7 +174,7 @@ const char* const kScript = R"js(
   // ---- the timeline ----------------------------------------------------------------------
   const buttons = $('policies');
   policies.forEach((p, i) => {
-    const b = el('button', p.policy);
+    const b = el('button', pname(p));
     b.addEventListener('click', () => selectPolicy(i));
     buttons.appendChild(b);
   });
@@ -363,11 +365,11 @@ const char* const kScript = R"js(
       const n = Math.max(1, tl.events - 1);
       const col = POLICY_COLORS[i % POLICY_COLORS.length];
       ds.push({
-        label: p.policy + ' (peak ' + fmtBytes(p.peak_bytes) + ')', borderColor: col, backgroundColor: col,
+        label: pname(p) + ' (peak ' + fmtBytes(p.peak_bytes) + ')', borderColor: col, backgroundColor: col,
         borderWidth: 1.5, pointRadius: 0, fill: false,
         data: tl.event.map((e, k) => { let t = 0; for (const s of tl.series) t += tl.values[s][k]; return { x: e / n, y: t }; })
       });
-      ds.push({ label: p.policy + ' peak', type: 'scatter', pointStyle: 'triangle', pointRadius: 6,
+      ds.push({ label: pname(p) + ' peak', type: 'scatter', pointStyle: 'triangle', pointRadius: 6,
                 borderColor: col, backgroundColor: col, data: [{ x: tl.peak_event / n, y: tl.peak_bytes }] });
     });
     if (budget) ds.push({ label: 'budget ' + fmtBytes(budget), borderColor: '#c00', borderDash: [6, 4], pointRadius: 0,

@@ -48,10 +48,15 @@ std::string xml_escape(const std::string& s) {
 
 }  // namespace
 
+// A policy's name in tables and plots, with its precision when not fp32.
+namespace {
+std::string shown_name(const StepProfile& p) { return p.precision == "fp32" ? p.policy : p.policy + " " + p.precision; }
+}  // namespace
+
 std::string profile_table(const std::vector<StepProfile>& ps, const std::vector<StepProfile>* measured) {
   const size_t w0 = 22, w = 16;
   std::string out = pad("", w0, false);
-  for (const auto& p : ps) out += pad(p.policy, w);
+  for (const auto& p : ps) out += pad(shown_name(p), w);
   out += "\n";
   auto row = [&](const std::string& label, auto value) {
     out += pad(label, w0, false);
@@ -78,7 +83,7 @@ std::string profile_table(const std::vector<StepProfile>& ps, const std::vector<
 }
 
 std::string layer_table(const StepProfile& p) {
-  std::string out = "policy " + p.policy + ": per layer\n";
+  std::string out = "policy " + shown_name(p) + ": per layer\n";
   out += pad("layer", 28, false) + pad("type", 14, false) + pad("saved", 12) + pad("plan", 12) + pad("fwd FLOPs", 14) +
          "\n";
   for (const auto& l : p.layers) {
@@ -127,6 +132,8 @@ nlohmann::json profile_json(const std::vector<StepProfile>& predicted, const std
     }
     nlohmann::json pj{
         {"policy", p.policy},
+        {"precision", p.precision},
+        {"predicted_only", !measured},
         {"device", shown.device.str()},
         {"peak_bytes", shown.peak_bytes},
         {"peak_by_category", cats},
@@ -166,7 +173,8 @@ nlohmann::json chrome_trace(const std::vector<StepProfile>& ps) {
   for (size_t k = 0; k < ps.size(); ++k) {
     const StepProfile& p = ps[k];
     const int pid = static_cast<int>(k) + 1;
-    ev.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", "policy " + p.policy}}}});
+    ev.push_back(
+        {{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", "policy " + shown_name(p)}}}});
     ev.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", 1}, {"args", {{"name", "layers"}}}});
     CategoryCounts cur;  // relative to the start of the step
     for (const auto& e : p.events) {
@@ -251,7 +259,7 @@ std::string memory_svg(const std::vector<StepProfile>& ps, const std::string& ti
     s += "<line x1=\"" + fmt("%.0f", L + pw + 15) + "\" y1=\"" + fmt("%.0f", ly) + "\" x2=\"" +
          fmt("%.0f", L + pw + 40) + "\" y2=\"" + fmt("%.0f", ly) + "\" stroke=\"" + col +
          "\" stroke-width=\"3\"/>\n<text x=\"" + fmt("%.0f", L + pw + 46) + "\" y=\"" + fmt("%.0f", ly + 4) + "\">" +
-         xml_escape(p.policy) + "</text>\n";
+         xml_escape(shown_name(p)) + "</text>\n";
   }
   return s + "</svg>\n";
 }

@@ -2,6 +2,7 @@
 // checkpoint policy, and which plan fits a budget (see docs/memory.md).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
@@ -15,14 +16,16 @@ namespace remat::cli {
 
 namespace {
 
-std::vector<std::string> split_policies(const std::string& s) {
+std::vector<std::string> split_list(const char* option, const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
   for (std::string p; std::getline(ss, p, ',');)
     if (!p.empty()) out.push_back(p);
-  REMAT_CHECK(!out.empty(), "--policy: expected a comma-separated list of policies");
+  REMAT_CHECK(!out.empty(), option, ": expected a comma-separated list");
   return out;
 }
+
+std::vector<std::string> split_policies(const std::string& s) { return split_list("--policy", s); }
 
 // An output path whose folder does not exist or cannot be written fails before the
 // profile runs, naming the option.
@@ -42,7 +45,7 @@ void check_output_path(const char* option, const std::string& path) {
 Runner add_memprof_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("memprof", "Profile the memory of one training step under checkpoint policies");
   struct Opts {
-    std::string config, policies = "none,all,sqrt,selective", device = "meta", json, trace, svg, html;
+    std::string config, policies = "none,all,sqrt,selective", device = "meta", json, trace, svg, html, precisions;
     int64_t batch = -1, seq = 0;
     bool layers = false;
   };
@@ -52,6 +55,9 @@ Runner add_memprof_command(CLI::App& app) {
   cmd->add_option("--seq", o->seq, "Sequence length for token models (default: the config's)");
   cmd->add_option("--policy", o->policies,
                   "Comma-separated policies, e.g. none,all,every:4,sqrt,selective,budget:8GiB");
+  cmd->add_option("--precision", o->precisions,
+                  "Comma-separated precisions side by side, e.g. fp32,bf16 (default: the config's training.precision; "
+                  "bf16 is predicted on meta only)");
   cmd->add_option("--device", o->device, "meta (predict, computes nothing); cpu, cuda[:N] or cuda-emu (measure too)")
       ->default_val("meta");
   cmd->add_option("--json", o->json, "Write a machine-readable report");
@@ -77,17 +83,33 @@ Runner add_memprof_command(CLI::App& app) {
     const Device dev = Device::parse(o->device);
     require_available(dev);
     Graph g = build_config_graph(cfg, batch, o->seq);
+    const std::vector<std::string> precisions = o->precisions.empty() ? std::vector<std::string>{cfg.training.precision}
+                                                                      : split_list("--precision", o->precisions);
+    for (const std::string& p : precisions) {
+      if (const std::string e = precision_error(p); !e.empty()) REMAT_THROW("--precision: ", e);
+      if (p != "fp32" && !dev.is_meta())
+        REMAT_THROW("--precision ", p, ": not yet supported on ", dev.str(),
+                    " (no backend computes in it yet): predict it with --device meta");
+    }
     std::vector<StepProfile> predicted, measured;
-    for (const std::string& pol : split_policies(o->policies)) {
-      CheckpointPlan plan = resolve_policy(cfg, g, pol, dev.is_meta() ? nullptr : &backend_for(dev));
-      // predicted on meta with the measured device's workspace sizes
-      predicted.push_back(
-          profile_step(cfg, g, plan, Device::meta(), true, dev.is_meta() ? nullptr : &backend_for(dev)));
-      if (!dev.is_meta()) measured.push_back(profile_step(cfg, g, plan, dev));
+    for (const std::string& prec : precisions) {
+      cfg.training.precision = prec;
+      for (const std::string& pol : split_policies(o->policies)) {
+        CheckpointPlan plan = resolve_policy(cfg, g, pol, dev.is_meta() ? nullptr : &backend_for(dev));
+        // predicted on meta with the measured device's workspace sizes
+        predicted.push_back(
+            profile_step(cfg, g, plan, Device::meta(), true, dev.is_meta() ? nullptr : &backend_for(dev)));
+        if (!dev.is_meta()) measured.push_back(profile_step(cfg, g, plan, dev));
+      }
     }
     std::printf("remat memprof %s: %s, batch %lld, %lld parameters, device %s\n\n", o->config.c_str(), cfg.name.c_str(),
                 static_cast<long long>(batch), static_cast<long long>(g.parameter_count()), dev.str().c_str());
     std::printf("%s", profile_table(predicted, dev.is_meta() ? nullptr : &measured).c_str());
+    if (std::find_if(precisions.begin(), precisions.end(), [](const std::string& p) { return p != "fp32"; }) !=
+        precisions.end())
+      std::printf(
+          "\nbf16 columns: predicted on meta only (bf16 activations and working weights, fp32 masters, gradients, "
+          "moments and statistics); no backend computes in bf16 yet\n");
     if (o->layers)
       for (const auto& p : dev.is_meta() ? predicted : measured) std::printf("\n%s", layer_table(p).c_str());
     const auto& shown = dev.is_meta() ? predicted : measured;

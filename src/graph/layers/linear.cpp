@@ -39,7 +39,7 @@ class Linear final : public Layer {
     c.out = ops::linear(c.be, c.in[0], c.params[0], bias_ ? c.params[1] : Tensor());
   }
   void backward(BackwardContext& c) const override {
-    Tensor dx = c.need_din[0] ? Tensor::empty(c.in[0].shape(), c.be.device()) : Tensor();
+    Tensor dx = c.need_din[0] ? Tensor::empty(c.in[0].shape(), c.be.device(), activation_dtype()) : Tensor();
     c.be.linear_backward(c.dout, c.in[0], c.params[0], dx, c.grads[0], bias_ ? c.grads[1] : Tensor());
     c.din = {dx};
   }

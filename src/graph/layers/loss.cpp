@@ -31,7 +31,7 @@ class CrossEntropyLoss final : public Layer {
     c.extras = {r.lse};
   }
   void backward(BackwardContext& c) const override {
-    Tensor dl = Tensor::empty(Shape{n_, v_}, c.be.device());
+    Tensor dl = Tensor::empty(Shape{n_, v_}, c.be.device(), activation_dtype());
     c.be.cross_entropy_backward(1.0f, c.in[0].view(Shape{n_, v_}), c.in[1].view(Shape{n_}), c.extras[0], ignore_, dl);
     c.din = {dl.view(c.in[0].shape()), Tensor()};
   }

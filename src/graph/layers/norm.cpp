@@ -26,7 +26,7 @@ class BatchNorm2d final : public Layer {
   double forward_flops() const override { return 8.0 * n_; }
   void forward(ForwardContext& c) const override {
     if (!c.training) {
-      c.out = Tensor::empty(c.in[0].shape(), c.be.device());
+      c.out = Tensor::empty(c.in[0].shape(), c.be.device(), activation_dtype());
       c.be.batchnorm2d_forward_eval(c.in[0], c.params[0], c.params[1], c.params[2], c.params[3], p_, c.out);
       return;
     }

@@ -31,7 +31,7 @@ class MaxPool2d final : public Layer {
     c.extras = {r.indices};
   }
   void backward(BackwardContext& c) const override {
-    Tensor dx = Tensor::empty(in_, c.be.device());
+    Tensor dx = Tensor::empty(in_, c.be.device(), activation_dtype());
     c.be.maxpool2d_backward(c.dout, c.extras[0], dx);
     c.din = {dx};
   }
@@ -56,7 +56,7 @@ class AvgPool2d final : public Layer {
   double backward_flops() const override { return numel_of(in_); }
   void forward(ForwardContext& c) const override { c.out = ops::avgpool2d(c.be, c.in[0], p_); }
   void backward(BackwardContext& c) const override {
-    Tensor dx = Tensor::empty(in_, c.be.device());
+    Tensor dx = Tensor::empty(in_, c.be.device(), activation_dtype());
     c.be.avgpool2d_backward(c.dout, p_, dx);
     c.din = {dx};
   }
@@ -80,7 +80,7 @@ class GlobalAvgPool final : public Layer {
   double backward_flops() const override { return numel_of(in_); }
   void forward(ForwardContext& c) const override { c.out = ops::global_avgpool(c.be, c.in[0]); }
   void backward(BackwardContext& c) const override {
-    Tensor dx = Tensor::empty(in_, c.be.device());
+    Tensor dx = Tensor::empty(in_, c.be.device(), activation_dtype());
     c.be.global_avgpool_backward(c.dout, dx);
     c.din = {dx};
   }

@@ -21,7 +21,7 @@ class RmsNorm final : public Layer {
   double forward_flops() const override { return 4.0 * n_; }
   void forward(ForwardContext& c) const override {
     const Tensor& x = c.in[0];
-    c.out = Tensor::empty(x.shape(), c.be.device());
+    c.out = Tensor::empty(x.shape(), c.be.device(), activation_dtype());
     Tensor rstd = Tensor::empty(Shape{x.numel() / c_}, c.be.device());
     c.be.rmsnorm_forward(x, c.params[0], eps_, c.out, rstd);
     c.extras = {rstd};
