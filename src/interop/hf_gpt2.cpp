@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "remat/bf16.h"
 #include "remat/error.h"
 #include "remat/interop.h"
 #include "remat/io.h"
@@ -124,10 +125,7 @@ inline float load(const unsigned char* p) {
     std::memcpy(&f, p, sizeof f);
     return f;
   } else if constexpr (D == DType::bf16) {
-    const uint32_t bits = (uint32_t{p[0]} | (uint32_t{p[1]} << 8)) << 16;
-    float f;
-    std::memcpy(&f, &bits, sizeof f);
-    return f;
+    return bf16_to_float(static_cast<uint16_t>(p[0] | (p[1] << 8)));
   } else {
     return f16_to_f32(static_cast<uint16_t>(p[0] | (p[1] << 8)));
   }
