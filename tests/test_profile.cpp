@@ -228,6 +228,27 @@ TEST(Memprof, Bf16ParameterBytesAreMastersPlusWorkingCopies) {
                      "training.precision bf16: not yet supported on cpu");
 }
 
+// Issue 14's memory targets that the prediction meets so far: a whole GPT-2 124M step at
+// batch 8 (policy none) in bf16 within 0.6x the fp32 peak, and gpt_char's activations at
+// the peak within 0.52x. (fashion_cnn's are 0.54x: i32 pooling indices, docs/memory.md.)
+TEST(Memprof, Bf16MeetsThePeakTargets) {
+  auto peaks = [](const std::string& model, int64_t batch) {
+    remat::Config cfg = remat::load_config(std::string(REMAT_SOURCE_DIR) + "/models/" + model + ".json");
+    remat::Graph g = remat::build_config_graph(cfg, batch, 0);
+    const auto f32 = remat::profile_step(cfg, g, remat::make_plan(g, "none"), remat::Device::meta(), false);
+    cfg.training.precision = "bf16";
+    const auto bf16 = remat::profile_step(cfg, g, remat::make_plan(g, "none"), remat::Device::meta(), false);
+    return std::make_pair(f32, bf16);
+  };
+  const auto gpt2 = peaks("gpt2_124m", 8);
+  EXPECT_LE(static_cast<double>(gpt2.second.peak_bytes), 0.6 * static_cast<double>(gpt2.first.peak_bytes));
+  const auto chr = peaks("gpt_char", 16);
+  const auto act = [](const remat::StepProfile& p) {
+    return static_cast<double>(p.peak_by_category.bytes[static_cast<size_t>(remat::MemoryCategory::activation)]);
+  };
+  EXPECT_LE(act(chr.second), 0.52 * act(chr.first));
+}
+
 TEST(Memprof, TransformerBlockActivationsMatchTheAnalyticCount) {
   // Korthikanti et al. 2022 count s*b*h*(34 + 5*a*s/h) bytes per layer in 16-bit with 1-byte
   // dropout masks. remat stores in fp32, regenerates dropout masks from Philox and does
