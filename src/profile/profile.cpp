@@ -78,6 +78,9 @@ StepProfile profile_step(const Config& cfg, const Graph& g, const CheckpointPlan
   StepProfile p;
   p.policy = plan.policy;
   p.device = device;
+  p.precision = cfg.training.precision;
+  REMAT_CHECK(p.precision == "fp32" || device.is_meta(), "training.precision ", p.precision, ": not yet supported on ",
+              device.str(), " (no backend computes in it yet; predict it on meta)");
   std::unique_ptr<Backend> modelled;
   if (device.is_meta() && workspace_model) modelled = make_meta_backend(workspace_model);
   Backend& be = modelled ? *modelled : backend_for(device);
@@ -88,9 +91,6 @@ StepProfile profile_step(const Config& cfg, const Graph& g, const CheckpointPlan
   alloc.set_event_logging(keep_events);
   alloc.reset_peak();
   std::vector<LayerSpan> spans;
-  p.precision = cfg.training.precision;
-  REMAT_CHECK(p.precision == "fp32" || device.is_meta(), "training.precision ", p.precision, ": not yet supported on ",
-              device.str(), " (no backend computes in it yet; predict it on meta)");
   ActivationDTypeScope precision(p.precision == "bf16" ? DType::bf16 : DType::f32);
   try {
     ParamStore params(g, device, cfg.training.seed);
