@@ -26,6 +26,7 @@ const std::map<std::string, std::set<std::string>> kArrows = {
     {"tensor", {"base", "core", "memory"}},  // Tensor and Storage
     {"io", {"base", "core", "tensor"}},      // atomic files, mapped files, safetensors
     {"emu", {"base"}},                       // the CUDA emulator's runtime
+    {"dist", {"base"}},                      // ranks and collectives (MPI)
     {"kernels", {"base", "core", "emu"}},    // CUDA kernels (emu: built for the emulator)
     {"backends", {"base", "core", "memory", "tensor", "kernels"}},  // the op list and the backends
     {"data", {"base", "core", "memory", "tensor", "io"}},
@@ -35,21 +36,42 @@ const std::map<std::string, std::set<std::string>> kArrows = {
     {"interop", {"base", "core", "memory", "tensor", "io", "backends", "data", "graph", "exec"}},
     {"profile", {"base", "core", "memory", "tensor", "io", "backends", "data", "graph", "exec", "optim"}},
     {"train",
-     {"base", "core", "memory", "tensor", "io", "backends", "data", "graph", "exec", "optim", "interop", "profile"}},
+     {"base", "core", "memory", "tensor", "io", "backends", "data", "graph", "exec", "optim", "interop", "profile",
+      "dist"}},
     {"cli",
      {"base", "core", "memory", "tensor", "io", "backends", "data", "graph", "exec", "optim", "interop", "profile",
-      "train"}},
+      "train", "dist"}},
 };
 
 // The public headers' layers.
 const std::map<std::string, std::string> kHeaders = {
-    {"error.h", "base"},  {"log.h", "base"},          {"cuda_check.h", "base"},        {"shape.h", "core"},
-    {"dtype.h", "core"},  {"device.h", "core"},       {"device_registry.h", "core"},   {"rng.h", "core"},
-    {"philox.h", "core"}, {"hd.h", "core"},           {"memory.h", "memory"},          {"tensor.h", "tensor"},
-    {"io.h", "io"},       {"backend.h", "backends"},  {"backend_ops.def", "backends"}, {"ops.h", "backends"},
-    {"data.h", "data"},   {"token_shards.h", "data"}, {"config.h", "graph"},           {"graph.h", "graph"},
-    {"exec.h", "exec"},   {"optim.h", "optim"},       {"interop.h", "interop"},        {"profile.h", "profile"},
-    {"train.h", "train"}, {"evaluate.h", "train"},
+    {"error.h", "base"},
+    {"log.h", "base"},
+    {"cuda_check.h", "base"},
+    {"shape.h", "core"},
+    {"dtype.h", "core"},
+    {"device.h", "core"},
+    {"device_registry.h", "core"},
+    {"rng.h", "core"},
+    {"philox.h", "core"},
+    {"hd.h", "core"},
+    {"memory.h", "memory"},
+    {"tensor.h", "tensor"},
+    {"io.h", "io"},
+    {"backend.h", "backends"},
+    {"backend_ops.def", "backends"},
+    {"ops.h", "backends"},
+    {"data.h", "data"},
+    {"token_shards.h", "data"},
+    {"config.h", "graph"},
+    {"graph.h", "graph"},
+    {"exec.h", "exec"},
+    {"optim.h", "optim"},
+    {"interop.h", "interop"},
+    {"profile.h", "profile"},
+    {"train.h", "train"},
+    {"evaluate.h", "train"},
+    {"dist.h", "dist"},
 };
 
 bool starts_with(const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; }
