@@ -101,4 +101,32 @@ else
   echo "$log"
   fail=1
 fi
+# A rank that dies (SIGKILL) or hangs (SIGSTOP) ends the job with an error naming a rank,
+# within the timeout (REMAT_DIST_TIMEOUT, here 5 s), never hangs it.
+rank1_of() {  # the pid of rank 1 among mpirun's children
+  local p
+  for p in $(pgrep -P "$1"); do
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -q '^OMPI_COMM_WORLD_RANK=1$'; then echo "$p"; fi
+  done
+}
+for signal in KILL STOP; do
+  start=$(date +%s)
+  REMAT_DIST_TIMEOUT=5 timeout 60 "$mpirun" -x REMAT_DIST_TIMEOUT -np 2 "$remat" "${train[@]}" --steps 100000 \
+    >"$dir/fault.log" 2>&1 &
+  launcher=$!
+  sleep 3
+  victim=$(rank1_of "$(pgrep -P $launcher -x mpirun || echo $launcher)")
+  [[ -n $victim ]] && kill -s "$signal" "$victim"
+  wait $launcher
+  rc=$?
+  took=$(($(date +%s) - start))
+  if [[ -n $victim && $rc != 0 && $rc != 124 && $took -lt 40 ]] &&
+    grep -Eq "rank 1 .*exited on signal|rank 0: MPI_[A-Za-z]+ did not complete within 5 s" "$dir/fault.log"; then
+    echo "ok: SIG$signal to rank 1 ended the job in ${took} s with an error naming the rank"
+  else
+    echo "FAIL: SIG$signal to rank 1 (pid '$victim'): exit $rc after ${took} s:"
+    cat "$dir/fault.log"
+    fail=1
+  fi
+done
 exit $fail

@@ -1,7 +1,9 @@
 // The MPI Comm (OpenMPI from Debian): collectives on MPI_COMM_WORLD. Without MPI in the
 // build, the factory returns nullptr and the run is one process.
+#include <chrono>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "dist/comm_impl.h"
 #include "remat/error.h"
@@ -35,6 +37,13 @@ int env_int(const char* name, int fallback) {
   return v ? std::atoi(v) : fallback;
 }
 
+// Seconds a collective may wait for the other ranks (REMAT_DIST_TIMEOUT, default 300).
+double timeout_s() {
+  const char* v = std::getenv("REMAT_DIST_TIMEOUT");
+  const double t = v ? std::atof(v) : 300.0;
+  return t > 0 ? t : 300.0;
+}
+
 void finalize_at_exit() {
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -64,22 +73,45 @@ class MpiComm final : public Comm {
   void abort(int code) override { MPI_Abort(MPI_COMM_WORLD, code); }
 
  protected:
+  // Non-blocking collectives waited on with a deadline: a rank that hangs (or dies
+  // without mpirun noticing) makes the others fail instead of waiting for ever.
   void alltoall_impl(const void* send, void* recv, int64_t bytes) override {
-    check(MPI_Alltoall(send, count(bytes), MPI_BYTE, recv, count(bytes), MPI_BYTE, MPI_COMM_WORLD), "MPI_Alltoall");
+    MPI_Request rq;
+    check(MPI_Ialltoall(send, count(bytes), MPI_BYTE, recv, count(bytes), MPI_BYTE, MPI_COMM_WORLD, &rq),
+          "MPI_Ialltoall");
+    wait(rq, "MPI_Alltoall");
   }
   void allgather_impl(const void* send, void* recv, int64_t bytes) override {
-    check(MPI_Allgather(send, count(bytes), MPI_BYTE, recv, count(bytes), MPI_BYTE, MPI_COMM_WORLD), "MPI_Allgather");
+    MPI_Request rq;
+    check(MPI_Iallgather(send, count(bytes), MPI_BYTE, recv, count(bytes), MPI_BYTE, MPI_COMM_WORLD, &rq),
+          "MPI_Iallgather");
+    wait(rq, "MPI_Allgather");
   }
   void allreduce_sum_impl(float* data, int64_t n) override {
-    check(MPI_Allreduce(MPI_IN_PLACE, data, count(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+    MPI_Request rq;
+    check(MPI_Iallreduce(MPI_IN_PLACE, data, count(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &rq), "MPI_Iallreduce");
+    wait(rq, "MPI_Allreduce");
   }
 
  private:
+  void wait(MPI_Request& rq, const char* what) const {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_);
+    for (int spins = 0;; ++spins) {
+      int done = 0;
+      check(MPI_Test(&rq, &done, MPI_STATUS_IGNORE), what);
+      if (done) return;
+      if (std::chrono::steady_clock::now() > deadline)
+        REMAT_THROW("data parallel: rank ", rank_, ": ", what, " did not complete within ", timeout_,
+                    " s (REMAT_DIST_TIMEOUT): another rank hangs or died; ending the job");
+      if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
   static int count(int64_t n) {
     REMAT_CHECK(n <= (int64_t{1} << 31) - 1, "MPI: a message of ", n, " elements is over MPI's int count");
     return static_cast<int>(n);
   }
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+  double timeout_ = timeout_s();
 };
 
 }  // namespace
