@@ -66,6 +66,17 @@ for policy in none all every:2 sqrt selective; do
     fi
   done
 done
+# A run saved with 2 ranks resumes with 3 (and the schedule is constant, so --steps 3
+# then 5 is the 5-step run): bitwise the one-process run.
+if "$mpirun" -np 2 "$remat" "${train[@]}" --steps 3 --out "$dir/resumed" &&
+  "$mpirun" -np 3 "$remat" "${train[@]}" --steps 5 --resume "$dir/resumed" &&
+  cmp -s "$dir/ref_none/checkpoint/model.safetensors" "$dir/resumed/checkpoint/model.safetensors" &&
+  cmp -s "$dir/ref_none/checkpoint/optimizer.safetensors" "$dir/resumed/checkpoint/optimizer.safetensors"; then
+  echo "ok: saved with 2 ranks, resumed with 3: bitwise the one-process run"
+else
+  echo "FAIL: resume with another rank count"
+  fail=1
+fi
 # The progress line reports communication; only rank 0 prints.
 log=$("$mpirun" -np 2 "$remat" train "$dir/tiny.json" --device cpu --steps 2 2>&1) || fail=1
 if [[ $(grep -c '^step 2/2' <<<"$log") == 1 && $(grep -c '^done' <<<"$log") == 1 &&
