@@ -66,6 +66,22 @@ for policy in none all every:2 sqrt selective; do
     fi
   done
 done
+# The same on cuda-emu (the CUDA backend's kernels on the emulator; gradients reach MPI
+# through host copies), where this remat has it.
+emu=(train "$dir/tiny.json" --device cuda-emu --quiet --steps 2 --policy sqrt)
+if "$remat" "${emu[@]}" --out "$dir/emu_ref" 2>/dev/null; then
+  for n in 2 3; do
+    if "$mpirun" -np "$n" "$remat" "${emu[@]}" --out "$dir/emu_np$n" &&
+      cmp -s "$dir/emu_ref/checkpoint/model.safetensors" "$dir/emu_np$n/checkpoint/model.safetensors"; then
+      echo "ok: cuda-emu, $n ranks: weights bitwise those of one process"
+    else
+      echo "FAIL: cuda-emu, $n ranks"
+      fail=1
+    fi
+  done
+else
+  echo "note: no cuda-emu in this remat; its part is skipped"
+fi
 # A run saved with 2 ranks resumes with 3 (and the schedule is constant, so --steps 3
 # then 5 is the 5-step run): bitwise the one-process run.
 if "$mpirun" -np 2 "$remat" "${train[@]}" --steps 3 --out "$dir/resumed" &&
