@@ -26,6 +26,7 @@ const std::map<std::string, std::set<std::string>> kArrows = {
     {"tensor", {"base", "core", "memory"}},  // Tensor and Storage
     {"io", {"base", "core", "tensor"}},      // atomic files, mapped files, safetensors
     {"emu", {"base"}},                       // the CUDA emulator's runtime
+    {"dist", {"base"}},                      // ranks and collectives (MPI)
     {"kernels", {"base", "core", "emu"}},    // CUDA kernels (emu: built for the emulator)
     {"backends", {"base", "core", "memory", "tensor", "kernels"}},  // the op list and the backends
     {"data", {"base", "core", "memory", "tensor", "io"}},
@@ -35,10 +36,11 @@ const std::map<std::string, std::set<std::string>> kArrows = {
     {"interop", {"base", "core", "memory", "tensor", "io", "backends", "data", "graph", "exec"}},
     {"profile", {"base", "core", "memory", "tensor", "io", "backends", "data", "graph", "exec", "optim"}},
     {"train",
-     {"base", "core", "memory", "tensor", "io", "backends", "data", "graph", "exec", "optim", "interop", "profile"}},
+     {"base", "core", "memory", "tensor", "io", "backends", "data", "graph", "exec", "optim", "interop", "profile",
+      "dist"}},
     {"cli",
      {"base", "core", "memory", "tensor", "io", "backends", "data", "graph", "exec", "optim", "interop", "profile",
-      "train"}},
+      "train", "dist"}},
 };
 
 // The public headers' layers.
@@ -70,6 +72,7 @@ const std::map<std::string, std::string> kHeaders = {
     {"profile.h", "profile"},
     {"train.h", "train"},
     {"evaluate.h", "train"},
+    {"dist.h", "dist"},
 };
 
 bool starts_with(const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; }

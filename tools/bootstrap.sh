@@ -11,6 +11,7 @@ PACKAGES=(
   dataset-fashion-mnist fortunes
   python3-torch python3-numpy python3-venv
   libjs-chart.js chromium
+  openmpi-bin libopenmpi-dev
 )
 
 missing=()

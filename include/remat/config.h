@@ -93,6 +93,11 @@ struct ScheduleConfig {
 
 struct TrainingConfig {
   int64_t batch = 32;
+  // Gradient accumulation: a step of `batch` samples runs batch / micro_batch
+  // micro-batches (0 = one micro-batch of the whole batch); must divide batch.
+  int64_t micro_batch = 0;
+  int64_t micro() const { return micro_batch > 0 ? micro_batch : batch; }
+  int64_t micro_batches() const { return batch / micro(); }
   int64_t epochs = 0;  // one of epochs / steps; steps wins when both are given
   int64_t steps = 0;
   uint64_t seed = 0;
@@ -126,6 +131,9 @@ struct Config {
 // data section's defaults are those of that data set (remat train --dataset).
 Config load_config(const std::string& path, const std::string& dataset = "");
 Config parse_config(const nlohmann::json& j, const std::string& source);
+// training.micro_batch divides training.batch (an error naming both fields otherwise);
+// for a run after the command line's overrides (parse_config checks the file's).
+void check_micro_batch(const Config& cfg);
 
 // The precisions training.precision and --precision take.
 const std::vector<std::string>& precisions();

@@ -100,6 +100,19 @@ std::vector<PlanCandidate> pareto_front(std::vector<PlanCandidate> c);
 // that gives the smallest achievable peak and the plan that reaches it.
 PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget, Backend* workspace_model = nullptr);
 
+// Gradient accumulation as a second lever: the largest micro-batch dividing
+// cfg.training.batch (the whole batch first) at which some plan fits the budget, and the
+// cheapest plan at it (its peak counts the accumulation buffer, profile_step). If none
+// fits even at micro-batch 1, the error of plan_for_budget at micro-batch 1.
+struct MicroBatchPlan {
+  int64_t micro_batch = 0;
+  Config config;  // cfg with training.micro_batch set
+  Graph graph;    // at the micro-batch
+  PlanCandidate best;
+};
+MicroBatchPlan plan_micro_batch_for_budget(const Config& cfg, int64_t budget, int64_t seq = 0,
+                                           Backend* workspace_model = nullptr);
+
 // A plan for a policy string, including "budget:SIZE".
 CheckpointPlan resolve_policy(const Config& cfg, const Graph& g, const std::string& policy,
                               Backend* workspace_model = nullptr);

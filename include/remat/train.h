@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "remat/config.h"
 #include "remat/exec.h"
@@ -22,6 +23,8 @@ struct TrainOptions {
   int64_t steps = -1;  // -1 = the config's
   int64_t epochs = -1;
   int64_t batch = -1;
+  int64_t micro_batch = -1;        // -1 = the config's training.micro_batch; 0 = the whole batch
+  std::string reduce = "ordered";  // data parallel: "ordered" (bitwise for any rank count) or "fast"
   int64_t seed = -1;
   std::string out;                 // run folder: checkpoint/, metrics.jsonl, config.json, memory.html
   std::string resume;              // run folder to resume from
@@ -34,10 +37,17 @@ struct TrainOptions {
   bool sample = true;  // generate a text sample at the end (character models)
   // Called after every step with (step, loss); tests use it to stop early.
   std::function<void(int64_t, float)> on_step;
+  // Called with this rank's gradients after the backward of each micro-batch (its index m
+  // in the step) and after the reduction (m = -1), before the optimizer; tests use it.
+  std::function<void(int64_t, const std::vector<Tensor>&)> on_grads;
 };
 
 struct TrainResult {
-  int64_t steps = 0;  // total steps done (including those before a resume)
+  int64_t steps = 0;
+  int ranks = 1;           // data-parallel ranks of the run
+  int64_t comm_bytes = 0;  // sent by this rank in the steps of this call (docs/distributed.md)
+  double comm_ms =
+      0;  // spent in collectives in the steps of this call  // total steps done (including those before a resume)
   float last_loss = 0.0f;
   std::vector<float> losses;  // of the steps run in this call
   double eval_loss = 0.0;

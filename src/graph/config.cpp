@@ -232,6 +232,7 @@ Config parse_config(const nlohmann::json& j, const std::string& source) {
   if (root.has("training")) {
     ConfigReader t = root.child("training");
     c.training.batch = t.positive_int_or("batch", c.training.batch);
+    c.training.micro_batch = t.int_or("micro_batch", c.training.micro_batch, 0, int64_t{1} << 40);
     c.training.epochs = t.int_or("epochs", c.training.epochs, 0, 1 << 20);
     c.training.steps = t.int_or("steps", c.training.steps, 0, int64_t{1} << 40);
     c.training.seed = static_cast<uint64_t>(t.int_or("seed", 0, 0, std::numeric_limits<int64_t>::max()));
@@ -247,7 +248,15 @@ Config parse_config(const nlohmann::json& j, const std::string& source) {
     t.finish();
   }
   root.finish();
+  check_micro_batch(c);
   return c;
+}
+
+void check_micro_batch(const Config& c) {
+  const TrainingConfig& t = c.training;
+  REMAT_CHECK(t.micro_batch >= 0 && t.micro() <= t.batch && t.batch % t.micro() == 0, c.source,
+              ": /training/micro_batch: ", t.micro_batch, " does not divide /training/batch ", t.batch,
+              " (a step of batch B runs B / micro_batch micro-batches)");
 }
 
 Config load_config(const std::string& path, const std::string& dataset) {
@@ -295,6 +304,7 @@ nlohmann::json Config::resolved() const {
                    {"step_size", schedule.step_size},
                    {"gamma", schedule.gamma}};
   j["training"] = {{"batch", training.batch},
+                   {"micro_batch", training.micro_batch},
                    {"epochs", training.epochs},
                    {"steps", training.steps},
                    {"seed", training.seed},

@@ -95,6 +95,15 @@ StepProfile profile_step(const Config& cfg, const Graph& g, const CheckpointPlan
   try {
     ParamStore params(g, device, cfg.training.seed);
     Optimizer opt(cfg.optimizer, params, be);
+    // Gradient accumulation on one rank: the running sum of the micro-batches' gradients
+    // lives through the step beside the gradients (src/train/grad_reduce.cpp); g is the
+    // graph of one micro-batch.
+    std::vector<Tensor> accumulation;
+    if (cfg.training.micro_batches() > 1) {
+      TagScope scope(MemoryCategory::gradient, "accumulation", Phase::setup);
+      for (const Tensor& gr : params.grads)
+        if (gr.defined()) accumulation.push_back(Tensor::empty(gr.shape(), gr.device()));
+    }
     Batch batch = synthetic_batch(g, device, cfg.training.seed);
     ExecOptions eo;
     if (keep_events) {
@@ -315,6 +324,29 @@ PlanCandidate ordered_plan(const Config& cfg, const Graph& g, int64_t n, int64_t
 }
 
 }  // namespace
+
+MicroBatchPlan plan_micro_batch_for_budget(const Config& cfg, int64_t budget, int64_t seq, Backend* ws) {
+  const int64_t batch = cfg.training.batch;
+  for (int64_t b = batch; b >= 1; --b) {
+    if (batch % b != 0) continue;
+    MicroBatchPlan r;
+    r.micro_batch = b;
+    r.config = cfg;
+    r.config.training.micro_batch = b == batch ? 0 : b;
+    r.graph = build_config_graph(r.config, b, seq);
+    if (b > 1) {
+      try {
+        r.best = plan_for_budget(r.config, r.graph, budget, ws);
+      } catch (const Error&) {
+        continue;  // nothing fits at this micro-batch: try a smaller one
+      }
+    } else {
+      r.best = plan_for_budget(r.config, r.graph, budget, ws);  // its error says what the smallest peak is
+    }
+    return r;
+  }
+  REMAT_THROW("unreachable");
+}
 
 PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget, Backend* ws) {
   REMAT_CHECK(budget > 0, "the memory budget must be positive");

@@ -10,7 +10,10 @@
 #include <fstream>
 #include <sstream>
 
+#include <omp.h>
+
 #include "remat/data.h"
+#include "remat/dist.h"
 #include "remat/error.h"
 #include "remat/interop.h"
 #include "remat/io.h"
@@ -18,6 +21,7 @@
 #include "remat/philox.h"
 #include "remat/profile.h"
 #include "remat/train.h"
+#include "train/grad_reduce.h"
 #include "train/run_data.h"
 
 namespace fs = std::filesystem;
@@ -48,8 +52,14 @@ std::string fmt_g(double v) {
   return buf;
 }
 
-Device resolve_device(const std::string& name) {
-  if (name == "auto") return cuda_status().available ? Device::cuda(0) : Device::cpu();
+Device resolve_device(const std::string& name, const dist::Comm& comm) {
+  // Data parallel on GPUs: one device per rank, cuda:<local rank>.
+  const int local = comm.size() > 1 ? comm.local_rank() : 0;
+  if (name == "auto") return cuda_status().available ? Device::cuda(local) : Device::cpu();
+  if (name == "cuda" && comm.size() > 1) {
+    require_available(Device::cuda(local));
+    return Device::cuda(local);
+  }
   Device d = Device::parse(name);
   require_available(d);
   if (d.is_meta()) REMAT_THROW("cannot train on meta (it holds no data); use `remat memprof --device meta`");
@@ -74,6 +84,9 @@ Config resolve_config(const TrainOptions& o) {
   }
   if (o.batch == 0) REMAT_THROW("--batch must be positive");
   if (o.batch > 0) cfg.training.batch = o.batch;
+  if (o.micro_batch >= 0) cfg.training.micro_batch = o.micro_batch;
+  check_micro_batch(cfg);
+  REMAT_CHECK(o.reduce == "ordered" || o.reduce == "fast", "--reduce ", o.reduce, ": expected ordered or fast");
   if (o.seed >= 0) cfg.training.seed = static_cast<uint64_t>(o.seed);
   if (!o.data_path.empty()) cfg.data.path = o.data_path;
   return cfg;
@@ -85,10 +98,28 @@ int64_t largest_divisor_at_most(int64_t n, int64_t cap) {
   return 1;
 }
 
+// Philox words one micro-batch's forward reserves (each random layer a whole block).
+uint64_t rng_words_per_micro_batch(const Graph& g) {
+  uint64_t w = 0;
+  for (int i = 0; i < g.size(); ++i)
+    if (const uint64_t n = g.layer(i).rng_words()) w += (n + 3) / 4 * 4;
+  return w;
+}
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t x = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) {
+    x ^= c;
+    x *= 0x100000001b3ull;
+  }
+  return x;
+}
+
 }  // namespace
 
 // Everything a run holds, in the order it is set up.
 struct Trainer::State {
+  dist::Comm& comm;
   TrainOptions opt;
   Config cfg;
   Device dev;
@@ -106,6 +137,10 @@ struct Trainer::State {
   RngGenerator gen;
   Graph eval_graph;
   int ignore_index = -100;
+  int64_t micro = 0;                     // samples per micro-batch
+  int64_t micros = 1;                    // micro-batches per step (all ranks)
+  uint64_t rng_words = 0;                // Philox words per micro-batch
+  std::unique_ptr<GradReducer> reducer;  // micro-batches or ranks: the step's reduction
 
   int64_t step = 0;   // steps done, including those before a resume
   int64_t first = 0;  // the step this call started from
@@ -114,8 +149,10 @@ struct Trainer::State {
   double time_ms = 0;  // of the steps of this call
   TrainResult result;
 
-  State(const TrainOptions& o, Config c, Device d, RunData rd, std::map<std::string, int64_t> v, Graph g)
-      : opt(o),
+  State(dist::Comm& cm, const TrainOptions& o, Config c, Device d, RunData rd, std::map<std::string, int64_t> v,
+        Graph g)
+      : comm(cm),
+        opt(o),
         cfg(std::move(c)),
         dev(d),
         be(backend_for(d)),
@@ -135,8 +172,16 @@ struct Trainer::State {
             largest_divisor_at_most(std::max<int64_t>(data.eval_size(), 1), data.text ? cfg.training.batch : 500),
             cfg.source, vars)),
         // build_graph has validated the loss section.
-        ignore_index(cfg.model.contains("loss") ? cfg.model["loss"].value("ignore_index", -100) : -100) {
+        ignore_index(cfg.model.contains("loss") ? cfg.model["loss"].value("ignore_index", -100) : -100),
+        micro(cfg.training.micro()),
+        micros(cfg.training.micro_batches()),
+        rng_words(rng_words_per_micro_batch(graph)) {
     REMAT_CHECK(total > 0, cfg.source, ": /training: set steps or epochs (or pass --steps / --epochs)");
+    REMAT_CHECK(micros % comm.size() == 0, cfg.source, ": /training: batch ", cfg.training.batch, " / micro_batch ",
+                micro, " = ", micros, " micro-batches per step, not a multiple of the ", comm.size(),
+                " ranks (each rank runs the same number of micro-batches)");
+    if (micros > 1 || comm.size() > 1)
+      reducer = std::make_unique<GradReducer>(params, be, comm, opt.reduce == "ordered");
   }
 
   int64_t checked_train_size() const {
@@ -157,9 +202,33 @@ struct Trainer::State {
 
 namespace {
 
-std::unique_ptr<Trainer::State> set_up(const TrainOptions& o) {
+// Every rank must train the same run: the hash of the resolved config and the options that
+// change the numbers, compared before the first step.
+void check_same_run(dist::Comm& comm, const Config& cfg, const TrainOptions& o) {
+  if (comm.size() == 1) return;
+  const uint64_t h = fnv1a(cfg.resolved().dump() + "|" + o.reduce + "|" + o.init_from + "|" + o.resume);
+  std::vector<uint64_t> all(static_cast<size_t>(comm.size()));
+  comm.allgather(&h, all.data(), 1);
+  for (int r = 1; r < comm.size(); ++r)
+    REMAT_CHECK(all[static_cast<size_t>(r)] == all[0], "data parallel: rank ", r, "'s config and options (hash ",
+                all[static_cast<size_t>(r)], ") differ from rank 0's (hash ", all[0], "); every rank must run ",
+                "the same config with the same options");
+}
+
+std::unique_ptr<Trainer::State> set_up(TrainOptions o) {
+  dist::Comm& comm = dist::world();
+  if (comm.rank() != 0) o.quiet = true;  // rank 0 logs and writes the run folder
   Config cfg = resolve_config(o);
-  const Device dev = resolve_device(o.device);
+  check_same_run(comm, cfg, o);
+  if (comm.size() > 1 && cfg.training.micro_batch == 0) {
+    // N ranks and no micro-batch asked for: each rank takes batch / N samples.
+    REMAT_CHECK(cfg.training.batch % comm.size() == 0, cfg.source, ": /training/batch ", cfg.training.batch,
+                " does not split over ", comm.size(), " ranks; set training.micro_batch (--micro-batch)");
+    cfg.training.micro_batch = cfg.training.batch / comm.size();
+  }
+  if (comm.size() > 1 && !std::getenv("OMP_NUM_THREADS"))
+    omp_set_num_threads(std::max(1, omp_get_num_procs() / std::max(1, comm.local_size())));  // cpu threads split
+  const Device dev = resolve_device(o.device, comm);
   // bf16 so far has its conversions (include/remat/bf16.h) and its memory model
   // (remat memprof --precision bf16, predicted on meta); no backend computes in it yet.
   if (cfg.training.precision != "fp32")
@@ -172,10 +241,10 @@ std::unique_ptr<Trainer::State> set_up(const TrainOptions& o) {
     vars["vocab"] = data.shards ? cfg.data.vocab : data.train_text.vocab_size();
     data.seq_len = cfg.model["input"].value("seq_len", int64_t{0});
   }
-  Graph g = build_graph(cfg.model, cfg.training.batch, cfg.source, vars);
+  Graph g = build_graph(cfg.model, cfg.training.micro(), cfg.source, vars);  // one micro-batch
   if (data.text) data.seq_len = g.layer(g.input_id).out_shape[1];
   if (data.shards) data.vocab = g.layer(g.logits_id).out_shape[-1];
-  return std::make_unique<Trainer::State>(o, std::move(cfg), dev, std::move(data), std::move(vars), std::move(g));
+  return std::make_unique<Trainer::State>(comm, o, std::move(cfg), dev, std::move(data), std::move(vars), std::move(g));
 }
 
 }  // namespace
@@ -218,6 +287,7 @@ void Trainer::resume() {
 
 void Trainer::open_run_folder() {
   State& s = *s_;
+  if (s.comm.rank() != 0) return;  // rank 0 writes the run folder
   s.out_dir = s.opt.out.empty() ? s.opt.resume : s.opt.out;
   if (s.out_dir.empty()) return;
   fs::create_directories(s.out_dir);
@@ -269,14 +339,53 @@ StepStats Trainer::step() {
   const Clock::time_point t0 = Clock::now();
   auto& alloc = allocator_for(s.dev);
   alloc.reset_peak();
-  Batch batch;
-  {
+  s.comm.reset_stats();
+  const std::vector<int64_t> idx = s.sampler.next();  // may move the sampler to the next epoch
+  auto micro_batch = [&](int64_t m) {
     TagScope scope(MemoryCategory::input, "data", Phase::setup);
-    const std::vector<int64_t> idx = s.sampler.next();  // may move the sampler to the next epoch
-    batch = s.data.train_batch(idx, s.sampler.epoch(), s.dev);
+    if (s.micros == 1) return s.data.train_batch(idx, s.sampler.epoch(), s.dev);
+    const std::vector<int64_t> part(idx.begin() + m * s.micro, idx.begin() + (m + 1) * s.micro);
+    return s.data.train_batch(part, s.sampler.epoch(), s.dev);
+  };
+  StepStats st;
+  if (!s.reducer) {
+    const Batch batch = micro_batch(0);
+    s.params.zero_grads(s.be);
+    st = s.executor.train_step(batch, s.gen);
+    if (s.opt.on_grads) s.opt.on_grads(0, s.params.grads);
+  } else {
+    // Round j: this rank runs micro-batch m = j N + r, with the random draws micro-batch m
+    // makes on one rank (offset base + m W), then the round's gradients are reduced.
+    const int n = s.comm.size(), r = s.comm.rank();
+    const int64_t rounds = s.micros / n;
+    const RngState base = s.gen.state();
+    std::vector<float> local(static_cast<size_t>(rounds));
+    for (int64_t j = 0; j < rounds; ++j) {
+      const int64_t m = j * n + r;
+      const Batch batch = micro_batch(m);
+      s.params.zero_grads(s.be);
+      s.gen.set_state({base.seed, base.offset + static_cast<uint64_t>(m) * s.rng_words});
+      const StepStats sm = s.executor.train_step(batch, s.gen);
+      REMAT_CHECK(s.gen.state().offset == base.offset + static_cast<uint64_t>(m + 1) * s.rng_words, "micro-batch ", m,
+                  ": the model drew another number of random words than its layers say");
+      if (s.opt.on_grads) s.opt.on_grads(m, s.params.grads);
+      local[static_cast<size_t>(j)] = sm.loss;
+      st.recomputed_layers += sm.recomputed_layers;
+      st.recompute_flops += sm.recompute_flops;
+      st.forward_flops += sm.forward_flops;
+      st.backward_flops += sm.backward_flops;
+      s.reducer->add_round(j);
+    }
+    s.gen.set_state({base.seed, base.offset + static_cast<uint64_t>(s.micros) * s.rng_words});
+    s.reducer->finish(1.0f / static_cast<float>(s.micros));
+    // The step's loss: the micro-batches' losses summed in micro-batch order, over K.
+    std::vector<float> all(static_cast<size_t>(s.micros));
+    s.comm.allgather(local.data(), all.data(), rounds);  // block r: rank r's rounds
+    float sum = 0;
+    for (int64_t m = 0; m < s.micros; ++m) sum += all[static_cast<size_t>((m % n) * rounds + m / n)];
+    st.loss = sum / static_cast<float>(s.micros);
   }
-  s.params.zero_grads(s.be);
-  const StepStats st = s.executor.train_step(batch, s.gen);
+  if (s.reducer && s.opt.on_grads) s.opt.on_grads(-1, s.params.grads);
   ++s.step;
   if (!std::isfinite(st.loss)) {
     const bool have_ckpt = !s.out_dir.empty() && fs::exists(fs::path(s.out_dir) / "checkpoint" / "state.json");
@@ -289,6 +398,8 @@ StepStats Trainer::step() {
   s.be.synchronize();  // the step's device work is part of its time
   const double ms = ms_since(t0);
   s.time_ms += ms;
+  s.result.comm_bytes += s.comm.stats().bytes;
+  s.result.comm_ms += s.comm.stats().ms;
   const MemoryStats now = alloc.stats();
   if (now.peak_allocated >= s.result.peak_bytes) {
     s.result.peak_bytes = now.peak_allocated;
@@ -315,10 +426,18 @@ void Trainer::log_step(const StepStats& st, double lr, double ms, int64_t peak) 
                    {"peak_bytes", peak},
                    {s.data.text ? "tokens_per_s" : "images_per_s", rate},
                    {"recomputed_layers", st.recomputed_layers}});
+  const dist::CommStats& cs = s.comm.stats();
+  if (s.comm.size() > 1) s.write_metrics({{"step", s.step}, {"comm_bytes", cs.bytes}, {"comm_ms", cs.ms}});
   if (s.opt.quiet) return;
-  std::printf("step %lld/%lld | loss %.4f | %.0f %s/s | %.1f ms/step | peak %s | lr %.2e | ETA %s\n",
+  std::string comm;
+  if (s.comm.size() > 1) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, " | comm %s %.1f ms", format_bytes(cs.bytes).c_str(), cs.ms);
+    comm = buf;
+  }
+  std::printf("step %lld/%lld | loss %.4f | %.0f %s/s | %.1f ms/step | peak %s%s | lr %.2e | ETA %s\n",
               static_cast<long long>(s.step), static_cast<long long>(s.total), st.loss, rate,
-              s.data.text ? "tok" : "img", avg, format_bytes(peak).c_str(), lr,
+              s.data.text ? "tok" : "img", avg, format_bytes(peak).c_str(), comm.c_str(), lr,
               format_duration(avg * static_cast<double>(s.total - s.step) / 1000.0).c_str());
   std::fflush(stdout);
 }
@@ -364,7 +483,7 @@ std::pair<double, double> Trainer::evaluate() {
 
 void Trainer::checkpoint() {
   State& s = *s_;
-  if (s.out_dir.empty()) return;
+  if (s.out_dir.empty() || s.comm.rank() != 0) return;
   const TrainingConfig& tc = s.cfg.training;
   CheckpointState c{s.step,
                     tc.seed,
@@ -430,6 +549,10 @@ TrainResult Trainer::run() {
     std::printf("remat train %s: %s, %lld parameters, batch %lld, %lld steps on %s\n", s.cfg.source.c_str(),
                 s.cfg.name.c_str(), static_cast<long long>(s.graph.parameter_count()), static_cast<long long>(tc.batch),
                 static_cast<long long>(s.total), s.dev.str().c_str());
+    if (s.micros > 1 || s.comm.size() > 1)
+      std::printf("micro-batch %lld: %lld micro-batches per step on %d rank%s (%s, reduction %s)\n",
+                  static_cast<long long>(s.micro), static_cast<long long>(s.micros), s.comm.size(),
+                  s.comm.size() > 1 ? "s" : "", s.comm.engine().c_str(), s.opt.reduce.c_str());
     std::printf("%s\n", s.plan.describe(s.graph).c_str());
     if (!s.data.describe.empty()) std::printf("data: %s\n", s.data.describe.c_str());
     std::fflush(stdout);
@@ -448,6 +571,7 @@ TrainResult Trainer::run() {
                   sample(tc.sample_length, tc.seed + 7 + static_cast<uint64_t>(s.step)).c_str());
   }
   s.result.steps = s.step;
+  s.result.ranks = s.comm.size();
   if (s.step > s.first) {
     evaluate();
     checkpoint();

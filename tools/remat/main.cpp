@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "remat/backend.h"
+#include "remat/dist.h"
 #include "remat/error.h"
 
 // OpenMP threads that spin-wait between parallel regions steal the cores that BLAS and
@@ -48,9 +49,13 @@ int main(int argc, char** argv) {
     }
   } catch (const remat::Error& e) {
     std::fprintf(stderr, "remat: error: %s\n", e.what());
+    std::fflush(stderr);
+    remat::dist::abort_job_on_error(1);  // no other rank waits for this one
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "remat: unexpected error: %s\n", e.what());
+    std::fflush(stderr);
+    remat::dist::abort_job_on_error(2);
     return 2;
   }
   return 0;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <sstream>
 
 #include "commands.h"
@@ -40,18 +41,39 @@ void check_output_path(const char* option, const std::string& path) {
   REMAT_CHECK(::access(dir.c_str(), W_OK) == 0, option, " ", path, ": the folder ", dir.string(), " is not writable");
 }
 
+// --batch and --micro-batch over the config's training section.
+void apply_batch_options(Config& cfg, int64_t batch, int64_t micro_batch) {
+  if (batch == 0 || batch < -1) REMAT_THROW("--batch must be positive, got ", batch);
+  if (micro_batch < -1) REMAT_THROW("--micro-batch must be positive (0 = the whole batch), got ", micro_batch);
+  if (batch > 0) cfg.training.batch = batch;
+  if (micro_batch >= 0) cfg.training.micro_batch = micro_batch;
+  check_micro_batch(cfg);
+}
+
+// ", micro-batch 4 (2 per step; activations of 4 samples, plus the accumulation buffer)"
+std::string micro_note(const Config& cfg) {
+  const TrainingConfig& t = cfg.training;
+  if (t.micro_batches() == 1) return "";
+  return ", micro-batch " + std::to_string(t.micro()) + " (" + std::to_string(t.micro_batches()) +
+         " per step: the activations of " + std::to_string(t.micro()) +
+         " samples, plus a gradient-sized accumulation buffer)";
+}
+
 }  // namespace
 
 Runner add_memprof_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("memprof", "Profile the memory of one training step under checkpoint policies");
   struct Opts {
     std::string config, policies = "none,all,sqrt,selective", device = "meta", json, trace, svg, html, precisions;
-    int64_t batch = -1, seq = 0;
+    int64_t batch = -1, micro_batch = -1, seq = 0;
     bool layers = false;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("config", o->config, "Model config (models/*.json)")->required()->check(CLI::ExistingFile);
   cmd->add_option("--batch", o->batch, "Batch size (default: the config's)");
+  cmd->add_option(
+      "--micro-batch", o->micro_batch,
+      "Profile a step of batch / N micro-batches of N samples (default: the config's training.micro_batch)");
   cmd->add_option("--seq", o->seq, "Sequence length for token models (default: the config's)");
   cmd->add_option("--policy", o->policies,
                   "Comma-separated policies, e.g. none,all,every:4,sqrt,selective,budget:8GiB");
@@ -77,12 +99,12 @@ Runner add_memprof_command(CLI::App& app) {
           "--html: this remat was built without Chart.js; install the Debian package libjs-chart.js "
           "(tools/bootstrap.sh does) and configure remat again");
     Config cfg = load_config(o->config);
-    if (o->batch == 0 || o->batch < -1) REMAT_THROW("--batch must be positive, got ", o->batch);
-    const int64_t batch = o->batch > 0 ? o->batch : cfg.training.batch;
+    apply_batch_options(cfg, o->batch, o->micro_batch);
+    const int64_t batch = cfg.training.batch;
     if (o->seq < 0) REMAT_THROW("--seq must be positive, got ", o->seq);
     const Device dev = Device::parse(o->device);
     require_available(dev);
-    Graph g = build_config_graph(cfg, batch, o->seq);
+    Graph g = build_config_graph(cfg, cfg.training.micro(), o->seq);  // one micro-batch
     const std::vector<std::string> precisions = o->precisions.empty() ? std::vector<std::string>{cfg.training.precision}
                                                                       : split_list("--precision", o->precisions);
     for (const std::string& p : precisions) {
@@ -102,8 +124,9 @@ Runner add_memprof_command(CLI::App& app) {
         if (!dev.is_meta()) measured.push_back(profile_step(cfg, g, plan, dev));
       }
     }
-    std::printf("remat memprof %s: %s, batch %lld, %lld parameters, device %s\n\n", o->config.c_str(), cfg.name.c_str(),
-                static_cast<long long>(batch), static_cast<long long>(g.parameter_count()), dev.str().c_str());
+    std::printf("remat memprof %s: %s, batch %lld%s, %lld parameters, device %s\n\n", o->config.c_str(),
+                cfg.name.c_str(), static_cast<long long>(batch), micro_note(cfg).c_str(),
+                static_cast<long long>(g.parameter_count()), dev.str().c_str());
     std::printf("%s", profile_table(predicted, dev.is_meta() ? nullptr : &measured).c_str());
     if (std::find_if(precisions.begin(), precisions.end(), [](const std::string& p) { return p != "fp32"; }) !=
         precisions.end())
@@ -147,7 +170,7 @@ Runner add_plan_command(CLI::App& app) {
       app.add_subcommand("plan", "Find the cheapest checkpoint plan that fits a memory budget; print the Pareto front");
   struct Opts {
     std::string config, budget, svg, device = "cpu";
-    int64_t batch = -1, seq = 0;
+    int64_t batch = -1, micro_batch = -1, seq = 0;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("config", o->config, "Model config (models/*.json)")->required()->check(CLI::ExistingFile);
@@ -156,24 +179,33 @@ Runner add_plan_command(CLI::App& app) {
                   "Plan for this device's workspace sizes: cpu, cuda[:N] or cuda-emu (simulated on meta either way)")
       ->default_val("cpu");
   cmd->add_option("--batch", o->batch, "Batch size (default: the config's)");
+  cmd->add_option("--micro-batch", o->micro_batch,
+                  "Plan at this micro-batch (default: with --budget, the largest micro-batch dividing the batch at "
+                  "which a plan fits)");
   cmd->add_option("--seq", o->seq, "Sequence length for token models (default: the config's)");
   cmd->add_option("--svg", o->svg, "Write the Pareto front (peak vs recompute FLOPs) as a plot");
   return [cmd, o]() -> int {
     if (!cmd->parsed()) return -1;
     Config cfg = load_config(o->config);
-    if (o->batch == 0 || o->batch < -1) REMAT_THROW("--batch must be positive, got ", o->batch);
+    apply_batch_options(cfg, o->batch, o->micro_batch);
     if (o->seq < 0) REMAT_THROW("--seq must be positive, got ", o->seq);
-    const int64_t batch = o->batch > 0 ? o->batch : cfg.training.batch;
-    Graph g = build_config_graph(cfg, batch, o->seq);
+    const int64_t batch = cfg.training.batch;
     const int64_t budget = o->budget.empty() ? 0 : parse_size(o->budget);
     const Device dev = Device::parse(o->device);
     REMAT_CHECK(!dev.is_meta(), "plan --device meta: name the device to plan for (cpu, cuda, cuda-emu)");
     require_available(dev);
     Backend* ws = &backend_for(dev);
+    std::optional<MicroBatchPlan> searched;
+    if (budget > 0 && o->micro_batch < 0) {
+      // Search the micro-batch too: the front and the answer are then at the one found.
+      searched = plan_micro_batch_for_budget(cfg, budget, o->seq, ws);
+      cfg = searched->config;
+    }
+    Graph g = build_config_graph(cfg, cfg.training.micro(), o->seq);
     std::vector<PlanCandidate> all = plan_candidates(cfg, g, ws);
     std::vector<PlanCandidate> front = pareto_front(all);
-    std::printf("remat plan %s: %s, batch %lld: %zu candidate plans simulated on meta\n\n", o->config.c_str(),
-                cfg.name.c_str(), static_cast<long long>(batch), all.size());
+    std::printf("remat plan %s: %s, batch %lld%s: %zu candidate plans simulated on meta\n\n", o->config.c_str(),
+                cfg.name.c_str(), static_cast<long long>(batch), micro_note(cfg).c_str(), all.size());
     std::printf("Pareto front (peak vs recompute FLOPs):\n%-24s %14s %18s\n", "plan", "peak", "recompute GFLOP");
     for (const auto& c : front)
       std::printf("%-24s %14s %18.3f\n", c.name.c_str(), format_bytes(c.peak_bytes).c_str(), c.recompute_flops / 1e9);
@@ -181,10 +213,14 @@ Runner add_plan_command(CLI::App& app) {
       write_file_atomic(o->svg,
                         pareto_svg(all, front, cfg.name + ", batch " + std::to_string(batch) + ": checkpoint plans"));
     if (budget > 0) {
-      PlanCandidate best = plan_for_budget(cfg, g, budget, ws);
-      std::printf("\nbudget %s: plan %s, peak %s, recompute %.3f GFLOP\n  %s\n", format_bytes(budget).c_str(),
-                  best.name.c_str(), format_bytes(best.peak_bytes).c_str(), best.recompute_flops / 1e9,
-                  best.plan.describe(g).c_str());
+      PlanCandidate best = searched ? searched->best : plan_for_budget(cfg, g, budget, ws);
+      std::string micro;
+      if (cfg.training.micro_batches() > 1)
+        micro = ", micro-batch " + std::to_string(cfg.training.micro()) + " (" +
+                std::to_string(cfg.training.micro_batches()) + " per step)";
+      std::printf("\nbudget %s: plan %s%s, peak %s, recompute %.3f GFLOP per micro-batch\n  %s\n",
+                  format_bytes(budget).c_str(), best.name.c_str(), micro.c_str(), format_bytes(best.peak_bytes).c_str(),
+                  best.recompute_flops / 1e9, best.plan.describe(g).c_str());
     }
     return 0;
   };

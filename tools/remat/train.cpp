@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "commands.h"
+#include "remat/dist.h"
 #include "remat/profile.h"
 #include "remat/train.h"
 
@@ -21,6 +22,14 @@ Runner add_train_command(CLI::App& app) {
   auto* steps = cmd->add_option("--steps", opt->steps, "Training steps (overrides the config)");
   cmd->add_option("--epochs", opt->epochs, "Epochs (overrides the config)")->excludes(steps);
   cmd->add_option("--batch", opt->batch, "Batch size (overrides the config)");
+  cmd->add_option("--micro-batch", opt->micro_batch,
+                  "Gradient accumulation: run each step as batch / N micro-batches of N samples (overrides "
+                  "training.micro_batch; 0 = the whole batch)");
+  cmd->add_option("--reduce", opt->reduce,
+                  "Data parallel (mpirun -np N): ordered (bitwise the same weights for any N) or fast "
+                  "(MPI_Allreduce, not bitwise)")
+      ->check(CLI::IsMember({"ordered", "fast"}))
+      ->default_val("ordered");
   cmd->add_option("--seed", opt->seed, "Seed for initialisation, data order and dropout");
   cmd->add_option("--out", opt->out, "Run folder: checkpoint/, metrics.jsonl, config.json, memory.html");
   cmd->add_option("--resume", opt->resume, "Resume from a run folder (continues bitwise as if uninterrupted)")
@@ -41,10 +50,14 @@ Runner add_train_command(CLI::App& app) {
   return [cmd, opt]() -> int {
     if (!cmd->parsed()) return -1;
     TrainResult r = train(*opt);
-    if (!opt->quiet) {
+    if (!opt->quiet && dist::world().rank() == 0) {  // with several ranks, rank 0 reports
       std::printf("done: %lld steps, final loss %.4f", static_cast<long long>(r.steps), r.last_loss);
       if (r.eval_accuracy >= 0) std::printf(", eval loss %.4f, eval accuracy %.4f", r.eval_loss, r.eval_accuracy);
       std::printf(", peak %.1f MiB\n", static_cast<double>(r.peak_bytes) / (1 << 20));
+      if (r.ranks > 1 && !r.losses.empty())
+        std::printf("communication: %d ranks, %.2f MiB sent and %.2f ms per step by rank 0\n", r.ranks,
+                    static_cast<double>(r.comm_bytes) / static_cast<double>(r.losses.size()) / (1 << 20),
+                    r.comm_ms / static_cast<double>(r.losses.size()));
       std::printf("%s", memory_report(r.peak_stats,
                                       "memory at the peak of a training step (policy " +
                                           (opt->policy.empty() ? std::string("from the config") : opt->policy) + "):")

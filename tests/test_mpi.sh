@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# Data parallel over MPI (docs/distributed.md): with the ordered reduction, N = 1, 2, 3
+# ranks give bitwise the weights of one process accumulating the same micro-batches,
+# after 5 steps, under every checkpoint policy; --reduce fast runs; a config that differs
+# between ranks is an error naming the rank. Exits 77 (skipped) without mpirun.
+# Usage: test_mpi.sh REMAT_BINARY MPIRUN
+set -uo pipefail
+remat=$1
+mpirun=${2:-mpirun}
+if ! command -v "$mpirun" >/dev/null 2>&1; then
+  echo "SKIPPED: no mpirun (install openmpi-bin; tools/bootstrap.sh does)"
+  exit 77
+fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMP_NUM_THREADS=1
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail=0
+cat >"$dir/tiny.json" <<'JSON'
+{
+  "name": "mpi_tiny",
+  "model": {
+    "input": {"type": "tokens", "seq_len": 8},
+    "layers": [
+      {"type": "embedding", "name": "embed", "vocab": "$vocab", "dim": 16, "positions": 8},
+      {"type": "dropout", "name": "embed_drop", "p": 0.1},
+      {"type": "repeat", "name": "h", "count": 3, "checkpoint": true, "layers": [
+        {"type": "layernorm", "name": "ln1"},
+        {"type": "linear", "name": "qkv", "out_features": 48},
+        {"type": "attention", "name": "attn", "heads": 2, "dropout": 0.1},
+        {"type": "linear", "name": "proj", "out_features": 16},
+        {"type": "add", "name": "res1", "inputs": ["in", "proj"]},
+        {"type": "layernorm", "name": "ln2"},
+        {"type": "linear", "name": "fc", "out_features": 32},
+        {"type": "gelu", "name": "gelu"},
+        {"type": "linear", "name": "fc2", "out_features": 16},
+        {"type": "dropout", "name": "drop", "p": 0.1},
+        {"type": "add", "name": "res2", "inputs": ["res1", "drop"]}
+      ]},
+      {"type": "layernorm", "name": "ln_f"},
+      {"type": "linear", "name": "head", "out_features": "$vocab", "bias": false, "tie_weight": "embed"}
+    ]
+  },
+  "data": {"dataset": "synthetic_text", "vocab": 16, "synthetic_size": 2048},
+  "optimizer": {"type": "adamw", "lr": 0.01, "weight_decay": 0.1, "grad_clip": 1.0},
+  "training": {"batch": 12, "micro_batch": 2, "steps": 5, "log_every": 5, "sample_length": 0}
+}
+JSON
+train=(train "$dir/tiny.json" --device cpu --quiet)
+for policy in none all every:2 sqrt selective; do
+  ref="$dir/ref_${policy/:/_}"
+  "$remat" "${train[@]}" --policy "$policy" --out "$ref" || { echo "FAIL: one process, $policy"; fail=1; continue; }
+  for n in 1 2 3; do
+    out="$dir/np${n}_${policy/:/_}"
+    if ! "$mpirun" -np "$n" "$remat" "${train[@]}" --policy "$policy" --out "$out"; then
+      echo "FAIL: mpirun -np $n, $policy: the run failed"
+      fail=1
+      continue
+    fi
+    if cmp -s "$ref/checkpoint/model.safetensors" "$out/checkpoint/model.safetensors" &&
+      cmp -s "$ref/checkpoint/optimizer.safetensors" "$out/checkpoint/optimizer.safetensors"; then
+      echo "ok: $policy, $n rank(s): weights and optimizer state bitwise those of one process"
+    else
+      echo "FAIL: $policy, $n rank(s): the weights differ from one process's"
+      fail=1
+    fi
+  done
+done
+# The same on cuda-emu (the CUDA backend's kernels on the emulator; gradients reach MPI
+# through host copies), where this remat has it.
+emu=(train "$dir/tiny.json" --device cuda-emu --quiet --steps 2 --policy sqrt)
+if "$remat" "${emu[@]}" --out "$dir/emu_ref" 2>/dev/null; then
+  for n in 2 3; do
+    if "$mpirun" -np "$n" "$remat" "${emu[@]}" --out "$dir/emu_np$n" &&
+      cmp -s "$dir/emu_ref/checkpoint/model.safetensors" "$dir/emu_np$n/checkpoint/model.safetensors"; then
+      echo "ok: cuda-emu, $n ranks: weights bitwise those of one process"
+    else
+      echo "FAIL: cuda-emu, $n ranks"
+      fail=1
+    fi
+  done
+else
+  echo "note: no cuda-emu in this remat; its part is skipped"
+fi
+# A run saved with 2 ranks resumes with 3 (and the schedule is constant, so --steps 3
+# then 5 is the 5-step run): bitwise the one-process run.
+if "$mpirun" -np 2 "$remat" "${train[@]}" --steps 3 --out "$dir/resumed" &&
+  "$mpirun" -np 3 "$remat" "${train[@]}" --steps 5 --resume "$dir/resumed" &&
+  cmp -s "$dir/ref_none/checkpoint/model.safetensors" "$dir/resumed/checkpoint/model.safetensors" &&
+  cmp -s "$dir/ref_none/checkpoint/optimizer.safetensors" "$dir/resumed/checkpoint/optimizer.safetensors"; then
+  echo "ok: saved with 2 ranks, resumed with 3: bitwise the one-process run"
+else
+  echo "FAIL: resume with another rank count"
+  fail=1
+fi
+# The progress line reports communication; only rank 0 prints.
+log=$("$mpirun" -np 2 "$remat" train "$dir/tiny.json" --device cpu --steps 2 2>&1) || fail=1
+if [[ $(grep -c '^step 2/2' <<<"$log") == 1 && $(grep -c '^done' <<<"$log") == 1 &&
+  $(grep -c 'comm .* ms' <<<"$log") -ge 1 ]] &&
+  grep -q '^communication: 2 ranks' <<<"$log"; then
+  echo "ok: rank 0 alone logs, with communication bytes and time"
+else
+  echo "FAIL: the 2-rank log:"
+  echo "$log"
+  fail=1
+fi
+# The fast reduction runs (its weights are close, not bitwise, so not compared).
+"$mpirun" -np 3 "$remat" "${train[@]}" --reduce fast --out "$dir/fast" || {
+  echo "FAIL: --reduce fast"
+  fail=1
+}
+# A batch whose micro-batches do not split over the ranks.
+log=$("$mpirun" -np 4 "$remat" "${train[@]}" 2>&1)
+if grep -q "6 micro-batches per step, not a multiple of the 4 ranks" <<<"$log"; then
+  echo "ok: 6 micro-batches over 4 ranks is a clear error"
+else
+  echo "FAIL: 4 ranks over 6 micro-batches:"
+  echo "$log"
+  fail=1
+fi
+# A config that differs between ranks (MPMD launch): an error naming the rank.
+sed 's/"lr": 0.01/"lr": 0.02/' "$dir/tiny.json" >"$dir/other.json"
+log=$(timeout 60 "$mpirun" -np 1 "$remat" "${train[@]}" : -np 1 "$remat" train "$dir/other.json" --device cpu --quiet 2>&1)
+if grep -q "rank 1's config and options" <<<"$log"; then
+  echo "ok: a config that differs between ranks is an error naming the rank"
+else
+  echo "FAIL: differing configs:"
+  echo "$log"
+  fail=1
+fi
+# A rank that dies (SIGKILL) or hangs (SIGSTOP) ends the job with an error naming a rank,
+# within the timeout (REMAT_DIST_TIMEOUT, here 5 s), never hangs it.
+rank1_of() {  # the pid of rank 1 among mpirun's children
+  local p
+  for p in $(pgrep -P "$1"); do
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -q '^OMPI_COMM_WORLD_RANK=1$'; then echo "$p"; fi
+  done
+}
+for signal in KILL STOP; do
+  start=$(date +%s)
+  REMAT_DIST_TIMEOUT=5 timeout 60 "$mpirun" -x REMAT_DIST_TIMEOUT -np 2 "$remat" "${train[@]}" --steps 100000 \
+    >"$dir/fault.log" 2>&1 &
+  launcher=$!
+  sleep 3
+  victim=$(rank1_of "$(pgrep -P $launcher -x mpirun || echo $launcher)")
+  [[ -n $victim ]] && kill -s "$signal" "$victim"
+  wait $launcher
+  rc=$?
+  took=$(($(date +%s) - start))
+  if [[ -n $victim && $rc != 0 && $rc != 124 && $took -lt 40 ]] &&
+    grep -Eq "rank 1 .*exited on signal|rank 0: MPI_[A-Za-z]+ did not complete within 5 s" "$dir/fault.log"; then
+    echo "ok: SIG$signal to rank 1 ended the job in ${took} s with an error naming the rank"
+  else
+    echo "FAIL: SIG$signal to rank 1 (pid '$victim'): exit $rc after ${took} s:"
+    cat "$dir/fault.log"
+    fail=1
+  fi
+done
+exit $fail
