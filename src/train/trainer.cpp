@@ -75,6 +75,13 @@ Config resolve_config(const TrainOptions& o) {
   return cfg;
 }
 
+// The trainer reads each step's loss after the step's end-of-step synchronisation.
+ExecOptions deferred_loss(bool verify_recompute) {
+  ExecOptions o(verify_recompute);
+  o.read_loss = false;
+  return o;
+}
+
 int64_t largest_divisor_at_most(int64_t n, int64_t cap) {
   for (int64_t b = std::min(n, cap); b > 1; --b)
     if (n % b == 0) return b;
@@ -124,7 +131,7 @@ struct Trainer::State {
         total(cfg.training.steps > 0 ? cfg.training.steps : cfg.training.epochs * sampler.batches_per_epoch()),
         params(graph, dev, cfg.training.seed, /*initialise=*/o.init_from.empty()),  // init_from sets them
         optimizer(cfg.optimizer, params, be),
-        executor(graph, params, be, plan, ExecOptions{o.verify_recompute}),
+        executor(graph, params, be, plan, deferred_loss(o.verify_recompute)),
         gen(cfg.training.seed),
         eval_graph(build_graph(
             cfg.model,
@@ -266,18 +273,24 @@ StepStats Trainer::step() {
     batch = s.data.train_batch(idx, s.sampler.epoch(), s.dev);
   }
   s.params.zero_grads(s.be);
-  const StepStats st = s.executor.train_step(batch, s.gen);
+  // Nothing in the step waits for the device until its end (docs/kernels.md, "Stream
+  // drains"): the loss is read after the optimizer, once the stream has run dry.
+  StepStats st = s.executor.train_step(batch, s.gen);
   ++s.step;
+  const double lr = scheduled_lr(s.cfg.optimizer, s.cfg.schedule, s.step, s.total);
+  s.optimizer.step(lr);
+  s.be.synchronize();  // the step's device work is part of its time
+  const double ms = ms_since(t0);
+  if (st.loss_value.defined()) {
+    st.loss = st.loss_value.device().is_meta() ? 0.0f : st.loss_value.to_vector()[0];
+    st.loss_value = Tensor();
+  }
   if (!std::isfinite(st.loss)) {
     const bool have_ckpt = !s.out_dir.empty() && fs::exists(fs::path(s.out_dir) / "checkpoint" / "state.json");
     REMAT_THROW("step ", s.step, ": the loss is ", st.loss, "; stopping",
                 have_ckpt ? "; the last good checkpoint is in " + s.out_dir + "/checkpoint"
                           : std::string("; no checkpoint was written"));
   }
-  const double lr = scheduled_lr(s.cfg.optimizer, s.cfg.schedule, s.step, s.total);
-  s.optimizer.step(lr);
-  s.be.synchronize();  // the step's device work is part of its time
-  const double ms = ms_since(t0);
   s.time_ms += ms;
   const MemoryStats now = alloc.stats();
   if (now.peak_allocated >= s.result.peak_bytes) {

@@ -103,6 +103,7 @@ void CudaBackend::apply_math_mode() {
 
 void CudaBackend::synchronize() {
   activate();
+  note_drain();
   REMAT_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
@@ -122,6 +123,7 @@ double CudaBackend::time_ms(const std::function<void()>& body) {
   REMAT_CUDA_CHECK(cudaEventRecord(start_, stream_));
   body();
   REMAT_CUDA_CHECK(cudaEventRecord(stop_, stream_));
+  note_drain();
   REMAT_CUDA_CHECK(cudaEventSynchronize(stop_));
   float ms = 0;
   REMAT_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
@@ -167,6 +169,7 @@ Backend::Properties CudaBackend::properties() const {
 
 void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) const {
   REMAT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  note_drain();
   REMAT_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
