@@ -119,7 +119,29 @@ __global__ void sum_partials_kernel(const double* partials, int count, double* t
   if (threadIdx.x == 0) *total = accumulate ? *total + s : s;
 }
 
+// ---- Gradient clipping ------------------------------------------------------------------
+
+__global__ void clip_coefficient_kernel(const double* total, double max_norm, ClipScale* scale) {
+  const double coef = max_norm / (sqrt(*total) + 1e-6);  // IEEE double: the host's bits
+  scale->apply = coef < 1.0;
+  scale->value = coef < 1.0 ? static_cast<float>(coef) : 1.0f;
+}
+
+__global__ void scale_by_clip_kernel(float* x, int64_t n, const ClipScale* scale) {
+  if (!scale->apply) return;
+  const float a = scale->value;
+  for (int64_t i = grid_start(); i < n; i += grid_stride()) x[i] = a * x[i];
+}
+
 }  // namespace
+
+void clip_coefficient(const double* total, double max_norm, ClipScale* scale, cudaStream_t stream) {
+  REMAT_LAUNCH(clip_coefficient_kernel, dim3(1), dim3(1), 0, stream, total, max_norm, scale);
+}
+
+void scale_by_clip(float* x, int64_t n, const ClipScale* scale, cudaStream_t stream) {
+  REMAT_LAUNCH(scale_by_clip_kernel, dim3(grid_stride_blocks(n, kBlock)), dim3(kBlock), 0, stream, x, n, scale);
+}
 
 void sgd_step(float* param, const float* grad, float* momentum_buf, int64_t n, const SgdCoefficients& c,
               cudaStream_t stream) {

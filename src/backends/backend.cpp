@@ -618,6 +618,11 @@ void check_global_norm(const Check& ck, const std::vector<Tensor>& tensors) {
   for (const auto& t : tensors) ck.tensor("tensor", t);
 }
 
+void check_clip_grad_norm(const Check& ck, const std::vector<Tensor>& tensors, double max_norm) {
+  for (const auto& t : tensors) ck.tensor("tensor", t);
+  if (!(max_norm > 0.0)) ck.fail("max_norm must be positive, got " + std::to_string(max_norm));
+}
+
 #pragma GCC diagnostic pop
 
 }  // namespace

@@ -22,19 +22,15 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, ParamStore& params, Backend& be
   }
 }
 
-double Optimizer::step(double lr) {
+void Optimizer::step(double lr) {
   ++step_;
   const Graph& g = params_.graph();
-  double norm = 0.0;
   if (cfg_.grad_clip > 0.0) {
     std::vector<Tensor> grads;
     for (const Tensor& t : params_.grads)
       if (t.defined()) grads.push_back(t);
-    norm = be_.global_norm(grads);
-    // torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), applied when < 1.
-    const double coef = cfg_.grad_clip / (norm + 1e-6);
-    if (coef < 1.0)
-      for (Tensor& t : grads) be_.scale(t, static_cast<float>(coef), t);
+    // torch.nn.utils.clip_grad_norm_, on the device: no value comes back to the host.
+    be_.clip_grad_norm(grads, cfg_.grad_clip);
   }
   TagScope scope(MemoryCategory::temporary, "optimizer", Phase::optimizer);
   for (size_t p = 0; p < params_.values.size(); ++p) {
@@ -49,7 +45,6 @@ double Optimizer::step(double lr) {
                    step_);
     }
   }
-  return norm;
 }
 
 std::vector<std::pair<std::string, Tensor>> Optimizer::named_state() const {

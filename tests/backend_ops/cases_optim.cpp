@@ -8,6 +8,7 @@
 // differ by a few ulps after three steps (the emulator compiles like the CPU: equal bits).
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -128,6 +129,47 @@ REMAT_OP_CASE(optim, global_norm) {
   for (const auto& p : ts) misaligned.push_back(t.output_like(p));
   ASSERT_FALSE(aligned16(misaligned[3].dut));
   EXPECT_EQ(norm_of(misaligned)[1], all[1]) << "global_norm depends on the alignment";
+}
+
+// clip_grad_norm: on the device the coefficient is computed there, from global_norm's sum,
+// with the cpu's double formula: the clipped tensors are bitwise those of the device's
+// global_norm + scale (the host path it replaces), and close to the cpu's (whose norm adds
+// in another order). A max_norm above the norm leaves everything untouched.
+REMAT_OP_CASE(optim, clip_grad_norm) {
+  const std::vector<int64_t> sizes = {1, 0, 1001, 4096 + 3, 300000};
+  for (const double max_norm : {1.0, 1e9}) {
+    std::vector<Pair> ts, copies;
+    for (int64_t n : sizes) {
+      ts.push_back(t.uniform({n}, -3.0f, 3.0f));
+      copies.push_back(t.output_like(ts.back()));
+    }
+    std::vector<Pair> clipped;
+    for (const auto& p : ts) clipped.push_back(t.output_like(p));
+    t.run([&](Backend& be, Side s) {
+      std::vector<Tensor> side;
+      for (const auto& p : clipped) side.push_back(s(p));
+      be.clip_grad_norm(side, max_norm);
+    });
+    // the host path on the device under test
+    t.run([&](Backend& be, Side s) {
+      if (s.ref) return;
+      std::vector<Tensor> side;
+      for (const auto& p : copies) side.push_back(s(p));
+      const double coef = max_norm / (be.global_norm(side) + 1e-6);
+      if (coef < 1.0)
+        for (const Tensor& x : side) be.scale(x, static_cast<float>(coef), x);
+    });
+    for (size_t i = 0; i < ts.size(); ++i) {
+      const std::string what = "clip_grad_norm " + std::to_string(max_norm) + " tensor " + std::to_string(i);
+      t.expect_close(clipped[i], 1e-6, 1e-6, what);
+      const std::vector<float> a = clipped[i].dut.to_vector(), b = copies[i].dut.to_vector();
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << what << ": not global_norm + scale";
+      if (max_norm > 1e6) {
+        const std::vector<float> c = ts[i].dut.to_vector();
+        EXPECT_EQ(0, std::memcmp(a.data(), c.data(), a.size() * sizeof(float))) << what << ": changed";
+      }
+    }
+  }
 }
 
 }  // namespace remat::test

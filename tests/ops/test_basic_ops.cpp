@@ -321,6 +321,19 @@ TEST(BasicOps, GlobalNormAndClippingMatchPyTorch) {
   for (int i = 0; i < count; ++i) grads.push_back(g.tensor("g" + std::to_string(i)));
   const double norm = cpu().global_norm(grads);
   EXPECT_NEAR(norm, g.tensor("norm").to_vector()[0], 1e-5 * norm);
+  // clip_grad_norm in one call, on copies: PyTorch's clipped gradients too.
+  std::vector<Tensor> copies;
+  for (const Tensor& t : grads) copies.push_back(t.clone());
+  cpu().clip_grad_norm(copies, max_norm);
+  for (int i = 0; i < count; ++i)
+    EXPECT_TRUE(all_close(copies[static_cast<size_t>(i)], g.tensor("clipped" + std::to_string(i)), 1e-6, 1e-7)) << i;
+  // a max_norm above the norm leaves them untouched
+  std::vector<Tensor> kept;
+  for (const Tensor& t : grads) kept.push_back(t.clone());
+  cpu().clip_grad_norm(kept, 2.0 * norm);
+  for (int i = 0; i < count; ++i)
+    EXPECT_TRUE(bitwise_equal(kept[static_cast<size_t>(i)], grads[static_cast<size_t>(i)]));
+  EXPECT_REMAT_ERROR(cpu().clip_grad_norm(kept, 0.0), "max_norm must be positive");
   // torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped to 1.
   const auto coef = static_cast<float>(std::min(1.0, max_norm / (norm + 1e-6)));
   for (int i = 0; i < count; ++i) {

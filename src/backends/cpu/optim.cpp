@@ -110,4 +110,10 @@ double CpuBackend::global_norm_impl(const std::vector<Tensor>& tensors) {
   return std::sqrt(total);
 }
 
+void CpuBackend::clip_grad_norm_impl(const std::vector<Tensor>& tensors, double max_norm) {
+  const double coef = max_norm / (global_norm_impl(tensors) + 1e-6);
+  if (coef < 1.0)
+    for (const Tensor& t : tensors) scale_impl(t, static_cast<float>(coef), t);
+}
+
 }  // namespace remat

@@ -54,5 +54,21 @@ double CudaBackend::global_norm_impl(const std::vector<Tensor>& tensors) {
   return std::sqrt(sum);
 }
 
+void CudaBackend::clip_grad_norm_impl(const std::vector<Tensor>& tensors, double max_norm) {
+  // scratch(): the running total, the partial sums of one tensor, then the scale. The
+  // norm is global_norm's (the same kernels, the same order); coef is computed from it
+  // on the device with the cpu's double formula, so the scaled gradients are the bits of
+  // global_norm + scale without the read-back.
+  constexpr size_t kScaleAt = (1 + kernels::kSumSquaresMaxBlocks) * sizeof(double);
+  static_assert(kScaleAt + sizeof(kernels::ClipScale) <= kScratchBytes, "clip_grad_norm: scratch too small");
+  auto* total = static_cast<double*>(scratch_);
+  auto* scale = reinterpret_cast<kernels::ClipScale*>(static_cast<char*>(scratch_) + kScaleAt);
+  if (tensors.empty()) return;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    kernels::sum_squares(tensors[i].f32(), tensors[i].numel(), total + 1, total, /*accumulate=*/i > 0, stream_);
+  kernels::clip_coefficient(total, max_norm, scale, stream_);
+  for (const Tensor& t : tensors) kernels::scale_by_clip(t.f32(), t.numel(), scale, stream_);
+}
+
 REMAT_KERNELS_ABI_END
 }  // namespace remat
