@@ -45,6 +45,23 @@ struct ClipScale {
   int apply;  // coef < 1
 };
 
+// Multi-tensor AdamW: up to kAdamWMultiMax tensors per launch, their pointers and
+// coefficients passed by value in the kernel's arguments (no device table, no upload).
+// Each block updates one chunk of kAdamWMultiChunk elements of one tensor with adamw_step's
+// formula and float4 rule: the same bits as one adamw_step per tensor.
+constexpr int kAdamWMultiMax = 36;
+constexpr int64_t kAdamWMultiChunk = 16384;
+struct AdamWMultiEntry {
+  float* w;
+  const float* g;
+  float* m;
+  float* v;
+  int64_t n;
+  AdamWCoefficients c;
+};
+// Updates entries[0 .. count) (count <= kAdamWMultiMax) in one launch.
+void adamw_step_multi(const AdamWMultiEntry* entries, int count, cudaStream_t stream);
+
 // The most per-block partial sums sum_squares writes: `partials` holds that many doubles.
 constexpr int kSumSquaresMaxBlocks = 1024;
 

@@ -33,6 +33,21 @@ void Optimizer::step(double lr) {
     be_.clip_grad_norm(grads, cfg_.grad_clip);
   }
   TagScope scope(MemoryCategory::temporary, "optimizer", Phase::optimizer);
+  if (cfg_.type == "adamw") {  // every tensor in one call: a few multi-tensor launches on the GPU
+    std::vector<Tensor> w, gr, m, v;
+    std::vector<AdamWParams> ps;
+    for (size_t p = 0; p < params_.values.size(); ++p) {
+      if (!params_.grads[p].defined()) continue;
+      w.push_back(params_.values[p]);
+      gr.push_back(params_.grads[p]);
+      m.push_back(params_.state[p][0]);
+      v.push_back(params_.state[p][1]);
+      const bool decay = g.params[p].spec.weight_decay;
+      ps.push_back({lr, cfg_.beta1, cfg_.beta2, cfg_.eps, decay ? cfg_.weight_decay : 0.0});
+    }
+    be_.adamw_step_multi(w, gr, m, v, ps, step_);
+    return;
+  }
   for (size_t p = 0; p < params_.values.size(); ++p) {
     if (!params_.grads[p].defined()) continue;
     const bool decay = g.params[p].spec.weight_decay;

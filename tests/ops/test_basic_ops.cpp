@@ -310,6 +310,16 @@ TEST(BasicOps, AdamWTenStepsMatchTorchOptim) {
     EXPECT_TRUE(all_close(param, g.tensor("param"), 1e-6, 1e-6));
     EXPECT_TRUE(all_close(m, g.tensor("exp_avg"), 1e-6, 1e-7));
     EXPECT_TRUE(all_close(v, g.tensor("exp_avg_sq"), 1e-6, 1e-8));
+    // adamw_step_multi over the same tensor twice (two copies): torch's values too
+    Tensor p0 = g.tensor("param0"), p1 = g.tensor("param0").clone();
+    std::vector<Tensor> ps{p0, p1}, ms, vs;
+    for (int i = 0; i < 2; ++i) ms.push_back(Tensor::zeros(p0.shape())), vs.push_back(Tensor::zeros(p0.shape()));
+    for (int s = 1; s <= 10; ++s) {
+      const Tensor gr = g.tensor("grad" + std::to_string(s - 1));
+      cpu().adamw_step_multi(ps, {gr, gr}, ms, vs, {p, p}, s);
+    }
+    for (int i = 0; i < 2; ++i) EXPECT_TRUE(all_close(ps[static_cast<size_t>(i)], g.tensor("param"), 1e-6, 1e-6));
+    EXPECT_REMAT_ERROR(cpu().adamw_step_multi(ps, {}, ms, vs, {p, p}, 1), "2 params but 0 grads");
   }
 }
 
