@@ -81,6 +81,42 @@ __global__ void adamw_kernel(float* w, const float* g, float* m, float* v, int64
   for (int64_t i = done + start; i < n; i += stride) adamw_update(w[i], g[i], m[i], v[i], c);
 }
 
+// ---- Multi-tensor AdamW ------------------------------------------------------------------
+
+struct AdamWMultiArgs {
+  AdamWMultiEntry e[kAdamWMultiMax];
+  int first_block[kAdamWMultiMax];  // entry i's chunks are blocks first_block[i], ...
+  int vec[kAdamWMultiMax];          // every pointer of entry i 16-byte aligned
+  int count;
+};
+static_assert(sizeof(AdamWMultiArgs) <= 4000, "AdamWMultiArgs: over the 4 KiB kernel-argument limit");
+
+__global__ void adamw_multi_kernel(AdamWMultiArgs a) {
+  int at = 0;  // the last entry starting at or before this block (empty entries own no block)
+  for (int i = 1; i < a.count; ++i)
+    if (a.first_block[i] <= static_cast<int>(blockIdx.x)) at = i;
+  const AdamWMultiEntry& e = a.e[at];
+  const AdamWCoefficients c = e.c;
+  const int64_t begin = static_cast<int64_t>(blockIdx.x - a.first_block[at]) * kAdamWMultiChunk;
+  const int64_t end = begin + kAdamWMultiChunk < e.n ? begin + kAdamWMultiChunk : e.n;
+  int64_t done = begin;
+  if (a.vec[at]) {
+    for (int64_t q = begin / 4 + threadIdx.x; q < end / 4; q += blockDim.x) {
+      float4 w4 = load4(e.w, q), m4 = load4(e.m, q), v4 = load4(e.v, q);
+      const float4 g4 = load4(e.g, q);
+      adamw_update(w4.x, g4.x, m4.x, v4.x, c);
+      adamw_update(w4.y, g4.y, m4.y, v4.y, c);
+      adamw_update(w4.z, g4.z, m4.z, v4.z, c);
+      adamw_update(w4.w, g4.w, m4.w, v4.w, c);
+      store4(e.w, q, w4);
+      store4(e.m, q, m4);
+      store4(e.v, q, v4);
+    }
+    done = end / 4 * 4;
+  }
+  for (int64_t i = done + threadIdx.x; i < end; i += blockDim.x) adamw_update(e.w[i], e.g[i], e.m[i], e.v[i], c);
+}
+
 unsigned blocks_for(int64_t n, bool vec) { return grid_stride_blocks(vec ? ceil_div<int64_t>(n, 4) : n, kBlock); }
 
 // ---- Sum of squares ---------------------------------------------------------------------
@@ -119,7 +155,29 @@ __global__ void sum_partials_kernel(const double* partials, int count, double* t
   if (threadIdx.x == 0) *total = accumulate ? *total + s : s;
 }
 
+// ---- Gradient clipping ------------------------------------------------------------------
+
+__global__ void clip_coefficient_kernel(const double* total, double max_norm, ClipScale* scale) {
+  const double coef = max_norm / (sqrt(*total) + 1e-6);  // IEEE double: the host's bits
+  scale->apply = coef < 1.0;
+  scale->value = coef < 1.0 ? static_cast<float>(coef) : 1.0f;
+}
+
+__global__ void scale_by_clip_kernel(float* x, int64_t n, const ClipScale* scale) {
+  if (!scale->apply) return;
+  const float a = scale->value;
+  for (int64_t i = grid_start(); i < n; i += grid_stride()) x[i] = a * x[i];
+}
+
 }  // namespace
+
+void clip_coefficient(const double* total, double max_norm, ClipScale* scale, cudaStream_t stream) {
+  REMAT_LAUNCH(clip_coefficient_kernel, dim3(1), dim3(1), 0, stream, total, max_norm, scale);
+}
+
+void scale_by_clip(float* x, int64_t n, const ClipScale* scale, cudaStream_t stream) {
+  REMAT_LAUNCH(scale_by_clip_kernel, dim3(grid_stride_blocks(n, kBlock)), dim3(kBlock), 0, stream, x, n, scale);
+}
 
 void sgd_step(float* param, const float* grad, float* momentum_buf, int64_t n, const SgdCoefficients& c,
               cudaStream_t stream) {
@@ -136,6 +194,20 @@ void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_
   const bool vec = aligned16(param) && aligned16(grad) && aligned16(exp_avg) && aligned16(exp_avg_sq);
   REMAT_LAUNCH(adamw_kernel, dim3(blocks_for(n, vec)), dim3(kBlock), 0, stream, param, grad, exp_avg, exp_avg_sq, n, c,
                vec);
+}
+
+void adamw_step_multi(const AdamWMultiEntry* entries, int count, cudaStream_t stream) {
+  AdamWMultiArgs a{};
+  a.count = count;
+  int64_t blocks = 0;
+  for (int i = 0; i < count; ++i) {
+    const AdamWMultiEntry& e = entries[i];
+    a.e[i] = e;
+    a.first_block[i] = static_cast<int>(blocks);
+    a.vec[i] = aligned16(e.w) && aligned16(e.g) && aligned16(e.m) && aligned16(e.v);
+    blocks += ceil_div<int64_t>(e.n, kAdamWMultiChunk);
+  }
+  REMAT_LAUNCH(adamw_multi_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kBlock), 0, stream, a);
 }
 
 void sum_squares(const float* x, int64_t n, double* partials, double* total, bool accumulate, cudaStream_t stream) {

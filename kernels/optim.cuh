@@ -39,6 +39,29 @@ struct AdamWCoefficients {
 void adamw_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
                 const AdamWCoefficients& c, cudaStream_t stream);
 
+// Where clip_coefficient leaves its result (device memory).
+struct ClipScale {
+  float value;
+  int apply;  // coef < 1
+};
+
+// Multi-tensor AdamW: up to kAdamWMultiMax tensors per launch, their pointers and
+// coefficients passed by value in the kernel's arguments (no device table, no upload).
+// Each block updates one chunk of kAdamWMultiChunk elements of one tensor with adamw_step's
+// formula and float4 rule: the same bits as one adamw_step per tensor.
+constexpr int kAdamWMultiMax = 36;
+constexpr int64_t kAdamWMultiChunk = 16384;
+struct AdamWMultiEntry {
+  float* w;
+  const float* g;
+  float* m;
+  float* v;
+  int64_t n;
+  AdamWCoefficients c;
+};
+// Updates entries[0 .. count) (count <= kAdamWMultiMax) in one launch.
+void adamw_step_multi(const AdamWMultiEntry* entries, int count, cudaStream_t stream);
+
 // The most per-block partial sums sum_squares writes: `partials` holds that many doubles.
 constexpr int kSumSquaresMaxBlocks = 1024;
 
@@ -46,5 +69,12 @@ constexpr int kSumSquaresMaxBlocks = 1024;
 // partial sums, one block adds them. The order of the additions depends on n alone (not on
 // the pointers' alignment or the device), so the result is the same bits on every run.
 void sum_squares(const float* x, int64_t n, double* partials, double* total, bool accumulate, cudaStream_t stream);
+
+// Gradient clipping on the device: from *total (the sum of squares, as sum_squares leaves
+// it) one thread computes coef = max_norm / (sqrt(*total) + 1e-6) in double and stores
+// float(coef) in *scale, or 1 (no clipping) when coef >= 1 ...
+void clip_coefficient(const double* total, double max_norm, ClipScale* scale, cudaStream_t stream);
+// ... and x[i] *= scale->value for n elements when scale->apply (the fp32 product of scale).
+void scale_by_clip(float* x, int64_t n, const ClipScale* scale, cudaStream_t stream);
 
 }  // namespace remat::kernels

@@ -14,6 +14,7 @@
 #include "remat/config.h"
 #include "remat/error.h"
 #include "remat/exec.h"
+#include "remat/optim.h"
 #include "remat/profile.h"
 #include "remat/train.h"
 #include "support/golden.h"
@@ -237,6 +238,52 @@ TEST(DeviceExec, NothingRunsOnTheDefaultStream) {
     }
     EXPECT_GT(be.global_norm(grads), 0.0) << tiny;
     EXPECT_EQ(emu::default_stream_uses(), start) << tiny << ": work on the legacy default stream";
+  }
+}
+
+// Stream drains (docs/kernels.md): a training step — upload of a host-built batch, forward,
+// backward and the optimizer, the loss left on the device as the trainer does — waits for
+// the stream not once between its first op and the end-of-step synchronize, with or
+// without gradient clipping (computed on the device). Ids and targets written on the device (no host-known range) are
+// checked by kernels whose flag is read back: there the count grows, so the counter can fail.
+TEST(DeviceExec, StreamDrainsPerStep) {
+  auto& be = dynamic_cast<remat::CudaBackend&>(remat::backend_for(dut()));
+  for (const char* tiny : {"gpt_char_tiny.json", "fashion_cnn_tiny.json"}) {
+    SCOPED_TRACE(tiny);
+    const std::string path = std::string(REMAT_SOURCE_DIR) + "/tests/configs/" + tiny;
+    remat::Config c = remat::load_config(path);
+    const remat::Graph g = remat::build_graph(c.model, 2, path, {{"vocab", 24}});
+    for (const double clip : {0.0, 1.0}) {
+      SCOPED_TRACE("grad_clip " + std::to_string(clip));
+      remat::ParamStore params(g, dut(), 5);
+      remat::ExecOptions eo;
+      eo.read_loss = false;
+      remat::Executor ex(g, params, be, remat::make_plan(g, "sqrt"), eo);
+      remat::OptimizerConfig oc = c.optimizer;
+      oc.grad_clip = clip;
+      remat::Optimizer opt(oc, params, be);
+      remat::RngGenerator gen(9);
+      for (int step = 1; step <= 2; ++step) {
+        const Batch batch = batch_for(g, static_cast<uint32_t>(step), dut());
+        const int64_t before = be.stream_drains();
+        params.zero_grads(be);
+        remat::StepStats st = ex.train_step(batch, gen);
+        opt.step(1e-3);
+        EXPECT_EQ(be.stream_drains() - before, 0) << "step " << step;
+        EXPECT_TRUE(std::isnan(st.loss));
+        ASSERT_TRUE(st.loss_value.defined());
+        be.synchronize();
+        EXPECT_TRUE(std::isfinite(st.loss_value.to_vector()[0]));
+      }
+      // The same batch with ids and targets copied on the device: their range is unknown.
+      const Batch host = batch_for(g, 7, dut());
+      Batch on_device{host.input.clone(), host.targets.clone()};
+      const int64_t before = be.stream_drains();
+      params.zero_grads(be);
+      ex.train_step(on_device, gen);
+      const int64_t checks = (on_device.input.dtype() == remat::DType::i32 ? 2 : 0) + 1;  // embedding fwd + bwd, loss
+      EXPECT_GE(be.stream_drains() - before, checks);
+    }
   }
 }
 

@@ -105,13 +105,19 @@ struct ExecOptions {
   ExecOptions() = default;
   explicit ExecOptions(bool verify) : verify_recompute(verify) {}
   bool verify_recompute = false;  // hash freed tensors and check them after recompute
+  // Read the loss back in train_step (StepStats::loss). Off: train_step never waits for the
+  // device; the loss tensor stays alive in StepStats::loss_value (one [1] tensor past its
+  // free in backward) for the caller to read after its own synchronisation (the trainer,
+  // at the end of the step: docs/kernels.md, "Stream drains").
+  bool read_loss = true;
   // Called before (begin = true) and after each layer's forward, recompute and backward
   // (the memory profiler draws these as spans).
   std::function<void(int layer, Phase phase, bool begin)> on_layer;
 };
 
 struct StepStats {
-  float loss = 0.0f;
+  float loss = 0.0f;              // NaN while not read (ExecOptions::read_loss off)
+  Tensor loss_value;              // ExecOptions::read_loss off: the loss tensor [1] on the step's device
   int64_t recomputed_layers = 0;  // layer forwards re-run in backward
   double recompute_flops = 0.0;
   double forward_flops = 0.0;

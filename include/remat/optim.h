@@ -17,9 +17,9 @@ namespace remat {
 class Optimizer {
  public:
   Optimizer(const OptimizerConfig& cfg, ParamStore& params, Backend& be);
-  // One update at learning rate `lr`; returns the gradient norm before clipping (0 when
-  // clipping is off and the norm was not needed).
-  double step(double lr);
+  // One update at learning rate `lr`, gradients clipped first when grad_clip is set
+  // (Backend::clip_grad_norm: the step never waits for the device).
+  void step(double lr);
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t s) { step_ = s; }
   // Named state tensors for checkpoints ("<param>.exp_avg", ...).

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,11 +29,32 @@ class Storage {
   bool has_data() const { return allocator_.has_data(); }
   const Block& block() const { return *block_; }
 
+  // The range of an i32 storage's values, known when the whole storage was last written
+  // from host values (Tensor::from_ints, Tensor::to and copy_from out of host memory): a
+  // device op checks indices against it instead of reading them back (docs/kernels.md,
+  // "stream drains"). Every other write clears it: fill_, a copy from device memory or into
+  // part of the storage, and backend ops that write i32 outputs (max_pool's indices).
+  struct IntRange {
+    int32_t lo = 0, hi = 0;                              // the least and the greatest value
+    int32_t next = std::numeric_limits<int32_t>::max();  // the least value above lo (max: none)
+  };
+  const IntRange* int_range() const { return has_range_ ? &range_ : nullptr; }
+  void set_int_range(const IntRange& r) const {
+    range_ = r;
+    has_range_ = true;
+  }
+  void clear_int_range() const { has_range_ = false; }
+
  private:
   CachingAllocator& allocator_;
   Block* block_;
   size_t nbytes_;
+  mutable IntRange range_;
+  mutable bool has_range_ = false;
 };
+
+// The IntRange of n values (n > 0).
+Storage::IntRange int_range_of(const int32_t* v, int64_t n);
 
 class Tensor {
  public:

@@ -616,8 +616,25 @@ void check_adamw_step(const Check& ck, const Tensor& param, const Tensor& grad, 
   if (!(p.beta1 >= 0.0 && p.beta1 < 1.0 && p.beta2 >= 0.0 && p.beta2 < 1.0)) ck.fail("betas must be in [0, 1)");
 }
 
+void check_adamw_step_multi(const Check& ck, const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                            const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
+                            const std::vector<AdamWParams>& p, int64_t step) {
+  const size_t n = params.size();
+  if (grads.size() != n || exp_avgs.size() != n || exp_avg_sqs.size() != n || p.size() != n)
+    ck.fail(std::to_string(n) + " params but " + std::to_string(grads.size()) + " grads, " +
+            std::to_string(exp_avgs.size()) + " exp_avgs, " + std::to_string(exp_avg_sqs.size()) + " exp_avg_sqs and " +
+            std::to_string(p.size()) + " hyperparameter sets");
+  for (size_t i = 0; i < n; ++i) check_adamw_step(ck, params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], p[i], step);
+  if (step < 1) ck.fail("step counts from 1, got " + std::to_string(step));
+}
+
 void check_global_norm(const Check& ck, const std::vector<Tensor>& tensors) {
   for (const auto& t : tensors) ck.tensor("tensor", t);
+}
+
+void check_clip_grad_norm(const Check& ck, const std::vector<Tensor>& tensors, double max_norm) {
+  for (const auto& t : tensors) ck.tensor("tensor", t);
+  if (!(max_norm > 0.0)) ck.fail("max_norm must be positive, got " + std::to_string(max_norm));
 }
 
 #pragma GCC diagnostic pop

@@ -17,6 +17,18 @@ void* Storage::data() const {
   return block_->ptr;
 }
 
+Storage::IntRange int_range_of(const int32_t* v, int64_t n) {
+  Storage::IntRange r;
+  r.lo = r.hi = v[0];
+  for (int64_t i = 1; i < n; ++i) {
+    r.lo = std::min(r.lo, v[i]);
+    r.hi = std::max(r.hi, v[i]);
+  }
+  for (int64_t i = 0; i < n; ++i)
+    if (v[i] > r.lo) r.next = std::min(r.next, v[i]);
+  return r;
+}
+
 Device Tensor::device() const {
   REMAT_CHECK(defined(), "use of an undefined tensor");
   return storage_->device();
@@ -80,6 +92,7 @@ Tensor Tensor::from_ints(const std::vector<int32_t>& values, const Shape& shape,
   } else if (device.is_cuda()) {
     detail::device_memcpy(t.raw_data(), device, values.data(), Device::cpu(), t.nbytes());
   }
+  if (!values.empty() && t.storage_->has_data()) t.storage_->set_int_range(int_range_of(values.data(), t.numel()));
   return t;
 }
 
@@ -182,12 +195,17 @@ void Tensor::copy_from(const Tensor& src) {
   } else {
     detail::device_memcpy(raw_data(), dd, src.raw_data(), sd, nbytes());
   }
+  // i32 values written from host memory over the whole storage: their range is known.
+  storage_->clear_int_range();
+  if (dtype_ == DType::i32 && sd.is_cpu() && offset_ == 0 && nbytes() == storage_->nbytes())
+    storage_->set_int_range(int_range_of(src.i32(), numel()));
 }
 
 void Tensor::fill_(float value) {
   REMAT_CHECK(dtype_ == DType::f32, "fill_ of ", str(), ": only f32 is supported");
   const Device d = device();
   if (d.is_meta()) return;
+  storage_->clear_int_range();
   if (d.host_memory()) {
     std::fill(f32(), f32() + numel(), value);
   } else {

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "remat/error.h"
@@ -109,7 +110,12 @@ StepStats Executor::train_step(const Batch& batch, RngGenerator& gen) {
   gen.clear_reservations();  // keep only this step's record
   forward_pass(gen, st);
   const Tensor& loss = live_[g_.loss_id].out;
-  st.loss = loss.device().is_meta() ? 0.0f : loss.to_vector()[0];
+  if (loss.device().is_meta())
+    st.loss = 0.0f;
+  else if (opt_.read_loss)
+    st.loss = loss.to_vector()[0];
+  else
+    st.loss = NAN, st.loss_value = loss;
   backward_pass(st);
   end_step();
   return st;

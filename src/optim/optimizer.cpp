@@ -22,21 +22,32 @@ Optimizer::Optimizer(const OptimizerConfig& cfg, ParamStore& params, Backend& be
   }
 }
 
-double Optimizer::step(double lr) {
+void Optimizer::step(double lr) {
   ++step_;
   const Graph& g = params_.graph();
-  double norm = 0.0;
   if (cfg_.grad_clip > 0.0) {
     std::vector<Tensor> grads;
     for (const Tensor& t : params_.grads)
       if (t.defined()) grads.push_back(t);
-    norm = be_.global_norm(grads);
-    // torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), applied when < 1.
-    const double coef = cfg_.grad_clip / (norm + 1e-6);
-    if (coef < 1.0)
-      for (Tensor& t : grads) be_.scale(t, static_cast<float>(coef), t);
+    // torch.nn.utils.clip_grad_norm_, on the device: no value comes back to the host.
+    be_.clip_grad_norm(grads, cfg_.grad_clip);
   }
   TagScope scope(MemoryCategory::temporary, "optimizer", Phase::optimizer);
+  if (cfg_.type == "adamw") {  // every tensor in one call: a few multi-tensor launches on the GPU
+    std::vector<Tensor> w, gr, m, v;
+    std::vector<AdamWParams> ps;
+    for (size_t p = 0; p < params_.values.size(); ++p) {
+      if (!params_.grads[p].defined()) continue;
+      w.push_back(params_.values[p]);
+      gr.push_back(params_.grads[p]);
+      m.push_back(params_.state[p][0]);
+      v.push_back(params_.state[p][1]);
+      const bool decay = g.params[p].spec.weight_decay;
+      ps.push_back({lr, cfg_.beta1, cfg_.beta2, cfg_.eps, decay ? cfg_.weight_decay : 0.0});
+    }
+    be_.adamw_step_multi(w, gr, m, v, ps, step_);
+    return;
+  }
   for (size_t p = 0; p < params_.values.size(); ++p) {
     if (!params_.grads[p].defined()) continue;
     const bool decay = g.params[p].spec.weight_decay;
@@ -49,7 +60,6 @@ double Optimizer::step(double lr) {
                    step_);
     }
   }
-  return norm;
 }
 
 std::vector<std::pair<std::string, Tensor>> Optimizer::named_state() const {

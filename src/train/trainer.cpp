@@ -92,6 +92,13 @@ Config resolve_config(const TrainOptions& o) {
   return cfg;
 }
 
+// The trainer reads each step's loss after the step's end-of-step synchronisation.
+ExecOptions deferred_loss(bool verify_recompute) {
+  ExecOptions o(verify_recompute);
+  o.read_loss = false;
+  return o;
+}
+
 int64_t largest_divisor_at_most(int64_t n, int64_t cap) {
   for (int64_t b = std::min(n, cap); b > 1; --b)
     if (n % b == 0) return b;
@@ -165,7 +172,7 @@ struct Trainer::State {
         total(cfg.training.steps > 0 ? cfg.training.steps : cfg.training.epochs * sampler.batches_per_epoch()),
         params(graph, dev, cfg.training.seed, /*initialise=*/o.init_from.empty()),  // init_from sets them
         optimizer(cfg.optimizer, params, be),
-        executor(graph, params, be, plan, ExecOptions{o.verify_recompute}),
+        executor(graph, params, be, plan, deferred_loss(o.verify_recompute)),
         gen(cfg.training.seed),
         eval_graph(build_graph(
             cfg.model,
@@ -213,6 +220,15 @@ void check_same_run(dist::Comm& comm, const Config& cfg, const TrainOptions& o) 
     REMAT_CHECK(all[static_cast<size_t>(r)] == all[0], "data parallel: rank ", r, "'s config and options (hash ",
                 all[static_cast<size_t>(r)], ") differ from rank 0's (hash ", all[0], "); every rank must run ",
                 "the same config with the same options");
+}
+
+// The loss of a step run with ExecOptions::read_loss off: read back once the caller is ready
+// to wait for the device (0 on meta, which computes nothing).
+float read_step_loss(StepStats& st) {
+  if (!st.loss_value.defined()) return st.loss;
+  const float loss = st.loss_value.device().is_meta() ? 0.0f : st.loss_value.to_vector()[0];
+  st.loss_value = Tensor();
+  return loss;
 }
 
 std::unique_ptr<Trainer::State> set_up(TrainOptions o) {
@@ -365,11 +381,11 @@ StepStats Trainer::step() {
       const Batch batch = micro_batch(m);
       s.params.zero_grads(s.be);
       s.gen.set_state({base.seed, base.offset + static_cast<uint64_t>(m) * s.rng_words});
-      const StepStats sm = s.executor.train_step(batch, s.gen);
+      StepStats sm = s.executor.train_step(batch, s.gen);
       REMAT_CHECK(s.gen.state().offset == base.offset + static_cast<uint64_t>(m + 1) * s.rng_words, "micro-batch ", m,
                   ": the model drew another number of random words than its layers say");
       if (s.opt.on_grads) s.opt.on_grads(m, s.params.grads);
-      local[static_cast<size_t>(j)] = sm.loss;
+      local[static_cast<size_t>(j)] = read_step_loss(sm);  // the ranks' collectives drain the stream anyway
       st.recomputed_layers += sm.recomputed_layers;
       st.recompute_flops += sm.recompute_flops;
       st.forward_flops += sm.forward_flops;
@@ -387,16 +403,17 @@ StepStats Trainer::step() {
   }
   if (s.reducer && s.opt.on_grads) s.opt.on_grads(-1, s.params.grads);
   ++s.step;
+  const double lr = scheduled_lr(s.cfg.optimizer, s.cfg.schedule, s.step, s.total);
+  s.optimizer.step(lr);
+  s.be.synchronize();  // the step's device work is part of its time
+  const double ms = ms_since(t0);
+  if (st.loss_value.defined()) st.loss = read_step_loss(st);
   if (!std::isfinite(st.loss)) {
     const bool have_ckpt = !s.out_dir.empty() && fs::exists(fs::path(s.out_dir) / "checkpoint" / "state.json");
     REMAT_THROW("step ", s.step, ": the loss is ", st.loss, "; stopping",
                 have_ckpt ? "; the last good checkpoint is in " + s.out_dir + "/checkpoint"
                           : std::string("; no checkpoint was written"));
   }
-  const double lr = scheduled_lr(s.cfg.optimizer, s.cfg.schedule, s.step, s.total);
-  s.optimizer.step(lr);
-  s.be.synchronize();  // the step's device work is part of its time
-  const double ms = ms_since(t0);
   s.time_ms += ms;
   s.result.comm_bytes += s.comm.stats().bytes;
   s.result.comm_ms += s.comm.stats().ms;

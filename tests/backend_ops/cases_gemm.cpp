@@ -1,5 +1,9 @@
 // GEMM and linear layers (cuBLAS on cuda; OpenBLAS behind the emulator's cuBLAS on
 // cuda-emu). Tolerances: fp32 sums of up to 300 products of values in [-1, 1].
+#include <cstring>
+#include <utility>
+#include <vector>
+
 #include "backend_ops/harness.h"
 
 namespace remat::test {
@@ -62,6 +66,27 @@ REMAT_OP_CASE(gemm, bias_grad_many_rows) {
   auto db = t.output_like(t.uniform({45}));
   t.run([&](Backend& be, Side s) { be.linear_backward(s(dy), s(x), s(w), Tensor(), Tensor(), s(db)); });
   t.expect_close(db, 1e-4, 1e-5, "db");
+}
+
+REMAT_OP_CASE(gemm, bias_grad_row_split_shapes) {
+  // The CUDA column sums split the rows into chunks as the 64 KiB of scratch allows:
+  // 3000 x 45 takes 188 chunks of 16 rows; 400 x 5000 only 3 (the scratch holds three rows
+  // of chunk sums); 40 x 17000 none (wider than the scratch); 7 x 45 one short chunk.
+  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{400, 5000}, {40, 17000}, {7, 45}}) {
+    auto x = t.uniform({rows, 3}), w = t.uniform({cols, 3});
+    auto dy = t.uniform({rows, cols});
+    auto init = t.uniform({cols});
+    auto db = t.output_like(init), again = t.output_like(init);  // accumulated into
+    t.run([&](Backend& be, Side s) {
+      be.linear_backward(s(dy), s(x), s(w), Tensor(), Tensor(), s(db));
+      be.linear_backward(s(dy), s(x), s(w), Tensor(), Tensor(), s(again));
+    });
+    const std::string what = "db " + std::to_string(rows) + " x " + std::to_string(cols);
+    t.expect_close(db, 1e-4, 1e-5, what);
+    // a fixed order: the same bits on a second run
+    const std::vector<float> a = db.dut.to_vector(), b = again.dut.to_vector();
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << what;
+  }
 }
 
 REMAT_OP_CASE(gemm, empty) {

@@ -8,6 +8,7 @@
 // differ by a few ulps after three steps (the emulator compiles like the CPU: equal bits).
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,53 @@ REMAT_OP_CASE(optim, adamw_default) { check_adamw(t, AdamWParams{}); }
 REMAT_OP_CASE(optim, adamw_no_decay) { check_adamw(t, AdamWParams{3e-3, 0.9, 0.999, 1e-8, 0.0}); }
 REMAT_OP_CASE(optim, adamw_other_betas) { check_adamw(t, AdamWParams{1e-2, 0.8, 0.99, 1e-6, 0.1}); }
 
+// adamw_step_multi: bitwise one adamw_step per tensor on the device under test, and close
+// to the cpu's. 45 tensors (two launches of kAdamWMultiMax = 36), sizes from empty to
+// several chunks of 16384, aligned and not, two hyperparameter sets (decay and none).
+REMAT_OP_CASE(optim, adamw_step_multi) {
+  std::vector<int64_t> sizes;
+  for (int i = 0; i < 45; ++i) sizes.push_back(i % 9 == 4 ? 0 : (i * 7919) % 40000 + (i % 3));
+  std::vector<Pair> w, m, v, w1, m1, v1;
+  std::vector<AdamWParams> ps;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const int64_t n = sizes[i];
+    w.push_back(t.output_like(t.uniform({n})));  // output_like: not 16-byte aligned
+    m.push_back(t.uniform({n}, -0.1f, 0.1f));
+    v.push_back(t.uniform({n}, 0.0f, 0.01f));
+    if (i % 2) w.back() = t.uniform({n});  // aligned
+    w1.push_back(t.output_like(w.back()));
+    m1.push_back(t.output_like(m.back()));
+    v1.push_back(t.output_like(v.back()));
+    ps.push_back(i % 3 ? AdamWParams{1e-2, 0.9, 0.95, 1e-8, 0.1} : AdamWParams{1e-2, 0.9, 0.95, 1e-8, 0.0});
+  }
+  for (int64_t step = 1; step <= 2; ++step) {
+    std::vector<Pair> g;
+    for (int64_t n : sizes) g.push_back(t.uniform({n}, -2.0f, 2.0f));
+    t.run([&](Backend& be, Side s) {
+      std::vector<Tensor> sw, sg, sm, sv;
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        sw.push_back(s(w[i]));
+        sg.push_back(s(g[i]));
+        sm.push_back(s(m[i]));
+        sv.push_back(s(v[i]));
+        be.adamw_step(s(w1[i]), s(g[i]), s(m1[i]), s(v1[i]), ps[i], step);
+      }
+      be.adamw_step_multi(sw, sg, sm, sv, ps, step);
+    });
+  }
+  auto same = [](const Pair& a, const Pair& b) {
+    const std::vector<float> x = a.dut.to_vector(), y = b.dut.to_vector();
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+  };
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const std::string what = "adamw_step_multi tensor " + std::to_string(i) + " n=" + std::to_string(sizes[i]);
+    t.expect_close(w[i], kAtol, kRtol, what + " param");
+    t.expect_close(m[i], kAtol, kRtol, what + " exp_avg");
+    t.expect_close(v[i], kAtol, kRtol, what + " exp_avg_sq");
+    EXPECT_TRUE(same(w[i], w1[i]) && same(m[i], m1[i]) && same(v[i], v1[i])) << what << ": not adamw_step's bits";
+  }
+}
+
 // global_norm: squares are exact in double (24-bit by 24-bit mantissas), so only the order
 // of double additions differs from the CPU: relative error about n * 2^-53, far below the
 // 1e-9 allowed. Several tensors, odd sizes, an empty one, and one above 1024 blocks x 256
@@ -128,6 +176,47 @@ REMAT_OP_CASE(optim, global_norm) {
   for (const auto& p : ts) misaligned.push_back(t.output_like(p));
   ASSERT_FALSE(aligned16(misaligned[3].dut));
   EXPECT_EQ(norm_of(misaligned)[1], all[1]) << "global_norm depends on the alignment";
+}
+
+// clip_grad_norm: on the device the coefficient is computed there, from global_norm's sum,
+// with the cpu's double formula: the clipped tensors are bitwise those of the device's
+// global_norm + scale (the host path it replaces), and close to the cpu's (whose norm adds
+// in another order). A max_norm above the norm leaves everything untouched.
+REMAT_OP_CASE(optim, clip_grad_norm) {
+  const std::vector<int64_t> sizes = {1, 0, 1001, 4096 + 3, 300000};
+  for (const double max_norm : {1.0, 1e9}) {
+    std::vector<Pair> ts, copies;
+    for (int64_t n : sizes) {
+      ts.push_back(t.uniform({n}, -3.0f, 3.0f));
+      copies.push_back(t.output_like(ts.back()));
+    }
+    std::vector<Pair> clipped;
+    for (const auto& p : ts) clipped.push_back(t.output_like(p));
+    t.run([&](Backend& be, Side s) {
+      std::vector<Tensor> side;
+      for (const auto& p : clipped) side.push_back(s(p));
+      be.clip_grad_norm(side, max_norm);
+    });
+    // the host path on the device under test
+    t.run([&](Backend& be, Side s) {
+      if (s.ref) return;
+      std::vector<Tensor> side;
+      for (const auto& p : copies) side.push_back(s(p));
+      const double coef = max_norm / (be.global_norm(side) + 1e-6);
+      if (coef < 1.0)
+        for (const Tensor& x : side) be.scale(x, static_cast<float>(coef), x);
+    });
+    for (size_t i = 0; i < ts.size(); ++i) {
+      const std::string what = "clip_grad_norm " + std::to_string(max_norm) + " tensor " + std::to_string(i);
+      t.expect_close(clipped[i], 1e-6, 1e-6, what);
+      const std::vector<float> a = clipped[i].dut.to_vector(), b = copies[i].dut.to_vector();
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << what << ": not global_norm + scale";
+      if (max_norm > 1e6) {
+        const std::vector<float> c = ts[i].dut.to_vector();
+        EXPECT_EQ(0, std::memcmp(a.data(), c.data(), a.size() * sizeof(float))) << what << ": changed";
+      }
+    }
+  }
 }
 
 }  // namespace remat::test

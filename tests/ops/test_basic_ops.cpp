@@ -310,6 +310,16 @@ TEST(BasicOps, AdamWTenStepsMatchTorchOptim) {
     EXPECT_TRUE(all_close(param, g.tensor("param"), 1e-6, 1e-6));
     EXPECT_TRUE(all_close(m, g.tensor("exp_avg"), 1e-6, 1e-7));
     EXPECT_TRUE(all_close(v, g.tensor("exp_avg_sq"), 1e-6, 1e-8));
+    // adamw_step_multi over the same tensor twice (two copies): torch's values too
+    Tensor p0 = g.tensor("param0"), p1 = g.tensor("param0").clone();
+    std::vector<Tensor> ps{p0, p1}, ms, vs;
+    for (int i = 0; i < 2; ++i) ms.push_back(Tensor::zeros(p0.shape())), vs.push_back(Tensor::zeros(p0.shape()));
+    for (int s = 1; s <= 10; ++s) {
+      const Tensor gr = g.tensor("grad" + std::to_string(s - 1));
+      cpu().adamw_step_multi(ps, {gr, gr}, ms, vs, {p, p}, s);
+    }
+    for (int i = 0; i < 2; ++i) EXPECT_TRUE(all_close(ps[static_cast<size_t>(i)], g.tensor("param"), 1e-6, 1e-6));
+    EXPECT_REMAT_ERROR(cpu().adamw_step_multi(ps, {}, ms, vs, {p, p}, 1), "2 params but 0 grads");
   }
 }
 
@@ -321,6 +331,19 @@ TEST(BasicOps, GlobalNormAndClippingMatchPyTorch) {
   for (int i = 0; i < count; ++i) grads.push_back(g.tensor("g" + std::to_string(i)));
   const double norm = cpu().global_norm(grads);
   EXPECT_NEAR(norm, g.tensor("norm").to_vector()[0], 1e-5 * norm);
+  // clip_grad_norm in one call, on copies: PyTorch's clipped gradients too.
+  std::vector<Tensor> copies;
+  for (const Tensor& t : grads) copies.push_back(t.clone());
+  cpu().clip_grad_norm(copies, max_norm);
+  for (int i = 0; i < count; ++i)
+    EXPECT_TRUE(all_close(copies[static_cast<size_t>(i)], g.tensor("clipped" + std::to_string(i)), 1e-6, 1e-7)) << i;
+  // a max_norm above the norm leaves them untouched
+  std::vector<Tensor> kept;
+  for (const Tensor& t : grads) kept.push_back(t.clone());
+  cpu().clip_grad_norm(kept, 2.0 * norm);
+  for (int i = 0; i < count; ++i)
+    EXPECT_TRUE(bitwise_equal(kept[static_cast<size_t>(i)], grads[static_cast<size_t>(i)]));
+  EXPECT_REMAT_ERROR(cpu().clip_grad_norm(kept, 0.0), "max_norm must be positive");
   // torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped to 1.
   const auto coef = static_cast<float>(std::min(1.0, max_norm / (norm + 1e-6)));
   for (int i = 0; i < count; ++i) {

@@ -183,6 +183,20 @@ std::vector<KernelCase> kernel_cases(Backend& be, int64_t n) {
                     return [&be, x, tg, loss, lse] { be.cross_entropy_forward(*x, *tg, -100, *loss, *lse); };
                   }});
   }
+  {
+    // the bias gradient of a GPT-2-wide linear layer: db [C] += column sums of dy [R, C]
+    // (linear_backward with only db); reads dy, reads and writes db.
+    const int64_t c = 768, r = std::max<int64_t>(n / c, 1);
+    cs.push_back({"bias_grad", "[" + std::to_string(r) + ", " + std::to_string(c) + "]", r * c,
+                  4.0 * (static_cast<double>(r) * c + 2.0 * c), "4 B x (R C + 2 C): dy; db read and written",
+                  [&be, d, r, c] {
+                    auto dy = std::make_shared<Tensor>(uniform(Shape{r, c}, 1, -1, 1, d));
+                    auto x = std::make_shared<Tensor>(Tensor::empty(Shape{r, c}, d));
+                    auto w = std::make_shared<Tensor>(Tensor::empty(Shape{c, c}, d));
+                    auto db = std::make_shared<Tensor>(Tensor::zeros(Shape{c}, d));
+                    return [&be, dy, x, w, db] { be.linear_backward(*dy, *x, *w, Tensor(), Tensor(), *db); };
+                  }});
+  }
   flat("adamw_step", 4, 3, [&be, d](Shape s) {  // reads param, grad, m, v; writes param, m, v
     auto p = std::make_shared<Tensor>(uniform(s, 1, -1, 1, d));
     auto g = std::make_shared<Tensor>(uniform(s, 2, -1e-2f, 1e-2f, d));

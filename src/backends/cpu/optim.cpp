@@ -110,4 +110,17 @@ double CpuBackend::global_norm_impl(const std::vector<Tensor>& tensors) {
   return std::sqrt(total);
 }
 
+void CpuBackend::adamw_step_multi_impl(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                                       const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
+                                       const std::vector<AdamWParams>& p, int64_t step) {
+  for (size_t i = 0; i < params.size(); ++i)
+    adamw_step_impl(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], p[i], step);
+}
+
+void CpuBackend::clip_grad_norm_impl(const std::vector<Tensor>& tensors, double max_norm) {
+  const double coef = max_norm / (global_norm_impl(tensors) + 1e-6);
+  if (coef < 1.0)
+    for (const Tensor& t : tensors) scale_impl(t, static_cast<float>(coef), t);
+}
+
 }  // namespace remat

@@ -103,6 +103,7 @@ void CudaBackend::apply_math_mode() {
 
 void CudaBackend::synchronize() {
   activate();
+  note_drain();
   REMAT_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
@@ -122,6 +123,7 @@ double CudaBackend::time_ms(const std::function<void()>& body) {
   REMAT_CUDA_CHECK(cudaEventRecord(start_, stream_));
   body();
   REMAT_CUDA_CHECK(cudaEventRecord(stop_, stream_));
+  note_drain();
   REMAT_CUDA_CHECK(cudaEventSynchronize(stop_));
   float ms = 0;
   REMAT_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
@@ -167,6 +169,7 @@ Backend::Properties CudaBackend::properties() const {
 
 void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) const {
   REMAT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  note_drain();
   REMAT_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
@@ -193,7 +196,12 @@ void CudaBackend::linear_backward_impl(const Tensor& dy, const Tensor& x, const 
     sgemm_rowmajor(cublas_, false, false, rows, in, out, 1.0f, dy.f32(), 0, w.f32(), 0, 0.0f, dx.f32(), 0, 1);
   if (dw.defined())
     sgemm_rowmajor(cublas_, true, false, out, in, rows, 1.0f, dy.f32(), 0, x.f32(), 0, 1.0f, dw.f32(), 0, 1);
-  if (db.defined()) kernels::column_sums(dy.f32(), rows, out, db.f32(), /*accumulate=*/true, stream_);
+  // The chunk sums of the row split in scratch(): kScratchBytes holds 16 Ki floats, enough
+  // for kColumnSumBlocks blocks at any width up to 16 Ki columns (wider ones have more
+  // column blocks than that already): docs/kernels.md, "Bias gradients".
+  if (db.defined())
+    kernels::column_sums(dy.f32(), rows, out, db.f32(), /*accumulate=*/true, static_cast<float*>(scratch_),
+                         kScratchBytes, stream_);
 }
 
 REMAT_KERNELS_ABI_END

@@ -11,8 +11,9 @@
 // stream and handles, gemm and linear), each defining its CudaBackend::*_impl.
 //
 // Every op is enqueued on the backend's stream; ops that return a host value (accuracy,
-// global_norm) synchronise it. Results are reproducible run to run (no floating-point
-// atomics); they match the CPU backend within the tolerances of tests/backend_ops.
+// global_norm) synchronise it, and so do index checks the host could not make
+// (embedding ids, cross-entropy targets without a host-known range). Results are reproducible run to run (no
+// floating-point atomics); they match the CPU backend within the tolerances of tests/backend_ops.
 #pragma once
 
 #include <cublas_v2.h>
@@ -58,6 +59,11 @@ class CudaBackend : public Backend {
   void copy_to_host(void* dst, const void* src, size_t bytes) const;
 
   void synchronize() override;
+  // How many times the host has waited for this backend's stream (synchronize, copies to or
+  // from host memory, values read back, time_ms): each one drains the GPU's queue of work.
+  // tests/test_device_exec.cpp bounds them per training step (docs/kernels.md).
+  int64_t stream_drains() const { return drains_; }
+  void note_drain() const { ++drains_; }
   // CUDA events on the stream (host clocks on the emulator, whose launches are synchronous).
   double time_ms(const std::function<void()>& body) override;
   void flush_caches() override;  // rewrites a buffer of twice the L2
@@ -79,6 +85,7 @@ class CudaBackend : public Backend {
   void* scratch_ = nullptr;
   bool tf32_ = false;
   bool pedantic_ = false;
+  mutable int64_t drains_ = 0;
   void apply_math_mode();
   // For time_ms and flush_caches, made on first use.
   cudaEvent_t start_ = nullptr, stop_ = nullptr;

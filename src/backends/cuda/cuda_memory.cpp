@@ -57,11 +57,12 @@ namespace {
 
 // The stream of the device's backend: every copy and fill goes there, in order with the
 // ops, never on the legacy default stream.
-cudaStream_t stream_of(Device d) {
+CudaBackend& backend_of(Device d) {
   auto* be = dynamic_cast<CudaBackend*>(&backend_for(d));
   REMAT_CHECK(be, "the backend of ", d.str(), " is not the CUDA backend");
-  return be->stream();
+  return *be;
 }
+cudaStream_t stream_of(Device d) { return backend_of(d).stream(); }
 
 }  // namespace
 
@@ -77,6 +78,7 @@ void device_memcpy(void* dst, Device dst_dev, const void* src, Device src_dev, s
   // A copy out of another GPU waits for that GPU's stream to produce the data.
   if (src_dev.is_cuda() && dst_dev.is_cuda() && src_dev.index != dst_dev.index) {
     REMAT_CUDA_CHECK(cudaSetDevice(src_dev.index));
+    backend_of(src_dev).note_drain();
     REMAT_CUDA_CHECK(cudaStreamSynchronize(stream_of(src_dev)));
   }
   const Device dev = dst_dev.is_cuda() ? dst_dev : src_dev;
@@ -85,7 +87,10 @@ void device_memcpy(void* dst, Device dst_dev, const void* src, Device src_dev, s
   REMAT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream));
   // Host memory here is pageable and the caller's (a std::vector): wait until the copy has
   // read or written it. A device-to-device copy stays ordered on the stream.
-  if (kind != cudaMemcpyDeviceToDevice) REMAT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (kind != cudaMemcpyDeviceToDevice) {
+    backend_of(dev).note_drain();
+    REMAT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
 }
 
 void device_fill_f32(float* dst, Device dev, int64_t n, float value) {

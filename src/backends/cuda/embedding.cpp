@@ -1,9 +1,11 @@
 // Token (+ position) embedding on the GPU (kernels/embedding.cu).
 //
-// The ids live on the device, so the range check the CPU backend does before it starts
-// runs as a kernel that flags the first out-of-range position in the backend's scratch;
-// the op reads the flag back (one synchronisation per call) and throws the CPU backend's
-// error before it writes anything. The table gradient is a deterministic scatter: no
+// The CPU backend checks the ids before it starts. Ids uploaded from the host carry their
+// range (Storage::int_range, computed on the host as they were copied): when it lies in
+// [0, rows) the op trusts them and never waits for the stream. Otherwise (ids written on
+// the device, or a range that fails) a kernel flags the first out-of-range position in
+// the backend's scratch; the op reads the flag back (one synchronisation) and throws the
+// CPU backend's error before it writes anything. The table gradient is a deterministic scatter: no
 // floating-point atomics, the same additions in the same order as the CPU backend.
 #include <cstdint>
 
@@ -21,6 +23,8 @@ namespace {
 // position.
 void check_ids(const CudaBackend& be, const char* op, const Tensor& ids, int64_t rows, const char* table_name,
                const Tensor& table) {
+  const Storage::IntRange* known = ids.storage()->int_range();
+  if (known && known->lo >= 0 && known->hi < rows) return;  // checked on the host
   constexpr unsigned long long kNone = ~0ull;
   auto* flag = static_cast<unsigned long long*>(be.scratch());
   REMAT_CUDA_CHECK(cudaMemsetAsync(flag, 0xff, sizeof(*flag), be.stream()));  // kNone

@@ -22,8 +22,35 @@ void CudaBackend::sgd_step_impl(const Tensor& param, const Tensor& grad, const T
   kernels::sgd_step(param.f32(), grad.f32(), buf, param.numel(), c, stream_);
 }
 
+namespace {
+kernels::AdamWCoefficients adamw_coefficients(const AdamWParams& p, int64_t step);
+}  // namespace
+
+void CudaBackend::adamw_step_multi_impl(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                                        const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
+                                        const std::vector<AdamWParams>& p, int64_t step) {
+  std::vector<kernels::AdamWMultiEntry> batch;
+  auto flush = [&] {
+    if (!batch.empty()) kernels::adamw_step_multi(batch.data(), static_cast<int>(batch.size()), stream_);
+    batch.clear();
+  };
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].numel() == 0) continue;
+    batch.push_back({params[i].f32(), grads[i].f32(), exp_avgs[i].f32(), exp_avg_sqs[i].f32(), params[i].numel(),
+                     adamw_coefficients(p[i], step)});
+    if (batch.size() == static_cast<size_t>(kernels::kAdamWMultiMax)) flush();
+  }
+  flush();
+}
+
 void CudaBackend::adamw_step_impl(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                                   const Tensor& exp_avg_sq, const AdamWParams& p, int64_t step) {
+  kernels::adamw_step(param.f32(), grad.f32(), exp_avg.f32(), exp_avg_sq.f32(), param.numel(),
+                      adamw_coefficients(p, step), stream_);
+}
+
+namespace {
+kernels::AdamWCoefficients adamw_coefficients(const AdamWParams& p, int64_t step) {
   // Scalars in double (Python floats in torch.optim.AdamW), applied in float.
   const double bc1 = 1.0 - std::pow(p.beta1, static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(p.beta2, static_cast<double>(step));
@@ -36,8 +63,9 @@ void CudaBackend::adamw_step_impl(const Tensor& param, const Tensor& grad, const
   c.beta2 = static_cast<float>(p.beta2);
   c.one_minus_beta1 = static_cast<float>(1.0 - p.beta1);
   c.one_minus_beta2 = static_cast<float>(1.0 - p.beta2);
-  kernels::adamw_step(param.f32(), grad.f32(), exp_avg.f32(), exp_avg_sq.f32(), param.numel(), c, stream_);
+  return c;
 }
+}  // namespace
 
 double CudaBackend::global_norm_impl(const std::vector<Tensor>& tensors) {
   // scratch(): the running total, then the per-block partial sums of one tensor.
@@ -52,6 +80,22 @@ double CudaBackend::global_norm_impl(const std::vector<Tensor>& tensors) {
     kernels::sum_squares(tensors[i].f32(), tensors[i].numel(), partials, total, /*accumulate=*/i > 0, stream_);
   copy_to_host(&sum, total, sizeof sum);
   return std::sqrt(sum);
+}
+
+void CudaBackend::clip_grad_norm_impl(const std::vector<Tensor>& tensors, double max_norm) {
+  // scratch(): the running total, the partial sums of one tensor, then the scale. The
+  // norm is global_norm's (the same kernels, the same order); coef is computed from it
+  // on the device with the cpu's double formula, so the scaled gradients are the bits of
+  // global_norm + scale without the read-back.
+  constexpr size_t kScaleAt = (1 + kernels::kSumSquaresMaxBlocks) * sizeof(double);
+  static_assert(kScaleAt + sizeof(kernels::ClipScale) <= kScratchBytes, "clip_grad_norm: scratch too small");
+  auto* total = static_cast<double*>(scratch_);
+  auto* scale = reinterpret_cast<kernels::ClipScale*>(static_cast<char*>(scratch_) + kScaleAt);
+  if (tensors.empty()) return;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    kernels::sum_squares(tensors[i].f32(), tensors[i].numel(), total + 1, total, /*accumulate=*/i > 0, stream_);
+  kernels::clip_coefficient(total, max_norm, scale, stream_);
+  for (const Tensor& t : tensors) kernels::scale_by_clip(t.f32(), t.numel(), scale, stream_);
 }
 
 REMAT_KERNELS_ABI_END

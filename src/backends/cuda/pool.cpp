@@ -22,6 +22,7 @@ void CudaBackend::maxpool2d_forward_impl(const Tensor& x, const Pool2dParams& p,
                                          const Tensor& indices) {
   REMAT_CHECK(x.size(2) * x.size(3) <= std::numeric_limits<int32_t>::max(), "maxpool2d_forward: x ", x.str(),
               ": a plane is too large for i32 indices");
+  indices.storage()->clear_int_range();  // written on the device: no longer host-known values
   kernels::maxpool2d_forward(x.f32(), pool_shape(x.shape(), y.shape(), p), y.f32(), indices.i32(), stream_);
 }
 

@@ -2,9 +2,10 @@
 // (kernels/softmax_loss.cu).
 //
 // cross_entropy_forward checks the targets as the CPU does (a target outside [0, V) that
-// is not ignore_index throws): the loss kernel records the first bad row in the backend's
-// scratch buffer, which is read back, so the call waits for the stream; the executor
-// reads the loss right after the forward anyway. cross_entropy_backward keeps its scale
+// is not ignore_index throws). Targets uploaded from the host carry their range
+// (Storage::int_range): when it shows every target in [0, V) or equal to ignore_index, the
+// op does not wait for the stream. Otherwise the loss kernel records the first bad row in
+// the backend's scratch buffer, which is read back (one synchronisation). cross_entropy_backward keeps its scale
 // (dloss / rows counted) in scratch between its two kernels; accuracy counts there.
 #include <cstdint>
 
@@ -34,6 +35,10 @@ void CudaBackend::cross_entropy_forward_impl(const Tensor& logits, const Tensor&
   auto* check = static_cast<kernels::CrossEntropyCheck*>(scratch());
   kernels::cross_entropy_forward(logits.f32(), targets.i32(), n, v, ignore_index, loss.f32(), lse.f32(), check,
                                  stream());
+  // Checked on the host: no value above V - 1, and every value below 0 is ignore_index
+  // (then it is the least value, and the next one up is not negative).
+  const Storage::IntRange* known = targets.storage()->int_range();
+  if (known && known->hi < v && (known->lo >= 0 || (known->lo == ignore_index && known->next >= 0))) return;
   kernels::CrossEntropyCheck found{};
   copy_to_host(&found, check, sizeof found);
   if (found.bad_row >= 0)
