@@ -123,6 +123,14 @@ class Backend {
     return false;
   }
   virtual bool tf32() const { return false; }
+  // The most bytes one group of attention's [T, T] scratch matrices takes (the backend's
+  // default where 0; a group holds one batch element or head at least). Tests shrink it
+  // to run the multi-group path at small shapes. Returns the previous setting; backends
+  // without grouped scratch keep 0 and change nothing.
+  virtual int64_t set_attention_group_bytes(int64_t bytes) {
+    (void)bytes;
+    return 0;
+  }
 
  protected:
   // Called by every public op before its *_impl: a backend makes its device current here

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <boost/context/fiber.hpp>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <map>
@@ -166,6 +167,7 @@ struct Launch {
   std::exception_ptr error;
   unsigned char* dynamic_smem = nullptr;
   uint3 block{0, 0, 0};
+  uint64_t shuffle_state = 0;  // lane shuffling (set_shuffle_lanes): this block's generator
 #if defined(REMAT_EMU_ASAN)
   const void* scheduler_bottom = nullptr;
   size_t scheduler_size = 0;
@@ -214,8 +216,28 @@ Launch* g_launch = nullptr;
 Thread* g_current = nullptr;
 bool g_racecheck = env_flag("REMAT_EMU_RACECHECK");
 bool g_poison = !std::getenv("REMAT_EMU_POISON") || env_flag("REMAT_EMU_POISON");
+// REMAT_EMU_SHUFFLE_LANES=<seed> (a non-zero integer): runnable threads run in a random order.
+uint64_t shuffle_seed_from_env() {
+  const char* v = std::getenv("REMAT_EMU_SHUFFLE_LANES");
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  const unsigned long long x = std::strtoull(v, &end, 10);
+  if (*end != 0 || x == 0) {
+    std::fprintf(stderr, "REMAT_EMU_SHUFFLE_LANES=%s: want a non-zero integer seed; lane shuffling stays off\n", v);
+    return 0;
+  }
+  return x;
+}
+uint64_t g_shuffle_seed = shuffle_seed_from_env();
 uint64_t g_interval = 1;     // barrier intervals, numbered across all blocks and launches
 uint64_t g_warp_epochs = 0;  // completed __syncwarp groups, numbered likewise
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
 
 void push_ready(Launch& L, unsigned t) {
   L.ready[(L.ready_head + L.ready_count) % L.nthreads] = t;
@@ -597,7 +619,14 @@ void run_block(Launch& L, uint3 block) {
     t.interval_line = 0;
     push_ready(L, i);
   }
+  L.shuffle_state = g_shuffle_seed ^ (uint64_t{block.x} | uint64_t{block.y} << 21 | uint64_t{block.z} << 42);
   while (L.ready_count > 0) {
+    if (g_shuffle_seed && L.ready_count > 1) {
+      // Any runnable thread may go next (a GPU promises no order between lanes outside
+      // warp collectives): swap a random one to the head of the ring.
+      const size_t k = (L.ready_head + splitmix64(L.shuffle_state) % L.ready_count) % L.nthreads;
+      std::swap(L.ready[L.ready_head], L.ready[k]);
+    }
     const unsigned i = L.ready[L.ready_head];
     L.ready_head = (L.ready_head + 1) % L.nthreads;
     --L.ready_count;
@@ -802,6 +831,8 @@ void trap(const char* file, int line) {
 
 void set_racecheck(bool on) { g_racecheck = on; }
 bool racecheck_enabled() { return g_racecheck; }
+void set_shuffle_lanes(uint64_t seed) { g_shuffle_seed = seed; }
+uint64_t shuffle_lanes_seed() { return g_shuffle_seed; }
 uint64_t switch_count() { return g_switches.load(std::memory_order_relaxed); }
 
 cudaError_t func_set_attribute(const void* kernel, cudaFuncAttribute attr, int value) {

@@ -19,7 +19,8 @@
 // float) before every block. With
 // REMAT_EMU_RACECHECK=1, kernels compiled with the race instrumentation (see
 // kernels/emu/CMakeLists.txt) report conflicting shared-memory accesses between
-// threads of one barrier interval.
+// threads of one barrier interval. With REMAT_EMU_SHUFFLE_LANES=<seed>, the threads of a
+// block run in a shuffled order between synchronisation points (set_shuffle_lanes).
 #pragma once
 
 #if !defined(REMAT_EMULATE)
@@ -161,6 +162,14 @@ void* dynamic_shared();
 // Race checking of shared memory (also switched on by REMAT_EMU_RACECHECK=1).
 void set_racecheck(bool on);
 bool racecheck_enabled();
+
+// Lane shuffling (also switched on by REMAT_EMU_SHUFFLE_LANES=<seed>, a non-zero integer;
+// 0: off): between synchronisation points the runnable threads of a block run in an order
+// drawn from the seed (the same seed, the same order) instead of thread order, so code
+// that assumes warp-synchronous execution (a lane reading another lane's shared-memory
+// write without __syncwarp) computes a wrong result.
+void set_shuffle_lanes(uint64_t seed);
+uint64_t shuffle_lanes_seed();
 
 // Number of fiber switches since the process started (for measurements).
 uint64_t switch_count();

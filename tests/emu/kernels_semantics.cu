@@ -162,6 +162,18 @@ __global__ void shared_overflow_kernel(int* out) {
   out[threadIdx.x] = buf[0];
 }
 
+// Each lane adds its lower neighbour's shared-memory value. Without __syncwarp between the
+// write and the read it assumes the lanes run in step (warp-synchronous code): right when
+// the lanes run one after another in lane order, wrong in any other order.
+template <bool kSyncwarp>
+__global__ void neighbour_sum_kernel(int* out) {
+  REMAT_DYNAMIC_SHARED(int, buf);
+  const int t = static_cast<int>(threadIdx.x), lane = t % 32;
+  buf[t] = t + 1;
+  if (kSyncwarp) __syncwarp();
+  out[blockIdx.x * blockDim.x + t] = buf[t] + (lane > 0 ? buf[t - 1] : 0);
+}
+
 __global__ void barrier_loop_kernel(int iterations, int* out) {
   int x = static_cast<int>(threadIdx.x);
   for (int i = 0; i < iterations; ++i) {
@@ -175,6 +187,15 @@ __global__ void barrier_loop_kernel(int iterations, int* out) {
 
 void barrier_loop(int blocks, int threads, int iterations, int* out) {
   REMAT_LAUNCH(barrier_loop_kernel, dim3(blocks), dim3(threads), 0, nullptr, iterations, out);
+}
+
+void neighbour_sums(bool syncwarp, int blocks, int threads, int* out) {
+  const size_t smem = static_cast<size_t>(threads) * sizeof(int);
+  if (syncwarp) {
+    REMAT_LAUNCH(neighbour_sum_kernel<true>, dim3(blocks), dim3(threads), smem, nullptr, out);
+  } else {
+    REMAT_LAUNCH(neighbour_sum_kernel<false>, dim3(blocks), dim3(threads), smem, nullptr, out);
+  }
 }
 
 void overflow_dynamic_shared(int* out) {

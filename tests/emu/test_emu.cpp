@@ -316,6 +316,39 @@ TEST(EmuSharedDeathTest, DynamicSharedOverflowIsCaughtByAsan) {
 // Whole kernels against CPU loops
 // ---------------------------------------------------------------------------
 
+// REMAT_EMU_SHUFFLE_LANES / set_shuffle_lanes: warp-synchronous code (a shared-memory read
+// of another lane's write without __syncwarp) is right in thread order and wrong shuffled;
+// with __syncwarp it is right in every order, and one seed gives one order.
+TEST(EmuShuffleLanes, WarpSynchronousCodeIsCaught) {
+  constexpr int kBlocks = 4, kThreads = 64, n = kBlocks * kThreads;
+  std::vector<int> want(n);
+  for (int i = 0; i < n; ++i) {
+    const int t = i % kThreads;
+    want[i] = (t + 1) + (t % 32 > 0 ? t : 0);
+  }
+  int* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, n * sizeof(int)), cudaSuccess);
+  auto run = [&](bool syncwarp, uint64_t seed) {
+    const uint64_t old = remat::emu::shuffle_lanes_seed();
+    remat::emu::set_shuffle_lanes(seed);
+    emu_test::neighbour_sums(syncwarp, kBlocks, kThreads, d);
+    remat::emu::set_shuffle_lanes(old);
+    std::vector<int> h(n);
+    EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  };
+  EXPECT_EQ(run(false, 0), want) << "in thread order the missing __syncwarp goes unnoticed";
+  for (uint64_t seed : {1u, 2u, 12345u}) {
+    const std::vector<int> got = run(false, seed);
+    int wrong = 0;
+    for (int i = 0; i < n; ++i) wrong += got[i] != want[i];
+    EXPECT_GT(wrong, n / 8) << "seed " << seed << ": shuffled lanes should read unwritten (poisoned) values";
+    EXPECT_EQ(run(false, seed), got) << "seed " << seed << ": one seed, one order";
+    EXPECT_EQ(run(true, seed), want) << "seed " << seed << ": with __syncwarp every order is right";
+  }
+  cudaFree(d);
+}
+
 TEST(EmuKernels, BlockReductionMatchesCpu) {
   const int n = 100000, blocks = 7, threads = 256;
   const auto in = random_floats(n, 1);

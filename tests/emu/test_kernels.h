@@ -41,6 +41,9 @@ void mismatched_collectives(int* out);
 void mask_without_own_lane(int* out);
 // Every thread passes `iterations` barriers (to measure fiber switches).
 void barrier_loop(int blocks, int threads, int iterations, int* out);
+// out[b * threads + t] = (t + 1) + (t, the lower neighbour in its warp, or 0 at lane 0):
+// shared-memory values, read with or without __syncwarp after the write.
+void neighbour_sums(bool syncwarp, int blocks, int threads, int* out);
 // Writes one element past the dynamic shared buffer (for AddressSanitizer).
 void overflow_dynamic_shared(int* out);
 

@@ -15,7 +15,8 @@
 //           the workspace); dV = Pd^T dO; dQ = dS K / sqrt(hs); dK = dS^T Q / sqrt(hs).
 //
 // The [T, T] scratch goes by groups of whole batch elements, at most kGroupBytes per
-// buffer (one batch element at least), like the CPU backend's head groups.
+// buffer (one batch element at least), like the CPU backend's head groups; tests shrink
+// the limit (set_attention_group_bytes) to run several groups at small shapes.
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -55,13 +56,16 @@ kernels::AttentionDropout dropout_args(const AttentionParams& p, RngState rng) {
 
 constexpr int64_t kGroupBytes = int64_t{64} << 20;
 
-// Batch elements per group: each [T, T] scratch buffer holds a group's B' * H matrices.
-int64_t group_batch(const AttnDims& d) {
+// Batch elements per group: each [T, T] scratch buffer holds a group's B' * H matrices,
+// at most `limit` bytes (kGroupBytes where 0).
+int64_t group_batch(const AttnDims& d, int64_t limit) {
   const int64_t per_b = std::max<int64_t>(d.h * d.t * d.t * static_cast<int64_t>(sizeof(float)), 1);
-  return std::clamp<int64_t>(kGroupBytes / per_b, 1, std::max<int64_t>(d.b, 1));
+  return std::clamp<int64_t>((limit > 0 ? limit : kGroupBytes) / per_b, 1, std::max<int64_t>(d.b, 1));
 }
 
-size_t group_floats(const AttnDims& d) { return static_cast<size_t>(group_batch(d) * d.h * d.t * d.t); }
+size_t group_floats(const AttnDims& d, int64_t limit) {
+  return static_cast<size_t>(group_batch(d, limit) * d.h * d.t * d.t);
+}
 
 // A matrix per head (b, h): data + b * per_b + h * per_h, rows ld floats apart.
 template <typename T>
@@ -89,14 +93,21 @@ void head_gemm(cublasHandle_t handle, bool ta, bool tb, int64_t m, int64_t n, in
 
 }  // namespace
 
+int64_t CudaBackend::set_attention_group_bytes(int64_t bytes) {
+  REMAT_CHECK(bytes >= 0, "set_attention_group_bytes: ", bytes, " bytes (want >= 0; 0: the default)");
+  const int64_t old = attn_group_bytes_;
+  attn_group_bytes_ = bytes;
+  return old;
+}
+
 size_t CudaBackend::attention_forward_workspace_impl(const Shape& qkv, const AttentionParams& p) {
   const AttnDims d = attn_dims(qkv, p);
-  return p.applies_dropout() ? group_floats(d) * sizeof(float) : 0;
+  return p.applies_dropout() ? group_floats(d, attn_group_bytes_) * sizeof(float) : 0;
 }
 
 size_t CudaBackend::attention_backward_workspace_impl(const Shape& qkv, const AttentionParams& p) {
   const AttnDims d = attn_dims(qkv, p);
-  return group_floats(d) * (p.applies_dropout() ? 2 : 1) * sizeof(float);
+  return group_floats(d, attn_group_bytes_) * (p.applies_dropout() ? 2 : 1) * sizeof(float);
 }
 
 void CudaBackend::attention_forward_impl(const Tensor& qkv, const AttentionParams& p, RngState rng, const Tensor& out,
@@ -109,7 +120,7 @@ void CudaBackend::attention_forward_impl(const Tensor& qkv, const AttentionParam
   const bool want_out = out.defined();
   kernels::AttentionDropout drop = dropout_args(p, rng);
   drop.on = drop.on && want_out;
-  const int64_t G = group_batch(d);
+  const int64_t G = group_batch(d, attn_group_bytes_);
   float* dropped = drop.on ? workspace.f32() : nullptr;
 
   for (int64_t b0 = 0; b0 < d.b; b0 += G) {
@@ -135,9 +146,9 @@ void CudaBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv,
   const int64_t T = d.t, C = d.c, H = d.h, hs = d.hs, TT = T * T;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const kernels::AttentionDropout drop = dropout_args(p, rng);
-  const int64_t G = group_batch(d);
-  float* ds = workspace.f32();                                                      // [G, H, T, T]: dPd, then dS
-  float* dropped = drop.on ? ds + static_cast<int64_t>(group_floats(d)) : nullptr;  // [G, H, T, T]
+  const int64_t G = group_batch(d, attn_group_bytes_);
+  float* ds = workspace.f32();  // [G, H, T, T]: dPd, then dS
+  float* dropped = drop.on ? ds + static_cast<int64_t>(group_floats(d, attn_group_bytes_)) : nullptr;  // [G, H, T, T]
 
   for (int64_t b0 = 0; b0 < d.b; b0 += G) {
     const int64_t nb = std::min(G, d.b - b0);

@@ -48,6 +48,9 @@ class CudaBackend : public Backend {
   // on with REMAT_CUBLAS_PEDANTIC=1 or here.
   void set_pedantic_math(bool on);
   bool pedantic_math() const { return pedantic_; }
+  // Attention's [T, T] scratch per group of batch elements (attention.cpp): 64 MiB per
+  // buffer by default (0).
+  int64_t set_attention_group_bytes(int64_t bytes) override;
 
   // A small device buffer the backend owns (allocated once, outside the tensor allocator)
   // for values returned to the host (accuracy, global_norm, input checks) and for partial
@@ -86,6 +89,7 @@ class CudaBackend : public Backend {
   bool tf32_ = false;
   bool pedantic_ = false;
   mutable int64_t drains_ = 0;
+  int64_t attn_group_bytes_ = 0;
   void apply_math_mode();
   // For time_ms and flush_caches, made on first use.
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
