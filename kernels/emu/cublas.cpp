@@ -96,6 +96,7 @@ cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cubl
   if (st != CUBLAS_STATUS_SUCCESS) return st;
   if (!alpha || !beta) return CUBLAS_STATUS_INVALID_VALUE;
   remat::emu::note_stream(handle->stream);
+  remat::emu::DeviceAccess open;  // the GEMM reads and writes device memory
   gemm(transa, transb, m, n, k, *alpha, A, lda, B, ldb, *beta, C, ldc);
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -108,6 +109,7 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
   if (st != CUBLAS_STATUS_SUCCESS) return st;
   if (!alpha || !beta || batchCount < 0) return CUBLAS_STATUS_INVALID_VALUE;
   remat::emu::note_stream(handle->stream);
+  remat::emu::DeviceAccess open;
   for (int b = 0; b < batchCount; ++b)
     gemm(transa, transb, m, n, k, *alpha, A + b * strideA, lda, B + b * strideB, ldb, *beta, C + b * strideC, ldc);
   return CUBLAS_STATUS_SUCCESS;

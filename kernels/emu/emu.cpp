@@ -720,6 +720,7 @@ void run_kernel(const LaunchSpec& spec) {
     return;
   }
   std::lock_guard<std::mutex> lock(g_launch_mutex);
+  DeviceAccess open;  // the kernel's threads read and write device memory
   Launch L;
   L.spec = &spec;
   L.nthreads = spec.block.x * spec.block.y * spec.block.z;
@@ -870,8 +871,6 @@ std::string interval_site(unsigned thread) {
 // ---------------------------------------------------------------------------
 namespace {
 
-std::mutex g_alloc_mutex;
-std::map<void*, size_t> g_device_allocations;
 
 struct EmuEvent {
   std::chrono::steady_clock::time_point when{};
@@ -892,23 +891,15 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   if (!ptr) return cudaErrorInvalidValue;
   *ptr = nullptr;
   if (bytes == 0) return cudaSuccess;
-  void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  void* p = remat::emu::device_allocate(bytes);
   if (!p) return remat::emu::g_last_error = cudaErrorMemoryAllocation;
-  std::lock_guard<std::mutex> lock(g_alloc_mutex);
-  g_device_allocations[p] = bytes;
   *ptr = p;
   return cudaSuccess;
 }
 
 cudaError_t cudaFree(void* ptr) {
   if (!ptr) return cudaSuccess;
-  {
-    std::lock_guard<std::mutex> lock(g_alloc_mutex);
-    auto it = g_device_allocations.find(ptr);
-    if (it == g_device_allocations.end()) return remat::emu::g_last_error = cudaErrorInvalidValue;
-    g_device_allocations.erase(it);
-  }
-  std::free(ptr);
+  if (!remat::emu::device_free(ptr)) return remat::emu::g_last_error = cudaErrorInvalidValue;
   return cudaSuccess;
 }
 
@@ -938,6 +929,7 @@ cudaError_t memcpy_on(void* dst, const void* src, size_t bytes, cudaMemcpyKind k
   if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return cudaErrorInvalidMemcpyDirection;
   if (bytes == 0) return cudaSuccess;
   if (!dst || !src) return cudaErrorInvalidValue;
+  remat::emu::DeviceAccess open;
   std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
@@ -945,6 +937,7 @@ cudaError_t memcpy_on(void* dst, const void* src, size_t bytes, cudaMemcpyKind k
 cudaError_t memset_on(void* dst, int value, size_t bytes) {
   if (bytes == 0) return cudaSuccess;
   if (!dst) return cudaErrorInvalidValue;
+  remat::emu::DeviceAccess open;
   std::memset(dst, value, bytes);
   return cudaSuccess;
 }

@@ -647,6 +647,23 @@ cudaError_t func_set_attribute(const void* kernel, cudaFuncAttribute attr, int v
 // while that stream is a blocking one).
 void note_stream(cudaStream_t stream);
 uint64_t default_stream_uses();
+
+// Device memory (kernels/emu/device_memory.cpp): each cudaMalloc a mapping of its own,
+// inaccessible to host code except inside a DeviceAccess section, which every emulated call
+// that touches device memory opens (kernels, copies, memsets, cuBLAS). Sections nest and
+// may be open on several threads; the memory is accessible while any is open.
+void* device_allocate(size_t bytes);  // null when out of memory
+bool device_free(void* ptr);          // false: not an address device_allocate returned
+struct DeviceAccess {
+  DeviceAccess();
+  ~DeviceAccess();
+  DeviceAccess(const DeviceAccess&) = delete;
+  DeviceAccess& operator=(const DeviceAccess&) = delete;
+};
+// False when REMAT_EMU_PROTECT_DEVICE_MEMORY=0 leaves device memory accessible.
+bool device_memory_protected();
+// Whether `p` points into memory that cudaMalloc returned (and not yet freed).
+bool is_device_pointer(const void* p);
 }  // namespace remat::emu
 template <typename... Args>
 inline cudaError_t cudaFuncSetAttribute(void (*kernel)(Args...), cudaFuncAttribute attr, int value) {

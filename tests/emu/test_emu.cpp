@@ -312,6 +312,44 @@ TEST(EmuSharedDeathTest, DynamicSharedOverflowIsCaughtByAsan) {
 }
 #endif
 
+// Device memory is a mapping of its own, inaccessible to host code outside emulated calls:
+// a host dereference of a device pointer crashes, naming the allocation, as on a GPU.
+TEST(EmuDeviceMemoryDeathTest, HostCodeCannotTouchItOutsideEmulatedCalls) {
+  if (!remat::emu::device_memory_protected()) GTEST_SKIP() << "REMAT_EMU_PROTECT_DEVICE_MEMORY=0";
+  Dev<int> d(1000, 5);
+  int host_value = 0;
+  EXPECT_TRUE(remat::emu::is_device_pointer(d.get()));
+  EXPECT_TRUE(remat::emu::is_device_pointer(d.get() + 999));
+  EXPECT_FALSE(remat::emu::is_device_pointer(&host_value));
+  int* p = d.get();
+  EXPECT_DEATH({ p[3] = 1; }, "host code touched device memory at 0x[0-9a-f]+, inside the cudaMalloc allocation of 4000 bytes");
+  EXPECT_DEATH({ host_value = *static_cast<volatile int*>(p + 999); }, "inside the cudaMalloc allocation of 4000 bytes");
+  // Kernels, memsets and copies still reach it.
+  emu_test::write_one(d.get(), 3);
+  ASSERT_EQ(cudaMemset(d.get() + 10, 0, sizeof(int)), cudaSuccess);
+  const std::vector<int> h = d.host();
+  EXPECT_EQ(h[3], 7);
+  EXPECT_EQ(h[10], 0);
+  EXPECT_EQ(h[999], 5);
+  (void)host_value;
+}
+
+// An allocation ends just before a page no one may touch: a kernel that runs past it faults.
+TEST(EmuDeviceMemoryDeathTest, AKernelPastTheLastPageFaults) {
+  Dev<int> d(1000);
+  // 4000 bytes end 96 bytes before a page boundary (256-byte rounding: 4096): 1024 is the
+  // first int of the guard page.
+  EXPECT_DEATH(emu_test::write_one(d.get(), 1024), "past the cudaMalloc allocation of 4000 bytes");
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+// Under AddressSanitizer the bytes between an allocation's end and its page's are poisoned.
+TEST(EmuDeviceMemoryDeathTest, AKernelJustPastTheEndIsCaughtByAsan) {
+  Dev<int> d(1000);
+  EXPECT_DEATH(emu_test::write_one(d.get(), 1000), "use-after-poison");
+}
+#endif
+
 // ---------------------------------------------------------------------------
 // Whole kernels against CPU loops
 // ---------------------------------------------------------------------------

@@ -44,6 +44,8 @@ void barrier_loop(int blocks, int threads, int iterations, int* out);
 // out[b * threads + t] = (t + 1) + (t, the lower neighbour in its warp, or 0 at lane 0):
 // shared-memory values, read with or without __syncwarp after the write.
 void neighbour_sums(bool syncwarp, int blocks, int threads, int* out);
+// One thread writes 7 to out[index] (index may lie past the allocation).
+void write_one(int* out, long long index);
 // Writes one element past the dynamic shared buffer (for AddressSanitizer).
 void overflow_dynamic_shared(int* out);
 
