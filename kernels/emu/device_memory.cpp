@@ -100,7 +100,8 @@ void on_segv(int sig, siginfo_t* info, void* context) {
   }
   if (m) {
     char msg[512];
-    const uintptr_t user = reinterpret_cast<uintptr_t>(m->base) + m->data_pages - (m->bytes + kAlign - 1) / kAlign * kAlign;
+    const uintptr_t user =
+        reinterpret_cast<uintptr_t>(m->base) + m->data_pages - (m->bytes + kAlign - 1) / kAlign * kAlign;
     const bool past = addr >= reinterpret_cast<uintptr_t>(m->base) + m->data_pages;
     if (g_open_sections > 0 || past) {
       std::snprintf(msg, sizeof msg,

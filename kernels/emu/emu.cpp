@@ -871,7 +871,6 @@ std::string interval_site(unsigned thread) {
 // ---------------------------------------------------------------------------
 namespace {
 
-
 struct EmuEvent {
   std::chrono::steady_clock::time_point when{};
   bool recorded = false;

@@ -322,8 +322,10 @@ TEST(EmuDeviceMemoryDeathTest, HostCodeCannotTouchItOutsideEmulatedCalls) {
   EXPECT_TRUE(remat::emu::is_device_pointer(d.get() + 999));
   EXPECT_FALSE(remat::emu::is_device_pointer(&host_value));
   int* p = d.get();
-  EXPECT_DEATH({ p[3] = 1; }, "host code touched device memory at 0x[0-9a-f]+, inside the cudaMalloc allocation of 4000 bytes");
-  EXPECT_DEATH({ host_value = *static_cast<volatile int*>(p + 999); }, "inside the cudaMalloc allocation of 4000 bytes");
+  EXPECT_DEATH({ p[3] = 1; },
+               "host code touched device memory at 0x[0-9a-f]+, inside the cudaMalloc allocation of 4000 bytes");
+  EXPECT_DEATH({ host_value = *static_cast<volatile int*>(p + 999); },
+               "inside the cudaMalloc allocation of 4000 bytes");
   // Kernels, memsets and copies still reach it.
   emu_test::write_one(d.get(), 3);
   ASSERT_EQ(cudaMemset(d.get() + 10, 0, sizeof(int)), cudaSuccess);
