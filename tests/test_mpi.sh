@@ -16,36 +16,7 @@ export OMP_NUM_THREADS=1
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 fail=0
-cat >"$dir/tiny.json" <<'JSON'
-{
-  "name": "mpi_tiny",
-  "model": {
-    "input": {"type": "tokens", "seq_len": 8},
-    "layers": [
-      {"type": "embedding", "name": "embed", "vocab": "$vocab", "dim": 16, "positions": 8},
-      {"type": "dropout", "name": "embed_drop", "p": 0.1},
-      {"type": "repeat", "name": "h", "count": 3, "checkpoint": true, "layers": [
-        {"type": "layernorm", "name": "ln1"},
-        {"type": "linear", "name": "qkv", "out_features": 48},
-        {"type": "attention", "name": "attn", "heads": 2, "dropout": 0.1},
-        {"type": "linear", "name": "proj", "out_features": 16},
-        {"type": "add", "name": "res1", "inputs": ["in", "proj"]},
-        {"type": "layernorm", "name": "ln2"},
-        {"type": "linear", "name": "fc", "out_features": 32},
-        {"type": "gelu", "name": "gelu"},
-        {"type": "linear", "name": "fc2", "out_features": 16},
-        {"type": "dropout", "name": "drop", "p": 0.1},
-        {"type": "add", "name": "res2", "inputs": ["res1", "drop"]}
-      ]},
-      {"type": "layernorm", "name": "ln_f"},
-      {"type": "linear", "name": "head", "out_features": "$vocab", "bias": false, "tie_weight": "embed"}
-    ]
-  },
-  "data": {"dataset": "synthetic_text", "vocab": 16, "synthetic_size": 2048},
-  "optimizer": {"type": "adamw", "lr": 0.01, "weight_decay": 0.1, "grad_clip": 1.0},
-  "training": {"batch": 12, "micro_batch": 2, "steps": 5, "log_every": 5, "sample_length": 0}
-}
-JSON
+cp "$(dirname "$0")/configs/mpi_tiny.json" "$dir/tiny.json"  # shared with test_mpi_shard.sh
 train=(train "$dir/tiny.json" --device cpu --quiet)
 for policy in none all every:2 sqrt selective; do
   ref="$dir/ref_${policy/:/_}"

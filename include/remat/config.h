@@ -98,6 +98,12 @@ struct TrainingConfig {
   int64_t micro_batch = 0;
   int64_t micro() const { return micro_batch > 0 ? micro_batch : batch; }
   int64_t micro_batches() const { return batch / micro(); }
+  // Data parallel: each rank keeps the optimizer state of 1/N of the parameters (ZeRO-1,
+  // docs/distributed.md); bitwise the weights of an unsharded run.
+  bool shard_optimizer = false;
+  // Not a config key: the data-parallel ranks a step is profiled and planned for, one
+  // rank's step (the trainer sets mpirun's rank count; memprof and plan take --ranks).
+  int ranks = 1;
   int64_t epochs = 0;  // one of epochs / steps; steps wins when both are given
   int64_t steps = 0;
   uint64_t seed = 0;

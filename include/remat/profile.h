@@ -37,6 +37,8 @@ struct StepProfile {
   Device device;
   int64_t base_bytes = 0;           // allocated before the step (not counted below)
   int64_t base_reserved_bytes = 0;  // reserved before the step
+  int ranks = 1;                    // data-parallel ranks: the figures are one rank's
+  bool shard_optimizer = false;     // ZeRO-1 optimizer state
   int64_t peak_bytes = 0;           // peak allocated during the step
   CategoryCounts peak_by_category;  // split of that peak
   int64_t peak_reserved_bytes = 0;
@@ -64,6 +66,10 @@ Graph build_config_graph(const Config& cfg, int64_t batch, int64_t seq);
 
 // On meta, `workspace_model` (a real backend) answers the workspace queries, so the
 // prediction is for that backend (default: the cpu's).
+// cfg.training.ranks > 1: the step of one of that many data-parallel ranks (g is then the
+// graph of the rank's micro-batch): no device accumulation buffer (the ordered reduction
+// sums in host memory, docs/distributed.md). training.shard_optimizer: the optimizer
+// state of one rank's shard (ZeRO-1; every rank's shard has the same size).
 StepProfile profile_step(const Config& cfg, const Graph& g, const CheckpointPlan& plan, Device device,
                          bool keep_events = true, Backend* workspace_model = nullptr);
 
@@ -101,7 +107,8 @@ std::vector<PlanCandidate> pareto_front(std::vector<PlanCandidate> c);
 PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget, Backend* workspace_model = nullptr);
 
 // Gradient accumulation as a second lever: the largest micro-batch dividing
-// cfg.training.batch (the whole batch first) at which some plan fits the budget, and the
+// cfg.training.batch (the whole batch first; with cfg.training.ranks R, one that gives a
+// multiple of R micro-batches) at which some plan fits the budget, and the
 // cheapest plan at it (its peak counts the accumulation buffer, profile_step). If none
 // fits even at micro-batch 1, the error of plan_for_budget at micro-batch 1.
 struct MicroBatchPlan {

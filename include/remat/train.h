@@ -25,6 +25,7 @@ struct TrainOptions {
   int64_t batch = -1;
   int64_t micro_batch = -1;        // -1 = the config's training.micro_batch; 0 = the whole batch
   std::string reduce = "ordered";  // data parallel: "ordered" (bitwise for any rank count) or "fast"
+  bool shard_optimizer = false;    // sets training.shard_optimizer (ZeRO-1)
   int64_t seed = -1;
   std::string out;                 // run folder: checkpoint/, metrics.jsonl, config.json, memory.html
   std::string resume;              // run folder to resume from
@@ -110,9 +111,13 @@ struct CheckpointState {
   std::string policy, config_name;
   int64_t batch = 0, train_size = 0;  // the data order depends on them: checked on resume
 };
-void save_checkpoint(const std::string& dir, const ParamStore& params, const Optimizer& opt,
+// optimizer_state: Optimizer::checkpoint_state(), gathered from every rank when sharded.
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+void save_checkpoint(const std::string& dir, const ParamStore& params, const NamedTensors& optimizer_state,
                      const CheckpointState& state);
-// Loads into params/optimizer state (shapes and names must match) and returns the state.
-CheckpointState load_checkpoint(const std::string& dir, ParamStore& params, Optimizer& opt);
+// Loads into params and the optimizer state tensors (shapes and names must match: a
+// sharded optimizer then takes its shard, Optimizer::scatter_state) and returns the state;
+// the caller sets the optimizer's step count from it.
+CheckpointState load_checkpoint(const std::string& dir, ParamStore& params, const NamedTensors& optimizer_state);
 
 }  // namespace remat

@@ -233,6 +233,7 @@ Config parse_config(const nlohmann::json& j, const std::string& source) {
     ConfigReader t = root.child("training");
     c.training.batch = t.positive_int_or("batch", c.training.batch);
     c.training.micro_batch = t.int_or("micro_batch", c.training.micro_batch, 0, int64_t{1} << 40);
+    c.training.shard_optimizer = t.bool_or("shard_optimizer", c.training.shard_optimizer);
     c.training.epochs = t.int_or("epochs", c.training.epochs, 0, 1 << 20);
     c.training.steps = t.int_or("steps", c.training.steps, 0, int64_t{1} << 40);
     c.training.seed = static_cast<uint64_t>(t.int_or("seed", 0, 0, std::numeric_limits<int64_t>::max()));
@@ -305,6 +306,7 @@ nlohmann::json Config::resolved() const {
                    {"gamma", schedule.gamma}};
   j["training"] = {{"batch", training.batch},
                    {"micro_batch", training.micro_batch},
+                   {"shard_optimizer", training.shard_optimizer},
                    {"epochs", training.epochs},
                    {"steps", training.steps},
                    {"seed", training.seed},

@@ -75,7 +75,11 @@ Batch synthetic_batch(const Graph& g, Device d, uint64_t seed) {
 
 StepProfile profile_step(const Config& cfg, const Graph& g, const CheckpointPlan& plan, Device device, bool keep_events,
                          Backend* workspace_model) {
+  const int ranks = cfg.training.ranks;
+  REMAT_CHECK(ranks >= 1, "profile: ", ranks, " ranks");
   StepProfile p;
+  p.ranks = ranks;
+  p.shard_optimizer = cfg.training.shard_optimizer;
   p.policy = plan.policy;
   p.device = device;
   p.precision = cfg.training.precision;
@@ -94,12 +98,13 @@ StepProfile profile_step(const Config& cfg, const Graph& g, const CheckpointPlan
   ActivationDTypeScope precision(p.precision == "bf16" ? DType::bf16 : DType::f32);
   try {
     ParamStore params(g, device, cfg.training.seed);
-    Optimizer opt(cfg.optimizer, params, be);
+    // As the trainer makes it: rank 0's shard (all shards are the same size) under ZeRO-1.
+    Optimizer opt(cfg.optimizer, params, be, 0, cfg.training.shard_optimizer ? ranks : 0);
     // Gradient accumulation on one rank: the running sum of the micro-batches' gradients
     // lives through the step beside the gradients (src/train/grad_reduce.cpp); g is the
     // graph of one micro-batch.
     std::vector<Tensor> accumulation;
-    if (cfg.training.micro_batches() > 1) {
+    if (cfg.training.micro_batches() > 1 && ranks == 1) {
       TagScope scope(MemoryCategory::gradient, "accumulation", Phase::setup);
       for (const Tensor& gr : params.grads)
         if (gr.defined()) accumulation.push_back(Tensor::empty(gr.shape(), gr.device()));
@@ -327,8 +332,10 @@ PlanCandidate ordered_plan(const Config& cfg, const Graph& g, int64_t n, int64_t
 
 MicroBatchPlan plan_micro_batch_for_budget(const Config& cfg, int64_t budget, int64_t seq, Backend* ws) {
   const int64_t batch = cfg.training.batch;
+  const int ranks = cfg.training.ranks;
+  REMAT_CHECK(batch % ranks == 0, cfg.source, ": /training/batch ", batch, " does not split over ", ranks, " ranks");
   for (int64_t b = batch; b >= 1; --b) {
-    if (batch % b != 0) continue;
+    if (batch % b != 0 || (batch / b) % ranks != 0) continue;  // each rank the same micro-batches
     MicroBatchPlan r;
     r.micro_batch = b;
     r.config = cfg;
@@ -345,7 +352,7 @@ MicroBatchPlan plan_micro_batch_for_budget(const Config& cfg, int64_t budget, in
     }
     return r;
   }
-  REMAT_THROW("unreachable");
+  REMAT_THROW("unreachable");  // b = 1 gives batch micro-batches, a multiple of ranks
 }
 
 PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget, Backend* ws) {

@@ -133,6 +133,8 @@ nlohmann::json profile_json(const std::vector<StepProfile>& predicted, const std
     nlohmann::json pj{
         {"policy", p.policy},
         {"precision", p.precision},
+        {"ranks", p.ranks},
+        {"shard_optimizer", p.shard_optimizer},
         {"predicted_only", !measured},
         {"device", shown.device.str()},
         {"peak_bytes", shown.peak_bytes},

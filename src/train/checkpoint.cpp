@@ -12,7 +12,8 @@ namespace fs = std::filesystem;
 
 namespace remat {
 
-void save_checkpoint(const std::string& dir, const ParamStore& params, const Optimizer& opt, const CheckpointState& s) {
+void save_checkpoint(const std::string& dir, const ParamStore& params, const NamedTensors& optimizer_state,
+                     const CheckpointState& s) {
   const fs::path final_dir(dir), tmp = fs::path(dir + ".new"), old = fs::path(dir + ".old");
   std::error_code ec;
   // A crash between the two renames below leaves only the previous checkpoint in .old:
@@ -26,7 +27,7 @@ void save_checkpoint(const std::string& dir, const ParamStore& params, const Opt
   if (ec) REMAT_THROW("cannot create ", tmp.string(), ": ", ec.message());
   std::map<std::string, std::string> meta{{"format", "remat"}, {"step", std::to_string(s.step)}};
   save_safetensors((tmp / "model.safetensors").string(), params.named_values(), meta);
-  save_safetensors((tmp / "optimizer.safetensors").string(), opt.named_state(), meta);
+  save_safetensors((tmp / "optimizer.safetensors").string(), optimizer_state, meta);
   nlohmann::json j{{"step", s.step},
                    {"seed", s.seed},
                    {"rng_offset", s.rng_offset},
@@ -65,7 +66,7 @@ void load_into(const SafetensorsFile& f, const std::vector<std::pair<std::string
 
 }  // namespace
 
-CheckpointState load_checkpoint(const std::string& dir, ParamStore& params, Optimizer& opt) {
+CheckpointState load_checkpoint(const std::string& dir, ParamStore& params, const NamedTensors& optimizer_state) {
   // The complete checkpoint: the folder itself, or after a crash mid-swap the previous
   // one (.old) or the new one (.new: state.json is written last, so it is complete).
   std::string d = dir;
@@ -102,8 +103,7 @@ CheckpointState load_checkpoint(const std::string& dir, ParamStore& params, Opti
   const std::string mp = (fs::path(d) / "model.safetensors").string();
   const std::string op = (fs::path(d) / "optimizer.safetensors").string();
   load_into(SafetensorsFile::load(mp), params.named_values(), mp);
-  load_into(SafetensorsFile::load(op), opt.named_state(), op);
-  opt.set_steps_taken(s.optimizer_steps);
+  load_into(SafetensorsFile::load(op), optimizer_state, op);
   return s;
 }
 

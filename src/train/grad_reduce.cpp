@@ -9,50 +9,64 @@
 namespace remat {
 
 GradReducer::GradReducer(ParamStore& params, Backend& be, dist::Comm& comm, bool ordered)
-    : params_(params), be_(be), comm_(comm), ordered_(ordered) {
-  for (const Tensor& g : params_.grads)
-    if (g.defined()) flat_ += g.numel();
+    : params_(params), be_(be), comm_(comm), ordered_(ordered), layout_(params, comm.size()), shard_(layout_.shard) {
   const int n = comm_.size();
-  shard_ = (flat_ + n - 1) / n;
   if (n == 1 || !ordered_) {
     // The running sum of this rank's micro-batches, beside the gradients.
     TagScope scope(MemoryCategory::gradient, "accumulation", Phase::setup);
     for (const Tensor& g : params_.grads) acc_.push_back(g.defined() ? Tensor::empty(g.shape(), g.device()) : Tensor());
   }
   if (n > 1) {
-    send_.assign(static_cast<size_t>(shard_ * n), 0.0f);
-    if (ordered_) {
-      recv_.assign(static_cast<size_t>(shard_ * n), 0.0f);
-      owned_.assign(static_cast<size_t>(shard_), 0.0f);
-    }
+    // Zeros in the padding between parameters stay zeros.
+    send_.assign(static_cast<size_t>(layout_.size), 0.0f);
+    recv_.assign(static_cast<size_t>(layout_.size), 0.0f);
+    owned_.assign(static_cast<size_t>(shard_), 0.0f);
   }
 }
 
-void GradReducer::pack(float* dst) const {
-  int64_t off = 0;
-  for (const Tensor& g : params_.grads) {
-    if (!g.defined()) continue;
-    if (g.device().is_cpu()) {
-      std::memcpy(dst + off, g.f32(), static_cast<size_t>(g.numel()) * sizeof(float));
-    } else {
-      const std::vector<float> h = g.to_vector();
-      std::copy(h.begin(), h.end(), dst + off);
-    }
-    off += g.numel();
+namespace {
+
+// Elements [begin, end) of t to or from host floats.
+void read_range(const Tensor& t, int64_t begin, int64_t end, float* dst) {
+  if (t.device().is_cpu()) {
+    std::memcpy(dst, t.f32() + begin, static_cast<size_t>(end - begin) * sizeof(float));
+  } else {
+    const std::vector<float> h = t.view_at(begin, Shape{end - begin}).to_vector();
+    std::copy(h.begin(), h.end(), dst);
   }
 }
 
-void GradReducer::unpack(const float* src) {
-  int64_t off = 0;
-  for (Tensor& g : params_.grads) {
-    if (!g.defined()) continue;
-    if (g.device().is_cpu()) {
-      std::memcpy(g.f32(), src + off, static_cast<size_t>(g.numel()) * sizeof(float));
-    } else {
-      g.copy_from(Tensor::from_vector(std::vector<float>(src + off, src + off + g.numel()), g.shape()));
-    }
-    off += g.numel();
+void write_range(const Tensor& t, int64_t begin, int64_t end, const float* src) {
+  if (t.device().is_cpu()) {
+    std::memcpy(t.f32() + begin, src, static_cast<size_t>(end - begin) * sizeof(float));
+  } else {
+    Tensor dst = t.view_at(begin, Shape{end - begin});
+    dst.copy_from(Tensor::from_vector(std::vector<float>(src, src + (end - begin)), Shape{end - begin}));
   }
+}
+
+}  // namespace
+
+void GradReducer::pack(const std::vector<Tensor>& ts, float* dst) const {
+  for (size_t p = 0; p < ts.size(); ++p)
+    if (layout_.offset[p] >= 0) read_range(ts[p], 0, layout_.numel[p], dst + layout_.offset[p]);
+}
+
+void GradReducer::unpack(const float* src, std::vector<Tensor>& ts) {
+  for (size_t p = 0; p < ts.size(); ++p)
+    if (layout_.offset[p] >= 0) write_range(ts[p], 0, layout_.numel[p], src + layout_.offset[p]);
+}
+
+void GradReducer::pack_shard(const std::vector<Tensor>& ts, float* dst) const {
+  const int64_t lo = shard_ * comm_.rank();
+  for (const FlatLayout::Piece& pc : layout_.pieces(comm_.rank()))
+    read_range(ts[pc.param], pc.begin, pc.end, dst + layout_.offset[pc.param] + pc.begin - lo);
+}
+
+void GradReducer::unpack_shard(const float* src, std::vector<Tensor>& ts) {
+  const int64_t lo = shard_ * comm_.rank();
+  for (const FlatLayout::Piece& pc : layout_.pieces(comm_.rank()))
+    write_range(ts[pc.param], pc.begin, pc.end, src + layout_.offset[pc.param] + pc.begin - lo);
 }
 
 void GradReducer::fold_local(int64_t round) {
@@ -73,7 +87,7 @@ void GradReducer::add_round(int64_t round) {
   }
   // Shard s of this rank's gradient goes to rank s; the owner folds the round's N
   // gradients (micro-batches jN .. jN + N - 1) in rank order onto its running sum.
-  pack(send_.data());
+  pack(params_.grads, send_.data());
   comm_.alltoall(send_.data(), recv_.data(), shard_);
   float* own = owned_.data();
   for (int r = 0; r < n; ++r) {
@@ -86,7 +100,7 @@ void GradReducer::add_round(int64_t round) {
   }
 }
 
-void GradReducer::finish(float scale) {
+void GradReducer::finish(float scale, bool whole) {
   const int n = comm_.size();
   if (n == 1) {
     for (size_t p = 0; p < acc_.size(); ++p)
@@ -96,15 +110,26 @@ void GradReducer::finish(float scale) {
   if (!ordered_) {
     for (size_t p = 0; p < acc_.size(); ++p)
       if (acc_[p].defined()) params_.grads[p].copy_from(acc_[p]);
-    pack(send_.data());
-    comm_.allreduce_sum(send_.data(), flat_);
-    for (int64_t i = 0; i < flat_; ++i) send_[static_cast<size_t>(i)] *= scale;
-    unpack(send_.data());
+    pack(params_.grads, send_.data());
+    comm_.allreduce_sum(send_.data(), layout_.size);
+    for (float& v : send_) v *= scale;
+    unpack(send_.data(), params_.grads);
     return;
   }
   for (float& v : owned_) v *= scale;
+  if (!whole) {  // a sharded optimizer reads this rank's shard only
+    unpack_shard(owned_.data(), params_.grads);
+    return;
+  }
   comm_.allgather(owned_.data(), recv_.data(), shard_);
-  unpack(recv_.data());
+  unpack(recv_.data(), params_.grads);
+}
+
+void GradReducer::gather_weights() {
+  if (comm_.size() == 1) return;
+  pack_shard(params_.values, owned_.data());
+  comm_.allgather(owned_.data(), recv_.data(), shard_);
+  unpack(recv_.data(), params_.values);
 }
 
 }  // namespace remat

@@ -85,6 +85,7 @@ Config resolve_config(const TrainOptions& o) {
   if (o.batch == 0) REMAT_THROW("--batch must be positive");
   if (o.batch > 0) cfg.training.batch = o.batch;
   if (o.micro_batch >= 0) cfg.training.micro_batch = o.micro_batch;
+  if (o.shard_optimizer) cfg.training.shard_optimizer = true;
   check_micro_batch(cfg);
   REMAT_CHECK(o.reduce == "ordered" || o.reduce == "fast", "--reduce ", o.reduce, ": expected ordered or fast");
   if (o.seed >= 0) cfg.training.seed = static_cast<uint64_t>(o.seed);
@@ -171,7 +172,8 @@ struct Trainer::State {
         sampler(checked_train_size(), cfg.training.batch, cfg.training.seed, cfg.data.shuffle),
         total(cfg.training.steps > 0 ? cfg.training.steps : cfg.training.epochs * sampler.batches_per_epoch()),
         params(graph, dev, cfg.training.seed, /*initialise=*/o.init_from.empty()),  // init_from sets them
-        optimizer(cfg.optimizer, params, be),
+        // ZeRO-1: each rank keeps the optimizer state of its shard (docs/distributed.md).
+        optimizer(cfg.optimizer, params, be, cm.rank(), cfg.training.shard_optimizer ? cm.size() : 0),
         executor(graph, params, be, plan, deferred_loss(o.verify_recompute)),
         gen(cfg.training.seed),
         eval_graph(build_graph(
@@ -242,6 +244,7 @@ std::unique_ptr<Trainer::State> set_up(TrainOptions o) {
                 " does not split over ", comm.size(), " ranks; set training.micro_batch (--micro-batch)");
     cfg.training.micro_batch = cfg.training.batch / comm.size();
   }
+  cfg.training.ranks = comm.size();  // memory figures and budget: plans are one rank's
   if (comm.size() > 1 && !std::getenv("OMP_NUM_THREADS"))
     omp_set_num_threads(std::max(1, omp_get_num_procs() / std::max(1, comm.local_size())));  // cpu threads split
   const Device dev = resolve_device(o.device, comm);
@@ -288,7 +291,12 @@ void Trainer::init_weights() {
 void Trainer::resume() {
   State& s = *s_;
   const TrainingConfig& tc = s.cfg.training;
-  const CheckpointState c = load_checkpoint((fs::path(s.opt.resume) / "checkpoint").string(), s.params, s.optimizer);
+  // A checkpoint holds the whole optimizer state whatever the rank count; a sharded
+  // optimizer takes its shard of it.
+  const NamedTensors state = s.optimizer.checkpoint_state();
+  const CheckpointState c = load_checkpoint((fs::path(s.opt.resume) / "checkpoint").string(), s.params, state);
+  if (s.optimizer.sharded()) s.optimizer.scatter_state(state);
+  s.optimizer.set_steps_taken(c.optimizer_steps);
   if (c.config_name != s.cfg.name)
     REMAT_THROW(s.opt.resume, ": the checkpoint is of config \"", c.config_name, "\", not \"", s.cfg.name, "\"");
   REMAT_CHECK(c.seed == tc.seed, s.opt.resume, ": the checkpoint was made with seed ", c.seed, ", not ", tc.seed);
@@ -393,7 +401,8 @@ StepStats Trainer::step() {
       s.reducer->add_round(j);
     }
     s.gen.set_state({base.seed, base.offset + static_cast<uint64_t>(s.micros) * s.rng_words});
-    s.reducer->finish(1.0f / static_cast<float>(s.micros));
+    // A sharded optimizer reads only this rank's shard, unless clipping needs the norm.
+    s.reducer->finish(1.0f / static_cast<float>(s.micros), !s.optimizer.sharded() || s.cfg.optimizer.grad_clip > 0.0);
     // The step's loss: the micro-batches' losses summed in micro-batch order, over K.
     std::vector<float> all(static_cast<size_t>(s.micros));
     s.comm.allgather(local.data(), all.data(), rounds);  // block r: rank r's rounds
@@ -405,6 +414,7 @@ StepStats Trainer::step() {
   ++s.step;
   const double lr = scheduled_lr(s.cfg.optimizer, s.cfg.schedule, s.step, s.total);
   s.optimizer.step(lr);
+  if (s.optimizer.sharded() && s.reducer) s.reducer->gather_weights();
   s.be.synchronize();  // the step's device work is part of its time
   const double ms = ms_since(t0);
   if (st.loss_value.defined()) st.loss = read_step_loss(st);
@@ -500,6 +510,11 @@ std::pair<double, double> Trainer::evaluate() {
 
 void Trainer::checkpoint() {
   State& s = *s_;
+  if (s.opt.out.empty() && s.opt.resume.empty()) return;  // no run folder (rank 0's out_dir)
+  NamedTensors state = s.optimizer.checkpoint_state();
+  if (s.optimizer.sharded())  // every rank's shard, gathered on every rank (a collective)
+    s.optimizer.gather_state(state,
+                             [&](const float* send, float* recv, int64_t n) { s.comm.allgather(send, recv, n); });
   if (s.out_dir.empty() || s.comm.rank() != 0) return;
   const TrainingConfig& tc = s.cfg.training;
   CheckpointState c{s.step,
@@ -512,7 +527,7 @@ void Trainer::checkpoint() {
                     s.cfg.name,
                     tc.batch,
                     s.n_train};
-  save_checkpoint((fs::path(s.out_dir) / "checkpoint").string(), s.params, s.optimizer, c);
+  save_checkpoint((fs::path(s.out_dir) / "checkpoint").string(), s.params, state, c);
 }
 
 // `length` characters from the model (batch 1, temperature 1), drawn from Philox with `seed`.
@@ -570,6 +585,9 @@ TrainResult Trainer::run() {
       std::printf("micro-batch %lld: %lld micro-batches per step on %d rank%s (%s, reduction %s)\n",
                   static_cast<long long>(s.micro), static_cast<long long>(s.micros), s.comm.size(),
                   s.comm.size() > 1 ? "s" : "", s.comm.engine().c_str(), s.opt.reduce.c_str());
+    if (s.optimizer.sharded())
+      std::printf("optimizer state sharded over %d rank%s (ZeRO-1): %s per rank\n", s.comm.size(),
+                  s.comm.size() > 1 ? "s" : "", format_bytes(s.optimizer.state_bytes()).c_str());
     std::printf("%s\n", s.plan.describe(s.graph).c_str());
     if (!s.data.describe.empty()) std::printf("data: %s\n", s.data.describe.c_str());
     std::fflush(stdout);

@@ -42,6 +42,28 @@ void check_output_path(const char* option, const std::string& path) {
 }
 
 // --batch and --micro-batch over the config's training section.
+// --ranks N: as `mpirun -np N remat train` splits a step: without training.micro_batch
+// each rank takes batch / N samples; with it the micro-batches split over the ranks.
+void apply_rank_options(Config& cfg, int ranks, bool shard_optimizer) {
+  if (shard_optimizer) cfg.training.shard_optimizer = true;
+  cfg.training.ranks = ranks;
+  if (ranks <= 1) return;
+  TrainingConfig& t = cfg.training;
+  if (t.micro_batch == 0) {
+    REMAT_CHECK(t.batch % ranks == 0, "--ranks ", ranks, ": batch ", t.batch, " does not split over ", ranks,
+                " ranks; set --micro-batch");
+    t.micro_batch = t.batch / ranks;
+  }
+  REMAT_CHECK(t.micro_batches() % ranks == 0, "--ranks ", ranks, ": ", t.micro_batches(),
+              " micro-batches per step, not a multiple of the ", ranks, " ranks");
+}
+
+std::string rank_note(const Config& cfg, int ranks) {
+  if (ranks <= 1 && !cfg.training.shard_optimizer) return "";
+  return ", one rank of " + std::to_string(ranks) +
+         (cfg.training.shard_optimizer ? " (optimizer state sharded, ZeRO-1)" : "");
+}
+
 void apply_batch_options(Config& cfg, int64_t batch, int64_t micro_batch) {
   if (batch == 0 || batch < -1) REMAT_THROW("--batch must be positive, got ", batch);
   if (micro_batch < -1) REMAT_THROW("--micro-batch must be positive (0 = the whole batch), got ", micro_batch);
@@ -66,7 +88,8 @@ Runner add_memprof_command(CLI::App& app) {
   struct Opts {
     std::string config, policies = "none,all,sqrt,selective", device = "meta", json, trace, svg, html, precisions;
     int64_t batch = -1, micro_batch = -1, seq = 0;
-    bool layers = false;
+    int ranks = 1;
+    bool layers = false, shard_optimizer = false;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("config", o->config, "Model config (models/*.json)")->required()->check(CLI::ExistingFile);
@@ -75,6 +98,13 @@ Runner add_memprof_command(CLI::App& app) {
       "--micro-batch", o->micro_batch,
       "Profile a step of batch / N micro-batches of N samples (default: the config's training.micro_batch)");
   cmd->add_option("--seq", o->seq, "Sequence length for token models (default: the config's)");
+  cmd->add_option("--ranks", o->ranks,
+                  "Profile one rank of N data-parallel ranks (mpirun -np N): its micro-batches, its optimizer "
+                  "shard with --shard-optimizer")
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--shard-optimizer", o->shard_optimizer,
+                "ZeRO-1: each rank keeps the optimizer state of 1/N of the parameters (sets "
+                "training.shard_optimizer)");
   cmd->add_option("--policy", o->policies,
                   "Comma-separated policies, e.g. none,all,every:4,sqrt,selective,budget:8GiB");
   cmd->add_option("--precision", o->precisions,
@@ -100,6 +130,7 @@ Runner add_memprof_command(CLI::App& app) {
           "(tools/bootstrap.sh does) and configure remat again");
     Config cfg = load_config(o->config);
     apply_batch_options(cfg, o->batch, o->micro_batch);
+    apply_rank_options(cfg, o->ranks, o->shard_optimizer);
     const int64_t batch = cfg.training.batch;
     if (o->seq < 0) REMAT_THROW("--seq must be positive, got ", o->seq);
     const Device dev = Device::parse(o->device);
@@ -124,9 +155,9 @@ Runner add_memprof_command(CLI::App& app) {
         if (!dev.is_meta()) measured.push_back(profile_step(cfg, g, plan, dev));
       }
     }
-    std::printf("remat memprof %s: %s, batch %lld%s, %lld parameters, device %s\n\n", o->config.c_str(),
+    std::printf("remat memprof %s: %s, batch %lld%s, %lld parameters, device %s%s\n\n", o->config.c_str(),
                 cfg.name.c_str(), static_cast<long long>(batch), micro_note(cfg).c_str(),
-                static_cast<long long>(g.parameter_count()), dev.str().c_str());
+                static_cast<long long>(g.parameter_count()), dev.str().c_str(), rank_note(cfg, o->ranks).c_str());
     std::printf("%s", profile_table(predicted, dev.is_meta() ? nullptr : &measured).c_str());
     if (std::find_if(precisions.begin(), precisions.end(), [](const std::string& p) { return p != "fp32"; }) !=
         precisions.end())
@@ -171,6 +202,8 @@ Runner add_plan_command(CLI::App& app) {
   struct Opts {
     std::string config, budget, svg, device = "cpu";
     int64_t batch = -1, micro_batch = -1, seq = 0;
+    int ranks = 1;
+    bool shard_optimizer = false;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("config", o->config, "Model config (models/*.json)")->required()->check(CLI::ExistingFile);
@@ -183,6 +216,10 @@ Runner add_plan_command(CLI::App& app) {
                   "Plan at this micro-batch (default: with --budget, the largest micro-batch dividing the batch at "
                   "which a plan fits)");
   cmd->add_option("--seq", o->seq, "Sequence length for token models (default: the config's)");
+  cmd->add_option("--ranks", o->ranks, "Plan one rank's step of N data-parallel ranks (mpirun -np N)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--shard-optimizer", o->shard_optimizer,
+                "ZeRO-1: each rank keeps the optimizer state of 1/N of the parameters");
   cmd->add_option("--svg", o->svg, "Write the Pareto front (peak vs recompute FLOPs) as a plot");
   return [cmd, o]() -> int {
     if (!cmd->parsed()) return -1;
@@ -196,7 +233,14 @@ Runner add_plan_command(CLI::App& app) {
     require_available(dev);
     Backend* ws = &backend_for(dev);
     std::optional<MicroBatchPlan> searched;
-    if (budget > 0 && o->micro_batch < 0) {
+    const bool search_micro = budget > 0 && o->micro_batch < 0;
+    if (search_micro) {  // the search picks a micro-batch that splits over the ranks
+      if (o->shard_optimizer) cfg.training.shard_optimizer = true;
+      cfg.training.ranks = o->ranks;
+    } else {
+      apply_rank_options(cfg, o->ranks, o->shard_optimizer);
+    }
+    if (search_micro) {
       // Search the micro-batch too: the front and the answer are then at the one found.
       searched = plan_micro_batch_for_budget(cfg, budget, o->seq, ws);
       cfg = searched->config;
@@ -204,8 +248,9 @@ Runner add_plan_command(CLI::App& app) {
     Graph g = build_config_graph(cfg, cfg.training.micro(), o->seq);
     std::vector<PlanCandidate> all = plan_candidates(cfg, g, ws);
     std::vector<PlanCandidate> front = pareto_front(all);
-    std::printf("remat plan %s: %s, batch %lld%s: %zu candidate plans simulated on meta\n\n", o->config.c_str(),
-                cfg.name.c_str(), static_cast<long long>(batch), micro_note(cfg).c_str(), all.size());
+    std::printf("remat plan %s: %s, batch %lld%s%s: %zu candidate plans simulated on meta\n\n", o->config.c_str(),
+                cfg.name.c_str(), static_cast<long long>(batch), micro_note(cfg).c_str(),
+                rank_note(cfg, o->ranks).c_str(), all.size());
     std::printf("Pareto front (peak vs recompute FLOPs):\n%-24s %14s %18s\n", "plan", "peak", "recompute GFLOP");
     for (const auto& c : front)
       std::printf("%-24s %14s %18.3f\n", c.name.c_str(), format_bytes(c.peak_bytes).c_str(), c.recompute_flops / 1e9);

@@ -30,6 +30,9 @@ Runner add_train_command(CLI::App& app) {
                   "(MPI_Allreduce, not bitwise)")
       ->check(CLI::IsMember({"ordered", "fast"}))
       ->default_val("ordered");
+  cmd->add_flag("--shard-optimizer", opt->shard_optimizer,
+                "Data parallel: each rank keeps the optimizer state of 1/N of the parameters (ZeRO-1; sets "
+                "training.shard_optimizer)");
   cmd->add_option("--seed", opt->seed, "Seed for initialisation, data order and dropout");
   cmd->add_option("--out", opt->out, "Run folder: checkpoint/, metrics.jsonl, config.json, memory.html");
   cmd->add_option("--resume", opt->resume, "Resume from a run folder (continues bitwise as if uninterrupted)")
