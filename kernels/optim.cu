@@ -117,6 +117,55 @@ __global__ void adamw_multi_kernel(AdamWMultiArgs a) {
   for (int64_t i = done + threadIdx.x; i < end; i += blockDim.x) adamw_update(e.w[i], e.g[i], e.m[i], e.v[i], c);
 }
 
+// ---- Multi-tensor SGD ----------------------------------------------------------------------
+
+struct SgdMultiArgs {
+  SgdMultiEntry e[kSgdMultiMax];
+  int first_block[kSgdMultiMax];  // entry i's chunks are blocks first_block[i], ...
+  int vec[kSgdMultiMax];          // every pointer of entry i 16-byte aligned
+  int count;
+};
+static_assert(sizeof(SgdMultiArgs) <= 4000, "SgdMultiArgs: over the 4 KiB kernel-argument limit");
+
+// Elements [begin, end) of one entry, as sgd_kernel<kMomentum> updates them: float4s when
+// vec (begin is a multiple of 4), then the rest one by one.
+template <bool kMomentum>
+__device__ void sgd_multi_chunk(const SgdMultiEntry& e, int64_t begin, int64_t end, bool vec) {
+  const SgdCoefficients c = e.c;
+  int64_t done = begin;
+  if (vec) {
+    for (int64_t q = begin / 4 + threadIdx.x; q < end / 4; q += blockDim.x) {
+      float4 w4 = load4(e.w, q), b4 = kMomentum ? load4(e.buf, q) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const float4 g4 = load4(e.g, q);
+      sgd_update<kMomentum>(w4.x, g4.x, b4.x, c);
+      sgd_update<kMomentum>(w4.y, g4.y, b4.y, c);
+      sgd_update<kMomentum>(w4.z, g4.z, b4.z, c);
+      sgd_update<kMomentum>(w4.w, g4.w, b4.w, c);
+      store4(e.w, q, w4);
+      if (kMomentum) store4(e.buf, q, b4);
+    }
+    done = end / 4 * 4;
+  }
+  for (int64_t i = done + threadIdx.x; i < end; i += blockDim.x) {
+    float b = kMomentum ? e.buf[i] : 0.0f;
+    sgd_update<kMomentum>(e.w[i], e.g[i], b, c);
+    if (kMomentum) e.buf[i] = b;
+  }
+}
+
+__global__ void sgd_multi_kernel(SgdMultiArgs a) {
+  int at = 0;  // the last entry starting at or before this block (empty entries own no block)
+  for (int i = 1; i < a.count; ++i)
+    if (a.first_block[i] <= static_cast<int>(blockIdx.x)) at = i;
+  const SgdMultiEntry& e = a.e[at];
+  const int64_t begin = static_cast<int64_t>(blockIdx.x - a.first_block[at]) * kSgdMultiChunk;
+  const int64_t end = begin + kSgdMultiChunk < e.n ? begin + kSgdMultiChunk : e.n;
+  if (e.buf)
+    sgd_multi_chunk<true>(e, begin, end, a.vec[at] != 0);
+  else
+    sgd_multi_chunk<false>(e, begin, end, a.vec[at] != 0);
+}
+
 unsigned blocks_for(int64_t n, bool vec) { return grid_stride_blocks(vec ? ceil_div<int64_t>(n, 4) : n, kBlock); }
 
 // ---- Sum of squares ---------------------------------------------------------------------
@@ -208,6 +257,20 @@ void adamw_step_multi(const AdamWMultiEntry* entries, int count, cudaStream_t st
     blocks += ceil_div<int64_t>(e.n, kAdamWMultiChunk);
   }
   REMAT_LAUNCH(adamw_multi_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kBlock), 0, stream, a);
+}
+
+void sgd_step_multi(const SgdMultiEntry* entries, int count, cudaStream_t stream) {
+  SgdMultiArgs a{};
+  a.count = count;
+  int64_t blocks = 0;
+  for (int i = 0; i < count; ++i) {
+    const SgdMultiEntry& e = entries[i];
+    a.e[i] = e;
+    a.first_block[i] = static_cast<int>(blocks);
+    a.vec[i] = aligned16(e.w) && aligned16(e.g) && aligned16(e.buf);
+    blocks += ceil_div<int64_t>(e.n, kSgdMultiChunk);
+  }
+  REMAT_LAUNCH(sgd_multi_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kBlock), 0, stream, a);
 }
 
 void sum_squares(const float* x, int64_t n, double* partials, double* total, bool accumulate, cudaStream_t stream) {

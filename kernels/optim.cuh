@@ -62,6 +62,22 @@ struct AdamWMultiEntry {
 // Updates entries[0 .. count) (count <= kAdamWMultiMax) in one launch.
 void adamw_step_multi(const AdamWMultiEntry* entries, int count, cudaStream_t stream);
 
+// Multi-tensor SGD, as multi-tensor AdamW: up to kSgdMultiMax tensors per launch, their
+// pointers and coefficients in the kernel's arguments, one chunk of kSgdMultiChunk elements
+// of one tensor per block, sgd_step's formula and float4 rule: the same bits as one
+// sgd_step per tensor. buf is null for an entry without momentum.
+constexpr int kSgdMultiMax = 48;
+constexpr int64_t kSgdMultiChunk = 16384;
+struct SgdMultiEntry {
+  float* w;
+  const float* g;
+  float* buf;
+  int64_t n;
+  SgdCoefficients c;
+};
+// Updates entries[0 .. count) (count <= kSgdMultiMax) in one launch.
+void sgd_step_multi(const SgdMultiEntry* entries, int count, cudaStream_t stream);
+
 // The most per-block partial sums sum_squares writes: `partials` holds that many doubles.
 constexpr int kSumSquaresMaxBlocks = 1024;
 

@@ -603,6 +603,17 @@ void check_sgd_step(const Check& ck, const Tensor& param, const Tensor& grad, co
     ck.fail("Nesterov momentum requires a momentum and zero dampening");
 }
 
+void check_sgd_step_multi(const Check& ck, const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                          const std::vector<Tensor>& momentum_bufs, const std::vector<SgdParams>& p, int64_t step) {
+  const size_t n = params.size();
+  if (grads.size() != n || momentum_bufs.size() != n || p.size() != n)
+    ck.fail(std::to_string(n) + " params but " + std::to_string(grads.size()) + " grads, " +
+            std::to_string(momentum_bufs.size()) + " momentum_bufs and " + std::to_string(p.size()) +
+            " hyperparameter sets");
+  for (size_t i = 0; i < n; ++i) check_sgd_step(ck, params[i], grads[i], momentum_bufs[i], p[i], step);
+  if (step < 1) ck.fail("step counts from 1, got " + std::to_string(step));
+}
+
 void check_adamw_step(const Check& ck, const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                       const Tensor& exp_avg_sq, const AdamWParams& p, int64_t step) {
   ck.tensor("param", param);

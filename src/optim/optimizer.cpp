@@ -113,18 +113,18 @@ void Optimizer::step(double lr) {
     be_.adamw_step_multi(w, gr, m, v, ps, step_);
     return;
   }
+  // SGD: every tensor in one call too (momentum buffers undefined without momentum)
+  std::vector<Tensor> w, gr, bufs;
+  std::vector<SgdParams> ps;
   for (size_t p = 0; p < params_.values.size(); ++p) {
     if (!params_.grads[p].defined()) continue;
     const bool decay = g.params[p].spec.weight_decay;
-    if (cfg_.type == "adamw") {
-      AdamWParams ap{lr, cfg_.beta1, cfg_.beta2, cfg_.eps, decay ? cfg_.weight_decay : 0.0};
-      be_.adamw_step(params_.values[p], params_.grads[p], params_.state[p][0], params_.state[p][1], ap, step_);
-    } else {
-      SgdParams sp{lr, cfg_.momentum, cfg_.dampening, decay ? cfg_.weight_decay : 0.0, cfg_.nesterov};
-      be_.sgd_step(params_.values[p], params_.grads[p], params_.state[p].empty() ? Tensor() : params_.state[p][0], sp,
-                   step_);
-    }
+    w.push_back(params_.values[p]);
+    gr.push_back(params_.grads[p]);
+    bufs.push_back(params_.state[p].empty() ? Tensor() : params_.state[p][0]);
+    ps.push_back({lr, cfg_.momentum, cfg_.dampening, decay ? cfg_.weight_decay : 0.0, cfg_.nesterov});
   }
+  be_.sgd_step_multi(w, gr, bufs, ps, step_);
 }
 
 // The same calls as the unsharded update, on views of this rank's pieces: each element
@@ -133,8 +133,9 @@ void Optimizer::step_sharded(double lr) {
   const Graph& g = params_.graph();
   const int64_t lo = layout_->shard * rank_;
   auto view = [](const Tensor& t, int64_t at, int64_t n) { return t.view_at(at, Shape{n}); };
-  std::vector<Tensor> w, gr, m, v;
+  std::vector<Tensor> w, gr, m, v;  // m: AdamW's exp_avg or SGD's momentum buffer
   std::vector<AdamWParams> ps;
+  std::vector<SgdParams> sps;
   for (const FlatLayout::Piece& pc : layout_->pieces(rank_)) {
     const int64_t n = pc.end - pc.begin, at = layout_->offset[pc.param] + pc.begin - lo;
     const bool decay = g.params[pc.param].spec.weight_decay;
@@ -146,11 +147,17 @@ void Optimizer::step_sharded(double lr) {
       v.push_back(view(shard_state_[1], at, n));
       ps.push_back({lr, cfg_.beta1, cfg_.beta2, cfg_.eps, decay ? cfg_.weight_decay : 0.0});
     } else {
-      SgdParams sp{lr, cfg_.momentum, cfg_.dampening, decay ? cfg_.weight_decay : 0.0, cfg_.nesterov};
-      be_.sgd_step(wv, gv, shard_state_.empty() ? Tensor() : view(shard_state_[0], at, n), sp, step_);
+      w.push_back(wv);
+      gr.push_back(gv);
+      m.push_back(shard_state_.empty() ? Tensor() : view(shard_state_[0], at, n));
+      sps.push_back({lr, cfg_.momentum, cfg_.dampening, decay ? cfg_.weight_decay : 0.0, cfg_.nesterov});
     }
   }
-  if (!w.empty()) be_.adamw_step_multi(w, gr, m, v, ps, step_);
+  if (w.empty()) return;
+  if (cfg_.type == "adamw")
+    be_.adamw_step_multi(w, gr, m, v, ps, step_);
+  else
+    be_.sgd_step_multi(w, gr, m, sps, step_);
 }
 
 std::vector<std::pair<std::string, Tensor>> Optimizer::checkpoint_state() const {

@@ -142,6 +142,71 @@ REMAT_OP_CASE(optim, adamw_step_multi) {
   }
 }
 
+// sgd_step_multi: bitwise one sgd_step per tensor on the device under test, and close to
+// the cpu's. For each hyperparameter family (plain, momentum with dampening and decay,
+// Nesterov) 53 tensors (two launches of kSgdMultiMax = 48), sizes from empty to several
+// chunks of 16384 and not multiples of 4, aligned and not, three steps (step 1 starts the
+// momentum buffer). Within a list some tensors have no weight decay; the plain family
+// mixes in tensors with momentum (their buffers defined) and the others without (undefined
+// buffers), so one launch carries both kinds.
+REMAT_OP_CASE(optim, sgd_step_multi) {
+  const std::vector<SgdParams> families = {SgdParams{0.1, 0.0, 0.0, 1e-2, false},
+                                           SgdParams{0.03, 0.8, 0.1, 5e-3, false},
+                                           SgdParams{0.1, 0.9, 0.0, 1e-4, true}};
+  for (size_t f = 0; f < families.size(); ++f) {
+    std::vector<int64_t> sizes;
+    for (int i = 0; i < 53; ++i) sizes.push_back(i % 11 == 5 ? 0 : (i * 7919 + 13) % 40000 + (i % 4));
+    std::vector<Pair> w, b, w1, b1;
+    std::vector<SgdParams> ps;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const int64_t n = sizes[i];
+      SgdParams p = families[f];
+      if (i % 3 == 0) p.weight_decay = 0.0;
+      if (f == 0 && i % 4 == 1) p.momentum = 0.9;  // plain and momentum tensors in one list
+      ps.push_back(p);
+      w.push_back(t.output_like(t.uniform({n})));  // output_like: not 16-byte aligned
+      if (i % 2) w.back() = t.uniform({n});        // aligned
+      w1.push_back(t.output_like(w.back()));
+      if (p.momentum != 0.0) {
+        b.push_back(i % 5 == 2 ? t.output_like(t.uniform({n}, 5.0f, 6.0f)) : t.uniform({n}, 5.0f, 6.0f));
+        b1.push_back(t.output_like(b.back()));
+      } else {
+        b.emplace_back();
+        b1.emplace_back();
+      }
+    }
+    for (int64_t step = 1; step <= 3; ++step) {
+      std::vector<Pair> g;
+      for (int64_t n : sizes) g.push_back(t.uniform({n}, -2.0f, 2.0f));
+      t.run([&](Backend& be, Side s) {
+        std::vector<Tensor> sw, sg, sb;
+        for (size_t i = 0; i < sizes.size(); ++i) {
+          const bool mom = ps[i].momentum != 0.0;
+          sw.push_back(s(w[i]));
+          sg.push_back(s(g[i]));
+          sb.push_back(mom ? s(b[i]) : Tensor());
+          be.sgd_step(s(w1[i]), s(g[i]), mom ? s(b1[i]) : Tensor(), ps[i], step);
+        }
+        be.sgd_step_multi(sw, sg, sb, ps, step);
+      });
+    }
+    auto same = [](const Pair& a, const Pair& c) {
+      const std::vector<float> x = a.dut.to_vector(), y = c.dut.to_vector();
+      return x.size() == y.size() && (x.empty() || std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0);
+    };
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const std::string what =
+          "sgd_step_multi " + sgd_name(ps[i]) + " tensor " + std::to_string(i) + " n=" + std::to_string(sizes[i]);
+      t.expect_close(w[i], kAtol, kRtol, what + " param");
+      EXPECT_TRUE(same(w[i], w1[i])) << what << ": param not sgd_step's bits";
+      if (ps[i].momentum != 0.0) {
+        t.expect_close(b[i], kAtol, kRtol, what + " momentum_buf");
+        EXPECT_TRUE(same(b[i], b1[i])) << what << ": momentum_buf not sgd_step's bits";
+      }
+    }
+  }
+}
+
 // global_norm: squares are exact in double (24-bit by 24-bit mantissas), so only the order
 // of double additions differs from the CPU: relative error about n * 2^-53, far below the
 // 1e-9 allowed. Several tensors, odd sizes, an empty one, and one above 1024 blocks x 256

@@ -291,6 +291,30 @@ TEST(BasicOps, SgdTenStepsMatchTorchOptim) {
     if (g.has("momentum_buffer")) {
       EXPECT_TRUE(all_close(buf, g.tensor("momentum_buffer"), 1e-6, 1e-6));
     }
+    // sgd_step_multi over the same tensor twice (two copies): torch's values too, and the
+    // bits of sgd_step; without momentum the buffers are undefined
+    const bool mom = p.momentum != 0.0;
+    std::vector<Tensor> ps{g.tensor("param0"), g.tensor("param0").clone()}, bufs;
+    for (int i = 0; i < 2; ++i) bufs.push_back(mom ? Tensor::zeros(param.shape()) : Tensor());
+    for (int s = 1; s <= 10; ++s) {
+      const Tensor gr = g.tensor("grad" + std::to_string(s - 1));
+      cpu().sgd_step_multi(ps, {gr, gr}, bufs, {p, p}, s);
+    }
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_TRUE(all_close(ps[i], g.tensor("param"), 1e-6, 1e-6));
+      EXPECT_EQ(ps[i].to_vector(), param.to_vector()) << "not sgd_step's bits";
+      if (mom) {
+        EXPECT_EQ(bufs[i].to_vector(), buf.to_vector()) << "momentum_buf: not sgd_step's bits";
+      }
+    }
+    EXPECT_REMAT_ERROR(cpu().sgd_step_multi(ps, {}, bufs, {p, p}, 1), "2 params but 0 grads");
+    EXPECT_REMAT_ERROR(cpu().sgd_step_multi(ps, {param, param}, bufs, {p}, 1),
+                       "2 params but 2 grads, 2 momentum_bufs and 1 hyperparameter sets");
+    EXPECT_REMAT_ERROR(cpu().sgd_step_multi(ps, {param, param}, bufs, {p, p}, 0), "step counts from 1");
+    if (mom) {
+      EXPECT_REMAT_ERROR(cpu().sgd_step_multi(ps, {param, param}, {Tensor(), Tensor()}, {p, p}, 1),
+                         "momentum_buf is undefined");
+    }
   }
 }
 

@@ -117,6 +117,12 @@ void CpuBackend::adamw_step_multi_impl(const std::vector<Tensor>& params, const 
     adamw_step_impl(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], p[i], step);
 }
 
+void CpuBackend::sgd_step_multi_impl(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                                     const std::vector<Tensor>& momentum_bufs, const std::vector<SgdParams>& p,
+                                     int64_t step) {
+  for (size_t i = 0; i < params.size(); ++i) sgd_step_impl(params[i], grads[i], momentum_bufs[i], p[i], step);
+}
+
 void CpuBackend::clip_grad_norm_impl(const std::vector<Tensor>& tensors, double max_norm) {
   const double coef = max_norm / (global_norm_impl(tensors) + 1e-6);
   if (coef < 1.0)

@@ -9,8 +9,8 @@
 namespace remat {
 REMAT_KERNELS_ABI_BEGIN
 
-void CudaBackend::sgd_step_impl(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdParams& p,
-                                int64_t step) {
+namespace {
+kernels::SgdCoefficients sgd_coefficients(const SgdParams& p, int64_t step) {
   kernels::SgdCoefficients c;
   c.weight_decay = static_cast<float>(p.weight_decay);
   c.momentum = static_cast<float>(p.momentum);
@@ -18,8 +18,32 @@ void CudaBackend::sgd_step_impl(const Tensor& param, const Tensor& grad, const T
   c.neg_lr = static_cast<float>(-p.lr);
   c.first_step = step == 1;
   c.nesterov = p.nesterov;
+  return c;
+}
+}  // namespace
+
+void CudaBackend::sgd_step_impl(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdParams& p,
+                                int64_t step) {
+  const kernels::SgdCoefficients c = sgd_coefficients(p, step);
   float* buf = p.momentum != 0.0 ? momentum_buf.f32() : nullptr;
   kernels::sgd_step(param.f32(), grad.f32(), buf, param.numel(), c, stream_);
+}
+
+void CudaBackend::sgd_step_multi_impl(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                                      const std::vector<Tensor>& momentum_bufs, const std::vector<SgdParams>& p,
+                                      int64_t step) {
+  std::vector<kernels::SgdMultiEntry> batch;
+  auto flush = [&] {
+    if (!batch.empty()) kernels::sgd_step_multi(batch.data(), static_cast<int>(batch.size()), stream_);
+    batch.clear();
+  };
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].numel() == 0) continue;
+    float* buf = p[i].momentum != 0.0 ? momentum_bufs[i].f32() : nullptr;
+    batch.push_back({params[i].f32(), grads[i].f32(), buf, params[i].numel(), sgd_coefficients(p[i], step)});
+    if (batch.size() == static_cast<size_t>(kernels::kSgdMultiMax)) flush();
+  }
+  flush();
 }
 
 namespace {
