@@ -5,17 +5,7 @@
 # between ranks is an error naming the rank. Exits 77 (skipped) without mpirun.
 # Usage: test_mpi.sh REMAT_BINARY MPIRUN
 set -uo pipefail
-remat=$1
-mpirun=${2:-mpirun}
-if ! command -v "$mpirun" >/dev/null 2>&1; then
-  echo "SKIPPED: no mpirun (install openmpi-bin; tools/bootstrap.sh does)"
-  exit 77
-fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OMP_NUM_THREADS=1
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-fail=0
+source "$(dirname "$0")/mpi_env.sh"  # remat, mpirun, dir, fail=0; exits 77 without mpirun
 cp "$(dirname "$0")/configs/mpi_tiny.json" "$dir/tiny.json"  # shared with test_mpi_shard.sh
 train=(train "$dir/tiny.json" --device cpu --quiet)
 for policy in none all every:2 sqrt selective; do

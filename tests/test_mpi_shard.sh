@@ -7,17 +7,7 @@
 # cuda-emu. Exits 77 (skipped) without mpirun.
 # Usage: test_mpi_shard.sh REMAT_BINARY MPIRUN
 set -uo pipefail
-remat=$1
-mpirun=${2:-mpirun}
-if ! command -v "$mpirun" >/dev/null 2>&1; then
-  echo "SKIPPED: no mpirun (install openmpi-bin; tools/bootstrap.sh does)"
-  exit 77
-fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OMP_NUM_THREADS=1
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-fail=0
+source "$(dirname "$0")/mpi_env.sh"  # remat, mpirun, dir, fail=0; exits 77 without mpirun
 cp "$(dirname "$0")/configs/mpi_tiny.json" "$dir/clip.json"
 sed 's/"grad_clip": 1.0/"grad_clip": 0/' "$dir/clip.json" >"$dir/noclip.json"
 grep -q '"grad_clip": 0}' "$dir/noclip.json" || { echo "FAIL: could not make the config without clipping"; exit 1; }

@@ -154,8 +154,9 @@ void expect_bitwise_unsharded(const std::string& optimizer, int n) {
     ps.push_back(std::make_unique<ParamStore>(g, Device::cpu(), 7));
     opt.push_back(std::make_unique<Optimizer>(cfg.optimizer, *ps.back(), remat::backend_for(Device::cpu()), r, n));
   }
-  const FlatLayout& l = *opt[0]->layout();
+  // Steps [from, to) of the reference and of the n ranks (ps, opt: swapped for a resume).
   auto run_steps = [&](int from, int to) {
+    const FlatLayout& l = *opt[0]->layout();
     for (int step = from; step < to; ++step) {
       fill_grads(ref, 100 + step);
       ref_opt.step(0.05);
@@ -207,21 +208,7 @@ void expect_bitwise_unsharded(const std::string& optimizer, int n) {
   std::swap(ps, ps3);
   std::swap(opt, opt3);
   n = m;
-  const FlatLayout& l3 = *opt[0]->layout();
-  for (int step = 4; step < 6; ++step) {
-    fill_grads(ref, 100 + step);
-    ref_opt.step(0.05);
-    for (int r = 0; r < n; ++r) {
-      fill_grads(*ps[r], 100 + step);
-      opt[r]->step(0.05);
-    }
-    for (int r = 0; r < n; ++r)
-      for (const FlatLayout::Piece& pc : l3.pieces(r))
-        for (int q = 0; q < n; ++q)
-          if (q != r)
-            std::memcpy(ps[q]->values[pc.param].f32() + pc.begin, ps[r]->values[pc.param].f32() + pc.begin,
-                        (pc.end - pc.begin) * sizeof(float));
-  }
+  run_steps(4, 6);
   for (int r = 0; r < n; ++r)
     for (size_t p = 0; p < ref.values.size(); ++p)
       ASSERT_EQ(bytes(ps[r]->values[p]), bytes(ref.values[p])) << "resumed, rank " << r << ", " << g.params[p].name;
