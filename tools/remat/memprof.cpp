@@ -72,12 +72,18 @@ void apply_batch_options(Config& cfg, int64_t batch, int64_t micro_batch) {
   check_micro_batch(cfg);
 }
 
-// ", micro-batch 4 (2 per step; activations of 4 samples, plus the accumulation buffer)"
+// ", micro-batch 4 (2 per step: the activations of 4 samples, plus a gradient-sized
+// accumulation buffer)"; with ranks (cfg.training.ranks > 1) the micro-batches split over
+// them and the sum lives in the reduction's host buffers, not on the device.
 std::string micro_note(const Config& cfg) {
   const TrainingConfig& t = cfg.training;
   if (t.micro_batches() == 1) return "";
-  return ", micro-batch " + std::to_string(t.micro()) + " (" + std::to_string(t.micro_batches()) +
-         " per step: the activations of " + std::to_string(t.micro()) +
+  const std::string head =
+      ", micro-batch " + std::to_string(t.micro()) + " (" + std::to_string(t.micro_batches()) + " per step";
+  if (t.ranks > 1)
+    return head + ", " + std::to_string(t.micro_batches() / t.ranks) + " per rank: the activations of " +
+           std::to_string(t.micro()) + " samples)";
+  return head + ": the activations of " + std::to_string(t.micro()) +
          " samples, plus a gradient-sized accumulation buffer)";
 }
 
