@@ -8,6 +8,7 @@ namespace remat::kernels {
 namespace {
 
 constexpr int kBlock = 256;
+static_assert(kBlock == kSumSquaresBlock, "sum_squares_blocks counts blocks of kBlock threads");
 
 // ---- SGD and AdamW: one element -------------------------------------------------------
 // The operations and their order are the CPU backend's, so results agree to the rounding
@@ -172,15 +173,14 @@ unsigned blocks_for(int64_t n, bool vec) { return grid_stride_blocks(vec ? ceil_
 
 __device__ REMAT_INLINE double square(float v) { return static_cast<double>(v) * v; }
 
-// Thread t of the grid sums, in double, the squares of the groups of four elements
-// q = t, t + stride, ... in index order (a float4 when vec, else up to four loads); the
-// block's sum goes to partials[blockIdx.x]. The same grouping with or without vec, so
+// Thread t of the grid (block b of `blocks`) sums, in double, the squares of the groups
+// of four elements q = t, t + stride, ... in index order (a float4 when vec, else up to
+// four loads); returns the block's sum. The same grouping with or without vec, so
 // alignment does not change the bits.
-__global__ void sum_squares_partial_kernel(const float* x, int64_t n, bool vec, double* partials) {
-  __shared__ double warp_sums[kBlock / 32];
-  const int64_t groups = ceil_div<int64_t>(n, 4);
+__device__ double sum_squares_block(const float* x, int64_t n, bool vec, int64_t b, int64_t blocks, double* warp_sums) {
+  const int64_t groups = ceil_div<int64_t>(n, 4), stride = blocks * kBlock;
   double s = 0.0;
-  for (int64_t q = grid_start(); q < groups; q += grid_stride()) {
+  for (int64_t q = b * kBlock + threadIdx.x; q < groups; q += stride) {
     if (vec && 4 * q + 3 < n) {
       const float4 v = load4(x, q);
       s += square(v.x);
@@ -191,17 +191,62 @@ __global__ void sum_squares_partial_kernel(const float* x, int64_t n, bool vec, 
       for (int64_t i = 4 * q; i < 4 * q + 4 && i < n; ++i) s += square(x[i]);
     }
   }
-  s = block_sum<kBlock>(s, warp_sums);
+  return block_sum<kBlock>(s, warp_sums);
+}
+
+// The block's sum of squares goes to partials[blockIdx.x].
+__global__ void sum_squares_partial_kernel(const float* x, int64_t n, bool vec, double* partials) {
+  __shared__ double warp_sums[kBlock / 32];
+  const double s = sum_squares_block(x, n, vec, blockIdx.x, gridDim.x, warp_sums);
   if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
 
-// One block: thread t adds partials t, t + kBlock, ... in order, then a block sum.
-__global__ void sum_partials_kernel(const double* partials, int count, double* total, bool accumulate) {
-  __shared__ double warp_sums[kBlock / 32];
+// Thread t adds partials t, t + kBlock, ... in order, then a block sum.
+__device__ double sum_partials_block(const double* partials, int count, double* warp_sums) {
   double s = 0.0;
   for (int i = threadIdx.x; i < count; i += kBlock) s += partials[i];
-  s = block_sum<kBlock>(s, warp_sums);
+  return block_sum<kBlock>(s, warp_sums);
+}
+
+// One block.
+__global__ void sum_partials_kernel(const double* partials, int count, double* total, bool accumulate) {
+  __shared__ double warp_sums[kBlock / 32];
+  const double s = sum_partials_block(partials, count, warp_sums);
   if (threadIdx.x == 0) *total = accumulate ? *total + s : s;
+}
+
+// ---- Multi-tensor sum of squares -----------------------------------------------------------
+
+struct NormMultiArgs {
+  NormMultiEntry e[kNormMultiMax];
+  int first_block[kNormMultiMax + 1];  // entry i's blocks: [first_block[i], first_block[i + 1])
+  int vec[kNormMultiMax];
+  int count;
+};
+static_assert(sizeof(NormMultiArgs) <= 4000, "NormMultiArgs: over the 4 KiB kernel-argument limit");
+
+// Block blockIdx.x works for the entry whose blocks hold it, as block (blockIdx.x - first)
+// of sum_squares_partial_kernel's grid over that entry alone: the same partial sums.
+__global__ void sum_squares_multi_partial_kernel(NormMultiArgs a, double* partials) {
+  __shared__ double warp_sums[kBlock / 32];
+  int at = 0;
+  while (at + 1 < a.count && a.first_block[at + 1] <= static_cast<int>(blockIdx.x)) ++at;
+  const int first = a.first_block[at], blocks = a.first_block[at + 1] - first;
+  const double s = sum_squares_block(a.e[at].x, a.e[at].n, a.vec[at] != 0, blockIdx.x - first, blocks, warp_sums);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+// One block: each entry's partials summed as sum_partials_kernel sums them, and added to
+// the total in entry order, as a sum_squares call per entry would.
+__global__ void sum_partials_multi_kernel(NormMultiArgs a, const double* partials, double* total, bool accumulate) {
+  __shared__ double warp_sums[kBlock / 32];
+  double t = accumulate ? *total : 0.0;
+  for (int i = 0; i < a.count; ++i) {
+    const int first = a.first_block[i];
+    const double s = sum_partials_block(partials + first, a.first_block[i + 1] - first, warp_sums);
+    t = i == 0 && !accumulate ? s : t + s;
+  }
+  if (threadIdx.x == 0) *total = t;
 }
 
 // ---- Gradient clipping ------------------------------------------------------------------
@@ -218,7 +263,59 @@ __global__ void scale_by_clip_kernel(float* x, int64_t n, const ClipScale* scale
   for (int64_t i = grid_start(); i < n; i += grid_stride()) x[i] = a * x[i];
 }
 
+struct ScaleMultiArgs {
+  float* x[kNormMultiMax];
+  int64_t n[kNormMultiMax];
+  int first_block[kNormMultiMax + 1];  // entry i's chunks: blocks [first_block[i], first_block[i + 1])
+  int count;
+};
+static_assert(sizeof(ScaleMultiArgs) <= 4000, "ScaleMultiArgs: over the 4 KiB kernel-argument limit");
+
+// One chunk of kScaleMultiChunk elements of one entry per block; x[i] = scale * x[i] as
+// scale_by_clip_kernel does it.
+__global__ void scale_by_clip_multi_kernel(ScaleMultiArgs a, const ClipScale* scale) {
+  if (!scale->apply) return;
+  const float s = scale->value;
+  int at = 0;
+  while (at + 1 < a.count && a.first_block[at + 1] <= static_cast<int>(blockIdx.x)) ++at;
+  const int64_t begin = static_cast<int64_t>(blockIdx.x - a.first_block[at]) * kScaleMultiChunk;
+  const int64_t end = begin + kScaleMultiChunk < a.n[at] ? begin + kScaleMultiChunk : a.n[at];
+  float* x = a.x[at];
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) x[i] = s * x[i];
+}
+
 }  // namespace
+
+void scale_by_clip_multi(float* const* xs, const int64_t* ns, int count, const ClipScale* scale, cudaStream_t stream) {
+  ScaleMultiArgs a{};
+  a.count = count;
+  int blocks = 0;
+  for (int i = 0; i < count; ++i) {
+    a.x[i] = xs[i];
+    a.n[i] = ns[i];
+    a.first_block[i] = blocks;
+    blocks += static_cast<int>(ceil_div<int64_t>(ns[i], kScaleMultiChunk));
+  }
+  a.first_block[count] = blocks;
+  if (blocks > 0)
+    REMAT_LAUNCH(scale_by_clip_multi_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kBlock), 0, stream, a, scale);
+}
+
+void sum_squares_multi(const NormMultiEntry* entries, int count, double* partials, double* total, bool accumulate,
+                       cudaStream_t stream) {
+  NormMultiArgs a{};
+  a.count = count;
+  int blocks = 0;
+  for (int i = 0; i < count; ++i) {
+    a.e[i] = entries[i];
+    a.first_block[i] = blocks;
+    a.vec[i] = aligned16(entries[i].x);
+    blocks += static_cast<int>(sum_squares_blocks(entries[i].n));
+  }
+  a.first_block[count] = blocks;
+  if (blocks > 0) REMAT_LAUNCH(sum_squares_multi_partial_kernel, dim3(blocks), dim3(kBlock), 0, stream, a, partials);
+  REMAT_LAUNCH(sum_partials_multi_kernel, dim3(1), dim3(kBlock), 0, stream, a, partials, total, accumulate);
+}
 
 void clip_coefficient(const double* total, double max_norm, ClipScale* scale, cudaStream_t stream) {
   REMAT_LAUNCH(clip_coefficient_kernel, dim3(1), dim3(1), 0, stream, total, max_norm, scale);
@@ -274,8 +371,7 @@ void sgd_step_multi(const SgdMultiEntry* entries, int count, cudaStream_t stream
 }
 
 void sum_squares(const float* x, int64_t n, double* partials, double* total, bool accumulate, cudaStream_t stream) {
-  const int64_t groups = ceil_div<int64_t>(n, 4);
-  const int blocks = static_cast<int>(std::min<int64_t>(ceil_div<int64_t>(groups, kBlock), kSumSquaresMaxBlocks));
+  const int blocks = static_cast<int>(sum_squares_blocks(n));
   if (blocks == 0) {  // no elements: the sum is 0
     REMAT_LAUNCH(sum_partials_kernel, dim3(1), dim3(kBlock), 0, stream, partials, 0, total, accumulate);
     return;

@@ -86,11 +86,35 @@ constexpr int kSumSquaresMaxBlocks = 1024;
 // the pointers' alignment or the device), so the result is the same bits on every run.
 void sum_squares(const float* x, int64_t n, double* partials, double* total, bool accumulate, cudaStream_t stream);
 
+// The blocks (and partial sums) sum_squares uses for n elements: at most kSumSquaresMaxBlocks.
+// Inline: the emulator's kernel library and the nvcc-built one both link into the tools,
+// and a function without a stream argument would otherwise be defined twice.
+constexpr int kSumSquaresBlock = 256;
+inline int64_t sum_squares_blocks(int64_t n) {
+  const int64_t per_block = int64_t{4} * kSumSquaresBlock;
+  const int64_t blocks = (n + per_block - 1) / per_block;
+  return blocks < kSumSquaresMaxBlocks ? blocks : kSumSquaresMaxBlocks;
+}
+
+// Multi-tensor sum of squares: the same bits in *total as one sum_squares call per entry
+// in order (the first with `accumulate`, the others accumulating), in two launches.
+// partials holds the sum of sum_squares_blocks(entries[i].n) doubles; count <= kNormMultiMax.
+constexpr int kNormMultiMax = 64;
+struct NormMultiEntry {
+  const float* x;
+  int64_t n;
+};
+void sum_squares_multi(const NormMultiEntry* entries, int count, double* partials, double* total, bool accumulate,
+                       cudaStream_t stream);
+
 // Gradient clipping on the device: from *total (the sum of squares, as sum_squares leaves
 // it) one thread computes coef = max_norm / (sqrt(*total) + 1e-6) in double and stores
 // float(coef) in *scale, or 1 (no clipping) when coef >= 1 ...
 void clip_coefficient(const double* total, double max_norm, ClipScale* scale, cudaStream_t stream);
 // ... and x[i] *= scale->value for n elements when scale->apply (the fp32 product of scale).
 void scale_by_clip(float* x, int64_t n, const ClipScale* scale, cudaStream_t stream);
+// scale_by_clip over xs[i] (ns[i] elements), count <= kNormMultiMax, in one launch.
+constexpr int64_t kScaleMultiChunk = 16384;
+void scale_by_clip_multi(float* const* xs, const int64_t* ns, int count, const ClipScale* scale, cudaStream_t stream);
 
 }  // namespace remat::kernels

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <random>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "kernels/fill.cuh"
+#include "kernels/optim.cuh"
 #include "support/expect_error.h"
 #include "tests/emu/test_kernels.h"
 
@@ -434,6 +436,62 @@ TEST(EmuKernels, RematFillThroughRematLaunch) {
   for (int64_t i = n; i < n + 8; ++i) ASSERT_EQ(got[i], -2.0f) << "canary " << i;
   remat::kernels::fill_f32(buf.get(), 0, 9.0f, nullptr);  // empty: no launch
   EXPECT_EQ(buf.host()[0], 3.5f);
+}
+
+// The multi-tensor sum of squares (clip_grad_norm, global_norm) gives the bits of one
+// sum_squares per tensor in order, also across two batches (the second accumulating);
+// the multi-tensor clip scale the bits of scale_by_clip per tensor. 70 tensors in one
+// buffer: empty ones, sizes not multiples of 4, offsets that break 16-byte alignment, and
+// one above kSumSquaresMaxBlocks x 256 x 4 elements (its grid capped, so threads stride).
+TEST(EmuKernels, MultiTensorNormAndScaleAreThePerTensorBits) {
+  namespace k = remat::kernels;
+  std::vector<int64_t> sizes, offsets;
+  int64_t at = 0, blocks = 0;
+  for (int i = 0; i < 70; ++i) {
+    const int64_t n = i == 17 ? 1100003 : i % 9 == 4 ? 0 : (i * 7919 + 5) % 30000 + i % 4;
+    at += i % 3 == 1 ? 1 : (4 - at % 4) % 4;  // every third tensor misaligned
+    offsets.push_back(at);
+    sizes.push_back(n);
+    at += n;
+    blocks += k::sum_squares_blocks(n);
+  }
+  ASSERT_EQ(k::sum_squares_blocks(sizes[17]), k::kSumSquaresMaxBlocks);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  std::vector<float> h(static_cast<size_t>(at));
+  for (float& v : h) v = u(rng);
+  Dev<float> x(h), y(h);
+  Dev<double> one(static_cast<size_t>(k::kSumSquaresMaxBlocks) + 1), many(static_cast<size_t>(blocks) + 1);
+  for (size_t i = 0; i < sizes.size(); ++i)
+    k::sum_squares(x.get() + offsets[i], sizes[i], one.get() + 1, one.get(), i > 0, nullptr);
+  std::vector<k::NormMultiEntry> e;
+  for (size_t i = 0; i < sizes.size(); ++i) e.push_back({x.get() + offsets[i], sizes[i]});
+  k::sum_squares_multi(e.data(), k::kNormMultiMax, many.get() + 1, many.get(), false, nullptr);
+  k::sum_squares_multi(e.data() + k::kNormMultiMax, static_cast<int>(e.size()) - k::kNormMultiMax, many.get() + 1,
+                       many.get(), true, nullptr);
+  const double want = one.host()[0], got = many.host()[0];
+  double ref = 0.0;  // the tensors only, not the gaps between them
+  for (size_t i = 0; i < sizes.size(); ++i)
+    for (int64_t j = 0; j < sizes[i]; ++j) ref += static_cast<double>(h[offsets[i] + j]) * h[offsets[i] + j];
+  EXPECT_NEAR(want, ref, 1e-9 * ref);
+  EXPECT_EQ(std::memcmp(&want, &got, sizeof want), 0) << "multi " << got << " vs per tensor " << want;
+
+  Dev<k::ClipScale> scale(1, k::ClipScale{0.37f, 1});
+  std::vector<float*> xs;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    k::scale_by_clip(x.get() + offsets[i], sizes[i], scale.get(), nullptr);
+    xs.push_back(y.get() + offsets[i]);
+  }
+  k::scale_by_clip_multi(xs.data(), sizes.data(), k::kNormMultiMax, scale.get(), nullptr);
+  k::scale_by_clip_multi(xs.data() + k::kNormMultiMax, sizes.data() + k::kNormMultiMax,
+                         static_cast<int>(xs.size()) - k::kNormMultiMax, scale.get(), nullptr);
+  const std::vector<float> a = x.host(), b = y.host();
+  ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "scale_by_clip_multi";
+  EXPECT_EQ(a[static_cast<size_t>(offsets[1])], 0.37f * h[static_cast<size_t>(offsets[1])]);
+  // No clipping (apply = 0): nothing changes.
+  scale.set({k::ClipScale{0.5f, 0}});
+  k::scale_by_clip_multi(xs.data(), sizes.data(), k::kNormMultiMax, scale.get(), nullptr);
+  EXPECT_EQ(y.host(), b);
 }
 
 // ---------------------------------------------------------------------------

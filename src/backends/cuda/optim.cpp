@@ -91,35 +91,69 @@ kernels::AdamWCoefficients adamw_coefficients(const AdamWParams& p, int64_t step
 }
 }  // namespace
 
+namespace {
+
+// scratch(): the running total (one double), the partial sums of one batch of tensors,
+// and at the end the clipping scale.
+constexpr size_t kClipScaleAt = CudaBackend::kScratchBytes - 64;
+constexpr int64_t kNormPartials = static_cast<int64_t>(kClipScaleAt / sizeof(double)) - 1;
+static_assert(kernels::kSumSquaresMaxBlocks <= kNormPartials, "global_norm: scratch too small for one tensor");
+static_assert(sizeof(kernels::ClipScale) <= 64, "clip_grad_norm: the scale does not fit");
+
+// Sum of squares of every tensor, in list order, into *total: the bits of one
+// kernels::sum_squares per tensor, in batches of at most kNormMultiMax tensors whose
+// partial sums fit the scratch (two launches per batch).
+void sum_squares_all(const std::vector<Tensor>& tensors, double* total, cudaStream_t stream) {
+  std::vector<kernels::NormMultiEntry> batch;
+  int64_t blocks = 0;
+  bool accumulate = false;
+  auto flush = [&] {
+    if (batch.empty()) return;
+    kernels::sum_squares_multi(batch.data(), static_cast<int>(batch.size()), total + 1, total, accumulate, stream);
+    accumulate = true;
+    batch.clear();
+    blocks = 0;
+  };
+  for (const Tensor& t : tensors) {
+    const int64_t b = kernels::sum_squares_blocks(t.numel());
+    if (batch.size() == static_cast<size_t>(kernels::kNormMultiMax) || blocks + b > kNormPartials) flush();
+    batch.push_back({t.f32(), t.numel()});
+    blocks += b;
+  }
+  flush();
+}
+
+}  // namespace
+
 double CudaBackend::global_norm_impl(const std::vector<Tensor>& tensors) {
-  // scratch(): the running total, then the per-block partial sums of one tensor.
-  static_assert((1 + kernels::kSumSquaresMaxBlocks) * sizeof(double) <= kScratchBytes,
-                "global_norm: scratch too small");
   auto* total = static_cast<double*>(scratch_);
-  double* partials = total + 1;
   double sum = 0.0;
   if (tensors.empty()) return sum;
-  // Tensor by tensor in list order, each added to the total in double on the device.
-  for (size_t i = 0; i < tensors.size(); ++i)
-    kernels::sum_squares(tensors[i].f32(), tensors[i].numel(), partials, total, /*accumulate=*/i > 0, stream_);
+  sum_squares_all(tensors, total, stream_);
   copy_to_host(&sum, total, sizeof sum);
   return std::sqrt(sum);
 }
 
 void CudaBackend::clip_grad_norm_impl(const std::vector<Tensor>& tensors, double max_norm) {
-  // scratch(): the running total, the partial sums of one tensor, then the scale. The
-  // norm is global_norm's (the same kernels, the same order); coef is computed from it
+  // The norm is global_norm's (the same kernels, the same order); coef is computed from it
   // on the device with the cpu's double formula, so the scaled gradients are the bits of
   // global_norm + scale without the read-back.
-  constexpr size_t kScaleAt = (1 + kernels::kSumSquaresMaxBlocks) * sizeof(double);
-  static_assert(kScaleAt + sizeof(kernels::ClipScale) <= kScratchBytes, "clip_grad_norm: scratch too small");
   auto* total = static_cast<double*>(scratch_);
-  auto* scale = reinterpret_cast<kernels::ClipScale*>(static_cast<char*>(scratch_) + kScaleAt);
+  auto* scale = reinterpret_cast<kernels::ClipScale*>(static_cast<char*>(scratch_) + kClipScaleAt);
   if (tensors.empty()) return;
-  for (size_t i = 0; i < tensors.size(); ++i)
-    kernels::sum_squares(tensors[i].f32(), tensors[i].numel(), total + 1, total, /*accumulate=*/i > 0, stream_);
+  sum_squares_all(tensors, total, stream_);
   kernels::clip_coefficient(total, max_norm, scale, stream_);
-  for (const Tensor& t : tensors) kernels::scale_by_clip(t.f32(), t.numel(), scale, stream_);
+  std::vector<float*> xs;
+  std::vector<int64_t> ns;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    xs.push_back(tensors[i].f32());
+    ns.push_back(tensors[i].numel());
+    if (xs.size() == static_cast<size_t>(kernels::kNormMultiMax) || i + 1 == tensors.size()) {
+      kernels::scale_by_clip_multi(xs.data(), ns.data(), static_cast<int>(xs.size()), scale, stream_);
+      xs.clear();
+      ns.clear();
+    }
+  }
 }
 
 REMAT_KERNELS_ABI_END
