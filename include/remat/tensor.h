@@ -87,6 +87,7 @@ class Tensor {
   void* raw_data() const;
   float* f32() const;
   int32_t* i32() const;
+  uint16_t* bf16() const;  // the raw bits of bf16 elements (include/remat/bf16.h)
 
   std::vector<float> to_vector() const;  // copy to host (f32)
   std::vector<int32_t> to_ints() const;  // copy to host (i32)

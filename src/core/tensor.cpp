@@ -151,6 +151,11 @@ int32_t* Tensor::i32() const {
   return static_cast<int32_t*>(raw_data());
 }
 
+uint16_t* Tensor::bf16() const {
+  REMAT_CHECK(dtype_ == DType::bf16, "tensor ", str(), " is not bf16");
+  return static_cast<uint16_t*>(raw_data());
+}
+
 std::vector<int32_t> Tensor::to_ints() const {
   REMAT_CHECK(dtype_ == DType::i32, "to_ints of ", str(), ": not i32");
   std::vector<int32_t> out(static_cast<size_t>(numel()));

@@ -30,10 +30,13 @@
 #include <cstdint>
 #include <cstring>
 
+#include "backends/cpu/bf16.h"
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/mixed.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cpu/philox_cpu.h"
 #include "backends/cpu/simd.h"
+#include "remat/bf16.h"
 #include "remat/error.h"
 
 namespace remat {
@@ -302,39 +305,38 @@ void gemm_atb(bool causal, int64_t T, int64_t hs, float alpha, const float* A, c
 // whichever thread gets it.
 constexpr int kRowChunk = 8;
 
-}  // namespace
-
-size_t cpu::attention_forward_workspace(const Shape& qkv, const AttentionParams& p) {
-  return forward_scratch_floats(attn_dims(qkv, p), p) * sizeof(float);
+// bf16 (training.precision bf16): qkv, out, probs, dout and dqkv are bf16. The heads of one
+// batch element at a time run the fp32 code below on fp32 copies in the workspace: that
+// element's qkv [T, 3C] (and dout [T, C] in backward), its probabilities [H, T, T], and
+// its out [T, C] or dqkv [T, 3C] before they are rounded to bf16. The probabilities are
+// rounded to bf16 as soon as the softmax has made them, so P V uses the probabilities that
+// are stored and that backward reads.
+struct Bf16Staging {
+  size_t qkv, dout, probs, result;  // floats of each block
+  size_t total() const { return qkv + dout + probs + result; }
+};
+Bf16Staging bf16_staging(const AttnDims& d, bool backward) {
+  const size_t t = static_cast<size_t>(d.t), c = static_cast<size_t>(d.c);
+  return Bf16Staging{t * 3 * c, backward ? t * c : 0, static_cast<size_t>(d.h) * t * t, backward ? t * 3 * c : t * c};
 }
-
-size_t cpu::attention_backward_workspace(const Shape& qkv, const AttentionParams& p) {
-  return backward_scratch_floats(attn_dims(qkv, p), p) * sizeof(float);
+AttnDims one_element(AttnDims d) {
+  d.b = 1;
+  return d;
 }
+bool bf16_mode() { return activation_dtype() == DType::bf16; }
 
-size_t CpuBackend::attention_forward_workspace_impl(const Shape& qkv, const AttentionParams& p) {
-  return cpu::attention_forward_workspace(qkv, p);
-}
-
-size_t CpuBackend::attention_backward_workspace_impl(const Shape& qkv, const AttentionParams& p) {
-  return cpu::attention_backward_workspace(qkv, p);
-}
-
-void CpuBackend::attention_forward_impl(const Tensor& qkv, const AttentionParams& p, RngState rng, const Tensor& out,
-                                        const Tensor& probs, const Tensor& workspace) {
-  const AttnDims d = attn_dims(qkv.shape(), p);
-  if (d.b == 0 || d.t == 0) return;
+// The heads [bh0, bh0 + d.b * d.h) of the op (its first head bh0: the dropout element
+// indices are those of the whole op) over fp32 pointers to that range of qkv, probs and
+// out. round_probs: the probabilities are rounded to bf16 values in place (bf16 mode).
+void forward_heads(const AttnDims& d, int64_t bh0, const AttentionParams& p, RngState rng, const float* x, float* pr,
+                   float* o, float* dropped, bool round_probs) {
   const int64_t T = d.t, C = d.c, ld = 3 * C, BH = d.b * d.h;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.hs));
   // Without out, only the probabilities: no dropout (they are taken before it), no P V.
-  float* o = out.defined() ? out.f32() : nullptr;
   const bool dropout = p.applies_dropout() && o;
   const float keep_prob = 1.0f - p.dropout;
   const float inv_keep = keep_prob > 0.0f ? 1.0f / keep_prob : 0.0f;
   const bool causal = p.causal;
-  const float* x = qkv.f32();
-  float* pr = probs.f32();
-  float* dropped = dropout ? workspace.f32() : nullptr;
   // Without dropout nothing needs scratch and all heads form one group.
   const int64_t G = dropout ? group_heads(d) : BH;
   const bool avx512 = cpu::simd() == cpu::Simd::avx512;
@@ -361,9 +363,11 @@ void CpuBackend::attention_forward_impl(const Tensor& qkv, const AttentionParams
 #endif
         softmax_row(row, n);
       std::fill(row + n, row + T, 0.0f);
+      if (round_probs)
+        for (int64_t j = 0; j < n; ++j) row[j] = bf16_to_float(bf16_from_float(row[j]));
       if (dropout) {
         float* drow = dropped + r * T;
-        cpu::for_each_dropout_chunk(rng, static_cast<uint64_t>((bh * T + i) * T), n, keep_prob, inv_keep,
+        cpu::for_each_dropout_chunk(rng, static_cast<uint64_t>(((bh0 + bh) * T + i) * T), n, keep_prob, inv_keep,
                                     [&](int64_t j0, const float* f, int64_t m) {
                                       for (int64_t k = 0; k < m; ++k) drow[j0 + k] = row[j0 + k] * f[k];
                                     });
@@ -378,24 +382,17 @@ void CpuBackend::attention_forward_impl(const Tensor& qkv, const AttentionParams
   }
 }
 
-void CpuBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv, const Tensor& probs,
-                                         const AttentionParams& p, RngState rng, const Tensor& dqkv,
-                                         const Tensor& workspace) {
-  const AttnDims d = attn_dims(qkv.shape(), p);
-  if (d.b == 0 || d.t == 0) return;
+// Backward over the heads [bh0, bh0 + d.b * d.h), as forward_heads.
+void backward_heads(const AttnDims& d, int64_t bh0, const AttentionParams& p, RngState rng, const float* go,
+                    const float* x, const float* pr, float* dx, float* ds) {
   const int64_t T = d.t, C = d.c, ld = 3 * C, BH = d.b * d.h;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.hs));
   const bool dropout = p.applies_dropout();
   const float keep_prob = 1.0f - p.dropout;
   const float inv_keep = keep_prob > 0.0f ? 1.0f / keep_prob : 0.0f;
   const bool causal = p.causal;
-  const float* x = qkv.f32();
-  const float* pr = probs.f32();
-  const float* go = dout.f32();
-  float* dx = dqkv.f32();
   const int64_t G = group_heads(d);
-  float* ds = workspace.f32();                          // [G, T, T]: dPd, then dS
-  float* dropped = dropout ? ds + G * T * T : nullptr;  // [G, T, T]: dropped probs
+  float* dropped = dropout ? ds + G * T * T : nullptr;  // [G, T, T]: dropped probs; ds [G, T, T]: dPd, then dS
   auto head_off = [&](int64_t bh) { return (bh / d.h) * T * ld + (bh % d.h) * d.hs; };
   auto head_out = [&](int64_t bh) { return (bh / d.h) * T * C + (bh % d.h) * d.hs; };
 
@@ -414,7 +411,7 @@ void CpuBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv, 
       const int64_t n = causal ? i + 1 : T;
       if (dropout) {
         float* drow = dropped + r * T;
-        cpu::for_each_dropout_chunk(rng, static_cast<uint64_t>((bh * T + i) * T), n, keep_prob, inv_keep,
+        cpu::for_each_dropout_chunk(rng, static_cast<uint64_t>(((bh0 + bh) * T + i) * T), n, keep_prob, inv_keep,
                                     [&](int64_t j0, const float* f, int64_t m) {
                                       for (int64_t k = 0; k < m; ++k) {
                                         g[j0 + k] *= f[k];
@@ -437,6 +434,82 @@ void CpuBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv, 
       gemm_ab(causal, T, d.hs, scale, S, q + C, ld, dq, ld);
       gemm_atb(causal, T, d.hs, scale, S, q, ld, dq + C, ld);
     }
+  }
+}
+
+}  // namespace
+
+size_t cpu::attention_forward_workspace(const Shape& qkv, const AttentionParams& p) {
+  const AttnDims d = attn_dims(qkv, p);
+  if (bf16_mode()) return (forward_scratch_floats(one_element(d), p) + bf16_staging(d, false).total()) * sizeof(float);
+  return forward_scratch_floats(d, p) * sizeof(float);
+}
+
+size_t cpu::attention_backward_workspace(const Shape& qkv, const AttentionParams& p) {
+  const AttnDims d = attn_dims(qkv, p);
+  if (bf16_mode()) return (backward_scratch_floats(one_element(d), p) + bf16_staging(d, true).total()) * sizeof(float);
+  return backward_scratch_floats(d, p) * sizeof(float);
+}
+
+size_t CpuBackend::attention_forward_workspace_impl(const Shape& qkv, const AttentionParams& p) {
+  return cpu::attention_forward_workspace(qkv, p);
+}
+
+size_t CpuBackend::attention_backward_workspace_impl(const Shape& qkv, const AttentionParams& p) {
+  return cpu::attention_backward_workspace(qkv, p);
+}
+
+void CpuBackend::attention_forward_impl(const Tensor& qkv, const AttentionParams& p, RngState rng, const Tensor& out,
+                                        const Tensor& probs, const Tensor& workspace) {
+  const AttnDims d = attn_dims(qkv.shape(), p);
+  if (d.b == 0 || d.t == 0) return;
+  if (cpu::all_f32({&qkv, &out, &probs})) {
+    float* dropped = p.applies_dropout() && out.defined() ? workspace.f32() : nullptr;
+    forward_heads(d, 0, p, rng, qkv.f32(), probs.f32(), out.defined() ? out.f32() : nullptr, dropped, false);
+    return;
+  }
+  REMAT_CHECK(bf16_mode() && cpu::is_bf16(qkv) && cpu::is_bf16(probs) && (!out.defined() || cpu::is_bf16(out)),
+              "attention_forward: qkv ", qkv.str(), ", probs ", probs.str(), ": expected all f32 or all bf16");
+  const AttnDims d1 = one_element(d);
+  const Bf16Staging st = bf16_staging(d, false);
+  float* xs = workspace.f32();
+  float* ps = xs + st.qkv;
+  float* os = ps + st.probs;
+  float* scratch = os + st.result;
+  const int64_t xq = d.t * 3 * d.c, hp = d.h * d.t * d.t, oc = d.t * d.c;
+  for (int64_t b = 0; b < d.b; ++b) {
+    cpu::bf16_to_f32(qkv.bf16() + b * xq, xs, xq);
+    forward_heads(d1, b * d.h, p, rng, xs, ps, out.defined() ? os : nullptr, scratch, true);
+    cpu::f32_to_bf16(ps, probs.bf16() + b * hp, hp);  // bf16 values already: exact
+    if (out.defined()) cpu::f32_to_bf16(os, out.bf16() + b * oc, oc);
+  }
+}
+
+void CpuBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv, const Tensor& probs,
+                                         const AttentionParams& p, RngState rng, const Tensor& dqkv,
+                                         const Tensor& workspace) {
+  const AttnDims d = attn_dims(qkv.shape(), p);
+  if (d.b == 0 || d.t == 0) return;
+  if (cpu::all_f32({&dout, &qkv, &probs, &dqkv})) {
+    backward_heads(d, 0, p, rng, dout.f32(), qkv.f32(), probs.f32(), dqkv.f32(), workspace.f32());
+    return;
+  }
+  REMAT_CHECK(bf16_mode() && cpu::is_bf16(qkv) && cpu::is_bf16(probs) && cpu::is_bf16(dout) && cpu::is_bf16(dqkv),
+              "attention_backward: qkv ", qkv.str(), ", dqkv ", dqkv.str(), ": expected all f32 or all bf16");
+  const AttnDims d1 = one_element(d);
+  const Bf16Staging st = bf16_staging(d, true);
+  float* xs = workspace.f32();
+  float* gs = xs + st.qkv;
+  float* ps = gs + st.dout;
+  float* dxs = ps + st.probs;
+  float* scratch = dxs + st.result;
+  const int64_t xq = d.t * 3 * d.c, hp = d.h * d.t * d.t, oc = d.t * d.c;
+  for (int64_t b = 0; b < d.b; ++b) {
+    cpu::bf16_to_f32(qkv.bf16() + b * xq, xs, xq);
+    cpu::bf16_to_f32(dout.bf16() + b * oc, gs, oc);
+    cpu::bf16_to_f32(probs.bf16() + b * hp, ps, hp);
+    backward_heads(d1, b * d.h, p, rng, gs, xs, ps, dxs, scratch);
+    cpu::f32_to_bf16(dxs, dqkv.bf16() + b * xq, xq);
   }
 }
 

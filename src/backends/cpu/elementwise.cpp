@@ -1,7 +1,9 @@
 // Elementwise ops: add, accumulate, scale, ReLU, GELU, dropout.
+#include <algorithm>
 #include <cmath>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/mixed.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cpu/philox_cpu.h"
 #include "backends/cpu/simd.h"
@@ -72,6 +74,60 @@ void map2(const float* a, const float* a2, float* y, int64_t n, F f) {
   });
 }
 
+// The same over tensors that may be bf16: fp32 tensors take map1/map2 as they are; with a
+// bf16 operand each parallel chunk goes through kPiece-element fp32 pieces (mixed.h),
+// computed by the same loops. y may be a or b: a piece is read before it is written.
+template <typename F>
+void map1(const Tensor& a, const Tensor& y, F f) {
+  const int64_t n = y.numel();
+  if (cpu::all_f32({&a, &y})) return map1(a.f32(), y.f32(), n, f);
+  const cpu::Simd level = cpu::simd();
+  cpu::parallel_for(n, cpu::kParallelMinWork, [&](int64_t b, int64_t e) {
+    cpu::F32Reader ra(a, 0);
+    cpu::F32Writer wy(y, 2);
+    for (int64_t s = b; s < e; s += cpu::kPiece) {
+      const int64_t m = std::min(cpu::kPiece, e - s);
+      const float* pa = ra.get(s, m);
+      float* py = wy.get(s, m);
+#ifdef REMAT_ELEMENTWISE_X86
+      if (level == cpu::Simd::avx512)
+        loop1_avx512(pa, py, 0, m, f);
+      else if (level == cpu::Simd::avx2)
+        loop1_avx2(pa, py, 0, m, f);
+      else
+#endif
+        loop1(pa, py, 0, m, f);
+      wy.put();
+    }
+  });
+}
+
+template <typename F>
+void map2(const Tensor& a, const Tensor& a2, const Tensor& y, F f) {
+  const int64_t n = y.numel();
+  if (cpu::all_f32({&a, &a2, &y})) return map2(a.f32(), a2.f32(), y.f32(), n, f);
+  const cpu::Simd level = cpu::simd();
+  cpu::parallel_for(n, cpu::kParallelMinWork, [&](int64_t b, int64_t e) {
+    cpu::F32Reader ra(a, 0), ra2(a2, 1);
+    cpu::F32Writer wy(y, 2);
+    for (int64_t s = b; s < e; s += cpu::kPiece) {
+      const int64_t m = std::min(cpu::kPiece, e - s);
+      const float* pa = ra.get(s, m);
+      const float* pa2 = ra2.get(s, m);
+      float* py = wy.get(s, m);
+#ifdef REMAT_ELEMENTWISE_X86
+      if (level == cpu::Simd::avx512)
+        loop2_avx512(pa, pa2, py, 0, m, f);
+      else if (level == cpu::Simd::avx2)
+        loop2_avx2(pa, pa2, py, 0, m, f);
+      else
+#endif
+        loop2(pa, pa2, py, 0, m, f);
+      wy.put();
+    }
+  });
+}
+
 constexpr float kSqrt1_2 = 0.70710678118654752440f;      // 1 / sqrt(2)
 constexpr float kInvSqrt2Pi = 0.39894228040143267794f;   // 1 / sqrt(2 pi)
 constexpr float kSqrt2OverPi = 0.79788456080286535588f;  // sqrt(2 / pi)
@@ -80,43 +136,42 @@ constexpr float kKappa = 0.044715f;
 }  // namespace
 
 void CpuBackend::add_impl(const Tensor& a, const Tensor& b, const Tensor& y) {
-  map2(a.f32(), b.f32(), y.f32(), y.numel(), [](float u, float v) { return u + v; });
+  map2(a, b, y, [](float u, float v) { return u + v; });
 }
 
 void CpuBackend::accumulate_impl(const Tensor& dst, const Tensor& src) {
-  map2(dst.f32(), src.f32(), dst.f32(), dst.numel(), [](float u, float v) { return u + v; });
+  map2(dst, src, dst, [](float u, float v) { return u + v; });
 }
 
 void CpuBackend::scale_impl(const Tensor& x, float alpha, const Tensor& y) {
-  map1(x.f32(), y.f32(), y.numel(), [alpha](float v) { return alpha * v; });
+  map1(x, y, [alpha](float v) { return alpha * v; });
 }
 
 void CpuBackend::relu_forward_impl(const Tensor& x, const Tensor& y) {
-  map1(x.f32(), y.f32(), y.numel(), [](float v) { return v > 0.0f ? v : 0.0f; });
+  map1(x, y, [](float v) { return v > 0.0f ? v : 0.0f; });
 }
 
 void CpuBackend::relu_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& dx) {
-  map2(dy.f32(), x.f32(), dx.f32(), dx.numel(), [](float g, float v) { return v > 0.0f ? g : 0.0f; });
+  map2(dy, x, dx, [](float g, float v) { return v > 0.0f ? g : 0.0f; });
 }
 
 void CpuBackend::gelu_forward_impl(const Tensor& x, GeluApprox approx, const Tensor& y) {
   if (approx == GeluApprox::none) {
-    map1(x.f32(), y.f32(), y.numel(), [](float v) { return 0.5f * v * (1.0f + cpu::verf(v * kSqrt1_2)); });
+    map1(x, y, [](float v) { return 0.5f * v * (1.0f + cpu::verf(v * kSqrt1_2)); });
   } else {
-    map1(x.f32(), y.f32(), y.numel(),
-         [](float v) { return 0.5f * v * (1.0f + cpu::vtanh(kSqrt2OverPi * (v + kKappa * v * v * v))); });
+    map1(x, y, [](float v) { return 0.5f * v * (1.0f + cpu::vtanh(kSqrt2OverPi * (v + kKappa * v * v * v))); });
   }
 }
 
 void CpuBackend::gelu_backward_impl(const Tensor& dy, const Tensor& x, GeluApprox approx, const Tensor& dx) {
   if (approx == GeluApprox::none) {
-    map2(dy.f32(), x.f32(), dx.f32(), dx.numel(), [](float g, float v) {
+    map2(dy, x, dx, [](float g, float v) {
       const float cdf = 0.5f * (1.0f + cpu::verf(v * kSqrt1_2));
       const float pdf = kInvSqrt2Pi * cpu::vexp(-0.5f * v * v);
       return g * (cdf + v * pdf);
     });
   } else {
-    map2(dy.f32(), x.f32(), dx.f32(), dx.numel(), [](float g, float v) {
+    map2(dy, x, dx, [](float g, float v) {
       const float t = cpu::vtanh(kSqrt2OverPi * (v + kKappa * v * v * v));
       const float dinner = kSqrt2OverPi * (1.0f + 3.0f * kKappa * v * v);
       return g * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * dinner);
@@ -127,27 +182,33 @@ void CpuBackend::gelu_backward_impl(const Tensor& dy, const Tensor& x, GeluAppro
 namespace {
 
 // y[i] = x[i] * scale where element i is kept, else 0 (the same rule forward and backward).
-void apply_dropout(const float* x, float* y, int64_t n, float p, RngState rng) {
+// x and y may be bf16: each Philox chunk's piece is staged in fp32 (mixed.h); the mask
+// depends on the element index only, so it is the fp32 mask whatever the dtypes.
+void apply_dropout(const Tensor& xt, const Tensor& yt, float p, RngState rng) {
+  const int64_t n = yt.numel();
   if (p == 0.0f) {
-    map1(x, y, n, [](float v) { return v; });
+    map1(xt, yt, [](float v) { return v; });
     return;
   }
   if (p >= 1.0f) {
-    map1(x, y, n, [](float) { return 0.0f; });
+    map1(xt, yt, [](float) { return 0.0f; });
     return;
   }
   const float keep_prob = 1.0f - p, scale = 1.0f / keep_prob;
   // factor is scale (kept) or 0 (dropped): kept elements become x * scale, dropped ones 0
   // whatever x holds (a NaN or inf included).
   cpu::parallel_for(n, cpu::kParallelMinWork, [&](int64_t b, int64_t e) {
+    cpu::F32Reader rx(xt, 0);
+    cpu::F32Writer wy(yt, 2);
     cpu::for_each_dropout_chunk(rng, static_cast<uint64_t>(b), e - b, keep_prob, scale,
                                 [&](int64_t j0, const float* factor, int64_t m) {
-                                  const float* px = x + b + j0;
-                                  float* py = y + b + j0;
+                                  const float* px = rx.get(b + j0, m);
+                                  float* py = wy.get(b + j0, m);
                                   for (int64_t k = 0; k < m; ++k) {
                                     const float v = px[k] * factor[k];  // read unconditionally: the loop vectorises
                                     py[k] = factor[k] != 0.0f ? v : 0.0f;
                                   }
+                                  wy.put();
                                 });
   });
 }
@@ -155,11 +216,11 @@ void apply_dropout(const float* x, float* y, int64_t n, float p, RngState rng) {
 }  // namespace
 
 void CpuBackend::dropout_forward_impl(const Tensor& x, float p, RngState rng, const Tensor& y) {
-  apply_dropout(x.f32(), y.f32(), y.numel(), p, rng);
+  apply_dropout(x, y, p, rng);
 }
 
 void CpuBackend::dropout_backward_impl(const Tensor& dy, float p, RngState rng, const Tensor& dx) {
-  apply_dropout(dy.f32(), dx.f32(), dx.numel(), p, rng);
+  apply_dropout(dy, dx, p, rng);
 }
 
 }  // namespace remat

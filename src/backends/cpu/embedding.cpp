@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/mixed.h"
 #include "backends/cpu/parallel.h"
 #include "remat/error.h"
 
@@ -37,26 +38,28 @@ void CpuBackend::embedding_forward_impl(const Tensor& ids, const Tensor& table, 
   check_ids("embedding_forward", ids, table.size(0), "table", table);
   const int64_t t = ids.size(1), n = ids.numel(), c = table.size(1);
   const int32_t* id = ids.i32();
-  const float* tab = table.f32();
-  const float* pos = pos_table.defined() ? pos_table.f32() : nullptr;
-  float* yp = y.f32();
+  // table, pos_table and y may be bf16 (rows staged in fp32, mixed.h).
 #pragma omp parallel for schedule(static) if (n * c >= cpu::kParallelMinWork)
   for (int64_t i = 0; i < n; ++i) {
-    const float* src = tab + static_cast<int64_t>(id[i]) * c;
-    float* dst = yp + i * c;
-    if (pos) {
-      const float* pr = pos + (i % t) * c;
+    cpu::F32Reader rtab(table, 0);
+    cpu::F32Writer wy(y, 2);
+    const float* src = rtab.row(id[i], c);
+    float* dst = wy.row(i, c);
+    if (pos_table.defined()) {
+      cpu::F32Reader rpos(pos_table, 1);
+      const float* pr = rpos.row(i % t, c);
       for (int64_t j = 0; j < c; ++j) dst[j] = src[j] + pr[j];
     } else if (c > 0) {
       std::memcpy(dst, src, static_cast<size_t>(c) * sizeof(float));
     }
+    wy.put();
   }
 }
 
 void CpuBackend::embedding_backward_impl(const Tensor& dy, const Tensor& ids, const Tensor& dtable,
                                          const Tensor& dpos_table) {
   const int64_t bsz = ids.size(0), t = ids.size(1), n = ids.numel(), c = dy.size(2);
-  const float* g = dy.f32();
+  // dy may be bf16 (staged in fp32, mixed.h); dtable and dpos_table are f32 gradients.
   if (dtable.defined()) {
     check_ids("embedding_backward", ids, dtable.size(0), "dtable", dtable);
     const int32_t* id = ids.i32();
@@ -66,9 +69,10 @@ void CpuBackend::embedding_backward_impl(const Tensor& dy, const Tensor& ids, co
     for (int64_t blk = 0; blk < nblocks; ++blk) {
       const int64_t j0 = blk * kChannelBlock;
       const int64_t w = std::min(kChannelBlock, c - j0);
+      cpu::F32Reader rdy(dy, 0);
       for (int64_t i = 0; i < n; ++i) {
         float* dst = dt + static_cast<int64_t>(id[i]) * c + j0;
-        const float* src = g + i * c + j0;
+        const float* src = rdy.get(i * c + j0, w);
         for (int64_t k = 0; k < w; ++k) dst[k] += src[k];
       }
     }
@@ -78,8 +82,9 @@ void CpuBackend::embedding_backward_impl(const Tensor& dy, const Tensor& ids, co
 #pragma omp parallel for schedule(static) if (n * c >= cpu::kParallelMinWork)
     for (int64_t p = 0; p < t; ++p) {
       float* dst = dp + p * c;
+      cpu::F32Reader rdy(dy, 0);
       for (int64_t b = 0; b < bsz; ++b) {
-        const float* src = g + (b * t + p) * c;
+        const float* src = rdy.row(b * t + p, c);
         for (int64_t k = 0; k < c; ++k) dst[k] += src[k];
       }
     }

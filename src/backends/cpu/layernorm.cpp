@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/mixed.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cpu/simd.h"
 
@@ -77,26 +78,27 @@ void CpuBackend::layernorm_forward_impl(const Tensor& x, const Tensor& gamma, co
                                         const Tensor& y, const Tensor& mean, const Tensor& rstd) {
   const int64_t c = x.size(-1);
   const int64_t n = mean.numel();
-  const float* xp = x.f32();
-  const float* g = gamma.f32();
-  const float* bt = beta.f32();
-  float* yp = y.f32();
+  // x, gamma, beta and y may be bf16: rows staged in fp32 (mixed.h); mean and rstd are f32.
+  const float* g = cpu::f32_all(gamma, 6);
+  const float* bt = cpu::f32_all(beta, 7);
   float* mp = mean.f32();
   float* rp = rstd.f32();
   const cpu::Simd level = cpu::simd();
 #pragma omp parallel for schedule(static) if (n * c >= cpu::kParallelMinWork)
   for (int64_t r = 0; r < n; ++r) {
+    cpu::F32Reader rx(x, 0);
+    cpu::F32Writer wy(y, 2);
+    const float* xr = rx.row(r, c);
+    float* yr = wy.row(r, c);
 #ifdef REMAT_LAYERNORM_X86
-    if (level == cpu::Simd::avx512) {
-      forward_row_avx512(xp + r * c, c, g, bt, eps, yp + r * c, mp + r, rp + r);
-      continue;
-    }
-    if (level == cpu::Simd::avx2) {
-      forward_row_avx2(xp + r * c, c, g, bt, eps, yp + r * c, mp + r, rp + r);
-      continue;
-    }
+    if (level == cpu::Simd::avx512)
+      forward_row_avx512(xr, c, g, bt, eps, yr, mp + r, rp + r);
+    else if (level == cpu::Simd::avx2)
+      forward_row_avx2(xr, c, g, bt, eps, yr, mp + r, rp + r);
+    else
 #endif
-    forward_row(xp + r * c, c, g, bt, eps, yp + r * c, mp + r, rp + r);
+      forward_row(xr, c, g, bt, eps, yr, mp + r, rp + r);
+    wy.put();
   }
 }
 
@@ -105,9 +107,7 @@ void CpuBackend::layernorm_backward_impl(const Tensor& dy, const Tensor& x, cons
                                          const Tensor& dbeta) {
   const int64_t c = x.size(-1);
   const int64_t n = mean.numel();
-  const float* xp = x.f32();
-  const float* dyp = dy.f32();
-  const float* g = gamma.f32();
+  const float* g = cpu::f32_all(gamma, 6);
   const float* mp = mean.f32();
   const float* rp = rstd.f32();
 
@@ -123,9 +123,10 @@ void CpuBackend::layernorm_backward_impl(const Tensor& dy, const Tensor& x, cons
       const int64_t w = std::min(kChannelBlock, c - j0);
       double acc_g[kChannelBlock] = {};
       double acc_b[kChannelBlock] = {};
+      cpu::F32Reader rx(x, 0), rdy(dy, 1);
       for (int64_t r = 0; r < n; ++r) {
-        const float* xr = xp + r * c + j0;
-        const float* dyr = dyp + r * c + j0;
+        const float* xr = rx.get(r * c + j0, w);
+        const float* dyr = rdy.get(r * c + j0, w);
         const float m = mp[r], rs = rp[r];
         for (int64_t k = 0; k < w; ++k) {
           acc_g[k] += static_cast<double>(dyr[k]) * ((xr[k] - m) * rs);
@@ -140,12 +141,13 @@ void CpuBackend::layernorm_backward_impl(const Tensor& dy, const Tensor& x, cons
   }
 
   if (dx.defined()) {
-    float* dxp = dx.f32();
     // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma.
 #pragma omp parallel for schedule(static) if (n * c >= cpu::kParallelMinWork)
     for (int64_t r = 0; r < n; ++r) {
-      const float* xr = xp + r * c;
-      const float* dyr = dyp + r * c;
+      cpu::F32Reader rx(x, 0), rdy(dy, 1);
+      cpu::F32Writer wdx(dx, 2);
+      const float* xr = rx.row(r, c);
+      const float* dyr = rdy.row(r, c);
       const float m = mp[r], rs = rp[r];
       double sum_g = 0.0, sum_gx = 0.0;
       for (int64_t j = 0; j < c; ++j) {
@@ -156,11 +158,12 @@ void CpuBackend::layernorm_backward_impl(const Tensor& dy, const Tensor& x, cons
       }
       const float mean_g = static_cast<float>(sum_g / static_cast<double>(c));
       const float mean_gx = static_cast<float>(sum_gx / static_cast<double>(c));
-      float* dxr = dxp + r * c;
+      float* dxr = wdx.row(r, c);  // may be dy's or x's own row (f32): read above, element by element below
       for (int64_t j = 0; j < c; ++j) {
         const float xhat = (xr[j] - m) * rs;
         dxr[j] = rs * (dyr[j] * g[j] - mean_g - xhat * mean_gx);
       }
+      wdx.put();
     }
   }
 }

@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/mixed.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cpu/vmath.h"
 #include "remat/error.h"
@@ -82,12 +83,13 @@ float row_sum(const float* a, int64_t n) {
 
 void CpuBackend::softmax_forward_impl(const Tensor& x, bool log, const Tensor& y) {
   const int64_t n = last_dim(x);
-  const float* px = x.f32();
-  float* py = y.f32();
+  // x and y may be bf16 here and below: rows staged in fp32 (mixed.h); lse and the loss are f32.
   cpu::parallel_for(rows(x), kRowGrain, [&](int64_t r0, int64_t r1) {
+    cpu::F32Reader rx(x, 0);
+    cpu::F32Writer wy(y, 2);
     for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = px + r * n;
-      float* yr = py + r * n;
+      const float* xr = rx.row(r, n);
+      float* yr = wy.row(r, n);
       const float m = row_max(xr, n);
       const float sum = row_sum_exp(xr, n, m, log ? nullptr : yr);
       if (log) {
@@ -97,18 +99,19 @@ void CpuBackend::softmax_forward_impl(const Tensor& x, bool log, const Tensor& y
         const float inv = 1.0f / sum;
         for (int64_t j = 0; j < n; ++j) yr[j] *= inv;
       }
+      wy.put();
     }
   });
 }
 
 void CpuBackend::softmax_backward_impl(const Tensor& dy, const Tensor& y, bool log, const Tensor& dx) {
   const int64_t n = last_dim(y);
-  const float *pdy = dy.f32(), *py = y.f32();
-  float* pdx = dx.f32();
   cpu::parallel_for(rows(y), kRowGrain, [&](int64_t r0, int64_t r1) {
+    cpu::F32Reader rdy(dy, 0), ry(y, 1);
+    cpu::F32Writer wdx(dx, 2);
     for (int64_t r = r0; r < r1; ++r) {
-      const float *dyr = pdy + r * n, *yr = py + r * n;
-      float* dxr = pdx + r * n;
+      const float *dyr = rdy.row(r, n), *yr = ry.row(r, n);
+      float* dxr = wdx.row(r, n);
       if (log) {
         const float s = row_sum(dyr, n);
         for (int64_t j = 0; j < n; ++j) dxr[j] = dyr[j] - cpu::vexp(yr[j]) * s;
@@ -116,6 +119,7 @@ void CpuBackend::softmax_backward_impl(const Tensor& dy, const Tensor& y, bool l
         const float s = row_dot(dyr, yr, n);
         for (int64_t j = 0; j < n; ++j) dxr[j] = yr[j] * (dyr[j] - s);
       }
+      wdx.put();
     }
   });
 }
@@ -123,7 +127,6 @@ void CpuBackend::softmax_backward_impl(const Tensor& dy, const Tensor& y, bool l
 void CpuBackend::cross_entropy_forward_impl(const Tensor& logits, const Tensor& targets, int ignore_index,
                                             const Tensor& loss, const Tensor& lse) {
   const int64_t n = logits.size(0), v = logits.size(1);
-  const float* px = logits.f32();
   const int32_t* pt = targets.i32();
   float* plse = lse.f32();
   for (int64_t r = 0; r < n; ++r) {
@@ -132,17 +135,19 @@ void CpuBackend::cross_entropy_forward_impl(const Tensor& logits, const Tensor& 
                   logits.str());
   }
   cpu::parallel_for(n, kRowGrain, [&](int64_t r0, int64_t r1) {
+    cpu::F32Reader rx(logits, 0);
     for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = px + r * v;
+      const float* xr = rx.row(r, v);
       const float m = row_max(xr, v);
       plse[r] = m + std::log(row_sum_exp(xr, v, m, nullptr));
     }
   });
   double total = 0.0;
   int64_t count = 0;
+  cpu::F32Reader rx(logits, 0);
   for (int64_t r = 0; r < n; ++r) {
     if (pt[r] == ignore_index) continue;
-    total += static_cast<double>(plse[r]) - static_cast<double>(px[r * v + pt[r]]);
+    total += static_cast<double>(plse[r]) - static_cast<double>(*rx.get(r * v + pt[r], 1));
     ++count;
   }
   loss.f32()[0] = count == 0 ? std::numeric_limits<float>::quiet_NaN() : static_cast<float>(total / count);
@@ -151,36 +156,38 @@ void CpuBackend::cross_entropy_forward_impl(const Tensor& logits, const Tensor& 
 void CpuBackend::cross_entropy_backward_impl(float dloss, const Tensor& logits, const Tensor& targets,
                                              const Tensor& lse, int ignore_index, const Tensor& dlogits) {
   const int64_t n = logits.size(0), v = logits.size(1);
-  const float *px = logits.f32(), *plse = lse.f32();
+  const float* plse = lse.f32();
   const int32_t* pt = targets.i32();
-  float* pd = dlogits.f32();
   int64_t count = 0;
   for (int64_t r = 0; r < n; ++r) count += pt[r] != ignore_index;
   const float scale = count == 0 ? 0.0f : dloss / static_cast<float>(count);
   cpu::parallel_for(n, kRowGrain, [&](int64_t r0, int64_t r1) {
+    cpu::F32Reader rx(logits, 0);
+    cpu::F32Writer wd(dlogits, 2);
     for (int64_t r = r0; r < r1; ++r) {
-      float* dr = pd + r * v;
+      float* dr = wd.row(r, v);
       if (pt[r] == ignore_index) {
         for (int64_t j = 0; j < v; ++j) dr[j] = 0.0f;
-        continue;
+      } else {
+        const float* xr = rx.row(r, v);
+        const float l = plse[r];
+        for (int64_t j = 0; j < v; ++j) dr[j] = scale * cpu::vexp(xr[j] - l);
+        dr[pt[r]] -= scale;
       }
-      const float* xr = px + r * v;
-      const float l = plse[r];
-      for (int64_t j = 0; j < v; ++j) dr[j] = scale * cpu::vexp(xr[j] - l);
-      dr[pt[r]] -= scale;
+      wd.put();
     }
   });
 }
 
 int64_t CpuBackend::accuracy_impl(const Tensor& logits, const Tensor& targets, int ignore_index, int64_t* counted) {
   const int64_t n = logits.size(0), v = logits.size(1);
-  const float* px = logits.f32();
   const int32_t* pt = targets.i32();
   int64_t correct = 0, total = 0;
+  cpu::F32Reader rx(logits, 0);
   for (int64_t r = 0; r < n; ++r) {
     if (pt[r] == ignore_index) continue;
     ++total;
-    const float* xr = px + r * v;
+    const float* xr = rx.row(r, v);
     int64_t best = 0;
     for (int64_t j = 1; j < v; ++j)
       if (xr[j] > xr[best]) best = j;

@@ -1,0 +1,229 @@
+// The CPU backend's ops on bf16 tensors (training.precision bf16: bf16 storage, fp32
+// compute, src/backends/cpu/mixed.h). Reference: the same op in fp32 on the bf16 inputs
+// widened to float, its outputs rounded to bf16. Elementwise and row ops stage the very
+// values the fp32 op reads, so they must give exactly those bits; the GEMMs sum k in
+// 512-wide panels (another order than one sgemm), so they are compared within a bf16
+// rounding step; attention rounds its probabilities to bf16 before P V (stated in
+// attention.cpp), so its probabilities are bitwise and its outputs within tolerance.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "backends/cpu/bf16.h"
+#include "remat/backend.h"
+#include "remat/bf16.h"
+#include "remat/dtype.h"
+#include "remat/tensor.h"
+
+using namespace remat;
+
+namespace {
+
+Backend& cpu_be() { return backend_for(Device::cpu()); }
+
+std::vector<float> random_bf16_values(int64_t n, uint32_t seed, float lo = -2.0f, float hi = 2.0f) {
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = round_to_bf16(u(g));
+  return v;
+}
+
+// A pair: the same values as f32 and as bf16.
+struct Pair {
+  Tensor f, h;
+};
+Pair pair(const std::vector<float>& v, const Shape& s) {
+  Pair p{Tensor::from_vector(v, s), Tensor::empty(s, Device::cpu(), DType::bf16)};
+  cpu::f32_to_bf16(v.data(), p.h.bf16(), s.numel());
+  return p;
+}
+Pair random_pair(const Shape& s, uint32_t seed) { return pair(random_bf16_values(s.numel(), seed), s); }
+Pair empty_pair(const Shape& s) { return Pair{Tensor::empty(s), Tensor::empty(s, Device::cpu(), DType::bf16)}; }
+
+std::vector<uint16_t> bits(const Tensor& t) {
+  if (t.dtype() == DType::bf16) return std::vector<uint16_t>(t.bf16(), t.bf16() + t.numel());
+  std::vector<uint16_t> out(static_cast<size_t>(t.numel()));
+  cpu::f32_to_bf16(t.f32(), out.data(), t.numel());
+  return out;
+}
+std::vector<float> widen(const Tensor& t) {
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  cpu::bf16_to_f32(t.bf16(), out.data(), t.numel());
+  return out;
+}
+
+// The bf16 result is the rounded fp32 result, bit for bit.
+void expect_rounded(const Pair& p, const char* what) {
+  const auto a = bits(p.h), b = bits(p.f);
+  ASSERT_EQ(a.size(), b.size());
+  int64_t bad = 0;
+  for (size_t i = 0; i < a.size(); ++i) bad += a[i] != b[i];
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << a.size() << " elements differ from the rounded fp32 result";
+}
+
+// Within `rel` of the fp32 result, relative to the largest magnitude of the fp32 result.
+void expect_close(const Pair& p, double rel, const char* what) {
+  const auto h = widen(p.h);
+  const auto f = p.f.to_vector();
+  double mx = 0, worst = 0;
+  for (float v : f) mx = std::max(mx, std::fabs(static_cast<double>(v)));
+  for (size_t i = 0; i < f.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(h[i]) - f[i]));
+  EXPECT_LE(worst, rel * std::max(mx, 1e-30)) << what << ": worst error " << worst << " against max |x| " << mx;
+  EXPECT_GT(mx, 0.0) << what << ": the reference is all zero";
+}
+
+class Bf16Ops : public ::testing::Test {
+ protected:
+  ActivationDTypeScope scope_{DType::bf16};
+};
+
+TEST_F(Bf16Ops, ElementwiseAreTheRoundedFp32Ops) {
+  const Shape s{3, 5000};  // several pieces and parallel chunks, a short last one
+  Pair a = random_pair(s, 1), b = random_pair(s, 2);
+  Pair y = empty_pair(s);
+  cpu_be().add(a.f, b.f, y.f);
+  cpu_be().add(a.h, b.h, y.h);
+  expect_rounded(y, "add");
+  cpu_be().gelu_forward(a.f, GeluApprox::tanh, y.f);
+  cpu_be().gelu_forward(a.h, GeluApprox::tanh, y.h);
+  expect_rounded(y, "gelu tanh");
+  cpu_be().gelu_backward(b.f, a.f, GeluApprox::none, y.f);
+  cpu_be().gelu_backward(b.h, a.h, GeluApprox::none, y.h);
+  expect_rounded(y, "gelu_backward erf");
+  cpu_be().dropout_forward(a.f, 0.25f, RngState{7, 123}, y.f);
+  cpu_be().dropout_forward(a.h, 0.25f, RngState{7, 123}, y.h);
+  expect_rounded(y, "dropout");
+  // In place, as backward runs it (dx aliases dy).
+  Pair g = random_pair(s, 3);
+  cpu_be().dropout_backward(g.f, 0.25f, RngState{7, 123}, g.f);
+  cpu_be().dropout_backward(g.h, 0.25f, RngState{7, 123}, g.h);
+  expect_rounded(g, "dropout_backward in place");
+  g = pair(widen(g.h), s);  // both sides from the same (bf16) values again
+  cpu_be().accumulate(g.f, a.f);
+  cpu_be().accumulate(g.h, a.h);
+  expect_rounded(g, "accumulate");
+}
+
+TEST_F(Bf16Ops, RowOpsAreTheRoundedFp32Ops) {
+  const int64_t n = 37, c = 96;
+  Pair x = random_pair(Shape{n, c}, 4), gamma = random_pair(Shape{c}, 5), beta = random_pair(Shape{c}, 6);
+  Pair y = empty_pair(Shape{n, c});
+  Tensor mf = Tensor::empty(Shape{n}), rf = Tensor::empty(Shape{n}), mh = Tensor::empty(Shape{n}),
+         rh = Tensor::empty(Shape{n});
+  cpu_be().layernorm_forward(x.f, gamma.f, beta.f, 1e-5f, y.f, mf, rf);
+  cpu_be().layernorm_forward(x.h, gamma.h, beta.h, 1e-5f, y.h, mh, rh);
+  expect_rounded(y, "layernorm_forward");
+  EXPECT_EQ(mf.to_vector(), mh.to_vector());
+  EXPECT_EQ(rf.to_vector(), rh.to_vector());
+  Pair dy = random_pair(Shape{n, c}, 7), dx = empty_pair(Shape{n, c});
+  Tensor dgf = Tensor::zeros(Shape{c}), dbf = Tensor::zeros(Shape{c}), dgh = Tensor::zeros(Shape{c}),
+         dbh = Tensor::zeros(Shape{c});
+  cpu_be().layernorm_backward(dy.f, x.f, gamma.f, mf, rf, dx.f, dgf, dbf);
+  cpu_be().layernorm_backward(dy.h, x.h, gamma.h, mh, rh, dx.h, dgh, dbh);
+  expect_rounded(dx, "layernorm_backward dx");
+  EXPECT_EQ(dgf.to_vector(), dgh.to_vector()) << "dgamma (f32) from bf16 inputs";
+  EXPECT_EQ(dbf.to_vector(), dbh.to_vector()) << "dbeta (f32) from bf16 inputs";
+
+  cpu_be().softmax_forward(x.f, false, y.f);
+  cpu_be().softmax_forward(x.h, false, y.h);
+  expect_rounded(y, "softmax");
+
+  // Cross-entropy: the loss and lse are f32 and equal; dlogits rounded.
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7) % c);
+  t[3] = -100;
+  Tensor targets = Tensor::from_ints(t, Shape{n});
+  Tensor lf = Tensor::empty(Shape{1}), lh = Tensor::empty(Shape{1}), sf = Tensor::empty(Shape{n}),
+         sh = Tensor::empty(Shape{n});
+  cpu_be().cross_entropy_forward(x.f, targets, -100, lf, sf);
+  cpu_be().cross_entropy_forward(x.h, targets, -100, lh, sh);
+  EXPECT_EQ(lf.to_vector(), lh.to_vector());
+  EXPECT_EQ(sf.to_vector(), sh.to_vector());
+  cpu_be().cross_entropy_backward(1.0f, x.f, targets, sf, -100, dx.f);
+  cpu_be().cross_entropy_backward(1.0f, x.h, targets, sh, -100, dx.h);
+  expect_rounded(dx, "cross_entropy_backward");
+  EXPECT_EQ(cpu_be().accuracy(x.f, targets, -100, nullptr), cpu_be().accuracy(x.h, targets, -100, nullptr));
+}
+
+TEST_F(Bf16Ops, EmbeddingIsTheRoundedFp32Op) {
+  const int64_t B = 3, T = 9, V = 20, C = 40;
+  std::vector<int32_t> id(static_cast<size_t>(B * T));
+  for (size_t i = 0; i < id.size(); ++i) id[i] = static_cast<int32_t>((i * 5) % V);
+  Tensor ids = Tensor::from_ints(id, Shape{B, T});
+  Pair table = random_pair(Shape{V, C}, 8), pos = random_pair(Shape{T, C}, 9), y = empty_pair(Shape{B, T, C});
+  cpu_be().embedding_forward(ids, table.f, pos.f, y.f);
+  cpu_be().embedding_forward(ids, table.h, pos.h, y.h);
+  expect_rounded(y, "embedding_forward");
+  Pair dy = random_pair(Shape{B, T, C}, 10);
+  Tensor dtf = Tensor::zeros(Shape{V, C}), dth = Tensor::zeros(Shape{V, C}), dpf = Tensor::zeros(Shape{T, C}),
+         dph = Tensor::zeros(Shape{T, C});
+  cpu_be().embedding_backward(dy.f, ids, dtf, dpf);
+  cpu_be().embedding_backward(dy.h, ids, dth, dph);
+  EXPECT_EQ(dtf.to_vector(), dth.to_vector());
+  EXPECT_EQ(dpf.to_vector(), dph.to_vector());
+}
+
+TEST_F(Bf16Ops, LinearWithinOneRoundingOfFp32) {
+  // k = 1100 spans three 512-wide panels; 600 output columns two tiles.
+  const int64_t rows = 70, in = 1100, out = 600;
+  Pair x = random_pair(Shape{rows, in}, 11), w = random_pair(Shape{out, in}, 12), b = random_pair(Shape{out}, 13);
+  Pair y = empty_pair(Shape{rows, out});
+  cpu_be().linear_forward(x.f, w.f, b.f, y.f);
+  cpu_be().linear_forward(x.h, w.h, b.h, y.h);
+  expect_close(y, 1.0 / 128, "linear_forward");
+  Pair dy = random_pair(Shape{rows, out}, 14), dx = empty_pair(Shape{rows, in});
+  Tensor dwf = Tensor::zeros(Shape{out, in}), dwh = Tensor::zeros(Shape{out, in}), dbf = Tensor::zeros(Shape{out}),
+         dbh = Tensor::zeros(Shape{out});
+  cpu_be().linear_backward(dy.f, x.f, w.f, dx.f, dwf, dbf);
+  cpu_be().linear_backward(dy.h, x.h, w.h, dx.h, dwh, dbh);
+  expect_close(dx, 1.0 / 128, "linear_backward dx");
+  // dw is f32 (accumulated in fp32 from bf16 inputs): only the summation order differs.
+  const auto a = dwf.to_vector(), c = dwh.to_vector();
+  double worst = 0, mx = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - c[i]));
+    mx = std::max(mx, std::fabs(static_cast<double>(a[i])));
+  }
+  EXPECT_LE(worst, 1e-5 * mx);
+  EXPECT_EQ(dbf.to_vector(), dbh.to_vector()) << "bias gradient: column_sums' order on the same values";
+}
+
+TEST_F(Bf16Ops, AttentionProbsRoundedOutputsClose) {
+  const int64_t B = 2, T = 24, C = 32;
+  const AttentionParams p{4, true, 0.2f};
+  const RngState rng{3, 1000};
+  Pair qkv = random_pair(Shape{B, T, 3 * C}, 15);
+  Pair out = empty_pair(Shape{B, T, C}), probs = empty_pair(Shape{B, 4, T, T});
+  Tensor wsf, wsh;
+  {
+    ActivationDTypeScope f32(DType::f32);
+    wsf = Tensor::empty(Shape{static_cast<int64_t>(cpu_be().attention_forward_workspace(qkv.f.shape(), p) / 4 + 1)});
+  }
+  wsh = Tensor::empty(Shape{static_cast<int64_t>(cpu_be().attention_forward_workspace(qkv.h.shape(), p) / 4 + 1)});
+  {
+    ActivationDTypeScope f32(DType::f32);
+    cpu_be().attention_forward(qkv.f, p, rng, out.f, probs.f, wsf);
+  }
+  cpu_be().attention_forward(qkv.h, p, rng, out.h, probs.h, wsh);
+  expect_rounded(probs, "attention probs");
+  expect_close(out, 1.0 / 64, "attention out");
+  // Backward from the bf16 probabilities: the fp32 reference reads the same (widened) values.
+  Pair dout = random_pair(Shape{B, T, C}, 16), dqkv = empty_pair(Shape{B, T, 3 * C});
+  Pair probs_b = pair(widen(probs.h), probs.h.shape());
+  {
+    ActivationDTypeScope f32(DType::f32);
+    Tensor ws =
+        Tensor::empty(Shape{static_cast<int64_t>(cpu_be().attention_backward_workspace(qkv.f.shape(), p) / 4 + 1)});
+    cpu_be().attention_backward(dout.f, qkv.f, probs_b.f, p, rng, dqkv.f, ws);
+  }
+  Tensor ws =
+      Tensor::empty(Shape{static_cast<int64_t>(cpu_be().attention_backward_workspace(qkv.h.shape(), p) / 4 + 1)});
+  cpu_be().attention_backward(dout.h, qkv.h, probs_b.h, p, rng, dqkv.h, ws);
+  expect_close(dqkv, 1.0 / 64, "attention dqkv");
+}
+
+}  // namespace
