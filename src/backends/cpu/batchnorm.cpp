@@ -4,9 +4,15 @@
 // channels, and one thread sums a channel's N planes in order, in double (16 partial sums
 // per plane, combined in a fixed order: cpu::sum_f64 and its kin): results do not depend
 // on the thread count.
+//
+// bf16 storage (training.precision bf16): x, y, dy and dx are read and written a plane at a
+// time through fp32 staging (mixed.h), gamma and beta (working copies) widened whole; the
+// statistics, running buffers and parameter gradients are f32. Each plane's arithmetic is
+// the fp32 code's, so the results are the fp32 op's on the same values, then rounded.
 #include <cmath>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/mixed.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cpu/simd.h"
 #include "remat/error.h"
@@ -81,10 +87,8 @@ void CpuBackend::batchnorm2d_forward_train_impl(const Tensor& x, const Tensor& g
                                                 const BatchNormParams& p, bool update_running, const Tensor& y,
                                                 const Tensor& save_mean, const Tensor& save_invstd) {
   const BnGeom g(x);
-  const float* xp = x.f32();
-  const float* gp = gamma.f32();
-  const float* bp = beta.f32();
-  float* yp = y.f32();
+  const float* gp = cpu::f32_all(gamma, 5);
+  const float* bp = cpu::f32_all(beta, 6);
   float* smp = save_mean.f32();
   float* sip = save_invstd.f32();
   float* rmp = update_running ? running_mean.f32() : nullptr;
@@ -94,11 +98,13 @@ void CpuBackend::batchnorm2d_forward_train_impl(const Tensor& x, const Tensor& g
   const Passes pass = passes();
 #pragma omp parallel for schedule(static) if (g.n * g.c * g.hw >= cpu::kParallelMinWork)
   for (int64_t ch = 0; ch < g.c; ++ch) {
+    cpu::F32Reader rx(x, 0);
+    cpu::F32Writer wy(y, 2);
     double sum = 0.0;
-    for (int64_t i = 0; i < g.n; ++i) sum += sum_f64(xp + g.plane(i, ch), g.hw);
+    for (int64_t i = 0; i < g.n; ++i) sum += sum_f64(rx.get(g.plane(i, ch), g.hw), g.hw);
     const double mean = count > 0 ? sum / static_cast<double>(count) : 0.0;
     double sq = 0.0;
-    for (int64_t i = 0; i < g.n; ++i) sq += sum_sq_dev_f64(xp + g.plane(i, ch), g.hw, mean);
+    for (int64_t i = 0; i < g.n; ++i) sq += sum_sq_dev_f64(rx.get(g.plane(i, ch), g.hw), g.hw, mean);
     const double var = count > 0 ? sq / static_cast<double>(count) : 0.0;  // biased, for normalising
     const double invstd = 1.0 / std::sqrt(var + static_cast<double>(p.eps));
     smp[ch] = static_cast<float>(mean);
@@ -111,7 +117,10 @@ void CpuBackend::batchnorm2d_forward_train_impl(const Tensor& x, const Tensor& g
     const double scale = invstd * gp[ch];
     const float fscale = static_cast<float>(scale);
     const float fshift = static_cast<float>(bp[ch] - mean * scale);
-    for (int64_t i = 0; i < g.n; ++i) pass.affine(xp + g.plane(i, ch), fscale, fshift, g.hw, yp + g.plane(i, ch));
+    for (int64_t i = 0; i < g.n; ++i) {
+      pass.affine(rx.get(g.plane(i, ch), g.hw), fscale, fshift, g.hw, wy.get(g.plane(i, ch), g.hw));
+      wy.put();
+    }
   }
 }
 
@@ -119,12 +128,10 @@ void CpuBackend::batchnorm2d_forward_eval_impl(const Tensor& x, const Tensor& ga
                                                const Tensor& running_mean, const Tensor& running_var,
                                                const BatchNormParams& p, const Tensor& y) {
   const BnGeom g(x);
-  const float* xp = x.f32();
-  const float* gp = gamma.f32();
-  const float* bp = beta.f32();
+  const float* gp = cpu::f32_all(gamma, 5);
+  const float* bp = cpu::f32_all(beta, 6);
   const float* rmp = running_mean.f32();
   const float* rvp = running_var.f32();
-  float* yp = y.f32();
   const int64_t units = g.n * g.c;
   const Passes pass = passes();
 #pragma omp parallel for schedule(static) if (units * g.hw >= cpu::kParallelMinWork)
@@ -133,7 +140,10 @@ void CpuBackend::batchnorm2d_forward_eval_impl(const Tensor& x, const Tensor& ga
     const double scale = gp[ch] / std::sqrt(static_cast<double>(rvp[ch]) + static_cast<double>(p.eps));
     const float fscale = static_cast<float>(scale);
     const float fshift = static_cast<float>(bp[ch] - rmp[ch] * scale);
-    pass.affine(xp + u * g.hw, fscale, fshift, g.hw, yp + u * g.hw);
+    cpu::F32Reader rx(x, 0);
+    cpu::F32Writer wy(y, 2);
+    pass.affine(rx.get(u * g.hw, g.hw), fscale, fshift, g.hw, wy.get(u * g.hw, g.hw));
+    wy.put();
   }
 }
 
@@ -141,34 +151,38 @@ void CpuBackend::batchnorm2d_backward_impl(const Tensor& dy, const Tensor& x, co
                                            const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx,
                                            const Tensor& dgamma, const Tensor& dbeta) {
   const BnGeom g(x);
-  const float* dyp = dy.f32();
-  const float* xp = x.f32();
-  const float* gp = gamma.f32();
+  const float* gp = cpu::f32_all(gamma, 5);
   const float* smp = save_mean.f32();
   const float* sip = save_invstd.f32();
-  float* dxp = dx.defined() ? dx.f32() : nullptr;
   float* dgp = dgamma.defined() ? dgamma.f32() : nullptr;
   float* dbp = dbeta.defined() ? dbeta.f32() : nullptr;
   const int64_t count = g.count();
   const Passes pass = passes();
 #pragma omp parallel for schedule(static) if (g.n * g.c * g.hw >= cpu::kParallelMinWork)
   for (int64_t ch = 0; ch < g.c; ++ch) {
+    cpu::F32Reader rx(x, 0), rdy(dy, 1);
     const double mean = smp[ch], invstd = sip[ch];
     double sum_dy = 0.0, dot = 0.0;
     for (int64_t i = 0; i < g.n; ++i) {
-      sum_dy += sum_f64(dyp + g.plane(i, ch), g.hw);
-      dot += sum_dev_dot_f64(xp + g.plane(i, ch), dyp + g.plane(i, ch), g.hw, mean);
+      const float* dyi = rdy.get(g.plane(i, ch), g.hw);
+      sum_dy += sum_f64(dyi, g.hw);
+      dot += sum_dev_dot_f64(rx.get(g.plane(i, ch), g.hw), dyi, g.hw, mean);
     }
     if (dbp) dbp[ch] += static_cast<float>(sum_dy);
     if (dgp) dgp[ch] += static_cast<float>(dot * invstd);
-    if (!dxp || count == 0) continue;
+    if (!dx.defined() || count == 0) continue;
     // dx = (dy - mean(dy) - (x - mean) * k) * invstd * gamma, k = dot * invstd^2 / count
     const float fk = static_cast<float>(dot * invstd * invstd / static_cast<double>(count));
     const float fmean = static_cast<float>(mean);
     const float fmdy = static_cast<float>(sum_dy / static_cast<double>(count));
     const float fscale = static_cast<float>(invstd * gp[ch]);
-    for (int64_t i = 0; i < g.n; ++i)
-      pass.input_grad(xp + g.plane(i, ch), dyp + g.plane(i, ch), fmean, fmdy, fk, fscale, g.hw, dxp + g.plane(i, ch));
+    cpu::F32Writer wdx(dx, 2);  // dx may be dy: each plane of dy is read before its dx is written
+    for (int64_t i = 0; i < g.n; ++i) {
+      const float* xi = rx.get(g.plane(i, ch), g.hw);
+      const float* dyi = rdy.get(g.plane(i, ch), g.hw);
+      pass.input_grad(xi, dyi, fmean, fmdy, fk, fscale, g.hw, wdx.get(g.plane(i, ch), g.hw));
+      wdx.put();
+    }
   }
 }
 
