@@ -33,7 +33,7 @@ struct LayerSpan {
 
 struct StepProfile {
   std::string policy;
-  std::string precision = "fp32";  // the config's training.precision; bf16 is predicted on meta only
+  std::string precision = "fp32";  // the config's training.precision (bf16 where the backend supports_bf16)
   Device device;
   int64_t base_bytes = 0;           // allocated before the step (not counted below)
   int64_t base_reserved_bytes = 0;  // reserved before the step
