@@ -1,0 +1,227 @@
+// The ops on bf16 tensors (training.precision bf16: bf16 storage, fp32 math; the CPU
+// backend's contract, src/backends/cpu/mixed.h and tests/ops/test_bf16_ops.cpp), on the
+// device under test against the CPU backend running the same bf16 op. Every case runs
+// inside ActivationDTypeScope(bf16), as the executor does, so the validators take bf16
+// where they expect f32.
+//
+// Two references per op:
+// - the CPU backend's bf16 op on the same bf16 inputs: bitwise for every op whose fp32
+//   kernel is bitwise the CPU's (add, accumulate, scale, ReLU, dropout, embedding,
+//   permute); within a bf16 rounding step (1/128 relative, plus the fp32 case's own
+//   tolerance) for the others, whose fp32 kernels already differ from the CPU in the last
+//   bits (GELU's libm erff/tanhf, the row reductions' order, GEMMs), because a value a few
+//   fp32 ulps away can round to the neighbouring bf16;
+// - the device's own fp32 op on the same values widened to f32, its output rounded to
+//   bf16: bitwise, for every op whose bf16 kernel runs the fp32 kernel's arithmetic in the
+//   same order on the widened values (elementwise, the row ops: layernorm, RMSNorm,
+//   softmax, cross-entropy), so the bf16 kernels are shown to be the fp32 kernels plus
+//   the conversions and nothing else.
+//
+// Sizes: the elementwise kernels' vector path (8 bf16 = 16 bytes when every pointer is
+// 16-byte aligned) and its tail, the scalar path (guarded outputs start 67 elements into
+// their storage: 134 bytes, not aligned), and launches mixing f32 and bf16 (an f32 master
+// rounded into a bf16 working copy by scale, a bf16 activation added to an f32 tensor).
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "backend_ops/harness.h"
+#include "remat/bf16.h"
+#include "remat/dtype.h"
+
+namespace remat::test {
+
+namespace {
+
+constexpr double kBf16Rel = 1.0 / 128;  // one bf16 rounding step, relative (8 significant bits)
+
+const std::vector<int64_t> kSizes = {1, 3, 8, 13, 1001, 4096 + 5};
+
+// An output the kernels see 16-byte aligned (plain storage), NaN until written.
+Pair aligned_bf16_output(OpCheck& t, const Shape& s) {
+  return t.values_bf16(std::vector<float>(static_cast<size_t>(s.numel()), std::numeric_limits<float>::quiet_NaN()), s);
+}
+
+std::vector<uint16_t> dut_bits(const Tensor& t) {
+  const Tensor h = t.to(Device::cpu());
+  std::vector<uint16_t> out(static_cast<size_t>(h.numel()));
+  if (h.dtype() == DType::bf16) {
+    for (int64_t i = 0; i < h.numel(); ++i) out[static_cast<size_t>(i)] = h.bf16()[i];
+  } else {
+    for (int64_t i = 0; i < h.numel(); ++i) out[static_cast<size_t>(i)] = bf16_from_float(h.f32()[i]);
+  }
+  return out;
+}
+
+// The device's bf16 output is its fp32 output (on the same values) rounded to bf16, bit for
+// bit (NaN by class).
+void expect_rounded_dut(const Pair& h, const Pair& f, const std::string& what) {
+  if (perf_iterations()) return;
+  const auto a = dut_bits(h.dut), b = dut_bits(f.dut);
+  ASSERT_EQ(a.size(), b.size()) << what;
+  int64_t bad = 0, first = -1;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const bool nan_a = (a[i] & 0x7fffu) > 0x7f80u, nan_b = (b[i] & 0x7fffu) > 0x7f80u;
+    if (nan_a && nan_b) continue;
+    if (a[i] != b[i] && bad++ == 0) first = static_cast<int64_t>(i);
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << a.size()
+                    << " elements differ from the device's fp32 result rounded to bf16; first at " << first;
+}
+
+template <typename Op>
+void check_map(OpCheck& t, const std::string& what, double atol, double rtol, int inputs, Op op) {
+  for (int64_t n : kSizes) {
+    const Shape s{n};
+    std::vector<Pair> in;
+    for (int i = 0; i < inputs; ++i) in.push_back(t.uniform_bf16(s, -3.0f, 3.0f));
+    std::vector<Pair> in_f;
+    for (const Pair& p : in) in_f.push_back(t.as_f32(p));
+    auto y = t.output(s, DType::bf16);  // scalar path (not 16-byte aligned)
+    auto y_aligned = aligned_bf16_output(t, s);
+    auto y_f = t.output(s);
+    t.run([&](Backend& be, Side side) {
+      op(be, side, in, side(y));
+      op(be, side, in, side(y_aligned));
+      op(be, side, in_f, side(y_f));
+    });
+    const std::string label = what + " n=" + std::to_string(n);
+    t.expect_close(y, atol, rtol, label);
+    t.expect_close(y_aligned, atol, rtol, label + " (aligned)");
+    expect_rounded_dut(y, y_f, label + " against fp32");
+    expect_rounded_dut(y_aligned, y_f, label + " (aligned) against fp32");
+  }
+}
+
+}  // namespace
+
+REMAT_OP_CASE(elementwise, bf16_add_scale_relu) {
+  ActivationDTypeScope bf16(DType::bf16);
+  check_map(t, "add", 0, 0, 2,
+            [](Backend& be, Side s, const std::vector<Pair>& in, const Tensor& y) { be.add(s(in[0]), s(in[1]), y); });
+  check_map(t, "scale", 0, 0, 1,
+            [](Backend& be, Side s, const std::vector<Pair>& in, const Tensor& y) { be.scale(s(in[0]), -1.37f, y); });
+  check_map(t, "relu_forward", 0, 0, 1,
+            [](Backend& be, Side s, const std::vector<Pair>& in, const Tensor& y) { be.relu_forward(s(in[0]), y); });
+  check_map(t, "relu_backward", 0, 0, 2, [](Backend& be, Side s, const std::vector<Pair>& in, const Tensor& y) {
+    be.relu_backward(s(in[0]), s(in[1]), y);
+  });
+}
+
+REMAT_OP_CASE(elementwise, bf16_gelu) {
+  ActivationDTypeScope bf16(DType::bf16);
+  for (GeluApprox approx : {GeluApprox::none, GeluApprox::tanh}) {
+    const std::string form = approx == GeluApprox::none ? " (erf)" : " (tanh)";
+    // The fp32 case's tolerances (libm against the CPU's approximations) plus a bf16 step.
+    check_map(t, "gelu_forward" + form, 1e-6, kBf16Rel, 1,
+              [&](Backend& be, Side s, const std::vector<Pair>& in, const Tensor& y) {
+                be.gelu_forward(s(in[0]), approx, y);
+              });
+    check_map(t, "gelu_backward" + form, 1e-5, kBf16Rel, 2,
+              [&](Backend& be, Side s, const std::vector<Pair>& in, const Tensor& y) {
+                be.gelu_backward(s(in[0]), s(in[1]), approx, y);
+              });
+  }
+}
+
+REMAT_OP_CASE(elementwise, bf16_in_place) {
+  ActivationDTypeScope bf16(DType::bf16);
+  for (int64_t n : kSizes) {
+    const Shape s{n};
+    auto x = t.uniform_bf16(s, -2.0f, 2.0f), src = t.uniform_bf16(s);
+    auto g = t.output_like(t.uniform_bf16(s));  // guarded: scalar path
+    auto g_aligned = t.uniform_bf16(s);
+    auto acc = t.output_like(t.uniform_bf16(s));
+    auto acc_aligned = t.uniform_bf16(s);
+    auto sc = t.uniform_bf16(s);
+    t.run([&](Backend& be, Side side) {
+      be.gelu_backward(side(g), side(x), GeluApprox::tanh, side(g));
+      be.relu_backward(side(g_aligned), side(x), side(g_aligned));
+      be.accumulate(side(acc), side(src));
+      be.accumulate(side(acc_aligned), side(src));
+      be.scale(side(sc), 0.75f, side(sc));
+    });
+    const std::string label = " n=" + std::to_string(n);
+    t.expect_close(g, 1e-5, kBf16Rel, "gelu_backward in place" + label);
+    t.expect_equal(g_aligned, "relu_backward in place" + label);
+    t.expect_equal(acc, "accumulate" + label);
+    t.expect_equal(acc_aligned, "accumulate (aligned)" + label);
+    t.expect_equal(sc, "scale in place" + label);
+  }
+}
+
+// Launches that mix f32 and bf16 arrays: the working-copy refresh (an f32 master scaled by
+// 1 into bf16: ParamStore::refresh_working), an f32 gradient accumulating a bf16 one, an
+// f32 output of bf16 inputs.
+REMAT_OP_CASE(elementwise, bf16_mixed_dtypes) {
+  ActivationDTypeScope bf16(DType::bf16);
+  for (int64_t n : kSizes) {
+    const Shape s{n};
+    auto master = t.uniform(s, -4.0f, 4.0f);
+    auto working = t.output(s, DType::bf16), working_aligned = aligned_bf16_output(t, s);
+    auto a = t.uniform_bf16(s), b = t.uniform(s);
+    auto y_f32 = t.output(s), y_bf16 = t.output(s, DType::bf16);
+    auto dst = t.output_like(t.uniform(s));
+    auto src = t.uniform_bf16(s);
+    t.run([&](Backend& be, Side side) {
+      be.scale(side(master), 1.0f, side(working));
+      be.scale(side(master), 1.0f, side(working_aligned));
+      be.add(side(a), side(b), side(y_f32));
+      be.add(side(a), side(b), side(y_bf16));
+      be.accumulate(side(dst), side(src));
+    });
+    const std::string label = " n=" + std::to_string(n);
+    t.expect_equal(working, "f32 master -> bf16 working copy" + label);
+    t.expect_equal(working_aligned, "f32 master -> bf16 working copy (aligned)" + label);
+    t.expect_equal(y_f32, "add bf16 + f32 -> f32" + label);
+    t.expect_equal(y_bf16, "add bf16 + f32 -> bf16" + label);
+    t.expect_equal(dst, "accumulate f32 += bf16" + label);
+  }
+  // Rounding at the edges: ties to even, subnormals kept, overflow to infinity, NaN.
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> edge = {1.00390625f, 1.01171875f,     -1.00390625f, 3.3895314e38f, -3.4e38f,  1e-40f,
+                                   -1e-45f,     1.17549435e-38f, nan,          inf,           -inf,      0.0f,
+                                   -0.0f,       65504.5f,        0.333333343f, 2.71828175f,   1.0000001f};
+  const Shape s{static_cast<int64_t>(edge.size())};
+  auto master = t.values(edge, s);
+  auto working = t.output(s, DType::bf16);
+  t.run([&](Backend& be, Side side) { be.scale(side(master), 1.0f, side(working)); });
+  t.expect_equal(working, "rounding edge cases");
+}
+
+namespace {
+
+void check_dropout_bf16(OpCheck& t, float p) {
+  for (int64_t n : kSizes) {
+    for (uint64_t offset : {0ull, 4ull, 3ull, 1001ull}) {
+      const RngState rng{0x9876fedcull + static_cast<uint64_t>(n), offset};
+      const std::string what =
+          " p=" + std::to_string(p) + " n=" + std::to_string(n) + " offset=" + std::to_string(offset);
+      auto x = t.uniform_bf16({n}), g = t.uniform_bf16({n});
+      auto x_f = t.as_f32(x);
+      auto y = t.output({n}, DType::bf16), y_aligned = aligned_bf16_output(t, {n}), y_f = t.output({n});
+      t.run([&](Backend& be, Side s) {
+        be.dropout_forward(s(x), p, rng, s(y));
+        be.dropout_forward(s(x), p, rng, s(y_aligned));
+        be.dropout_forward(s(x_f), p, rng, s(y_f));
+        be.dropout_backward(s(g), p, rng, s(g));  // in place
+      });
+      t.expect_equal(y, "dropout_forward" + what);
+      t.expect_equal(y_aligned, "dropout_forward (aligned)" + what);
+      t.expect_equal(g, "dropout_backward in place" + what);
+      // The same elements kept as in fp32 (the Philox mask of element i, whatever the dtype).
+      expect_rounded_dut(y, y_f, "dropout_forward against fp32" + what);
+    }
+  }
+}
+
+}  // namespace
+
+REMAT_OP_CASE(elementwise, bf16_dropout) {
+  ActivationDTypeScope bf16(DType::bf16);
+  for (float p : {0.0f, 0.1f, 0.5f, 1.0f}) check_dropout_bf16(t, p);
+}
+
+}  // namespace remat::test
