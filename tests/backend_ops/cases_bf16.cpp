@@ -30,6 +30,7 @@
 #include "backend_ops/harness.h"
 #include "remat/bf16.h"
 #include "remat/dtype.h"
+#include "remat/error.h"
 
 namespace remat::test {
 
@@ -222,6 +223,98 @@ void check_dropout_bf16(OpCheck& t, float p) {
 REMAT_OP_CASE(elementwise, bf16_dropout) {
   ActivationDTypeScope bf16(DType::bf16);
   for (float p : {0.0f, 0.1f, 0.5f, 1.0f}) check_dropout_bf16(t, p);
+}
+
+// ---- GEMM and linear: cublasGemmEx with bf16 factors, fp32 accumulation ------------------
+// Tolerances: the fp32 sums of the same (bf16) values in another order (cuBLAS's on the
+// device, 512-wide panels on the CPU: up to ~1e-5 absolute at these sizes), then a bf16
+// output may round to the neighbouring value: 1e-4 absolute + one bf16 step relative.
+// f32 outputs of bf16 factors (parameter gradients) are fp32 sums: the fp32 cases' 1e-5.
+
+REMAT_OP_CASE(gemm, bf16_gemm) {
+  ActivationDTypeScope bf16(DType::bf16);
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      auto a = ta ? t.uniform_bf16({530, 37}) : t.uniform_bf16({37, 530});
+      auto b = tb ? t.uniform_bf16({29, 530}) : t.uniform_bf16({530, 29});
+      auto c = t.output({37, 29}, DType::bf16);
+      auto c_beta = t.output_like(t.uniform_bf16({37, 29}));
+      auto c_f32 = t.output_like(t.uniform({37, 29}));
+      GemmParams p{ta != 0, tb != 0, 1.0f, 0.0f}, q{ta != 0, tb != 0, 0.5f, 2.0f};
+      t.run([&](Backend& be, Side s) {
+        be.gemm(s(a), s(b), s(c), p);
+        be.gemm(s(a), s(b), s(c_beta), q);
+        be.gemm(s(a), s(b), s(c_f32), q);
+      });
+      const std::string what = " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb);
+      t.expect_close(c, 1e-4, kBf16Rel, "c" + what);
+      t.expect_close(c_beta, 1e-4, kBf16Rel, "c (alpha, beta)" + what);
+      t.expect_close(c_f32, 1e-5, 1e-5, "c f32 (alpha, beta)" + what);
+    }
+  }
+  auto a = t.uniform_bf16({3, 4, 5, 6}), b = t.uniform_bf16({3, 4, 6, 7}), b2 = t.uniform_bf16({6, 7});
+  auto c = t.output({3, 4, 5, 7}, DType::bf16), c2 = t.output({3, 4, 5, 7}, DType::bf16);
+  t.run([&](Backend& be, Side s) {
+    be.gemm(s(a), s(b), s(c), {});
+    be.gemm(s(a), s(b2), s(c2), {});
+  });
+  t.expect_close(c, 1e-4, kBf16Rel, "c batched");
+  t.expect_close(c2, 1e-4, kBf16Rel, "c batched (shared b)");
+}
+
+REMAT_OP_CASE(gemm, bf16_linear) {
+  ActivationDTypeScope bf16(DType::bf16);
+  // k = 1100 spans three of the CPU's 512-wide panels, 600 outputs two tiles.
+  auto x = t.uniform_bf16({2, 35, 1100}), w = t.uniform_bf16({600, 1100}), b = t.uniform_bf16({600});
+  auto b_f32 = t.uniform({600});  // an f32 bias into a bf16 y: broadcast rounded, then the GEMM
+  auto y = t.output({2, 35, 600}, DType::bf16), y_nb = t.output({2, 35, 600}, DType::bf16);
+  auto y_fb = t.output({2, 35, 600}, DType::bf16), y_f32 = t.output({2, 35, 600});
+  t.run([&](Backend& be, Side s) {
+    be.linear_forward(s(x), s(w), s(b), s(y));
+    be.linear_forward(s(x), s(w), Tensor(), s(y_nb));
+    be.linear_forward(s(x), s(w), s(b_f32), s(y_fb));
+    be.linear_forward(s(x), s(w), s(b), s(y_f32));
+  });
+  t.expect_close(y, 1e-4, kBf16Rel, "y");
+  t.expect_close(y_nb, 1e-4, kBf16Rel, "y (no bias)");
+  // On the device an f32 bias is rounded to bf16 first (|b| < 1: off by up to 2^-9).
+  t.expect_close(y_fb, 1e-4 + 1.0 / 512, kBf16Rel, "y (f32 bias)");
+  t.expect_close(y_f32, 1e-4, 1e-5, "y f32 from bf16 factors");
+
+  auto dy = t.uniform_bf16({2, 35, 600});
+  auto dx = t.output({2, 35, 1100}, DType::bf16);
+  auto dw = t.output_like(t.uniform({600, 1100}));  // f32 parameter gradients, accumulated into
+  auto db = t.output_like(t.uniform({600}));
+  t.run([&](Backend& be, Side s) { be.linear_backward(s(dy), s(x), s(w), s(dx), s(dw), s(db)); });
+  t.expect_close(dx, 1e-4, kBf16Rel, "dx");
+  t.expect_close(dw, 1e-5, 1e-5, "dw (f32)");
+  t.expect_close(db, 1e-5, 1e-5, "db (f32)");
+  // Column sums over many rows, split into chunks on the device.
+  auto dy_many = t.uniform_bf16({3000, 45}), x_many = t.uniform_bf16({3000, 45}), w_many = t.uniform_bf16({45, 45});
+  auto db_many = t.output_like(t.uniform({45}));
+  t.run([&](Backend& be, Side s) {
+    be.linear_backward(s(dy_many), s(x_many), s(w_many), Tensor(), Tensor(), s(db_many));
+  });
+  t.expect_close(db_many, 1e-4, 1e-5, "db over 3000 rows");
+}
+
+// cuBLAS has no f32-by-bf16 product: the device refuses it naming the op and the tensors
+// (the CPU backend, which stages every operand in fp32, accepts it).
+REMAT_OP_CASE(gemm, bf16_mixed_factors_refused) {
+  ActivationDTypeScope bf16(DType::bf16);
+  auto a = t.uniform_bf16({4, 6}), b = t.uniform({6, 5});
+  auto c = t.output({4, 5}, DType::bf16);
+  Backend& dut = backend_for(t.device());
+  try {
+    dut.gemm(a.dut, b.dut, c.dut, {});
+    dut.synchronize();
+    ADD_FAILURE() << "a bf16 by f32 GEMM was accepted on " << t.device().str();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("gemm"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("bf16[4, 6]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("f32[6, 5]"), std::string::npos) << msg;
+  }
 }
 
 }  // namespace remat::test
