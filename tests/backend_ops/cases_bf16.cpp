@@ -317,4 +317,150 @@ REMAT_OP_CASE(gemm, bf16_mixed_factors_refused) {
   }
 }
 
+// ---- Row ops: layernorm, softmax, cross-entropy, accuracy ---------------------------------
+// Rows of a warp (C <= 1024) and of a block, in packs of four (C % 4 == 0, aligned) and one
+// by one. Against the CPU: the fp32 cases' tolerances plus a bf16 step; against the device's
+// fp32 kernel on the same values: bitwise (bf16 outputs rounded; f32 statistics equal).
+
+namespace {
+
+const std::vector<int64_t> kRowLengths = {96, 75, 1600, 2051};
+
+// The f32 outputs of the device's two runs are the same bits.
+void expect_same_dut_f32(const Pair& a, const Pair& b, const std::string& what) {
+  if (perf_iterations()) return;
+  const auto x = a.dut.to_vector(), y = b.dut.to_vector();
+  ASSERT_EQ(x.size(), y.size()) << what;
+  int64_t bad = 0;
+  for (size_t i = 0; i < x.size(); ++i)
+    bad += !(x[i] == y[i] || (std::isnan(x[i]) && std::isnan(y[i]))) || std::signbit(x[i]) != std::signbit(y[i]);
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << x.size() << " f32 elements differ between bf16 and fp32 runs";
+}
+
+}  // namespace
+
+REMAT_OP_CASE(layernorm, bf16) {
+  ActivationDTypeScope bf16(DType::bf16);
+  const int64_t rows = 37;
+  for (int64_t c : kRowLengths) {
+    const std::string what = " C=" + std::to_string(c);
+    auto x = t.uniform_bf16({rows, c}, -2.0f, 3.0f), gamma = t.uniform_bf16({c}, 0.5f, 1.5f),
+         beta = t.uniform_bf16({c});
+    auto xf = t.as_f32(x), gf = t.as_f32(gamma), bf = t.as_f32(beta);
+    auto y = t.output({rows, c}, DType::bf16), y_aligned = aligned_bf16_output(t, {rows, c}), yf = t.output({rows, c}),
+         yf_aligned = t.values(std::vector<float>(static_cast<size_t>(rows * c)), {rows, c});
+    auto mean = t.output({rows}), rstd = t.output({rows}), meanf = t.output({rows}), rstdf = t.output({rows});
+    t.run([&](Backend& be, Side s) {
+      be.layernorm_forward(s(x), s(gamma), s(beta), 1e-5f, s(y), s(mean), s(rstd));
+      be.layernorm_forward(s(x), s(gamma), s(beta), 1e-5f, s(y_aligned), s(mean), s(rstd));
+      be.layernorm_forward(s(xf), s(gf), s(bf), 1e-5f, s(yf), s(meanf), s(rstdf));
+      be.layernorm_forward(s(xf), s(gf), s(bf), 1e-5f, s(yf_aligned), s(meanf), s(rstdf));
+    });
+    t.expect_close(mean, 1e-7, 1e-6, "layernorm mean" + what);
+    t.expect_close(rstd, 0, 1e-6, "layernorm rstd" + what);
+    t.expect_close(y, 1e-6, kBf16Rel, "layernorm y" + what);
+    t.expect_close(y_aligned, 1e-6, kBf16Rel, "layernorm y (aligned)" + what);
+    expect_same_dut_f32(mean, meanf, "layernorm mean" + what);
+    expect_same_dut_f32(rstd, rstdf, "layernorm rstd" + what);
+    expect_rounded_dut(y, yf, "layernorm y against fp32" + what);
+    expect_rounded_dut(y_aligned, yf_aligned, "layernorm y (aligned) against fp32" + what);
+
+    auto dy = t.uniform_bf16({rows, c}), dyf = t.as_f32(dy);
+    auto dx = t.output({rows, c}, DType::bf16), dxf = t.output({rows, c});
+    auto dx_in_place = t.output_like(dy);  // dx over dy, as backward runs it
+    auto dg = t.output_like(t.uniform({c})), db = t.output_like(t.uniform({c}));
+    auto dgf = t.output_like(dg), dbf = t.output_like(db);
+    t.run([&](Backend& be, Side s) {
+      be.layernorm_backward(s(dy), s(x), s(gamma), s(mean), s(rstd), s(dx), s(dg), s(db));
+      be.layernorm_backward(s(dyf), s(xf), s(gf), s(meanf), s(rstdf), s(dxf), s(dgf), s(dbf));
+      be.layernorm_backward(s(dx_in_place), s(x), s(gamma), s(mean), s(rstd), s(dx_in_place), Tensor(), Tensor());
+    });
+    t.expect_close(dx, 1e-5, kBf16Rel, "layernorm dx" + what);
+    t.expect_close(dx_in_place, 1e-5, kBf16Rel, "layernorm dx over dy" + what);
+    t.expect_close(dg, 1e-6, 1e-6, "layernorm dgamma (f32)" + what);
+    t.expect_close(db, 1e-6, 1e-6, "layernorm dbeta (f32)" + what);
+    expect_rounded_dut(dx, dxf, "layernorm dx against fp32" + what);
+    expect_same_dut_f32(dg, dgf, "layernorm dgamma" + what);
+    expect_same_dut_f32(db, dbf, "layernorm dbeta" + what);
+  }
+}
+
+REMAT_OP_CASE(softmax_loss, bf16_softmax) {
+  ActivationDTypeScope bf16(DType::bf16);
+  const int64_t rows = 19;
+  for (int64_t n : kRowLengths) {
+    for (bool log : {false, true}) {
+      const std::string what = std::string(log ? "log_softmax" : "softmax") + " n=" + std::to_string(n);
+      auto x = t.uniform_bf16({rows, n}, -4.0f, 4.0f), xf = t.as_f32(x);
+      auto y = t.output({rows, n}, DType::bf16), y_aligned = aligned_bf16_output(t, {rows, n}),
+           yf = t.output({rows, n});
+      auto yf_aligned = t.values(std::vector<float>(static_cast<size_t>(rows * n)), {rows, n});
+      t.run([&](Backend& be, Side s) {
+        be.softmax_forward(s(x), log, s(y));
+        be.softmax_forward(s(x), log, s(y_aligned));
+        be.softmax_forward(s(xf), log, s(yf));
+        be.softmax_forward(s(xf), log, s(yf_aligned));
+      });
+      t.expect_close(y, 1e-5, kBf16Rel, what + " y");
+      t.expect_close(y_aligned, 1e-5, kBf16Rel, what + " y (aligned)");
+      expect_rounded_dut(y, yf, what + " y against fp32");
+      expect_rounded_dut(y_aligned, yf_aligned, what + " y (aligned) against fp32");
+      // Backward from the stored (bf16) y.
+      auto dy = t.uniform_bf16({rows, n}), dyf = t.as_f32(dy), ys = t.as_f32(y_aligned);
+      auto dx = aligned_bf16_output(t, {rows, n});
+      auto dxf = t.values(std::vector<float>(static_cast<size_t>(rows * n)), {rows, n});
+      t.run([&](Backend& be, Side s) {
+        be.softmax_backward(s(dy), s(y_aligned), log, s(dx));
+        be.softmax_backward(s(dyf), s(ys), log, s(dxf));
+      });
+      t.expect_close(dx, 1e-6, kBf16Rel, what + " dx");
+      expect_rounded_dut(dx, dxf, what + " dx against fp32");
+    }
+  }
+}
+
+REMAT_OP_CASE(softmax_loss, bf16_cross_entropy_accuracy) {
+  ActivationDTypeScope bf16(DType::bf16);
+  const int64_t rows = 23;
+  for (int64_t v : kRowLengths) {
+    const std::string what = " V=" + std::to_string(v);
+    auto logits = t.uniform_bf16({rows, v}, -5.0f, 5.0f), lf = t.as_f32(logits);
+    auto tg = t.ints({rows}, 0, static_cast<int>(v - 1)).ref.to_ints();
+    tg[3] = -100;
+    tg[11] = -100;
+    auto targets = t.int_values(tg, {rows});
+    auto loss = t.output({1}), lse = t.output({rows}), lossf = t.output({1}), lsef = t.output({rows});
+    t.run([&](Backend& be, Side s) {
+      be.cross_entropy_forward(s(logits), s(targets), -100, s(loss), s(lse));
+      be.cross_entropy_forward(s(lf), s(targets), -100, s(lossf), s(lsef));
+    });
+    t.expect_close(lse, 1e-5, 1e-6, "lse (f32)" + what);
+    t.expect_close(loss, 1e-5, 1e-6, "loss (f32)" + what);
+    expect_same_dut_f32(lse, lsef, "lse" + what);
+    expect_same_dut_f32(loss, lossf, "loss" + what);
+    auto d = t.output({rows, v}, DType::bf16), d_aligned = aligned_bf16_output(t, {rows, v});
+    auto df = t.output({rows, v});
+    auto df_aligned = t.values(std::vector<float>(static_cast<size_t>(rows * v)), {rows, v});
+    t.run([&](Backend& be, Side s) {
+      be.cross_entropy_backward(0.7f, s(logits), s(targets), s(lse), -100, s(d));
+      be.cross_entropy_backward(0.7f, s(logits), s(targets), s(lse), -100, s(d_aligned));
+      be.cross_entropy_backward(0.7f, s(lf), s(targets), s(lsef), -100, s(df));
+      be.cross_entropy_backward(0.7f, s(lf), s(targets), s(lsef), -100, s(df_aligned));
+    });
+    t.expect_close(d, 1e-9, kBf16Rel, "dlogits" + what);
+    t.expect_close(d_aligned, 1e-9, kBf16Rel, "dlogits (aligned)" + what);
+    expect_rounded_dut(d, df, "dlogits against fp32" + what);
+    expect_rounded_dut(d_aligned, df_aligned, "dlogits (aligned) against fp32" + what);
+    int64_t counted[2] = {0, 0}, correct[2] = {0, 0};
+    t.run([&](Backend& be, Side s) {
+      correct[s.ref ? 0 : 1] = be.accuracy(s(logits), s(targets), -100, &counted[s.ref ? 0 : 1]);
+    });
+    if (!perf_iterations()) {
+      EXPECT_EQ(correct[0], correct[1]) << "accuracy" << what;
+      EXPECT_EQ(counted[0], counted[1]) << "accuracy counted" << what;
+      EXPECT_EQ(counted[1], rows - 2) << "accuracy counted" << what;
+    }
+  }
+}
+
 }  // namespace remat::test

@@ -94,7 +94,10 @@ Pair OpCheck::values_bf16(const std::vector<float>& v, const Shape& s) {
   return {from_bits(bits, s, DType::bf16, ref_.device()), from_bits(bits, s, DType::bf16, dut_.device())};
 }
 
-Pair OpCheck::as_f32(const Pair& p) { return values(host_floats(p.ref), p.ref.shape()); }
+Pair OpCheck::as_f32(const Pair& p) {
+  return {Tensor::from_vector(host_floats(p.ref), p.ref.shape(), ref_.device()),
+          Tensor::from_vector(host_floats(p.dut), p.dut.shape(), dut_.device())};
+}
 
 Pair OpCheck::ints(const Shape& s, int lo, int hi) {
   std::uniform_int_distribution<int> dist(lo, hi);

@@ -86,7 +86,8 @@ class OpCheck {
   // The case must run inside an ActivationDTypeScope(DType::bf16) for the validators.
   Pair uniform_bf16(const Shape& s, float lo = -1.0f, float hi = 1.0f);
   Pair values_bf16(const std::vector<float>& v, const Shape& s);
-  // The same values as f32 (a bf16 Pair widened exactly), for references computed in fp32.
+  // The same values as f32 (each side of a bf16 Pair widened exactly), for references
+  // computed in fp32.
   Pair as_f32(const Pair& p);
   Pair ints(const Shape& s, int lo, int hi);
   Pair int_values(const std::vector<int32_t>& v, const Shape& s);
