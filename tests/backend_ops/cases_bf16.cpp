@@ -21,6 +21,7 @@
 // 16-byte aligned) and its tail, the scalar path (guarded outputs start 67 elements into
 // their storage: 134 bytes, not aligned), and launches mixing f32 and bf16 (an f32 master
 // rounded into a bf16 working copy by scale, a bf16 activation added to an f32 tensor).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -491,6 +492,104 @@ REMAT_OP_CASE(embedding, bf16) {
     t.run([&](Backend& be, Side s) { be.embedding_backward(s(dy), s(ids), s(dtable), s(dpos)); });
     t.expect_equal(dtable, "embedding dtable (f32)" + what);
     t.expect_equal(dpos, "embedding dpos_table (f32)" + what);
+  }
+}
+
+// ---- Attention: bf16 GEMMs (fp32 scores and dPd), probabilities rounded as stored ---------
+// probs: the fp32 case's tolerance, then a bf16 step. out and dqkv: sums of T products of
+// bf16 values, the device rounding its dropped probabilities and dS to bf16 for the GEMMs
+// where the CPU keeps them in fp32: 1/64 of the largest |value| absolute (as the CPU's own
+// bf16 test, tests/ops/test_bf16_ops.cpp: rounding errors of the summed terms scale with
+// the terms, not with a result that cancels) + 1/64 relative.
+// Backward runs from the same stored probabilities on both sides.
+
+namespace {
+// The largest |value| of the reference (cpu) side.
+double max_abs(const Pair& p) {
+  double m = 0.0;
+  for (uint16_t b : dut_bits(p.ref)) {
+    const double v = std::fabs(static_cast<double>(bf16_to_float(b)));
+    if (std::isfinite(v)) m = std::max(m, v);
+  }
+  return m;
+}
+}  // namespace
+
+REMAT_OP_CASE(attention, bf16) {
+  ActivationDTypeScope bf16(DType::bf16);
+  struct Shape4 {
+    int64_t b, t, c;
+    AttentionParams p;
+  };
+  for (const Shape4& sh : {Shape4{2, 24, 32, {4, true, 0.2f}}, Shape4{3, 37, 24, {2, false, 0.0f}},
+                           Shape4{2, 17, 48, {3, true, 0.0f}}, Shape4{1, 40, 16, {1, false, 0.5f}}}) {
+    for (int64_t group_batch : {0, 1}) {  // the default scratch limit, and one batch element per group
+      const int64_t B = sh.b, T = sh.t, C = sh.c, H = sh.p.n_head;
+      const std::string what = " B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
+                               " H=" + std::to_string(H) + (sh.p.causal ? " causal" : "") +
+                               " dropout=" + std::to_string(sh.p.dropout) + " groups of " +
+                               (group_batch ? std::to_string(group_batch) : std::string("all"));
+      const RngState rng{0xa77e ^ static_cast<uint64_t>(T), 96};
+      auto qkv = t.uniform_bf16({B, T, 3 * C}, -2.0f, 2.0f);
+      auto out = t.output({B, T, C}, DType::bf16), probs = t.output({B, H, T, T}, DType::bf16);
+      auto probs_only = t.output({B, H, T, T}, DType::bf16);
+      auto dout = t.uniform_bf16({B, T, C});
+      auto dqkv = t.output({B, T, 3 * C}, DType::bf16);
+      Pair probs_same;
+      t.run([&](Backend& be, Side s) {
+        const int64_t old = be.set_attention_group_bytes(group_batch * H * T * T * 4);
+        auto ws = [&](size_t bytes) { return Tensor::empty(Shape{static_cast<int64_t>(bytes / 4 + 1)}, be.device()); };
+        Tensor wf = ws(be.attention_forward_workspace(s(qkv).shape(), sh.p));
+        be.attention_forward(s(qkv), sh.p, rng, s(out), s(probs), wf);
+        be.attention_forward(s(qkv), sh.p, rng, Tensor(), s(probs_only), wf);
+        be.set_attention_group_bytes(old);
+      });
+      t.expect_close(probs, 2e-6, kBf16Rel, "probs" + what);
+      t.expect_close(probs_only, 2e-6, kBf16Rel, "probs only" + what);
+      t.expect_close(out, max_abs(out) / 64, 1.0 / 64, "out" + what);
+      probs_same = t.output_like(probs);  // the cpu's probabilities on both sides
+      t.run([&](Backend& be, Side s) {
+        const int64_t old = be.set_attention_group_bytes(group_batch * H * T * T * 4);
+        Tensor wb = Tensor::empty(
+            Shape{static_cast<int64_t>(be.attention_backward_workspace(s(qkv).shape(), sh.p) / 4 + 1)}, be.device());
+        be.attention_backward(s(dout), s(qkv), s(probs_same), sh.p, rng, s(dqkv), wb);
+        be.set_attention_group_bytes(old);
+      });
+      t.expect_close(dqkv, max_abs(dqkv) / 64, 1.0 / 64, "dqkv" + what);
+    }
+  }
+  // Mixed f32 and bf16 tensors are refused on the device, naming the op and tensors.
+  auto qkv = t.uniform_bf16({1, 4, 12});
+  auto out = t.output({1, 4, 4}, DType::bf16), probs = t.output({1, 1, 4, 4});
+  Backend& dut = backend_for(t.device());
+  Tensor ws = Tensor::empty(
+      Shape{static_cast<int64_t>(dut.attention_forward_workspace(qkv.dut.shape(), {1, true, 0.0f}) / 4 + 1)},
+      t.device());
+  try {
+    dut.attention_forward(qkv.dut, {1, true, 0.0f}, RngState{1, 0}, out.dut, probs.dut, ws);
+    ADD_FAILURE() << "attention with bf16 qkv and f32 probs was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("attention_forward"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("expected all f32 or all bf16"), std::string::npos) << e.what();
+  }
+}
+
+REMAT_OP_CASE(attention, bf16_permute_0213) {
+  ActivationDTypeScope bf16(DType::bf16);
+  for (const Shape& sh : {Shape{2, 3, 4, 16}, Shape{2, 5, 3, 7}}) {
+    auto x = t.uniform_bf16(sh);
+    auto y = t.output({sh[0], sh[2], sh[1], sh[3]}, DType::bf16);
+    auto y_aligned = aligned_bf16_output(t, {sh[0], sh[2], sh[1], sh[3]});
+    auto back = aligned_bf16_output(t, sh);
+    t.run([&](Backend& be, Side s) {
+      be.permute_0213(s(x), s(y));
+      be.permute_0213(s(x), s(y_aligned));
+      be.permute_0213(s(y_aligned), s(back));
+    });
+    t.expect_equal(y, "permute " + sh.str());
+    t.expect_equal(y_aligned, "permute (aligned) " + sh.str());
+    t.expect_equal(back, "permute twice " + sh.str());
+    EXPECT_EQ(dut_bits(back.dut), dut_bits(x.dut)) << "permute twice is the identity " << sh.str();
   }
 }
 
