@@ -1,5 +1,6 @@
 // RMS normalisation over the last dimension (kernels/rmsnorm.cu). Backward computes
-// dgamma before dx, as the CPU does, so dx may alias dy.
+// dgamma before dx, as the CPU does, so dx may alias dy. x, gamma, y, dy and dx may be
+// bf16 (fbuf); rstd and dgamma are f32.
 #include "kernels/rmsnorm.cuh"
 #include "backends/cuda/cuda_backend.h"
 
@@ -8,14 +9,14 @@ REMAT_KERNELS_ABI_BEGIN
 
 void CudaBackend::rmsnorm_forward_impl(const Tensor& x, const Tensor& gamma, float eps, const Tensor& y,
                                        const Tensor& rstd) {
-  kernels::rmsnorm_forward(x.f32(), gamma.f32(), rstd.numel(), x.size(-1), eps, y.f32(), rstd.f32(), stream());
+  kernels::rmsnorm_forward(fbuf(x), fbuf(gamma), rstd.numel(), x.size(-1), eps, fbuf(y), rstd.f32(), stream());
 }
 
 void CudaBackend::rmsnorm_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
                                         const Tensor& dx, const Tensor& dgamma) {
   const int64_t n = rstd.numel(), c = x.size(-1);
-  if (dgamma.defined()) kernels::rmsnorm_dgamma(dy.f32(), x.f32(), rstd.f32(), n, c, dgamma.f32(), stream());
-  if (dx.defined()) kernels::rmsnorm_backward_dx(dy.f32(), x.f32(), gamma.f32(), rstd.f32(), n, c, dx.f32(), stream());
+  if (dgamma.defined()) kernels::rmsnorm_dgamma(fbuf(dy), fbuf(x), rstd.f32(), n, c, dgamma.f32(), stream());
+  if (dx.defined()) kernels::rmsnorm_backward_dx(fbuf(dy), fbuf(x), fbuf(gamma), rstd.f32(), n, c, fbuf(dx), stream());
 }
 
 REMAT_KERNELS_ABI_END
