@@ -14,18 +14,21 @@ namespace {
 
 constexpr int kBlock = 256;
 constexpr int kWarpsPerBlock = kBlock / 32;
+// maxpool2d_backward into bf16: fp32 sums of a tile of this many dx elements per warp.
+constexpr int64_t kMaxPoolTile = 1024;
 
 __device__ REMAT_INLINE int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 __device__ REMAT_INLINE int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 
 // One thread per output element. The scan is the CPU's: the first strict maximum wins, so
 // ties keep the earliest position; a window holding a NaN is scanned again for its last NaN.
-__global__ void maxpool2d_forward_kernel(const float* x, PoolShape g, float* y, int32_t* indices) {
+template <typename PX, typename PY>
+__global__ void maxpool2d_forward_kernel(PX x, PoolShape g, PY y, int32_t* indices) {
   const int64_t out_plane = g.p * g.q, n = g.planes * out_plane;
   const int64_t stride = grid_stride();
   for (int64_t e = grid_start(); e < n; e += stride) {
     const int64_t pl = e / out_plane, o = e - pl * out_plane, pp = o / g.q, qq = o - pp * g.q;
-    const float* src = x + pl * g.h * g.w;
+    const auto src = x + pl * g.h * g.w;
     const int64_t h0 = pp * g.sh - g.ph, w0 = qq * g.sw - g.pw;
     const int64_t hs = imax(h0, 0), he = imin(h0 + g.kh, g.h);
     const int64_t ws = imax(w0, 0), we = imin(w0 + g.kw, g.w);
@@ -34,7 +37,7 @@ __global__ void maxpool2d_forward_kernel(const float* x, PoolShape g, float* y, 
     bool nan = false;
     for (int64_t hh = hs; hh < he; ++hh) {
       for (int64_t ww = ws; ww < we; ++ww) {
-        const float v = src[hh * g.w + ww];
+        const float v = ld(src, hh * g.w + ww);
         const bool take = v > bv;
         nan |= isnan(v);
         best = take ? hh * g.w + ww : best;
@@ -44,70 +47,101 @@ __global__ void maxpool2d_forward_kernel(const float* x, PoolShape g, float* y, 
     if (nan) {
       for (int64_t hh = hs; hh < he; ++hh)
         for (int64_t ww = ws; ww < we; ++ww)
-          if (isnan(src[hh * g.w + ww])) best = hh * g.w + ww;
+          if (isnan(ld(src, hh * g.w + ww))) best = hh * g.w + ww;
     }
-    y[e] = src[best];
+    st(y, e, ld(src, best));
     indices[e] = static_cast<int32_t>(best);
   }
 }
 
-// One warp per plane: zero the plane, then take the outputs 32 at a time. Lanes whose
-// indices differ add their gradient directly; lanes that share an index (overlapping
-// windows) leave it to the group's last lane, which adds the group's values in lane order.
-// Either way every dx element receives its contributions in the order of j, as on the CPU.
-__global__ void maxpool2d_backward_kernel(const float* dy, const int32_t* indices, int64_t planes, int64_t in_plane,
+// The outputs j0 .. j0 + 31 of one plane (lane l takes j0 + l) added into acc[t - t0] for
+// their targets t in [t0, t1). Lanes whose targets differ add their gradient directly;
+// lanes that share a target (overlapping windows) leave it to the group's last lane, which
+// adds the group's values in lane order. Either way every element receives its
+// contributions in the order of j, as on the CPU. Called by the whole warp.
+template <typename PDY>
+__device__ REMAT_INLINE void maxpool_backward_chunk(PDY grad, const int32_t* idx, int64_t out_plane, int64_t j0,
+                                                    int64_t t0, int64_t t1, float* acc) {
+  const int lane = threadIdx.x % 32;
+  const int64_t j = j0 + lane;
+  int32_t target = -1;  // -1: no output here, or an index outside [t0, t1) (skipped)
+  float g = 0.0f;
+  if (j < out_plane) {
+    const int32_t t = idx[j];
+    if (t >= t0 && t < t1) {
+      target = static_cast<int32_t>(t - t0);
+      g = ld(grad, j);
+    }
+  }
+  const unsigned peers = __match_any_sync(kFullMask, target);
+  const bool alone = (peers & ((1u << lane) - 1u)) == 0;  // no earlier lane shares the target
+  if (__all_sync(kFullMask, alone || target < 0)) {
+    if (target >= 0) acc[target] += g;
+  } else {
+    const bool last = (peers >> lane) == 1u;
+    float sum = last && target >= 0 ? acc[target] : 0.0f;
+    for (int l = 0; l < 32; ++l) {
+      const float gl = __shfl_sync(kFullMask, g, l);
+      if ((peers >> l) & 1u) sum += gl;
+    }
+    if (last && target >= 0) acc[target] = sum;
+  }
+  __syncwarp();  // this chunk's writes are seen by the next chunk's reads
+}
+
+// One warp per plane: zero the plane of an f32 dx, then add the outputs 32 at a time into it.
+template <typename PDY>
+__global__ void maxpool2d_backward_kernel(PDY dy, const int32_t* indices, int64_t planes, int64_t in_plane,
                                           int64_t out_plane, float* dx) {
   const int lane = threadIdx.x % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t pl = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; pl < planes; pl += warps) {
     float* dst = dx + pl * in_plane;
-    const float* grad = dy + pl * out_plane;
-    const int32_t* idx = indices + pl * out_plane;
     for (int64_t i = lane; i < in_plane; i += 32) dst[i] = 0.0f;
     __syncwarp();
-    for (int64_t j0 = 0; j0 < out_plane; j0 += 32) {
-      const int64_t j = j0 + lane;
-      int32_t target = -1;  // -1: no output here, or an index outside the plane (skipped)
-      float g = 0.0f;
-      if (j < out_plane) {
-        const int32_t t = idx[j];
-        if (t >= 0 && t < in_plane) {
-          target = t;
-          g = grad[j];
-        }
-      }
-      const unsigned peers = __match_any_sync(kFullMask, target);
-      const bool alone = (peers & ((1u << lane) - 1u)) == 0;  // no earlier lane shares the index
-      if (__all_sync(kFullMask, alone || target < 0)) {
-        if (target >= 0) dst[target] += g;
-      } else {
-        const bool last = (peers >> lane) == 1u;
-        float acc = last && target >= 0 ? dst[target] : 0.0f;
-        for (int l = 0; l < 32; ++l) {
-          const float gl = __shfl_sync(kFullMask, g, l);
-          if ((peers >> l) & 1u) acc += gl;
-        }
-        if (last && target >= 0) dst[target] = acc;
-      }
-      __syncwarp();  // this chunk's writes are seen by the next chunk's reads
+    for (int64_t j0 = 0; j0 < out_plane; j0 += 32)
+      maxpool_backward_chunk(dy + pl * out_plane, indices + pl * out_plane, out_plane, j0, 0, in_plane, dst);
+  }
+}
+
+// The same into a bf16 dx: the sums of each tile of kMaxPoolTile elements of the plane in
+// fp32 in shared memory (the warp's own tile), over all of the plane's outputs, then
+// rounded once into dx: the bits of the f32 kernel's dx, rounded.
+template <typename PDY>
+__global__ void maxpool2d_backward_tiled_kernel(PDY dy, const int32_t* indices, int64_t planes, int64_t in_plane,
+                                                int64_t out_plane, bf16* dx) {
+  __shared__ float tiles[kWarpsPerBlock][kMaxPoolTile];
+  const int lane = threadIdx.x % 32;
+  float* acc = tiles[threadIdx.x / 32];
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t pl = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; pl < planes; pl += warps) {
+    for (int64_t t0 = 0; t0 < in_plane; t0 += kMaxPoolTile) {
+      const int64_t t1 = imin(t0 + kMaxPoolTile, in_plane);
+      for (int64_t i = lane; i < t1 - t0; i += 32) acc[i] = 0.0f;
+      __syncwarp();
+      for (int64_t j0 = 0; j0 < out_plane; j0 += 32)
+        maxpool_backward_chunk(dy + pl * out_plane, indices + pl * out_plane, out_plane, j0, t0, t1, acc);
+      for (int64_t i = lane; i < t1 - t0; i += 32) dx[pl * in_plane + t0 + i] = __float2bfloat16_rn(acc[i]);
+      __syncwarp();  // the tile is read before the next one is zeroed
     }
   }
 }
 
-__global__ void avgpool2d_forward_kernel(const float* x, PoolShape g, float* y) {
+template <typename PX, typename PY>
+__global__ void avgpool2d_forward_kernel(PX x, PoolShape g, PY y) {
   const int64_t out_plane = g.p * g.q, n = g.planes * out_plane;
   const float div = static_cast<float>(g.kh * g.kw);
   const int64_t stride = grid_stride();
   for (int64_t e = grid_start(); e < n; e += stride) {
     const int64_t pl = e / out_plane, o = e - pl * out_plane, pp = o / g.q, qq = o - pp * g.q;
-    const float* src = x + pl * g.h * g.w;
+    const auto src = x + pl * g.h * g.w;
     const int64_t h0 = pp * g.sh - g.ph, w0 = qq * g.sw - g.pw;
     const int64_t hs = imax(h0, 0), he = imin(h0 + g.kh, g.h);
     const int64_t ws = imax(w0, 0), we = imin(w0 + g.kw, g.w);
     float sum = 0.0f;
     for (int64_t hh = hs; hh < he; ++hh)
-      for (int64_t ww = ws; ww < we; ++ww) sum += src[hh * g.w + ww];
-    y[e] = sum / div;
+      for (int64_t ww = ws; ww < we; ++ww) sum += ld(src, hh * g.w + ww);
+    st(y, e, sum / div);
   }
 }
 
@@ -121,7 +155,8 @@ __device__ REMAT_INLINE void windows_holding(int64_t t, int64_t k, int64_t strid
 
 // One thread per input element: the sum, in output order, of dy / div over the windows
 // that hold it (the CPU adds the same values in the same order).
-__global__ void avgpool2d_backward_kernel(const float* dy, PoolShape g, float* dx) {
+template <typename PDY, typename PDX>
+__global__ void avgpool2d_backward_kernel(PDY dy, PoolShape g, PDX dx) {
   const int64_t in_plane = g.h * g.w, out_plane = g.p * g.q, n = g.planes * in_plane;
   const float div = static_cast<float>(g.kh * g.kw);
   const int64_t stride = grid_stride();
@@ -130,90 +165,162 @@ __global__ void avgpool2d_backward_kernel(const float* dy, PoolShape g, float* d
     int64_t p_lo, p_hi, q_lo, q_hi;
     windows_holding(hh + g.ph, g.kh, g.sh, g.p, &p_lo, &p_hi);
     windows_holding(ww + g.pw, g.kw, g.sw, g.q, &q_lo, &q_hi);
-    const float* src = dy + pl * out_plane;
+    const auto src = dy + pl * out_plane;
     float acc = 0.0f;
     for (int64_t pp = p_lo; pp <= p_hi; ++pp)
-      for (int64_t qq = q_lo; qq <= q_hi; ++qq) acc += src[pp * g.q + qq] / div;
-    dx[e] = acc;
+      for (int64_t qq = q_lo; qq <= q_hi; ++qq) acc += ld(src, pp * g.q + qq) / div;
+    st(dx, e, acc);
   }
 }
 
-// One warp per plane; V = 4 reads float4s (hw % 4 == 0 and x 16-byte aligned).
-template <int V>
-__global__ void global_avgpool_forward_kernel(const float* x, int64_t planes, int64_t hw, float* y) {
+// Four consecutive elements of a plane (a float4, or four bf16: 8 bytes).
+__device__ REMAT_INLINE void load_four(const float* p, int64_t q, float* v) {
+  const float4 f = load4(p, q);
+  v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+}
+__device__ REMAT_INLINE void load_four(const bf16* p, int64_t q, float* v) { load4(p, q, v); }
+__device__ REMAT_INLINE void store_four(float* p, int64_t q, const float* v) {
+  store4(p, q, make_float4(v[0], v[1], v[2], v[3]));
+}
+__device__ REMAT_INLINE void store_four(bf16* p, int64_t q, const float* v) { store4(p, q, v); }
+__device__ REMAT_INLINE void load_four(DynPtr p, int64_t q, float* v) {
+  for (int k = 0; k < 4; ++k) v[k] = ld(p, 4 * q + k);
+}
+__device__ REMAT_INLINE void store_four(DynPtr p, int64_t q, const float* v) {
+  for (int k = 0; k < 4; ++k) st(p, 4 * q + k, v[k]);
+}
+
+// One warp per plane; V = 4 reads four elements at a time (hw % 4 == 0 and x aligned to
+// them), in the same order whatever the dtype.
+template <int V, typename PX, typename PY>
+__global__ void global_avgpool_forward_kernel(PX x, int64_t planes, int64_t hw, PY y) {
   const int lane = threadIdx.x % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t pl = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; pl < planes; pl += warps) {
     double s = 0.0;
+    const auto src = x + pl * hw;
     if constexpr (V == 4) {
-      const float4* src = reinterpret_cast<const float4*>(x + pl * hw);
       for (int64_t j = lane; j < hw / 4; j += 32) {
-        const float4 v = src[j];
-        s += (static_cast<double>(v.x) + v.y) + (static_cast<double>(v.z) + v.w);
+        float v[4];
+        load_four(src, j, v);
+        s += (static_cast<double>(v[0]) + v[1]) + (static_cast<double>(v[2]) + v[3]);
       }
     } else {
-      const float* src = x + pl * hw;
-      for (int64_t j = lane; j < hw; j += 32) s += src[j];
+      for (int64_t j = lane; j < hw; j += 32) s += ld(src, j);
     }
     s = warp_sum(s);
-    if (lane == 0) y[pl] = hw == 0 ? NAN : static_cast<float>(s / static_cast<double>(hw));
+    if (lane == 0) st(y, pl, hw == 0 ? NAN : static_cast<float>(s / static_cast<double>(hw)));
   }
 }
 
-template <int V>
-__global__ void global_avgpool_backward_kernel(const float* dy, int64_t planes, int64_t hw, float* dx) {
+template <int V, typename PDY, typename PDX>
+__global__ void global_avgpool_backward_kernel(PDY dy, int64_t planes, int64_t hw, PDX dx) {
   const int lane = threadIdx.x % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t pl = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; pl < planes; pl += warps) {
-    const float v = dy[pl] / static_cast<float>(hw);
+    const float v = ld(dy, pl) / static_cast<float>(hw);
+    const auto dst = dx + pl * hw;
     if constexpr (V == 4) {
-      float4* dst = reinterpret_cast<float4*>(dx + pl * hw);
-      for (int64_t j = lane; j < hw / 4; j += 32) dst[j] = make_float4(v, v, v, v);
+      const float four[4] = {v, v, v, v};
+      for (int64_t j = lane; j < hw / 4; j += 32) store_four(dst, j, four);
     } else {
-      float* dst = dx + pl * hw;
-      for (int64_t j = lane; j < hw; j += 32) dst[j] = v;
+      for (int64_t j = lane; j < hw; j += 32) st(dst, j, v);
     }
   }
 }
 
+// Four elements per access when the array is f32 16-byte aligned or bf16 8-byte aligned.
+bool aligned_four(const FloatBuf& b) { return reinterpret_cast<uintptr_t>(b.p) % (b.bf16 ? 8 : 16) == 0; }
+
 }  // namespace
 
-void maxpool2d_forward(const float* x, const PoolShape& g, float* y, int32_t* indices, cudaStream_t stream) {
+void maxpool2d_forward(FloatBuf x, const PoolShape& g, FloatBuf y, int32_t* indices, cudaStream_t stream) {
   const dim3 grid(grid_stride_blocks(g.planes * g.p * g.q, kBlock));
-  REMAT_LAUNCH(maxpool2d_forward_kernel, grid, dim3(kBlock), 0, stream, x, g, y, indices);
+  with_types(
+      [&](auto px, auto py) {
+        REMAT_LAUNCH((maxpool2d_forward_kernel<decltype(px), decltype(py)>), grid, dim3(kBlock), 0, stream, px, g, py,
+                     indices);
+      },
+      x, y);
 }
 
-void maxpool2d_backward(const float* dy, const int32_t* indices, int64_t planes, int64_t in_plane, int64_t out_plane,
-                        float* dx, cudaStream_t stream) {
+void maxpool2d_backward(FloatBuf dy, const int32_t* indices, int64_t planes, int64_t in_plane, int64_t out_plane,
+                        FloatBuf dx, cudaStream_t stream) {
   const dim3 grid(grid_stride_blocks(planes, kWarpsPerBlock));
-  REMAT_LAUNCH(maxpool2d_backward_kernel, grid, dim3(kBlock), 0, stream, dy, indices, planes, in_plane, out_plane, dx);
+  with_types(
+      [&](auto pdy) {
+        using PDY = decltype(pdy);
+        if (dx.bf16)
+          REMAT_LAUNCH(maxpool2d_backward_tiled_kernel<PDY>, grid, dim3(kBlock), 0, stream, pdy, indices, planes,
+                       in_plane, out_plane, static_cast<bf16*>(dx.p));
+        else
+          REMAT_LAUNCH(maxpool2d_backward_kernel<PDY>, grid, dim3(kBlock), 0, stream, pdy, indices, planes, in_plane,
+                       out_plane, static_cast<float*>(dx.p));
+      },
+      dy);
 }
 
-void avgpool2d_forward(const float* x, const PoolShape& g, float* y, cudaStream_t stream) {
+void avgpool2d_forward(FloatBuf x, const PoolShape& g, FloatBuf y, cudaStream_t stream) {
   const dim3 grid(grid_stride_blocks(g.planes * g.p * g.q, kBlock));
-  REMAT_LAUNCH(avgpool2d_forward_kernel, grid, dim3(kBlock), 0, stream, x, g, y);
+  with_types(
+      [&](auto px, auto py) {
+        REMAT_LAUNCH((avgpool2d_forward_kernel<decltype(px), decltype(py)>), grid, dim3(kBlock), 0, stream, px, g, py);
+      },
+      x, y);
 }
 
-void avgpool2d_backward(const float* dy, const PoolShape& g, float* dx, cudaStream_t stream) {
+void avgpool2d_backward(FloatBuf dy, const PoolShape& g, FloatBuf dx, cudaStream_t stream) {
   const dim3 grid(grid_stride_blocks(g.planes * g.h * g.w, kBlock));
-  REMAT_LAUNCH(avgpool2d_backward_kernel, grid, dim3(kBlock), 0, stream, dy, g, dx);
+  with_types(
+      [&](auto pdy, auto pdx) {
+        REMAT_LAUNCH((avgpool2d_backward_kernel<decltype(pdy), decltype(pdx)>), grid, dim3(kBlock), 0, stream, pdy, g,
+                     pdx);
+      },
+      dy, dx);
 }
 
-void global_avgpool_forward(const float* x, int64_t planes, int64_t hw, float* y, cudaStream_t stream) {
+// x and y are typed separately (y, [N, C], may be f32 under a bf16 x or the other way round).
+void global_avgpool_forward(FloatBuf x, int64_t planes, int64_t hw, FloatBuf y, cudaStream_t stream) {
   const dim3 grid(grid_stride_blocks(planes, kWarpsPerBlock));
-  if (hw % 4 == 0 && aligned16(x))
-    REMAT_LAUNCH(global_avgpool_forward_kernel<4>, grid, dim3(kBlock), 0, stream, x, planes, hw, y);
-  else
-    REMAT_LAUNCH(global_avgpool_forward_kernel<1>, grid, dim3(kBlock), 0, stream, x, planes, hw, y);
+  const bool vec = hw % 4 == 0 && aligned_four(x);
+  with_types(
+      [&](auto px) {
+        with_types(
+            [&](auto py) {
+              using PX = decltype(px);
+              using PY = decltype(py);
+              if (vec)
+                REMAT_LAUNCH((global_avgpool_forward_kernel<4, PX, PY>), grid, dim3(kBlock), 0, stream, px, planes, hw,
+                             py);
+              else
+                REMAT_LAUNCH((global_avgpool_forward_kernel<1, PX, PY>), grid, dim3(kBlock), 0, stream, px, planes, hw,
+                             py);
+            },
+            y);
+      },
+      x);
 }
 
-void global_avgpool_backward(const float* dy, int64_t planes, int64_t hw, float* dx, cudaStream_t stream) {
+void global_avgpool_backward(FloatBuf dy, int64_t planes, int64_t hw, FloatBuf dx, cudaStream_t stream) {
   if (hw == 0) return;
   const dim3 grid(grid_stride_blocks(planes, kWarpsPerBlock));
-  if (hw % 4 == 0 && aligned16(dx))
-    REMAT_LAUNCH(global_avgpool_backward_kernel<4>, grid, dim3(kBlock), 0, stream, dy, planes, hw, dx);
-  else
-    REMAT_LAUNCH(global_avgpool_backward_kernel<1>, grid, dim3(kBlock), 0, stream, dy, planes, hw, dx);
+  const bool vec = hw % 4 == 0 && aligned_four(dx);
+  with_types(
+      [&](auto pdy) {
+        with_types(
+            [&](auto pdx) {
+              using PDY = decltype(pdy);
+              using PDX = decltype(pdx);
+              if (vec)
+                REMAT_LAUNCH((global_avgpool_backward_kernel<4, PDY, PDX>), grid, dim3(kBlock), 0, stream, pdy, planes,
+                             hw, pdx);
+              else
+                REMAT_LAUNCH((global_avgpool_backward_kernel<1, PDY, PDX>), grid, dim3(kBlock), 0, stream, pdy, planes,
+                             hw, pdx);
+            },
+            dx);
+      },
+      dy);
 }
 
 }  // namespace remat::kernels

@@ -1,5 +1,6 @@
 // Pooling on the CUDA backend (kernels/pool.cu): max, average (count_include_pad) and
-// global average pooling, NCHW. Max and average pooling reproduce the CPU backend's bits.
+// global average pooling, NCHW. Max and average pooling reproduce the CPU backend's bits,
+// on f32 and on bf16 tensors (fbuf: fp32 math, bf16 outputs rounded once); indices are i32.
 #include <limits>
 
 #include "backends/cuda/cuda_backend.h"
@@ -23,30 +24,30 @@ void CudaBackend::maxpool2d_forward_impl(const Tensor& x, const Pool2dParams& p,
   REMAT_CHECK(x.size(2) * x.size(3) <= std::numeric_limits<int32_t>::max(), "maxpool2d_forward: x ", x.str(),
               ": a plane is too large for i32 indices");
   indices.storage()->clear_int_range();  // written on the device: no longer host-known values
-  kernels::maxpool2d_forward(x.f32(), pool_shape(x.shape(), y.shape(), p), y.f32(), indices.i32(), stream_);
+  kernels::maxpool2d_forward(fbuf(x), pool_shape(x.shape(), y.shape(), p), fbuf(y), indices.i32(), stream_);
 }
 
 // Indices outside the plane are skipped here (the CPU backend reports them): checking
 // them would cost a synchronisation per call, and maxpool2d_forward never writes one.
 void CudaBackend::maxpool2d_backward_impl(const Tensor& dy, const Tensor& indices, const Tensor& dx) {
-  kernels::maxpool2d_backward(dy.f32(), indices.i32(), dx.size(0) * dx.size(1), dx.size(2) * dx.size(3),
-                              dy.size(2) * dy.size(3), dx.f32(), stream_);
+  kernels::maxpool2d_backward(fbuf(dy), indices.i32(), dx.size(0) * dx.size(1), dx.size(2) * dx.size(3),
+                              dy.size(2) * dy.size(3), fbuf(dx), stream_);
 }
 
 void CudaBackend::avgpool2d_forward_impl(const Tensor& x, const Pool2dParams& p, const Tensor& y) {
-  kernels::avgpool2d_forward(x.f32(), pool_shape(x.shape(), y.shape(), p), y.f32(), stream_);
+  kernels::avgpool2d_forward(fbuf(x), pool_shape(x.shape(), y.shape(), p), fbuf(y), stream_);
 }
 
 void CudaBackend::avgpool2d_backward_impl(const Tensor& dy, const Pool2dParams& p, const Tensor& dx) {
-  kernels::avgpool2d_backward(dy.f32(), pool_shape(dx.shape(), dy.shape(), p), dx.f32(), stream_);
+  kernels::avgpool2d_backward(fbuf(dy), pool_shape(dx.shape(), dy.shape(), p), fbuf(dx), stream_);
 }
 
 void CudaBackend::global_avgpool_forward_impl(const Tensor& x, const Tensor& y) {
-  kernels::global_avgpool_forward(x.f32(), x.size(0) * x.size(1), x.size(2) * x.size(3), y.f32(), stream_);
+  kernels::global_avgpool_forward(fbuf(x), x.size(0) * x.size(1), x.size(2) * x.size(3), fbuf(y), stream_);
 }
 
 void CudaBackend::global_avgpool_backward_impl(const Tensor& dy, const Tensor& dx) {
-  kernels::global_avgpool_backward(dy.f32(), dx.size(0) * dx.size(1), dx.size(2) * dx.size(3), dx.f32(), stream_);
+  kernels::global_avgpool_backward(fbuf(dy), dx.size(0) * dx.size(1), dx.size(2) * dx.size(3), fbuf(dx), stream_);
 }
 
 REMAT_KERNELS_ABI_END
