@@ -21,7 +21,9 @@ constexpr int64_t kMinUnitsPerThread = 4;
 constexpr int64_t kMaxSplits = 256;
 constexpr int64_t kMaxGridY = 65535;
 
-// V consecutive floats: a float4 when V == 4 (16-byte aligned), else one float.
+// V consecutive floats: a float4 (f32, 16-byte aligned) or four bf16 (8-byte aligned) when
+// V == 4, else one element; from a DynPtr (a launch mixing dtypes) element by element. The
+// same elements whatever the dtype, so a bf16 launch runs the f32 launch's arithmetic.
 template <int V>
 struct Pack {
   float v[V];
@@ -41,6 +43,21 @@ __device__ REMAT_INLINE Pack<V> load(const float* p, int64_t unit) {
   }
   return r;
 }
+template <int V>
+__device__ REMAT_INLINE Pack<V> load(const bf16* p, int64_t unit) {
+  Pack<V> r;
+  if constexpr (V == 4)
+    load4(p, unit, r.v);
+  else
+    r.v[0] = __bfloat162float(p[unit]);
+  return r;
+}
+template <int V>
+__device__ REMAT_INLINE Pack<V> load(DynPtr p, int64_t unit) {
+  Pack<V> r;
+  for (int i = 0; i < V; ++i) r.v[i] = ld(p, unit * V + i);
+  return r;
+}
 
 template <int V>
 __device__ REMAT_INLINE void store(float* p, int64_t unit, const Pack<V>& r) {
@@ -49,6 +66,17 @@ __device__ REMAT_INLINE void store(float* p, int64_t unit, const Pack<V>& r) {
   } else {
     p[unit] = r.v[0];
   }
+}
+template <int V>
+__device__ REMAT_INLINE void store(bf16* p, int64_t unit, const Pack<V>& r) {
+  if constexpr (V == 4)
+    store4(p, unit, r.v);
+  else
+    p[unit] = __float2bfloat16_rn(r.v[0]);
+}
+template <int V>
+__device__ REMAT_INLINE void store(DynPtr p, int64_t unit, const Pack<V>& r) {
+  for (int i = 0; i < V; ++i) st(p, unit * V + i, r.v[i]);
 }
 
 // This thread's units of one channel's segment [begin, end) of the flat (image, position)
@@ -84,27 +112,42 @@ struct Round {
   double* partials;
 };
 
+// The arguments of a launch; the float arrays as typed pointers (bf16.cuh: float*, bf16*
+// or DynPtr), the statistics, running buffers and parameter gradients f32.
+template <typename PX, typename PG, typename PB, typename PY>
 struct TrainArgs {
-  const float *x, *gamma, *beta;
+  PX x;
+  PG gamma;
+  PB beta;
   BatchNormShape g;
   float momentum, eps;
   float *running_mean, *running_var;  // null: not moved
-  float *y, *save_mean, *save_invstd;
+  PY y;
+  float *save_mean, *save_invstd;
   Round round;
 };
 
+template <typename PX, typename PG, typename PB, typename PY>
 struct EvalArgs {
-  const float *x, *gamma, *beta, *running_mean, *running_var;
+  PX x;
+  PG gamma;
+  PB beta;
+  const float *running_mean, *running_var;
   BatchNormShape g;
   float eps;
-  float* y;
+  PY y;
   Round round;
 };
 
+template <typename PDY, typename PX, typename PG, typename PDX>
 struct BackwardArgs {
-  const float *dy, *x, *gamma, *save_mean, *save_invstd;
+  PDY dy;
+  PX x;
+  PG gamma;
+  const float *save_mean, *save_invstd;
   BatchNormShape g;
-  float *dx, *dgamma, *dbeta;  // each may be null
+  PDX dx;                 // null: not computed
+  float *dgamma, *dbeta;  // each may be null
   Round round;
 };
 
@@ -146,12 +189,12 @@ __device__ REMAT_INLINE void channel_sums(const Round& r, double* s1, double* s2
 // Partials sum(x - shift) and sum((x - shift)^2) in double, shift = the channel's first
 // element: deviations of the order of the standard deviation keep the one-pass variance
 // accurate when the mean is far from 0.
-template <int kThreads, int V>
-__global__ void stats_partials_kernel(TrainArgs a) {
+template <int kThreads, int V, typename A>
+__global__ void stats_partials_kernel(A a) {
   const Segment<V> seg(a.g, a.round);
   double s1 = 0.0, s2 = 0.0;
   if (!seg.empty()) {
-    const double shift = a.x[seg.c * a.g.hw];
+    const double shift = ld(a.x, seg.c * a.g.hw);
     for (ChannelWalk w = seg.walk(a.round); w.more(); w.next()) {
       const Pack<V> v = load<V>(a.x, w.at(seg.c, a.g.c));
       for (int i = 0; i < V; ++i) {
@@ -165,9 +208,9 @@ __global__ void stats_partials_kernel(TrainArgs a) {
 }
 
 // y = x * scale + shift over the block's segment, rounded as the CPU's unfused multiply-add.
-template <int V>
-__device__ REMAT_INLINE void affine_segment(const float* x, const BatchNormShape& g, const Round& r, float scale,
-                                            float shift, float* y) {
+template <int V, typename PX, typename PY>
+__device__ REMAT_INLINE void affine_segment(PX x, const BatchNormShape& g, const Round& r, float scale, float shift,
+                                            PY y) {
   const Segment<V> seg(g, r);
   if (seg.empty()) return;
   for (ChannelWalk w = seg.walk(r); w.more(); w.next()) {
@@ -180,8 +223,8 @@ __device__ REMAT_INLINE void affine_segment(const float* x, const BatchNormShape
 
 // The channel's statistics from its partials (segment 0 writes them and moves the running
 // statistics), then y over the block's segment.
-template <int kThreads, int V>
-__global__ void train_apply_kernel(TrainArgs a) {
+template <int kThreads, int V, typename A>
+__global__ void train_apply_kernel(A a) {
   const int64_t c = a.round.c0 + blockIdx.y;
   __shared__ float coef[2];
   if (threadIdx.x == 0) {
@@ -191,7 +234,7 @@ __global__ void train_apply_kernel(TrainArgs a) {
     double mean = 0.0, sq = 0.0;  // sq: the sum of squared deviations from the mean
     if (count > 0) {
       const double m1 = s1 / static_cast<double>(count);
-      mean = a.x[c * a.g.hw] + m1;
+      mean = ld(a.x, c * a.g.hw) + m1;
       sq = s2 - s1 * m1;
       sq = sq > 0.0 ? sq : 0.0;
     }
@@ -206,30 +249,30 @@ __global__ void train_apply_kernel(TrainArgs a) {
         a.running_var[c] = static_cast<float>((1.0 - m) * a.running_var[c] + m * unbiased);
       }
     }
-    const double scale = invstd * a.gamma[c];
+    const double scale = invstd * ld(a.gamma, c);
     coef[0] = static_cast<float>(scale);
-    coef[1] = static_cast<float>(a.beta[c] - mean * scale);
+    coef[1] = static_cast<float>(ld(a.beta, c) - mean * scale);
   }
   __syncthreads();
   affine_segment<V>(a.x, a.g, a.round, coef[0], coef[1], a.y);
 }
 
-template <int kThreads, int V>
-__global__ void eval_kernel(EvalArgs a) {
+template <int kThreads, int V, typename A>
+__global__ void eval_kernel(A a) {
   const int64_t c = a.round.c0 + blockIdx.y;
   __shared__ float coef[2];
   if (threadIdx.x == 0) {
-    const double scale = a.gamma[c] / sqrt(static_cast<double>(a.running_var[c]) + static_cast<double>(a.eps));
+    const double scale = ld(a.gamma, c) / sqrt(static_cast<double>(a.running_var[c]) + static_cast<double>(a.eps));
     coef[0] = static_cast<float>(scale);
-    coef[1] = static_cast<float>(a.beta[c] - a.running_mean[c] * scale);
+    coef[1] = static_cast<float>(ld(a.beta, c) - a.running_mean[c] * scale);
   }
   __syncthreads();
   affine_segment<V>(a.x, a.g, a.round, coef[0], coef[1], a.y);
 }
 
 // Partials sum(dy) and sum((x - mean) * dy) in double.
-template <int kThreads, int V>
-__global__ void grad_partials_kernel(BackwardArgs a) {
+template <int kThreads, int V, typename A>
+__global__ void grad_partials_kernel(A a) {
   const Segment<V> seg(a.g, a.round);
   double s1 = 0.0, s2 = 0.0;
   if (!seg.empty()) {
@@ -247,8 +290,8 @@ __global__ void grad_partials_kernel(BackwardArgs a) {
 }
 
 // The channel's parameter gradients (segment 0), then dx over the block's segment.
-template <int kThreads, int V>
-__global__ void backward_apply_kernel(BackwardArgs a) {
+template <int kThreads, int V, typename A>
+__global__ void backward_apply_kernel(A a) {
   const int64_t c = a.round.c0 + blockIdx.y, count = a.g.n * a.g.hw;
   __shared__ float coef[4];
   if (threadIdx.x == 0) {
@@ -263,7 +306,7 @@ __global__ void backward_apply_kernel(BackwardArgs a) {
       coef[0] = static_cast<float>(dot * invstd * invstd / static_cast<double>(count));  // k
       coef[1] = static_cast<float>(mean);
       coef[2] = static_cast<float>(sum_dy / static_cast<double>(count));  // mean of dy
-      coef[3] = static_cast<float>(invstd * a.gamma[c]);
+      coef[3] = static_cast<float>(invstd * ld(a.gamma, c));
     }
   }
   __syncthreads();
@@ -307,83 +350,113 @@ Plan plan_for(const BatchNormShape& g, bool aligned, size_t scratch_bytes) {
   return p;
 }
 
-template <int kThreads, int V>
-void train_round(const TrainArgs& a, dim3 grid, cudaStream_t stream) {
-  REMAT_LAUNCH((stats_partials_kernel<kThreads, V>), grid, dim3(kThreads), 0, stream, a);
-  REMAT_LAUNCH((train_apply_kernel<kThreads, V>), grid, dim3(kThreads), 0, stream, a);
+template <int kThreads, int V, typename A>
+void train_round(const A& a, dim3 grid, cudaStream_t stream) {
+  REMAT_LAUNCH((stats_partials_kernel<kThreads, V, A>), grid, dim3(kThreads), 0, stream, a);
+  REMAT_LAUNCH((train_apply_kernel<kThreads, V, A>), grid, dim3(kThreads), 0, stream, a);
 }
 
-template <int kThreads, int V>
-void eval_round(const EvalArgs& a, dim3 grid, cudaStream_t stream) {
-  REMAT_LAUNCH((eval_kernel<kThreads, V>), grid, dim3(kThreads), 0, stream, a);
+template <int kThreads, int V, typename A>
+void eval_round(const A& a, dim3 grid, cudaStream_t stream) {
+  REMAT_LAUNCH((eval_kernel<kThreads, V, A>), grid, dim3(kThreads), 0, stream, a);
 }
 
 // No dx: the second kernel needs one block per channel.
-template <int kThreads, int V>
-void backward_round(const BackwardArgs& a, dim3 grid, cudaStream_t stream) {
-  REMAT_LAUNCH((grad_partials_kernel<kThreads, V>), grid, dim3(kThreads), 0, stream, a);
-  REMAT_LAUNCH((backward_apply_kernel<kThreads, V>), dim3(a.dx ? grid.x : 1u, grid.y), dim3(kThreads), 0, stream, a);
+template <int kThreads, int V, typename A>
+void backward_round(const A& a, bool dx, dim3 grid, cudaStream_t stream) {
+  REMAT_LAUNCH((grad_partials_kernel<kThreads, V, A>), grid, dim3(kThreads), 0, stream, a);
+  REMAT_LAUNCH((backward_apply_kernel<kThreads, V, A>), dim3(dx ? grid.x : 1u, grid.y), dim3(kThreads), 0, stream, a);
 }
 
-// The instantiation for a plan.
-template <typename Args>
-using RoundFn = void (*)(const Args&, dim3, cudaStream_t);
+// Calls round(Layout<kThreads, V>{}, grid) for each round of plan.per_round channels, with
+// the plan's instantiation.
+template <int kThreads, int V>
+struct Layout {
+  static constexpr int kT = kThreads;
+  static constexpr int kV = V;
+};
 
-// Runs `round` over the channels in rounds of plan.per_round.
-template <typename Args>
-void run_rounds(const Plan& plan, Args a, int64_t channels, void* scratch, RoundFn<Args> round, cudaStream_t stream) {
+template <typename A, typename F>
+void run_rounds(const Plan& plan, A a, int64_t channels, void* scratch, F&& round) {
   a.round.splits = plan.splits;
   a.round.partials = static_cast<double*>(scratch);
   for (int64_t c0 = 0; c0 < channels; c0 += plan.per_round) {
     a.round.c0 = c0;
     const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>(std::min(plan.per_round, channels - c0)));
-    round(a, grid, stream);
+    if (plan.narrow) {
+      if (plan.vec == 4)
+        round(Layout<kNarrow, 4>{}, a, grid);
+      else
+        round(Layout<kNarrow, 1>{}, a, grid);
+    } else {
+      if (plan.vec == 4)
+        round(Layout<kWide, 4>{}, a, grid);
+      else
+        round(Layout<kWide, 1>{}, a, grid);
+    }
   }
+}
+
+// Packs of four when every plane is a whole number of them and each array is aligned to
+// its packs (16 bytes of f32, 8 bytes of bf16; absent arrays aside): then an f32 and a bf16
+// launch on the same shapes cut the work the same way.
+template <typename... Bufs>
+bool aligned_packs(const Bufs&... bufs) {
+  return ((!bufs.p || reinterpret_cast<uintptr_t>(bufs.p) % (bufs.bf16 ? 8 : 16) == 0) && ...);
 }
 
 }  // namespace
 
-void batchnorm_forward_train(const float* x, const float* gamma, const float* beta, const BatchNormShape& g,
-                             float momentum, float eps, float* running_mean, float* running_var, float* y,
-                             float* save_mean, float* save_invstd, void* scratch, size_t scratch_bytes,
-                             cudaStream_t stream) {
-  const Plan plan = plan_for(g, aligned16(x) && aligned16(y), scratch_bytes);
-  const TrainArgs a{x, gamma, beta, g, momentum, eps, running_mean, running_var, y, save_mean, save_invstd, {}};
-  RoundFn<TrainArgs> round;
-  if (plan.narrow)
-    round = plan.vec == 4 ? &train_round<kNarrow, 4> : &train_round<kNarrow, 1>;
-  else
-    round = plan.vec == 4 ? &train_round<kWide, 4> : &train_round<kWide, 1>;
-  run_rounds(plan, a, g.c, scratch, round, stream);
+void batchnorm_forward_train(FloatBuf x, FloatBuf gamma, FloatBuf beta, const BatchNormShape& g, float momentum,
+                             float eps, float* running_mean, float* running_var, FloatBuf y, float* save_mean,
+                             float* save_invstd, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+  const Plan plan = plan_for(g, aligned_packs(x, y), scratch_bytes);
+  with_types(
+      [&](auto px, auto pg, auto pb, auto py) {
+        using A = TrainArgs<decltype(px), decltype(pg), decltype(pb), decltype(py)>;
+        const A a{px, pg, pb, g, momentum, eps, running_mean, running_var, py, save_mean, save_invstd, {}};
+        run_rounds(plan, a, g.c, scratch, [&](auto layout, const A& ar, dim3 grid) {
+          using L = decltype(layout);
+          train_round<L::kT, L::kV>(ar, grid, stream);
+        });
+      },
+      x, gamma, beta, y);
 }
 
-void batchnorm_forward_eval(const float* x, const float* gamma, const float* beta, const float* running_mean,
-                            const float* running_var, const BatchNormShape& g, float eps, float* y,
+void batchnorm_forward_eval(FloatBuf x, FloatBuf gamma, FloatBuf beta, const float* running_mean,
+                            const float* running_var, const BatchNormShape& g, float eps, FloatBuf y,
                             cudaStream_t stream) {
   if (g.n * g.hw == 0) return;
   // No partials: the plan's rounds are only bounded by grid.y.
-  const Plan plan = plan_for(g, aligned16(x) && aligned16(y), ~size_t{0} / 2);
-  const EvalArgs a{x, gamma, beta, running_mean, running_var, g, eps, y, {}};
-  RoundFn<EvalArgs> round;
-  if (plan.narrow)
-    round = plan.vec == 4 ? &eval_round<kNarrow, 4> : &eval_round<kNarrow, 1>;
-  else
-    round = plan.vec == 4 ? &eval_round<kWide, 4> : &eval_round<kWide, 1>;
-  run_rounds(plan, a, g.c, nullptr, round, stream);
+  const Plan plan = plan_for(g, aligned_packs(x, y), ~size_t{0} / 2);
+  with_types(
+      [&](auto px, auto pg, auto pb, auto py) {
+        using A = EvalArgs<decltype(px), decltype(pg), decltype(pb), decltype(py)>;
+        const A a{px, pg, pb, running_mean, running_var, g, eps, py, {}};
+        run_rounds(plan, a, g.c, nullptr, [&](auto layout, const A& ar, dim3 grid) {
+          using L = decltype(layout);
+          eval_round<L::kT, L::kV>(ar, grid, stream);
+        });
+      },
+      x, gamma, beta, y);
 }
 
-void batchnorm_backward(const float* dy, const float* x, const float* gamma, const float* save_mean,
-                        const float* save_invstd, const BatchNormShape& g, float* dx, float* dgamma, float* dbeta,
-                        void* scratch, size_t scratch_bytes, cudaStream_t stream) {
-  if (!dx && !dgamma && !dbeta) return;
-  const Plan plan = plan_for(g, aligned16(dy) && aligned16(x) && aligned16(dx), scratch_bytes);
-  const BackwardArgs a{dy, x, gamma, save_mean, save_invstd, g, dx, dgamma, dbeta, {}};
-  RoundFn<BackwardArgs> round;
-  if (plan.narrow)
-    round = plan.vec == 4 ? &backward_round<kNarrow, 4> : &backward_round<kNarrow, 1>;
-  else
-    round = plan.vec == 4 ? &backward_round<kWide, 4> : &backward_round<kWide, 1>;
-  run_rounds(plan, a, g.c, scratch, round, stream);
+void batchnorm_backward(FloatBuf dy, FloatBuf x, FloatBuf gamma, const float* save_mean, const float* save_invstd,
+                        const BatchNormShape& g, FloatBuf dx, float* dgamma, float* dbeta, void* scratch,
+                        size_t scratch_bytes, cudaStream_t stream) {
+  if (!dx.p && !dgamma && !dbeta) return;
+  const Plan plan = plan_for(g, aligned_packs(dy, x, dx), scratch_bytes);
+  const bool need_dx = dx.p != nullptr;
+  with_types(
+      [&](auto pdy, auto px, auto pg, auto pdx) {
+        using A = BackwardArgs<decltype(pdy), decltype(px), decltype(pg), decltype(pdx)>;
+        const A a{pdy, px, pg, save_mean, save_invstd, g, pdx, dgamma, dbeta, {}};
+        run_rounds(plan, a, g.c, scratch, [&](auto layout, const A& ar, dim3 grid) {
+          using L = decltype(layout);
+          backward_round<L::kT, L::kV>(ar, need_dx, grid, stream);
+        });
+      },
+      dy, x, gamma, dx);
 }
 
 }  // namespace remat::kernels

@@ -6,12 +6,18 @@
 // partial sums to `scratch`; a second sums a channel's partials in segment order, derives
 // the statistics and applies them. No atomics: the same bits on every run. Channels go
 // through in rounds when their partials do not fit in `scratch` at once.
+//
+// x, gamma, beta, y, dy and dx may be bf16 (FloatBuf, kernels/bf16.cuh): fp32 math on the
+// widened values in the f32 launch's order (the same segments and packs of four), bf16
+// outputs rounded once; the statistics, running buffers and dgamma/dbeta are f32.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
+
+#include "kernels/bf16.cuh"
 
 namespace remat::kernels {
 
@@ -22,21 +28,20 @@ struct BatchNormShape {
 // Training mode: save_mean, save_invstd (biased variance) of the batch; y normalised with
 // them. With running_mean and running_var non-null they move by momentum (the variance
 // by the unbiased one).
-void batchnorm_forward_train(const float* x, const float* gamma, const float* beta, const BatchNormShape& g,
-                             float momentum, float eps, float* running_mean, float* running_var, float* y,
-                             float* save_mean, float* save_invstd, void* scratch, size_t scratch_bytes,
-                             cudaStream_t stream);
+void batchnorm_forward_train(FloatBuf x, FloatBuf gamma, FloatBuf beta, const BatchNormShape& g, float momentum,
+                             float eps, float* running_mean, float* running_var, FloatBuf y, float* save_mean,
+                             float* save_invstd, void* scratch, size_t scratch_bytes, cudaStream_t stream);
 
 // Evaluation mode: y normalised with the running statistics.
-void batchnorm_forward_eval(const float* x, const float* gamma, const float* beta, const float* running_mean,
-                            const float* running_var, const BatchNormShape& g, float eps, float* y,
+void batchnorm_forward_eval(FloatBuf x, FloatBuf gamma, FloatBuf beta, const float* running_mean,
+                            const float* running_var, const BatchNormShape& g, float eps, FloatBuf y,
                             cudaStream_t stream);
 
-// dx (if non-null) = (dy - mean(dy) - (x - mean) * k) * invstd * gamma with
+// dx (if present) = (dy - mean(dy) - (x - mean) * k) * invstd * gamma with
 // k = sum((x - mean) * dy) * invstd^2 / count; dgamma += sum((x - mean) * dy) * invstd and
 // dbeta += sum(dy) (each if non-null).
-void batchnorm_backward(const float* dy, const float* x, const float* gamma, const float* save_mean,
-                        const float* save_invstd, const BatchNormShape& g, float* dx, float* dgamma, float* dbeta,
-                        void* scratch, size_t scratch_bytes, cudaStream_t stream);
+void batchnorm_backward(FloatBuf dy, FloatBuf x, FloatBuf gamma, const float* save_mean, const float* save_invstd,
+                        const BatchNormShape& g, FloatBuf dx, float* dgamma, float* dbeta, void* scratch,
+                        size_t scratch_bytes, cudaStream_t stream);
 
 }  // namespace remat::kernels

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend_ops/harness.h"
@@ -639,6 +640,78 @@ REMAT_OP_CASE(attention, bf16_permute_0213) {
     t.expect_equal(y_aligned, "permute (aligned) " + sh.str());
     t.expect_equal(back, "permute twice " + sh.str());
     EXPECT_EQ(dut_bits(back.dut), dut_bits(x.dut)) << "permute twice is the identity " << sh.str();
+  }
+}
+
+// ---- Batch norm: statistics in double and f32 as in fp32, bf16 x/y/dy/dx ----------------
+// Against the CPU: the fp32 case's 1e-6 (tests/backend_ops/cases_batchnorm.cpp) plus a bf16
+// step on y and dx; the statistics, running buffers and parameter gradients f32 within
+// 1e-6. Against the device's fp32 kernel on the widened values: bitwise (the same segments
+// and packs of four; bf16 outputs rounded), aligned (packs) and guarded (one by one).
+
+REMAT_OP_CASE(batchnorm, bf16) {
+  ActivationDTypeScope bf16(DType::bf16);
+  for (const Shape& xs : {Shape{4, 8, 12, 12}, Shape{3, 5, 7, 9}, Shape{2, 300, 1, 1}}) {
+    const std::string what = " x " + xs.str();
+    const Shape cs{xs[1]};
+    auto x = t.uniform_bf16(xs, -1.0f, 2.0f), gamma = t.uniform_bf16(cs, 0.5f, 1.5f), beta = t.uniform_bf16(cs);
+    auto xf = t.as_f32(x), gf = t.as_f32(gamma), bf = t.as_f32(beta);
+    auto rm = t.output_like(t.uniform(cs)), rv = t.output_like(t.uniform(cs, 0.5f, 1.5f));
+    auto rmf = t.output_like(rm), rvf = t.output_like(rv);
+    auto y = t.output(xs, DType::bf16), y_aligned = aligned_bf16_output(t, xs), yf = t.output(xs);
+    auto yf_aligned = t.values(std::vector<float>(static_cast<size_t>(xs.numel())), xs);
+    auto mean = t.output(cs), invstd = t.output(cs), meanf = t.output(cs), invstdf = t.output(cs);
+    BatchNormParams p;
+    p.momentum = 0.1f;
+    t.run([&](Backend& be, Side s) {
+      be.batchnorm2d_forward_train(s(x), s(gamma), s(beta), s(rm), s(rv), p, true, s(y), s(mean), s(invstd));
+      be.batchnorm2d_forward_train(s(x), s(gamma), s(beta), s(rm), s(rv), p, false, s(y_aligned), s(mean), s(invstd));
+      be.batchnorm2d_forward_train(s(xf), s(gf), s(bf), s(rmf), s(rvf), p, true, s(yf), s(meanf), s(invstdf));
+      be.batchnorm2d_forward_train(s(xf), s(gf), s(bf), s(rmf), s(rvf), p, false, s(yf_aligned), s(meanf), s(invstdf));
+    });
+    t.expect_close(y, 1e-6, 1e-6 + kBf16Rel, "batchnorm y" + what);
+    t.expect_close(y_aligned, 1e-6, 1e-6 + kBf16Rel, "batchnorm y (aligned)" + what);
+    t.expect_close(mean, 1e-6, 1e-6, "batchnorm save_mean" + what);
+    t.expect_close(invstd, 0, 1e-6, "batchnorm save_invstd" + what);
+    t.expect_close(rm, 1e-6, 1e-6, "batchnorm running_mean" + what);
+    t.expect_close(rv, 0, 1e-6, "batchnorm running_var" + what);
+    expect_rounded_dut(y, yf, "batchnorm y against fp32" + what);
+    expect_rounded_dut(y_aligned, yf_aligned, "batchnorm y (aligned) against fp32" + what);
+    for (const auto& [a, b, n] : {std::tuple{&mean, &meanf, "save_mean"}, std::tuple{&invstd, &invstdf, "save_invstd"},
+                                  std::tuple{&rm, &rmf, "running_mean"}, std::tuple{&rv, &rvf, "running_var"}})
+      expect_same_dut_f32(*a, *b, std::string("batchnorm ") + n + what);
+
+    auto ye = t.output(xs, DType::bf16), yef = t.output(xs);
+    t.run([&](Backend& be, Side s) {
+      be.batchnorm2d_forward_eval(s(x), s(gamma), s(beta), s(rm), s(rv), p, s(ye));
+      be.batchnorm2d_forward_eval(s(xf), s(gf), s(bf), s(rmf), s(rvf), p, s(yef));
+    });
+    t.expect_close(ye, 1e-6, 1e-6 + kBf16Rel, "batchnorm eval y" + what);
+    expect_rounded_dut(ye, yef, "batchnorm eval y against fp32" + what);
+
+    auto dy = t.uniform_bf16(xs), dyf = t.as_f32(dy);
+    auto dx = t.output(xs, DType::bf16), dx_aligned = aligned_bf16_output(t, xs), dxf = t.output(xs);
+    auto dxf_aligned = t.values(std::vector<float>(static_cast<size_t>(xs.numel())), xs);
+    auto dx_in_place = t.output_like(dy);  // dx over dy
+    auto dg = t.output_like(t.uniform(cs)), db = t.output_like(t.uniform(cs));
+    auto dgf = t.output_like(dg), dbf = t.output_like(db);
+    t.run([&](Backend& be, Side s) {
+      be.batchnorm2d_backward(s(dy), s(x), s(gamma), s(mean), s(invstd), s(dx), s(dg), s(db));
+      be.batchnorm2d_backward(s(dy), s(x), s(gamma), s(mean), s(invstd), s(dx_aligned), Tensor(), Tensor());
+      be.batchnorm2d_backward(s(dyf), s(xf), s(gf), s(meanf), s(invstdf), s(dxf), s(dgf), s(dbf));
+      be.batchnorm2d_backward(s(dyf), s(xf), s(gf), s(meanf), s(invstdf), s(dxf_aligned), Tensor(), Tensor());
+      be.batchnorm2d_backward(s(dx_in_place), s(x), s(gamma), s(mean), s(invstd), s(dx_in_place), Tensor(), Tensor());
+    });
+    // Each side's backward reads its own statistics (equal within 1e-6): 1e-5 as for GEMM sums.
+    t.expect_close(dx, 1e-5, 1e-5 + kBf16Rel, "batchnorm dx" + what);
+    t.expect_close(dx_aligned, 1e-5, 1e-5 + kBf16Rel, "batchnorm dx (aligned)" + what);
+    t.expect_close(dx_in_place, 1e-5, 1e-5 + kBf16Rel, "batchnorm dx over dy" + what);
+    t.expect_close(dg, 1e-5, 1e-5, "batchnorm dgamma (f32)" + what);
+    t.expect_close(db, 1e-5, 1e-5, "batchnorm dbeta (f32)" + what);
+    expect_rounded_dut(dx, dxf, "batchnorm dx against fp32" + what);
+    expect_rounded_dut(dx_aligned, dxf_aligned, "batchnorm dx (aligned) against fp32" + what);
+    expect_same_dut_f32(dg, dgf, "batchnorm dgamma against fp32" + what);
+    expect_same_dut_f32(db, dbf, "batchnorm dbeta against fp32" + what);
   }
 }
 
