@@ -38,41 +38,7 @@ namespace remat::test {
 
 namespace {
 
-constexpr double kBf16Rel = 1.0 / 128;  // one bf16 rounding step, relative (8 significant bits)
-
 const std::vector<int64_t> kSizes = {1, 3, 8, 13, 1001, 4096 + 5};
-
-// An output the kernels see 16-byte aligned (plain storage), NaN until written.
-Pair aligned_bf16_output(OpCheck& t, const Shape& s) {
-  return t.values_bf16(std::vector<float>(static_cast<size_t>(s.numel()), std::numeric_limits<float>::quiet_NaN()), s);
-}
-
-std::vector<uint16_t> dut_bits(const Tensor& t) {
-  const Tensor h = t.to(Device::cpu());
-  std::vector<uint16_t> out(static_cast<size_t>(h.numel()));
-  if (h.dtype() == DType::bf16) {
-    for (int64_t i = 0; i < h.numel(); ++i) out[static_cast<size_t>(i)] = h.bf16()[i];
-  } else {
-    for (int64_t i = 0; i < h.numel(); ++i) out[static_cast<size_t>(i)] = bf16_from_float(h.f32()[i]);
-  }
-  return out;
-}
-
-// The device's bf16 output is its fp32 output (on the same values) rounded to bf16, bit for
-// bit (NaN by class).
-void expect_rounded_dut(const Pair& h, const Pair& f, const std::string& what) {
-  if (perf_iterations()) return;
-  const auto a = dut_bits(h.dut), b = dut_bits(f.dut);
-  ASSERT_EQ(a.size(), b.size()) << what;
-  int64_t bad = 0, first = -1;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const bool nan_a = (a[i] & 0x7fffu) > 0x7f80u, nan_b = (b[i] & 0x7fffu) > 0x7f80u;
-    if (nan_a && nan_b) continue;
-    if (a[i] != b[i] && bad++ == 0) first = static_cast<int64_t>(i);
-  }
-  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << a.size()
-                    << " elements differ from the device's fp32 result rounded to bf16; first at " << first;
-}
 
 template <typename Op>
 void check_map(OpCheck& t, const std::string& what, double atol, double rtol, int inputs, Op op) {
@@ -300,23 +266,60 @@ REMAT_OP_CASE(gemm, bf16_linear) {
   t.expect_close(db_many, 1e-4, 1e-5, "db over 3000 rows");
 }
 
-// cuBLAS has no f32-by-bf16 product: the device refuses it naming the op and the tensors
-// (the CPU backend, which stages every operand in fp32, accepts it).
-REMAT_OP_CASE(gemm, bf16_mixed_factors_refused) {
+// cuBLAS has no f32-by-bf16 product (nor f32 factors into a bf16 C): the device runs its own
+// FMA GEMM (kernels/gemm.cuh) for them, as a linear reading the f32 batch with bf16 working
+// weights needs (mlp_deep's first layer). Against the CPU (which stages fp32): the
+// tolerances above; the same bits on a second run.
+REMAT_OP_CASE(gemm, bf16_mixed_factors) {
   ActivationDTypeScope bf16(DType::bf16);
-  auto a = t.uniform_bf16({4, 6}), b = t.uniform({6, 5});
-  auto c = t.output({4, 5}, DType::bf16);
-  Backend& dut = backend_for(t.device());
-  try {
-    dut.gemm(a.dut, b.dut, c.dut, {});
-    dut.synchronize();
-    ADD_FAILURE() << "a bf16 by f32 GEMM was accepted on " << t.device().str();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find("gemm"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("bf16[4, 6]"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("f32[6, 5]"), std::string::npos) << msg;
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      auto a = ta ? t.uniform({70, 37}) : t.uniform({37, 70});  // f32 (not bf16 values)
+      auto b = tb ? t.uniform_bf16({29, 70}) : t.uniform_bf16({70, 29});
+      auto a16 = ta ? t.uniform_bf16({70, 37}) : t.uniform_bf16({37, 70});
+      auto b32 = tb ? t.uniform({29, 70}) : t.uniform({70, 29});
+      auto c = t.output({37, 29}, DType::bf16), c_again = t.output({37, 29}, DType::bf16);
+      auto c_f32 = t.output_like(t.uniform({37, 29})), c_other = t.output_like(t.uniform_bf16({37, 29}));
+      auto c_both32 = t.output({37, 29}, DType::bf16);  // f32 factors into a bf16 C
+      auto a32 = ta ? t.uniform({70, 37}) : t.uniform({37, 70});
+      GemmParams p{ta != 0, tb != 0, 1.0f, 0.0f}, q{ta != 0, tb != 0, 0.5f, 2.0f};
+      t.run([&](Backend& be, Side s) {
+        be.gemm(s(a), s(b), s(c), p);
+        be.gemm(s(a), s(b), s(c_again), p);
+        be.gemm(s(a), s(b), s(c_f32), q);
+        be.gemm(s(a16), s(b32), s(c_other), q);
+        be.gemm(s(a32), s(b32), s(c_both32), p);
+      });
+      const std::string what = " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb);
+      t.expect_close(c, 1e-4, kBf16Rel, "f32 by bf16 into bf16" + what);
+      t.expect_close(c_f32, 1e-5, 1e-5, "f32 by bf16 into f32 (alpha, beta)" + what);
+      t.expect_close(c_other, 1e-4, kBf16Rel, "bf16 by f32 into bf16 (alpha, beta)" + what);
+      t.expect_close(c_both32, 1e-4, kBf16Rel, "f32 by f32 into bf16" + what);
+      if (!perf_iterations()) {
+        EXPECT_EQ(dut_bits(c.dut), dut_bits(c_again.dut)) << "a second run" << what;
+      }
+    }
   }
+  // Batched, and a batch sharing b.
+  auto a = t.uniform({3, 4, 5, 6}), b = t.uniform_bf16({3, 4, 6, 7}), b2 = t.uniform_bf16({6, 7});
+  auto c = t.output({3, 4, 5, 7}, DType::bf16), c2 = t.output({3, 4, 5, 7}, DType::bf16);
+  t.run([&](Backend& be, Side s) {
+    be.gemm(s(a), s(b), s(c), {});
+    be.gemm(s(a), s(b2), s(c2), {});
+  });
+  t.expect_close(c, 1e-4, kBf16Rel, "f32 by bf16 batched");
+  t.expect_close(c2, 1e-4, kBf16Rel, "f32 by bf16 batched (shared b)");
+  // A linear on the f32 batch with bf16 weights: forward, and backward (dw, db; dx too).
+  auto x = t.uniform({2, 9, 150}), w = t.uniform_bf16({40, 150}), bias = t.uniform_bf16({40});
+  auto y = t.output({2, 9, 40}, DType::bf16);
+  t.run([&](Backend& be, Side s) { be.linear_forward(s(x), s(w), s(bias), s(y)); });
+  t.expect_close(y, 1e-4, kBf16Rel, "linear y from an f32 x");
+  auto dy = t.uniform_bf16({2, 9, 40});
+  auto dx = t.output({2, 9, 150}), dw = t.output_like(t.uniform({40, 150})), db = t.output_like(t.uniform({40}));
+  t.run([&](Backend& be, Side s) { be.linear_backward(s(dy), s(x), s(w), s(dx), s(dw), s(db)); });
+  t.expect_close(dx, 1e-5, 1e-5, "linear dx (f32) from an f32 x");
+  t.expect_close(dw, 1e-5, 1e-5, "linear dw (f32) from an f32 x");
+  t.expect_close(db, 1e-5, 1e-5, "linear db (f32)");
 }
 
 // ---- Row ops: layernorm, softmax, cross-entropy, accuracy ---------------------------------
@@ -327,17 +330,6 @@ REMAT_OP_CASE(gemm, bf16_mixed_factors_refused) {
 namespace {
 
 const std::vector<int64_t> kRowLengths = {96, 75, 1600, 2051};
-
-// The f32 outputs of the device's two runs are the same bits.
-void expect_same_dut_f32(const Pair& a, const Pair& b, const std::string& what) {
-  if (perf_iterations()) return;
-  const auto x = a.dut.to_vector(), y = b.dut.to_vector();
-  ASSERT_EQ(x.size(), y.size()) << what;
-  int64_t bad = 0;
-  for (size_t i = 0; i < x.size(); ++i)
-    bad += !(x[i] == y[i] || (std::isnan(x[i]) && std::isnan(y[i]))) || std::signbit(x[i]) != std::signbit(y[i]);
-  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << x.size() << " f32 elements differ between bf16 and fp32 runs";
-}
 
 }  // namespace
 

@@ -12,6 +12,15 @@
 // relative for large sums, still far below an indexing mistake (errors of order 0.1-1).
 // The depth is Cg*R*S for y, Kg*R*S for dx (a GEMM of depth Kg, then R*S terms added by
 // col2im) and N*P*Q for dw. db is summed in double on both sides: 1e-6.
+//
+// bf16 (conv/bf16, training.precision bf16): bf16 x, w, b, dy; y and dx bf16, dw and db
+// f32. Against the CPU's bf16 op: the tolerances above plus a bf16 step (kBf16Rel) on y and
+// dx, dw and db as above. On cuda-emu, whose cublasGemmEx is an sgemm of the widened
+// operands, also bitwise the device's own fp32 op on the widened values (y and dx rounded,
+// dw and db the same bits): the bf16 path is the fp32 path plus the conversions. Mixed
+// dtypes (an f32 x, the first layer's batch, with bf16 filters; f32 filters with bf16
+// activations) run remat's own FMA GEMM on the device: against the CPU within the same
+// tolerances.
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -20,6 +29,7 @@
 
 #include "backend_ops/harness.h"
 #include "remat/device.h"
+#include "remat/dtype.h"
 
 namespace remat::test {
 
@@ -217,6 +227,104 @@ REMAT_OP_CASE(conv, deterministic) {
     EXPECT_EQ(dx1.dut.to_vector(), dx2.dut.to_vector()) << path;
     EXPECT_EQ(dw1.dut.to_vector(), dw2.dut.to_vector()) << path;
   }
+}
+
+}  // namespace remat::test
+
+namespace remat::test {
+
+namespace {
+
+// The bf16 variant of check_conv, inside ActivationDTypeScope(bf16) (workspaces from the
+// bf16 queries, exactly their size, NaN-filled and guarded).
+void check_conv_bf16(OpCheck& t, const Shape& xs, const Shape& ws, const Conv2dParams& p, bool bias) {
+  ActivationDTypeScope scope(DType::bf16);
+  const Shape ys = conv2d_output_shape(xs, ws, p);
+  auto x = t.uniform_bf16(xs), w = t.uniform_bf16(ws), dy = t.uniform_bf16(ys);
+  auto xf = t.as_f32(x), wf = t.as_f32(w), dyf = t.as_f32(dy);
+  Pair b, bf;
+  if (bias) {
+    b = t.uniform_bf16(Shape{ws[0]});
+    bf = t.as_f32(b);
+  }
+  const auto dw0 = t.uniform(ws), db0 = t.uniform(Shape{ws[0]});
+  const int64_t kg = p.groups > 0 ? ws[0] / p.groups : 0;
+  const double y_tol = atol(ws[1] * ws[2] * ws[3]), dx_tol = atol(kg * ws[2] * ws[3]);
+  const double dw_tol = atol(ys[0] * ys[2] * ys[3]);
+  const bool emu = t.device().is_cuda_emu();
+  Backend& ref = backend_for(Device::cpu());
+  Backend& dut = backend_for(t.device());
+
+  for (const char* path : conv_paths(t)) {
+    ScopedEnv env("REMAT_CONV", path);
+    const std::string tag = std::string(" (bf16, ") + path + ")";
+    const Workspace fws =
+        make_workspace(t, ref.conv2d_forward_workspace(xs, ws, p), dut.conv2d_forward_workspace(xs, ws, p));
+    const Workspace bws =
+        make_workspace(t, ref.conv2d_backward_workspace(xs, ws, p), dut.conv2d_backward_workspace(xs, ws, p));
+    auto y = t.output(ys, DType::bf16), yf = t.output(ys);
+    t.run([&](Backend& be, Side s) {
+      be.conv2d_forward(s(x), s(w), s(b), p, s(y), fws(s));
+      be.conv2d_forward(s(xf), s(wf), s(bf), p, s(yf), fws(s));  // the fp32 op inside the bf16 scope
+    });
+    t.expect_close(y, y_tol, kRtol + kBf16Rel, "y" + tag);
+    t.expect_close(yf, y_tol, kRtol, "y (fp32 in the bf16 scope)" + tag);
+    if (emu) expect_rounded_dut(y, yf, "y against fp32" + tag);
+
+    auto dx = t.output(xs, DType::bf16), dxf = t.output(xs);
+    auto dw = t.output_like(dw0), dwf = t.output_like(dw0);
+    auto db = t.output_like(db0), dbf = t.output_like(db0);
+    t.run([&](Backend& be, Side s) {
+      be.conv2d_backward(s(dy), s(x), s(w), p, s(dx), s(dw), s(db), bws(s));
+      be.conv2d_backward(s(dyf), s(xf), s(wf), p, s(dxf), s(dwf), s(dbf), bws(s));
+    });
+    t.expect_close(dx, dx_tol, kRtol + kBf16Rel, "dx" + tag);
+    t.expect_close(dw, dw_tol, kRtol, "dw (f32)" + tag);
+    t.expect_close(db, 1e-6, 1e-6, "db (f32)" + tag);
+    t.expect_close(dxf, dx_tol, kRtol, "dx (fp32 in the bf16 scope)" + tag);
+    t.expect_close(dwf, dw_tol, kRtol, "dw (fp32 in the bf16 scope)" + tag);
+    expect_same_dut_f32(db, dbf, "db against fp32" + tag);
+    if (emu) {
+      expect_rounded_dut(dx, dxf, "dx against fp32" + tag);
+      expect_same_dut_f32(dw, dwf, "dw against fp32" + tag);
+    }
+
+    // Mixed dtypes: the first layer, an f32 x (not bf16 values) with bf16 filters into a bf16
+    // y (dw from it, without dx, as its backward runs); f32 filters (frozen) with bf16 x, y,
+    // dy and dx.
+    auto x32 = t.uniform(xs);
+    auto y1 = t.output(ys, DType::bf16), y2 = t.output(ys, DType::bf16);
+    auto dw1 = t.output_like(dw0), dw2 = t.output_like(dw0);
+    auto dx2 = t.output(xs, DType::bf16);
+    t.run([&](Backend& be, Side s) {
+      be.conv2d_forward(s(x32), s(w), s(b), p, s(y1), fws(s));
+      be.conv2d_backward(s(dy), s(x32), s(w), p, Tensor(), s(dw1), Tensor(), bws(s));
+      be.conv2d_forward(s(x), s(wf), s(b), p, s(y2), fws(s));
+      be.conv2d_backward(s(dy), s(x), s(wf), p, s(dx2), s(dw2), Tensor(), bws(s));
+    });
+    t.expect_close(y1, y_tol, kRtol + kBf16Rel, "y from an f32 x" + tag);
+    t.expect_close(dw1, dw_tol, kRtol, "dw from an f32 x" + tag);
+    t.expect_close(y2, y_tol, kRtol + kBf16Rel, "y with f32 filters" + tag);
+    t.expect_close(dx2, dx_tol, kRtol + kBf16Rel, "dx with f32 filters" + tag);
+    t.expect_close(dw2, dw_tol, kRtol, "dw with f32 filters" + tag);
+  }
+}
+
+}  // namespace
+
+// The bf16 shapes: fashion_cnn's first layer (1 channel, 5x5), a 3x3 block without bias, a
+// strided grouped one (batched over groups), a pointwise one (x read directly, in either
+// dtype), dilation, and two workspace chunks (30 images).
+REMAT_OP_CASE(conv, bf16) {
+  check_conv_bf16(t, {2, 1, 28, 28}, {8, 1, 5, 5}, params(1, 2), true);
+  check_conv_bf16(t, {3, 8, 12, 12}, {16, 8, 3, 3}, params(1, 1), false);
+  check_conv_bf16(t, {2, 6, 9, 11}, {4, 3, 3, 3}, params(2, 1, 1, 2), true);
+  check_conv_bf16(t, {3, 16, 7, 5}, {24, 16, 1, 1}, params(1, 0), true);
+  check_conv_bf16(t, {2, 3, 10, 9}, {5, 3, 3, 3}, params(1, 2, 2), true);
+}
+
+REMAT_OP_CASE(conv, bf16_two_workspace_chunks) {
+  check_conv_bf16(t, {30, 32, 32, 32}, {8, 32, 3, 3}, params(1, 1), true);
 }
 
 }  // namespace remat::test

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -275,6 +276,45 @@ OpCaseRegistrar::OpCaseRegistrar(const char* family, const char* name, void (*fn
   static std::deque<OpCase> storage;  // stable addresses, destroyed at exit (no leak report)
   storage.push_back(OpCase{family, name, fn});
   op_cases().push_back(&storage.back());
+}
+
+Pair aligned_bf16_output(OpCheck& t, const Shape& s) {
+  return t.values_bf16(std::vector<float>(static_cast<size_t>(s.numel()), std::numeric_limits<float>::quiet_NaN()), s);
+}
+
+std::vector<uint16_t> dut_bits(const Tensor& t) {
+  const Tensor h = t.to(Device::cpu());
+  std::vector<uint16_t> out(static_cast<size_t>(h.numel()));
+  if (h.dtype() == DType::bf16) {
+    for (int64_t i = 0; i < h.numel(); ++i) out[static_cast<size_t>(i)] = h.bf16()[i];
+  } else {
+    for (int64_t i = 0; i < h.numel(); ++i) out[static_cast<size_t>(i)] = bf16_from_float(h.f32()[i]);
+  }
+  return out;
+}
+
+void expect_rounded_dut(const Pair& h, const Pair& f, const std::string& what) {
+  if (perf_iterations()) return;
+  const auto a = dut_bits(h.dut), b = dut_bits(f.dut);
+  ASSERT_EQ(a.size(), b.size()) << what;
+  int64_t bad = 0, first = -1;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const bool nan_a = (a[i] & 0x7fffu) > 0x7f80u, nan_b = (b[i] & 0x7fffu) > 0x7f80u;
+    if (nan_a && nan_b) continue;
+    if (a[i] != b[i] && bad++ == 0) first = static_cast<int64_t>(i);
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << a.size()
+                    << " elements differ from the device's fp32 result rounded to bf16; first at " << first;
+}
+
+void expect_same_dut_f32(const Pair& a, const Pair& b, const std::string& what) {
+  if (perf_iterations()) return;
+  const auto x = a.dut.to_vector(), y = b.dut.to_vector();
+  ASSERT_EQ(x.size(), y.size()) << what;
+  int64_t bad = 0;
+  for (size_t i = 0; i < x.size(); ++i)
+    bad += !(x[i] == y[i] || (std::isnan(x[i]) && std::isnan(y[i]))) || std::signbit(x[i]) != std::signbit(y[i]);
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << x.size() << " f32 elements differ between bf16 and fp32 runs";
 }
 
 }  // namespace remat::test

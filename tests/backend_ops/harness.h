@@ -151,6 +151,20 @@ std::vector<const OpCase*>& op_cases();
 // sum(a * b) over two tensors of one device, in double (a loss for gradient cases).
 double dot(const Tensor& a, const Tensor& b);
 
+// ---- bf16 cases (training.precision bf16) ----------------------------------------------------
+// One bf16 rounding step, relative (8 significant bits): a bf16 output of an op whose fp32
+// result differs from the cpu's in the last fp32 bits may round to the neighbouring bf16.
+constexpr double kBf16Rel = 1.0 / 128;
+// A bf16 output the kernels see 16-byte aligned (plain storage), NaN until written.
+Pair aligned_bf16_output(OpCheck& t, const Shape& s);
+// The bf16 bits of a tensor's values (an f32 tensor's rounded), on the host.
+std::vector<uint16_t> dut_bits(const Tensor& t);
+// The device's bf16 output h is its fp32 output f (from the same values) rounded to bf16, bit
+// for bit (NaN by class).
+void expect_rounded_dut(const Pair& h, const Pair& f, const std::string& what);
+// The f32 outputs of the device's two runs are the same bits.
+void expect_same_dut_f32(const Pair& a, const Pair& b, const std::string& what);
+
 struct OpCaseRegistrar {
   OpCaseRegistrar(const char* family, const char* name, void (*fn)(OpCheck&));
 };

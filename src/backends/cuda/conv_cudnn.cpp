@@ -18,11 +18,14 @@ namespace {
 
 bool fits_int(int64_t v) { return v >= 0 && v <= std::numeric_limits<int>::max(); }
 
-// Deterministic, and no arithmetic below fp32 (TF32 only when the backend allows it).
+// Deterministic, and no arithmetic below the tensors' own precision: fp32 plans without
+// tensor ops (TF32 only when the backend allows it), bf16 plans with them (bf16 inputs, fp32
+// accumulation); never a conversion of the inputs to a narrower type.
 template <typename Perf>
-bool acceptable(const Perf& perf, bool tf32) {
+bool acceptable(const Perf& perf, bool tf32, bool bf16) {
   return perf.status == CUDNN_STATUS_SUCCESS && perf.determinism == CUDNN_DETERMINISTIC &&
-         perf.mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION && (tf32 || perf.mathType != CUDNN_TENSOR_OP_MATH);
+         perf.mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION &&
+         (bf16 || tf32 || perf.mathType != CUDNN_TENSOR_OP_MATH);
 }
 
 // The algorithm families that sum like a direct convolution (no FFT or Winograd transform).
@@ -37,10 +40,11 @@ bool direct_family(cudnnConvolutionBwdFilterAlgo_t a) { return a == CUDNN_CONVOL
 // The first of cuDNN's ranked candidates (perf[0, count)) that is acceptable, of the direct
 // family and within the workspace cap; workspace(algo, &bytes) is cuDNN's size query.
 template <typename Perf, typename Algo, typename WorkspaceQuery>
-bool pick(const Perf* perf, int count, bool tf32, Algo* algo, size_t* bytes, const WorkspaceQuery& workspace) {
+bool pick(const Perf* perf, int count, bool tf32, bool bf16, Algo* algo, size_t* bytes,
+          const WorkspaceQuery& workspace) {
   for (int k = 0; k < count; ++k) {
     size_t need = 0;
-    if (!acceptable(perf[k], tf32) || !direct_family(perf[k].algo)) continue;
+    if (!acceptable(perf[k], tf32, bf16) || !direct_family(perf[k].algo)) continue;
     if (workspace(perf[k].algo, &need) != CUDNN_STATUS_SUCCESS || need > CudnnConv::kMaxConvWorkspaceBytes) continue;
     *algo = perf[k].algo;
     *bytes = need;
@@ -96,27 +100,28 @@ CudnnConv* CudnnConv::of(const CudaBackend& backend) {
   return ((*instances)[key] = std::move(made)).get();
 }
 
-const CudnnConv::Plan& CudnnConv::plan(const Shape& x, const Shape& w, const Conv2dParams& p, bool tf32) {
-  const Key key{x[0],       x[1],       x[2],    x[3],    w[0],         w[1],         w[2],     w[3],
-                p.stride_h, p.stride_w, p.pad_h, p.pad_w, p.dilation_h, p.dilation_w, p.groups, tf32};
+const CudnnConv::Plan& CudnnConv::plan(const Shape& x, const Shape& w, const Conv2dParams& p, bool tf32, bool bf16) {
+  const Key key{x[0],       x[1],    x[2],    x[3],         w[0],         w[1],     w[2], w[3], p.stride_h,
+                p.stride_w, p.pad_h, p.pad_w, p.dilation_h, p.dilation_w, p.groups, tf32, bf16};
   std::lock_guard<std::mutex> lock(mutex_);
   if (auto it = plans_.find(key); it != plans_.end()) return *it->second;
 
   auto plan = std::make_unique<Plan>();
   try {
-    make_plan(*plan, x, w, p, tf32);
+    make_plan(*plan, x, w, p, tf32, bf16);
   } catch (const Error& e) {
     plan = std::make_unique<Plan>();  // im2col both ways; the descriptors made so far are freed
     warn_fallback("planning conv2d x " + x.str() + " w " + w.str() + ": " + e.what());
   }
   const Plan& pl = *plan;
-  log().debug("conv2d x {} w {}: cuDNN forward {}, backward data {}, filter {}", x.str(), w.str(),
-              algo_str(pl.forward_ok, pl.fwd_algo, pl.fwd_bytes), algo_str(pl.backward_ok, pl.data_algo, pl.data_bytes),
-              algo_str(pl.backward_ok, pl.filter_algo, pl.filter_bytes));
+  log().debug("conv2d x {} w {}{}: cuDNN forward {}, backward data {}, filter {}", x.str(), w.str(),
+              bf16 ? " (bf16)" : "", algo_str(pl.forward_ok, pl.fwd_algo, pl.fwd_bytes),
+              algo_str(pl.data_ok, pl.data_algo, pl.data_bytes),
+              algo_str(pl.filter_ok, pl.filter_algo, pl.filter_bytes));
   return *(plans_[key] = std::move(plan));
 }
 
-void CudnnConv::make_plan(Plan& pl, const Shape& x, const Shape& w, const Conv2dParams& p, bool tf32) {
+void CudnnConv::make_plan(Plan& pl, const Shape& x, const Shape& w, const Conv2dParams& p, bool tf32, bool bf16) {
   const Shape y = conv2d_output_shape(x, w, p);
   // cuDNN's legacy API indexes with 32-bit ints: every dimension and every element count.
   bool dims_ok = true;
@@ -134,16 +139,15 @@ void CudnnConv::make_plan(Plan& pl, const Shape& x, const Shape& w, const Conv2d
     REMAT_CUDNN_CHECK(cudnnCreateFilterDescriptor(&pl.w));
     REMAT_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&pl.conv));
     auto i = [](int64_t v) { return static_cast<int>(v); };
-    REMAT_CUDNN_CHECK(
-        cudnnSetTensor4dDescriptor(pl.x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(x[0]), i(x[1]), i(x[2]), i(x[3])));
-    REMAT_CUDNN_CHECK(
-        cudnnSetTensor4dDescriptor(pl.y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(y[0]), i(y[1]), i(y[2]), i(y[3])));
-    REMAT_CUDNN_CHECK(
-        cudnnSetFilter4dDescriptor(pl.w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, i(w[0]), i(w[1]), i(w[2]), i(w[3])));
+    const cudnnDataType_t dt = bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;  // compute: fp32 either way
+    REMAT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(pl.x, CUDNN_TENSOR_NCHW, dt, i(x[0]), i(x[1]), i(x[2]), i(x[3])));
+    REMAT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(pl.y, CUDNN_TENSOR_NCHW, dt, i(y[0]), i(y[1]), i(y[2]), i(y[3])));
+    REMAT_CUDNN_CHECK(cudnnSetFilter4dDescriptor(pl.w, dt, CUDNN_TENSOR_NCHW, i(w[0]), i(w[1]), i(w[2]), i(w[3])));
     REMAT_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(pl.conv, p.pad_h, p.pad_w, p.stride_h, p.stride_w, p.dilation_h,
                                                       p.dilation_w, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
     REMAT_CUDNN_CHECK(cudnnSetConvolutionGroupCount(pl.conv, p.groups));
-    REMAT_CUDNN_CHECK(cudnnSetConvolutionMathType(pl.conv, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+    REMAT_CUDNN_CHECK(cudnnSetConvolutionMathType(
+        pl.conv, bf16 ? CUDNN_TENSOR_OP_MATH : (tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH)));
     int on = 0, oc = 0, oh = 0, ow = 0;  // cuDNN's idea of y must be ours
     REMAT_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(pl.conv, pl.x, pl.w, &on, &oc, &oh, &ow));
     const Shape cudnn_y{on, oc, oh, ow};
@@ -162,42 +166,44 @@ void CudnnConv::make_plan(Plan& pl, const Shape& x, const Shape& w, const Conv2d
     if (heuristic(cudnnGetConvolutionForwardAlgorithm_v7(handle_, pl.x, pl.w, pl.conv, pl.y,
                                                          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, fwd),
                   "forward"))
-      pl.forward_ok = pick(fwd, returned, tf32, &pl.fwd_algo, &pl.fwd_bytes, [&](auto algo, size_t* bytes) {
+      pl.forward_ok = pick(fwd, returned, tf32, bf16, &pl.fwd_algo, &pl.fwd_bytes, [&](auto algo, size_t* bytes) {
         return cudnnGetConvolutionForwardWorkspaceSize(handle_, pl.x, pl.w, pl.conv, pl.y, algo, bytes);
       });
-    bool data_ok = false, filter_ok = false;
     cudnnConvolutionBwdDataAlgoPerf_t data[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     if (heuristic(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle_, pl.w, pl.y, pl.conv, pl.x,
                                                               CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned, data),
                   "backward data"))
-      data_ok = pick(data, returned, tf32, &pl.data_algo, &pl.data_bytes, [&](auto algo, size_t* bytes) {
+      pl.data_ok = pick(data, returned, tf32, bf16, &pl.data_algo, &pl.data_bytes, [&](auto algo, size_t* bytes) {
         return cudnnGetConvolutionBackwardDataWorkspaceSize(handle_, pl.w, pl.y, pl.conv, pl.x, algo, bytes);
       });
     cudnnConvolutionBwdFilterAlgoPerf_t filter[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    if (heuristic(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+    if (!bf16 &&
+        heuristic(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
                       handle_, pl.x, pl.y, pl.conv, pl.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned, filter),
                   "backward filter"))
-      filter_ok = pick(filter, returned, tf32, &pl.filter_algo, &pl.filter_bytes, [&](auto algo, size_t* bytes) {
-        return cudnnGetConvolutionBackwardFilterWorkspaceSize(handle_, pl.x, pl.y, pl.conv, pl.w, algo, bytes);
-      });
-    pl.backward_ok = data_ok && filter_ok;
-    if (!pl.backward_ok) pl.data_bytes = pl.filter_bytes = 0;
+      pl.filter_ok =
+          pick(filter, returned, tf32, bf16, &pl.filter_algo, &pl.filter_bytes, [&](auto algo, size_t* bytes) {
+            return cudnnGetConvolutionBackwardFilterWorkspaceSize(handle_, pl.x, pl.y, pl.conv, pl.w, algo, bytes);
+          });
+    if (!pl.data_ok) pl.data_bytes = 0;
+    if (!pl.filter_ok) pl.filter_bytes = 0;
+    pl.backward_ok = pl.data_ok && pl.filter_ok;
   }
 }
 
-void CudnnConv::forward(const Plan& pl, const float* x, const float* w, float beta, float* y, void* workspace) {
+void CudnnConv::forward(const Plan& pl, const void* x, const void* w, float beta, void* y, void* workspace) {
   const float one = 1.0f;
   REMAT_CUDNN_CHECK(cudnnConvolutionForward(handle_, &one, pl.x, x, pl.w, w, pl.conv, pl.fwd_algo, workspace,
                                             pl.fwd_bytes, &beta, pl.y, y));
 }
 
-void CudnnConv::backward_data(const Plan& pl, const float* w, const float* dy, float* dx, void* workspace) {
+void CudnnConv::backward_data(const Plan& pl, const void* w, const void* dy, void* dx, void* workspace) {
   const float one = 1.0f, zero = 0.0f;
   REMAT_CUDNN_CHECK(cudnnConvolutionBackwardData(handle_, &one, pl.w, w, pl.y, dy, pl.conv, pl.data_algo, workspace,
                                                  pl.data_bytes, &zero, pl.x, dx));
 }
 
-void CudnnConv::backward_filter(const Plan& pl, const float* x, const float* dy, float* dw, void* workspace) {
+void CudnnConv::backward_filter(const Plan& pl, const void* x, const void* dy, float* dw, void* workspace) {
   const float one = 1.0f;  // beta = 1: accumulate into dw
   REMAT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(handle_, &one, pl.x, x, pl.y, dy, pl.conv, pl.filter_algo, workspace,
                                                    pl.filter_bytes, &one, pl.w, dw));

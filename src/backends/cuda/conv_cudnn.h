@@ -9,6 +9,12 @@
 // workspace is at most kMaxConvWorkspaceBytes. A shape with no such algorithm in a
 // direction falls back to the im2col path there (plan.forward_ok / backward_ok).
 //
+// bf16 plans (training.precision bf16): x, y and w described as CUDNN_DATA_BFLOAT16 with
+// fp32 compute (cuDNN's PSEUDO_BFLOAT16 configuration), tensor-op math (the inputs are bf16
+// already: no conversion is allowed), the same deterministic direct-family algorithms, for
+// forward and the data gradient. No filter gradient (filter_ok false): cuDNN writes dw in
+// the filters' dtype, bf16, and remat's parameter gradients are f32 (im2col computes it).
+//
 // Planning never fails: when cuDNN cannot be used for a shape (a missing or mismatched
 // cuDNN 9 sub-library, a handle that cannot be made, a tensor of 2^31 elements or more, any
 // error of a descriptor or heuristic call) the plan says im2col in both directions and the
@@ -41,7 +47,8 @@ class CudnnConv {
     cudnnTensorDescriptor_t x = nullptr, y = nullptr;
     cudnnFilterDescriptor_t w = nullptr;
     cudnnConvolutionDescriptor_t conv = nullptr;
-    bool forward_ok = false, backward_ok = false;
+    bool forward_ok = false, data_ok = false, filter_ok = false;
+    bool backward_ok = false;  // data_ok && filter_ok
     cudnnConvolutionFwdAlgo_t fwd_algo{};
     cudnnConvolutionBwdDataAlgo_t data_algo{};
     cudnnConvolutionBwdFilterAlgo_t filter_algo{};
@@ -59,18 +66,18 @@ class CudnnConv {
   // cuDNN handle can be made (warned about once: the callers take the im2col path).
   static CudnnConv* of(const CudaBackend& backend);
 
-  // The plan for a non-empty convolution (cached per shape; TF32 or FMA math).
-  const Plan& plan(const Shape& x, const Shape& w, const Conv2dParams& p, bool tf32);
+  // The plan for a non-empty convolution (cached per shape; TF32 or FMA math; bf16 tensors).
+  const Plan& plan(const Shape& x, const Shape& w, const Conv2dParams& p, bool tf32, bool bf16);
 
   // Logs why cuDNN is not used: a warning the first time in the process, then debug.
   static void warn_fallback(const std::string& why);
 
-  // y = conv(x, w) + beta * y.
-  void forward(const Plan& plan, const float* x, const float* w, float beta, float* y, void* workspace);
+  // y = conv(x, w) + beta * y (f32 arrays, or bf16 ones for a bf16 plan).
+  void forward(const Plan& plan, const void* x, const void* w, float beta, void* y, void* workspace);
   // dx = the gradient of the input.
-  void backward_data(const Plan& plan, const float* w, const float* dy, float* dx, void* workspace);
-  // dw += the gradient of the filters.
-  void backward_filter(const Plan& plan, const float* x, const float* dy, float* dw, void* workspace);
+  void backward_data(const Plan& plan, const void* w, const void* dy, void* dx, void* workspace);
+  // dw += the gradient of the filters (an fp32 plan).
+  void backward_filter(const Plan& plan, const void* x, const void* dy, float* dw, void* workspace);
 
   CudnnConv(const CudnnConv&) = delete;
   CudnnConv& operator=(const CudnnConv&) = delete;
@@ -78,9 +85,9 @@ class CudnnConv {
  private:
   explicit CudnnConv(cudaStream_t stream);
   // Fills `pl` (throws remat::Error on a cuDNN error; plan() turns that into im2col).
-  void make_plan(Plan& pl, const Shape& x, const Shape& w, const Conv2dParams& p, bool tf32);
+  void make_plan(Plan& pl, const Shape& x, const Shape& w, const Conv2dParams& p, bool tf32, bool bf16);
 
-  using Key = std::array<int64_t, 16>;
+  using Key = std::array<int64_t, 17>;
   cudnnHandle_t handle_ = nullptr;
   std::mutex mutex_;
   std::map<Key, std::unique_ptr<Plan>> plans_;

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "backends/cuda/gemm.h"
+#include "kernels/gemm.cuh"
 #include "kernels/bias.cuh"
 #include "remat/cuda_check.h"
 #include "remat/device_registry.h"
@@ -36,9 +37,6 @@ int to_int(int64_t v, const char* what) {
 void gemm_rowmajor(cublasHandle_t h, const char* op, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                    const Tensor& a, int64_t stride_a, const Tensor& b, int64_t stride_b, float beta, const Tensor& c,
                    int64_t stride_c, int64_t batch) {
-  const bool all_f32 = a.dtype() == DType::f32 && b.dtype() == DType::f32 && c.dtype() == DType::f32;
-  REMAT_CHECK(all_f32 || (a.dtype() == DType::bf16 && b.dtype() == DType::bf16), op, ": ", a.str(), " times ", b.str(),
-              " into ", c.str(), ": on cuda the two factors are both bf16 (into bf16 or f32) or all three f32");
   gemm_strided_mixed(h, op, ta, tb, m, n, k, alpha, fbuf(a), ta ? m : std::max<int64_t>(k, 1), stride_a, fbuf(b),
                      tb ? std::max<int64_t>(k, 1) : n, stride_b, beta, fbuf(c), n, stride_c, batch);
 }
@@ -63,14 +61,18 @@ void gemm_strided(cublasHandle_t h, bool ta, bool tb, int64_t m, int64_t n, int6
 void gemm_strided_mixed(cublasHandle_t h, const char* op, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                         float alpha, kernels::FloatBuf a, int64_t lda, int64_t sa, kernels::FloatBuf b, int64_t ldb,
                         int64_t sb, float beta, kernels::FloatBuf c, int64_t ldc, int64_t sc, int64_t batch) {
-  auto name = [](const kernels::FloatBuf& x) { return x.bf16 ? "bf16" : "f32"; };
   if (!a.bf16 && !b.bf16 && !c.bf16) {
     gemm_strided(h, ta, tb, m, n, k, alpha, static_cast<const float*>(a.p), lda, sa, static_cast<const float*>(b.p),
                  ldb, sb, beta, static_cast<float*>(c.p), ldc, sc, batch);
     return;
   }
-  REMAT_CHECK(a.bf16 && b.bf16, op, ": a GEMM of ", name(a), " by ", name(b), " into ", name(c), " (m ", m, ", n ", n,
-              ", k ", k, "): cuBLAS multiplies bf16 by bf16 or f32 by f32, not a mix");
+  if (a.bf16 != b.bf16 || !a.bf16) {  // f32 by bf16, or f32 factors into a bf16 c: no cuBLAS kernel
+    (void)op;
+    cudaStream_t stream = nullptr;
+    REMAT_CUBLAS_CHECK(cublasGetStream(h, &stream));
+    kernels::gemm_fma(ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, batch, stream);
+    return;
+  }
   if (m == 0 || n == 0 || batch == 0) return;
   const int M = to_int(m, "m"), N = to_int(n, "n"), K = to_int(k, "k");
   const int LDA = to_int(lda, "lda"), LDB = to_int(ldb, "ldb"), LDC = to_int(ldc, "ldc");
