@@ -29,6 +29,14 @@ struct Check {
       fail(std::string(name) + " " + t.str() + ": expected dtype " + dtype_name(dtype));
     if (t.device() != device) fail(std::string(name) + " " + t.str() + ": expected a tensor on " + device.str());
   }
+  // A tensor that stays f32 whatever activation_dtype() says: normalisation statistics, the
+  // loss and cross-entropy's row statistics (they need fp32's range and precision).
+  void statistics(const char* name, const Tensor& t) const {
+    if (!t.defined()) fail(std::string(name) + " is undefined");
+    if (t.dtype() != DType::f32)
+      fail(std::string(name) + " " + t.str() + ": expected dtype f32 (statistics stay f32 under bf16 activations)");
+    if (t.device() != device) fail(std::string(name) + " " + t.str() + ": expected a tensor on " + device.str());
+  }
   void rank(const char* name, const Tensor& t, int r) const {
     if (t.rank() != r) fail(std::string(name) + " " + t.str() + ": expected rank " + std::to_string(r));
   }
@@ -281,9 +289,9 @@ void check_cross_entropy_forward(const Check& ck, const Tensor& logits, const Te
   ck.tensor("targets", targets, DType::i32);
   ck.rank("logits", logits, 2);
   ck.shape("targets", targets, Shape{logits.size(0)});
-  ck.tensor("loss", loss);
+  ck.statistics("loss", loss);
   ck.shape("loss", loss, Shape{1});
-  ck.tensor("lse", lse);
+  ck.statistics("lse", lse);
   ck.shape("lse", lse, Shape{logits.size(0)});
 }
 
@@ -293,7 +301,7 @@ void check_cross_entropy_backward(const Check& ck, float dloss, const Tensor& lo
   ck.tensor("targets", targets, DType::i32);
   ck.rank("logits", logits, 2);
   ck.shape("targets", targets, Shape{logits.size(0)});
-  ck.tensor("lse", lse);
+  ck.statistics("lse", lse);
   ck.shape("lse", lse, Shape{logits.size(0)});
   ck.tensor("dlogits", dlogits);
   ck.same_shape("dlogits", dlogits, "logits", logits);
@@ -391,12 +399,18 @@ void check_global_avgpool_backward(const Check& ck, const Tensor& dy, const Tens
 
 // ---- Normalisation ------------------------------------------------------------------------
 
+// Per-channel tensors of x: parameters (gamma, beta: bf16 working copies under bf16) and
+// statistics (save_mean, save_invstd, running_mean, running_var: f32 always).
 void check_bn_params(const Check& ck, const Tensor& x,
                      std::initializer_list<std::pair<const char*, const Tensor*>> ps) {
   ck.tensor("x", x);
   ck.rank("x", x, 4);
   for (auto& [name, t] : ps) {
-    ck.tensor(name, *t);
+    const std::string_view n(name);
+    if (n == "gamma" || n == "beta")
+      ck.tensor(name, *t);
+    else
+      ck.statistics(name, *t);
     ck.shape(name, *t, Shape{x.size(1)});
   }
 }
@@ -445,9 +459,9 @@ void check_layernorm_forward(const Check& ck, const Tensor& x, const Tensor& gam
   ck.shape("beta", beta, Shape{c});
   ck.tensor("y", y);
   ck.same_shape("x", x, "y", y);
-  ck.tensor("mean", mean);
+  ck.statistics("mean", mean);
   ck.shape("mean", mean, Shape{n});
-  ck.tensor("rstd", rstd);
+  ck.statistics("rstd", rstd);
   ck.shape("rstd", rstd, Shape{n});
   if (!(eps > 0.0f)) ck.fail("eps must be positive");
 }
@@ -462,9 +476,9 @@ void check_layernorm_backward(const Check& ck, const Tensor& dy, const Tensor& x
   ck.same_shape("dy", dy, "x", x);
   ck.tensor("gamma", gamma);
   ck.shape("gamma", gamma, Shape{c});
-  ck.tensor("mean", mean);
+  ck.statistics("mean", mean);
   ck.shape("mean", mean, Shape{n});
-  ck.tensor("rstd", rstd);
+  ck.statistics("rstd", rstd);
   ck.shape("rstd", rstd, Shape{n});
   ck.optional("dx", dx, x.shape());
   ck.optional("dgamma", dgamma, Shape{c});
@@ -479,7 +493,7 @@ void check_rmsnorm_forward(const Check& ck, const Tensor& x, const Tensor& gamma
   ck.shape("gamma", gamma, Shape{x.size(-1)});
   ck.tensor("y", y);
   ck.same_shape("x", x, "y", y);
-  ck.tensor("rstd", rstd);
+  ck.statistics("rstd", rstd);
   ck.shape("rstd", rstd, Shape{rows_of(x.shape())});
   if (!(eps > 0.0f)) ck.fail("eps must be positive");
 }
@@ -492,7 +506,7 @@ void check_rmsnorm_backward(const Check& ck, const Tensor& dy, const Tensor& x, 
   ck.same_shape("dy", dy, "x", x);
   ck.tensor("gamma", gamma);
   ck.shape("gamma", gamma, Shape{x.size(-1)});
-  ck.tensor("rstd", rstd);
+  ck.statistics("rstd", rstd);
   ck.shape("rstd", rstd, Shape{rows_of(x.shape())});
   ck.optional("dx", dx, x.shape());
   ck.optional("dgamma", dgamma, Shape{x.size(-1)});
@@ -584,6 +598,8 @@ void check_permute_0213(const Check& ck, const Tensor& x, const Tensor& y) {
   ck.tensor("y", y);
   ck.rank("x", x, 4);
   ck.shape("y", y, Shape{x.size(0), x.size(2), x.size(1), x.size(3)});
+  if (x.dtype() != y.dtype())
+    ck.fail("x " + x.str() + " and y " + y.str() + ": a permutation copies elements, so x and y need one dtype");
   if (x.shares_storage(y)) ck.fail("x and y must not share storage");
 }
 

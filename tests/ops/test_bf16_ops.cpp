@@ -9,7 +9,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backends/cpu/bf16.h"
@@ -17,6 +19,7 @@
 #include "remat/backend.h"
 #include "remat/bf16.h"
 #include "remat/dtype.h"
+#include "remat/error.h"
 #include "remat/tensor.h"
 
 using namespace remat;
@@ -358,3 +361,73 @@ TEST_F(Bf16Ops, Conv2dIsTheRoundedFp32OpOnEveryPathAndChunking) {
 }
 
 }  // namespace
+
+namespace {
+
+// The message of the error f throws (empty when it throws none).
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+}  // namespace
+
+// Statistics stay f32 under bf16 activations: a bf16 mean, rstd, lse, loss or batch-norm
+// statistic is refused by the validator (every backend), the error naming the op and the
+// tensor; and permute_0213 copies one dtype (x and y alike).
+TEST_F(Bf16Ops, StatisticsMustBeF32AndPermuteKeepsItsDtype) {
+  const Shape s{4, 8};
+  Pair x = random_pair(s, 30), g = random_pair(Shape{8}, 31), y = empty_pair(s);
+  Tensor st32 = Tensor::empty(Shape{4}), st16 = Tensor::empty(Shape{4}, Device::cpu(), DType::bf16);
+  auto expect_stat = [](const std::string& msg, const std::string& op, const std::string& tensor) {
+    EXPECT_NE(msg.find(op + ": " + tensor + " bf16["), std::string::npos) << msg;
+    EXPECT_NE(msg.find("expected dtype f32 (statistics stay f32 under bf16 activations)"), std::string::npos) << msg;
+  };
+  expect_stat(error_of([&] { cpu_be().layernorm_forward(x.h, g.h, g.h, 1e-5f, y.h, st16, st32); }), "layernorm_forward",
+              "mean");
+  expect_stat(error_of([&] { cpu_be().layernorm_forward(x.h, g.h, g.h, 1e-5f, y.h, st32, st16); }), "layernorm_forward",
+              "rstd");
+  expect_stat(error_of([&] { cpu_be().layernorm_backward(x.h, x.h, g.h, st32, st16, y.h, Tensor(), Tensor()); }),
+              "layernorm_backward", "rstd");
+  expect_stat(error_of([&] { cpu_be().rmsnorm_forward(x.h, g.h, 1e-6f, y.h, st16); }), "rmsnorm_forward", "rstd");
+  expect_stat(error_of([&] { cpu_be().rmsnorm_backward(x.h, x.h, g.h, st16, y.h, Tensor()); }), "rmsnorm_backward",
+              "rstd");
+  Tensor targets = Tensor::from_ints({0, 1, 2, 3}, Shape{4});
+  Tensor loss16 = Tensor::empty(Shape{1}, Device::cpu(), DType::bf16), loss32 = Tensor::empty(Shape{1});
+  expect_stat(error_of([&] { cpu_be().cross_entropy_forward(x.h, targets, -100, loss16, st32); }),
+              "cross_entropy_forward", "loss");
+  expect_stat(error_of([&] { cpu_be().cross_entropy_forward(x.h, targets, -100, loss32, st16); }),
+              "cross_entropy_forward", "lse");
+  expect_stat(error_of([&] { cpu_be().cross_entropy_backward(1.0f, x.h, targets, st16, -100, y.h); }),
+              "cross_entropy_backward", "lse");
+  const Shape xs{2, 4, 3, 3}, cs{4};
+  Pair bx = random_pair(xs, 32), bg = random_pair(cs, 33), by = empty_pair(xs);
+  Tensor c32 = Tensor::zeros(cs), c16 = Tensor::zeros(cs, Device::cpu(), DType::bf16);
+  const BatchNormParams bp;
+  expect_stat(
+      error_of([&] { cpu_be().batchnorm2d_forward_train(bx.h, bg.h, bg.h, c32, c32, bp, true, by.h, c16, c32); }),
+      "batchnorm2d_forward_train", "save_mean");
+  expect_stat(
+      error_of([&] { cpu_be().batchnorm2d_forward_train(bx.h, bg.h, bg.h, c32, c16, bp, true, by.h, c32, c32); }),
+      "batchnorm2d_forward_train", "running_var");
+  expect_stat(error_of([&] { cpu_be().batchnorm2d_forward_eval(bx.h, bg.h, bg.h, c16, c32, bp, by.h); }),
+              "batchnorm2d_forward_eval", "running_mean");
+  expect_stat(error_of([&] { cpu_be().batchnorm2d_backward(bx.h, bx.h, bg.h, c32, c16, by.h, c32, c32); }),
+              "batchnorm2d_backward", "save_invstd");
+  // gamma and beta may be bf16 working copies: the same calls with f32 statistics run.
+  EXPECT_EQ(error_of([&] { cpu_be().batchnorm2d_forward_train(bx.h, bg.h, bg.h, c32, c32, bp, true, by.h, c32, c32); }),
+            "");
+  EXPECT_EQ(error_of([&] { cpu_be().layernorm_forward(x.h, g.h, g.h, 1e-5f, y.h, st32, st32); }), "");
+
+  Pair p = random_pair(Shape{2, 3, 4, 5}, 34);
+  Tensor q32 = Tensor::empty(Shape{2, 4, 3, 5});
+  const std::string msg = error_of([&] { cpu_be().permute_0213(p.h, q32); });
+  EXPECT_NE(msg.find("permute_0213: x bf16[2, 3, 4, 5] on cpu and y f32[2, 4, 3, 5] on cpu"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("need one dtype"), std::string::npos) << msg;
+}
+
