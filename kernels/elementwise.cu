@@ -205,4 +205,61 @@ void gelu_backward(FloatBuf dy, FloatBuf x, Gelu form, FloatBuf dx, int64_t n, c
     map2(dy, x, dx, n, GeluTanhBackward{}, stream);
 }
 
+namespace {
+
+struct CastMultiArgs {
+  const float* src[kCastMultiMax];
+  bf16* dst[kCastMultiMax];
+  int64_t n[kCastMultiMax];
+  int first_block[kCastMultiMax + 1];  // entry i's chunks: blocks [first_block[i], first_block[i + 1])
+  bool vec[kCastMultiMax];             // both pointers 16-byte aligned
+  int count;
+};
+static_assert(sizeof(CastMultiArgs) <= 4000, "CastMultiArgs: over the 4 KiB kernel-argument limit");
+
+__global__ void cast_f32_to_bf16_multi_kernel(CastMultiArgs a) {
+  int lo = 0, hi = a.count - 1;  // the entry whose blocks hold this one
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (a.first_block[mid] <= static_cast<int>(blockIdx.x))
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const int64_t begin = static_cast<int64_t>(blockIdx.x - a.first_block[lo]) * kCastMultiChunk;
+  const int64_t end = begin + kCastMultiChunk < a.n[lo] ? begin + kCastMultiChunk : a.n[lo];
+  const float* src = a.src[lo];
+  bf16* dst = a.dst[lo];
+  int64_t done = begin;
+  if (a.vec[lo]) {  // begin is a multiple of 8: whole groups of eight from there
+    const int64_t q0 = begin / 8, q1 = end / 8;
+    for (int64_t q = q0 + threadIdx.x; q < q1; q += blockDim.x) {
+      const float4 u = load4(src, 2 * q), w = load4(src, 2 * q + 1);
+      const float v[8] = {u.x, u.y, u.z, u.w, w.x, w.y, w.z, w.w};
+      store8(dst, q, v);
+    }
+    done = q1 * 8;
+  }
+  for (int64_t i = done + threadIdx.x; i < end; i += blockDim.x) dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+}  // namespace
+
+void cast_f32_to_bf16_multi(const CastMultiEntry* entries, int count, cudaStream_t stream) {
+  CastMultiArgs a{};
+  a.count = count;
+  int blocks = 0;
+  for (int i = 0; i < count; ++i) {
+    a.src[i] = entries[i].src;
+    a.dst[i] = entries[i].dst;
+    a.n[i] = entries[i].n;
+    a.vec[i] = aligned16(entries[i].src) && aligned16(entries[i].dst);
+    a.first_block[i] = blocks;
+    blocks += static_cast<int>(ceil_div<int64_t>(entries[i].n, kCastMultiChunk));
+  }
+  a.first_block[count] = blocks;
+  if (blocks > 0)
+    REMAT_LAUNCH(cast_f32_to_bf16_multi_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kBlock), 0, stream, a);
+}
+
 }  // namespace remat::kernels

@@ -30,4 +30,20 @@ void relu_backward(FloatBuf dy, FloatBuf x, FloatBuf dx, int64_t n, cudaStream_t
 void gelu_forward(FloatBuf x, Gelu form, FloatBuf y, int64_t n, cudaStream_t stream);
 void gelu_backward(FloatBuf dy, FloatBuf x, Gelu form, FloatBuf dx, int64_t n, cudaStream_t stream);
 
+// Multi-tensor f32 -> bf16 conversion (Backend::cast_multi: the bf16 working copies of the
+// fp32 masters, ParamStore::refresh_working): up to kCastMultiMax tensors per launch, their
+// pointers and sizes in the kernel's arguments (no table to upload), one chunk of
+// kCastMultiChunk elements of one tensor per block; every element rounded by
+// __float2bfloat16_rn as by copy/scale (eight per access where both pointers are 16-byte
+// aligned). GPT-2 124M's 148 parameter tensors: 2 launches instead of 148 scale launches.
+constexpr int kCastMultiMax = 128;
+constexpr int64_t kCastMultiChunk = 16384;
+struct CastMultiEntry {
+  const float* src;
+  bf16* dst;
+  int64_t n;
+};
+// Converts entries[0 .. count) (count <= kCastMultiMax) in one launch.
+void cast_f32_to_bf16_multi(const CastMultiEntry* entries, int count, cudaStream_t stream);
+
 }  // namespace remat::kernels

@@ -93,6 +93,8 @@ class ParamStore {
   // Rounds every master into its working copy (nothing under fp32). The executor calls it
   // at the start of each step and evaluation, so the copies always follow the masters
   // (after an optimizer step, a checkpoint load, --init-from) without anyone marking them.
+  // One Backend::cast_multi over every copy: on the CUDA backend a few launches per step
+  // (kernels::kCastMultiMax tensors each), not one per parameter.
   void refresh_working(Backend& be);
   // What a layer's ops read for parameter p: its bf16 working copy if it has one, else the
   // master (fp32 runs, buffers, frozen parameters).

@@ -655,6 +655,27 @@ void check_adamw_step_multi(const Check& ck, const std::vector<Tensor>& params, 
   if (step < 1) ck.fail("step counts from 1, got " + std::to_string(step));
 }
 
+void check_cast_multi(const Check& ck, const std::vector<Tensor>& src, const std::vector<Tensor>& dst) {
+  if (src.size() != dst.size())
+    ck.fail(std::to_string(src.size()) + " sources but " + std::to_string(dst.size()) + " destinations");
+  for (size_t i = 0; i < src.size(); ++i) {
+    // Any float dtype on either side, whatever activation_dtype() says: converting is the op.
+    for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"src", &src[i]}, {"dst", &dst[i]}}) {
+      if (!t->defined()) ck.fail(std::string(name) + " " + std::to_string(i) + " is undefined");
+      if (t->dtype() != DType::f32 && t->dtype() != DType::bf16)
+        ck.fail(std::string(name) + " " + std::to_string(i) + " " + t->str() + ": expected dtype f32 or bf16");
+      if (t->device() != ck.device)
+        ck.fail(std::string(name) + " " + std::to_string(i) + " " + t->str() + ": expected a tensor on " +
+                ck.device.str());
+    }
+    if (src[i].shape() != dst[i].shape())
+      ck.fail("src " + std::to_string(i) + " " + src[i].str() + " and dst " + dst[i].str() +
+              " must have the same shape");
+    if (src[i].shares_storage(dst[i]))
+      ck.fail("src " + std::to_string(i) + " " + src[i].str() + " and dst " + dst[i].str() + " must not share storage");
+  }
+}
+
 void check_global_norm(const Check& ck, const std::vector<Tensor>& tensors) {
   for (const auto& t : tensors) ck.tensor("tensor", t);
 }

@@ -91,8 +91,13 @@ void ParamStore::initialise(size_t p) {
 }
 
 void ParamStore::refresh_working(Backend& be) {
+  std::vector<Tensor> src, dst;
   for (size_t p = 0; p < working.size(); ++p)
-    if (working[p].defined()) be.scale(values[p], 1.0f, working[p]);  // x * 1 is x: one rounding to bf16
+    if (working[p].defined()) {
+      src.push_back(values[p]);
+      dst.push_back(working[p]);
+    }
+  if (!src.empty()) be.cast_multi(src, dst);  // each master rounded once to bf16, many per launch
 }
 
 void ParamStore::zero_grads(Backend& be) {

@@ -160,6 +160,56 @@ REMAT_OP_CASE(elementwise, bf16_mixed_dtypes) {
   t.expect_equal(working, "rounding edge cases");
 }
 
+// cast_multi, the working-copy refresh: 150 tensors (two launches of kCastMultiMax = 128),
+// sizes from empty to several 16384-element chunks, destinations aligned (eight per access)
+// and guarded (one by one), the rounding edge cases; and pairs that are not f32 -> bf16
+// (bf16 -> f32, f32 -> f32: one copy each). Bitwise the cpu, and bitwise the device's own
+// scale(src, 1, dst) per tensor (the refresh before).
+REMAT_OP_CASE(elementwise, bf16_cast_multi) {
+  ActivationDTypeScope bf16(DType::bf16);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<int64_t> sizes = {0, 1, 7, 8, 9, 100, 16384, 16385, 40000 + 3};
+  std::vector<Pair> src, dst, per_tensor;
+  for (int i = 0; i < 150; ++i) {
+    const int64_t n = sizes[static_cast<size_t>(i) % sizes.size()];
+    src.push_back(t.uniform({n}, -4.0f, 4.0f));
+    const bool aligned = i % 2 == 0;
+    dst.push_back(aligned ? aligned_bf16_output(t, {n}) : t.output({n}, DType::bf16));
+    per_tensor.push_back(aligned ? aligned_bf16_output(t, {n}) : t.output({n}, DType::bf16));
+  }
+  const std::vector<float> edge = {1.00390625f, 1.01171875f,     -1.00390625f, 3.3895314e38f, -3.4e38f,  1e-40f,
+                                   -1e-45f,     1.17549435e-38f, nan,          inf,           -inf,      0.0f,
+                                   -0.0f,       65504.5f,        0.333333343f, 2.71828175f,   1.0000001f};
+  const Shape es{static_cast<int64_t>(edge.size())};
+  src.push_back(t.values(edge, es));
+  dst.push_back(t.output(es, DType::bf16));
+  per_tensor.push_back(t.output(es, DType::bf16));
+  auto h = t.uniform_bf16({33}), f = t.uniform({35});
+  auto widened = t.output({33}), copied = t.output({35});
+  t.run([&](Backend& be, Side s) {
+    std::vector<Tensor> a, b;
+    for (size_t i = 0; i < src.size(); ++i) {
+      a.push_back(s(src[i]));
+      b.push_back(s(dst[i]));
+    }
+    a.push_back(s(h));
+    b.push_back(s(widened));
+    a.push_back(s(f));
+    b.push_back(s(copied));
+    be.cast_multi(a, b);
+    for (size_t i = 0; i < src.size(); ++i) be.scale(s(src[i]), 1.0f, s(per_tensor[i]));
+  });
+  for (size_t i = 0; i < src.size(); ++i) {
+    const std::string what = "cast_multi tensor " + std::to_string(i) + " n=" + std::to_string(src[i].ref.numel());
+    t.expect_equal(dst[i], what);
+    if (!perf_iterations()) {
+      EXPECT_EQ(dut_bits(dst[i].dut), dut_bits(per_tensor[i].dut)) << what << ": against scale(src, 1) on the device";
+    }
+  }
+  t.expect_equal(widened, "cast_multi bf16 -> f32");
+  t.expect_equal(copied, "cast_multi f32 -> f32");
+}
+
 namespace {
 
 void check_dropout_bf16(OpCheck& t, float p) {

@@ -431,3 +431,43 @@ TEST_F(Bf16Ops, StatisticsMustBeF32AndPermuteKeepsItsDtype) {
   EXPECT_NE(msg.find("need one dtype"), std::string::npos) << msg;
 }
 
+// cast_multi (the working-copy refresh): every f32 -> bf16 pair is scale(src, 1, dst)'s bits
+// (one rounding to nearest even: ties, subnormals, overflow, NaN), bf16 -> f32 is exact and a
+// pair of one dtype a copy; tensors of any size in one call.
+TEST_F(Bf16Ops, CastMultiIsScaleByOnePerTensor) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  std::vector<Tensor> src, dst, want;
+  const std::vector<float> edge = {1.00390625f, 1.01171875f, -1.00390625f, 3.3895314e38f, -3.4e38f, 1e-40f,
+                                   -1e-45f,     nan,         inf,          -inf,          0.0f,     -0.0f};
+  src.push_back(Tensor::from_vector(edge, Shape{static_cast<int64_t>(edge.size())}));
+  std::mt19937 gen(40);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{5}, int64_t{2048}, int64_t{2049}, int64_t{70001}}) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = u(gen);
+    src.push_back(Tensor::from_vector(v, Shape{n}));
+  }
+  for (const Tensor& s : src) {
+    dst.push_back(Tensor::empty(s.shape(), Device::cpu(), DType::bf16));
+    want.push_back(Tensor::empty(s.shape(), Device::cpu(), DType::bf16));
+    cpu_be().scale(s, 1.0f, want.back());
+  }
+  Pair h = random_pair(Shape{3, 7}, 41);  // bf16 -> f32, and f32 -> f32
+  Tensor widened = Tensor::empty(h.h.shape()), copied = Tensor::empty(h.f.shape());
+  src.push_back(h.h);
+  dst.push_back(widened);
+  src.push_back(h.f);
+  dst.push_back(copied);
+  cpu_be().cast_multi(src, dst);
+  for (size_t i = 0; i + 2 < src.size(); ++i)
+    EXPECT_EQ(bits(dst[i]), bits(want[i])) << "tensor " << i << " " << src[i].str();
+  EXPECT_EQ(widened.to_vector(), h.f.to_vector());
+  EXPECT_EQ(copied.to_vector(), h.f.to_vector());
+  // Mismatched lists and shapes are errors naming the op.
+  EXPECT_NE(error_of([&] { cpu_be().cast_multi(src, {}); }).find("cast_multi: 9 sources but 0 destinations"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              cpu_be().cast_multi({h.f}, {Tensor::empty(Shape{7, 3}, Device::cpu(), DType::bf16)});
+            }).find("cast_multi: src 0 f32[3, 7] on cpu and dst bf16[7, 3] on cpu must have the same shape"),
+            std::string::npos);
+}

@@ -1,7 +1,9 @@
-// Elementwise ops: add, accumulate, scale, ReLU, GELU, dropout.
+// Elementwise ops: add, accumulate, scale, cast_multi, ReLU, GELU, dropout.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
+#include "backends/cpu/bf16.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/mixed.h"
 #include "backends/cpu/parallel.h"
@@ -145,6 +147,25 @@ void CpuBackend::accumulate_impl(const Tensor& dst, const Tensor& src) {
 
 void CpuBackend::scale_impl(const Tensor& x, float alpha, const Tensor& y) {
   map1(x, y, [alpha](float v) { return alpha * v; });
+}
+
+// Each tensor converted in chunks in parallel: f32 -> bf16 by cpu::f32_to_bf16, the rounding
+// every bf16 store of this backend uses (so the values of scale(src, 1, dst)); bf16 -> f32
+// exactly; one dtype copies.
+void CpuBackend::cast_multi_impl(const std::vector<Tensor>& src, const std::vector<Tensor>& dst) {
+  for (size_t t = 0; t < src.size(); ++t) {
+    const Tensor &x = src[t], &y = dst[t];
+    cpu::parallel_for(x.numel(), cpu::kPiece, [&](int64_t b, int64_t e) {
+      if (x.dtype() == y.dtype())
+        std::memcpy(static_cast<char*>(y.raw_data()) + b * static_cast<int64_t>(dtype_size(y.dtype())),
+                    static_cast<const char*>(x.raw_data()) + b * static_cast<int64_t>(dtype_size(x.dtype())),
+                    static_cast<size_t>(e - b) * dtype_size(x.dtype()));
+      else if (y.dtype() == DType::bf16)
+        cpu::f32_to_bf16(x.f32() + b, y.bf16() + b, e - b);
+      else
+        cpu::bf16_to_f32(x.bf16() + b, y.f32() + b, e - b);
+    });
+  }
 }
 
 void CpuBackend::relu_forward_impl(const Tensor& x, const Tensor& y) {

@@ -28,6 +28,27 @@ void CudaBackend::scale_impl(const Tensor& x, float alpha, const Tensor& y) {
   kernels::scale(fbuf(x), alpha, fbuf(y), y.numel(), stream_);
 }
 
+// f32 -> bf16 pairs go kCastMultiMax per launch (the working-copy refresh); any other pair
+// (bf16 -> f32, one dtype) is one copy launch.
+void CudaBackend::cast_multi_impl(const std::vector<Tensor>& src, const std::vector<Tensor>& dst) {
+  std::vector<kernels::CastMultiEntry> batch;
+  auto flush = [&] {
+    if (!batch.empty()) kernels::cast_f32_to_bf16_multi(batch.data(), static_cast<int>(batch.size()), stream_);
+    batch.clear();
+  };
+  for (size_t i = 0; i < src.size(); ++i) {
+    const int64_t n = src[i].numel();
+    if (n == 0) continue;
+    if (src[i].dtype() == DType::f32 && dst[i].dtype() == DType::bf16) {
+      batch.push_back({src[i].f32(), static_cast<kernels::bf16*>(dst[i].raw_data()), n});
+      if (batch.size() == static_cast<size_t>(kernels::kCastMultiMax)) flush();
+    } else {
+      kernels::copy(fbuf(src[i]), fbuf(dst[i]), n, stream_);
+    }
+  }
+  flush();
+}
+
 void CudaBackend::relu_forward_impl(const Tensor& x, const Tensor& y) {
   kernels::relu_forward(fbuf(x), fbuf(y), y.numel(), stream_);
 }
