@@ -41,7 +41,7 @@ const char* layer_kind_name(LayerKind k) {
 
 Tensor reuse_dout(BackwardContext& c, const Shape& shape) {
   if (c.dout.defined() && c.dout.storage_use_count() == 1 && c.dout.shape() == shape) return c.dout;
-  return Tensor::empty(shape, c.be.device());
+  return Tensor::empty(shape, c.be.device(), activation_dtype());  // an activation gradient: bf16 under bf16
 }
 
 // ---- ParamSpec builders -----------------------------------------------------------------

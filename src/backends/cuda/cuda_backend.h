@@ -79,6 +79,8 @@ class CudaBackend : public Backend {
   double time_ms(const std::function<void()>& body) override;
   void flush_caches() override;  // rewrites a buffer of twice the L2
   Properties properties() const override;
+  // Every op takes bf16 activations (kernels/bf16.cuh; docs/kernels.md "bf16 kernels").
+  bool supports_bf16() const override { return true; }
 
  protected:
   void enter_op() override { activate(); }
