@@ -17,10 +17,9 @@ DType parse_dtype(const std::string& s);  // "f32" | "bf16" | "f16" | "i32"; thr
 // thread: f32, or bf16 inside an ActivationDTypeScope (training.precision bf16, see
 // docs/memory.md). What needs range stays f32 whatever it says: normalisation statistics,
 // the loss and cross-entropy's row statistics, parameter gradients, optimizer state.
-// The validators accept it where they expect f32. The meta backend models bf16 and the
-// CPU backend's transformer ops (elementwise, linear/gemm, layernorm, softmax,
-// cross-entropy, embedding, attention) compute on bf16 storage in fp32
-// (src/backends/cpu/mixed.h); the CNN ops and the CUDA backend read f32 only.
+// The validators accept it where they expect f32 (statistics excepted: they say so). The
+// meta backend models bf16; every op of the CPU backend (src/backends/cpu/mixed.h) and of
+// the CUDA backend (kernels/bf16.cuh) computes on bf16 storage in fp32.
 DType activation_dtype();
 class ActivationDTypeScope {
  public:
