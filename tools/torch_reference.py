@@ -5,7 +5,7 @@ the same parameter full names (docs/config.md), built from the same JSON.
 Run with Debian's Python (python3-torch):
 
     /usr/bin/python3 tools/torch_reference.py golden tests/configs/gpt_char_tiny.json
-    /usr/bin/python3 tools/torch_reference.py curve --run RUN_DIR [--steps N]
+    /usr/bin/python3 tools/torch_reference.py curve --run RUN_DIR [--steps N] [--precision bf16]
     /usr/bin/python3 tools/torch_reference.py eval --run RUN_DIR
     /usr/bin/python3 tools/torch_reference.py time CONFIG [--steps N] [--threads 2] [--remat-run DIR]
                                                 [--device cuda [--tf32]]
@@ -743,8 +743,11 @@ def make_optimizer(cfg, g, w):
 class Trainer:
     """One training step as remat's loop: zero grads, forward, backward, clipping, lr, update."""
 
-    def __init__(self, cfg, g, w, total):
+    def __init__(self, cfg, g, w, total, precision="fp32"):
         self.cfg, self.g, self.w, self.total = cfg, g, w, total
+        # bf16: PyTorch's CPU autocast (its GEMMs and convolutions in bf16, fp32 weights,
+        # gradients and optimizer state): the mixed precision a PyTorch user would run.
+        self.bf16 = precision == "bf16"
         for n, p in g.params.items():
             w[n].requires_grad_(p.trainable)
         self.trainable = [w[n] for n, p in g.params.items() if p.trainable]
@@ -754,7 +757,9 @@ class Trainer:
     def step(self, x, y):
         for t in self.trainable:
             t.grad = None
-        loss, _ = self.g.forward(self.w, x, y, training=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+            loss, _ = self.g.forward(self.w, x, y, training=True)
+        loss = loss.float()
         loss.backward()
         self.step_no += 1
         clip = float(self.cfg["optimizer"]["grad_clip"])
@@ -851,7 +856,7 @@ def cmd_curve(a):
     w = load_weights(a.weights or os.path.join(a.run, "init.safetensors"), g)
     total = total_steps(cfg, data)
     steps = min(a.steps or total, total)
-    tr = Trainer(cfg, g, w, total)
+    tr = Trainer(cfg, g, w, total, a.precision)
     ref, _ = _read_metrics(os.path.join(a.run, "metrics.jsonl"))
     out = open(a.out, "w") if a.out else None
     worst, worst_step, diffs = 0.0, 0, []
@@ -1026,6 +1031,8 @@ def main(argv):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", help="write per-step losses (JSON lines)")
     p.add_argument("--max-rel", type=float, help="fail when the max relative loss difference exceeds this")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: the twin under torch.autocast (CPU, bfloat16), fp32 weights and optimizer")
     p.add_argument("--verbose", action="store_true")
     p.set_defaults(fn=cmd_curve)
     p = sub.add_parser("eval", help="evaluation loss of a remat run's final weights")

@@ -146,6 +146,9 @@ StepProfile profile_step(const Config& cfg, const Graph& g, const CheckpointPlan
   for (int c = 0; c < kNumMemoryCategories; ++c)
     p.peak_by_category.bytes[static_cast<size_t>(c)] =
         s.by_category_at_peak.bytes[static_cast<size_t>(c)] - base.by_category.bytes[static_cast<size_t>(c)];
+  for (int c = 0; c < kNumMemoryCategories; ++c)  // reset_peak() started each at the base's bytes
+    p.category_peaks.bytes[static_cast<size_t>(c)] =
+        s.peak_by_category.bytes[static_cast<size_t>(c)] - base.by_category.bytes[static_cast<size_t>(c)];
   p.peak_reserved_bytes = s.peak_reserved - base.reserved;
   if (keep_events) {
     p.events = alloc.events();
