@@ -8,7 +8,7 @@ Run with Debian's Python (python3-torch):
     /usr/bin/python3 tools/torch_reference.py curve --run RUN_DIR [--steps N] [--precision bf16]
     /usr/bin/python3 tools/torch_reference.py eval --run RUN_DIR
     /usr/bin/python3 tools/torch_reference.py time CONFIG [--steps N] [--threads 2] [--remat-run DIR]
-                                                [--device cuda [--tf32]]
+                                                [--device cuda [--tf32]] [--precision bf16]
     /usr/bin/python3 tools/torch_reference.py derive CONFIG OUT.json training.log_every=1 dropout=0
 
 golden  One training-mode forward and backward of a tiny config on a fixed batch, with
@@ -743,11 +743,12 @@ def make_optimizer(cfg, g, w):
 class Trainer:
     """One training step as remat's loop: zero grads, forward, backward, clipping, lr, update."""
 
-    def __init__(self, cfg, g, w, total, precision="fp32"):
+    def __init__(self, cfg, g, w, total, precision="fp32", device_type="cpu"):
         self.cfg, self.g, self.w, self.total = cfg, g, w, total
-        # bf16: PyTorch's CPU autocast (its GEMMs and convolutions in bf16, fp32 weights,
+        # bf16: PyTorch's autocast (its GEMMs and convolutions in bf16, fp32 weights,
         # gradients and optimizer state): the mixed precision a PyTorch user would run.
         self.bf16 = precision == "bf16"
+        self.device_type = device_type
         for n, p in g.params.items():
             w[n].requires_grad_(p.trainable)
         self.trainable = [w[n] for n, p in g.params.items() if p.trainable]
@@ -757,7 +758,7 @@ class Trainer:
     def step(self, x, y):
         for t in self.trainable:
             t.grad = None
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+        with torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.bf16):
             loss, _ = self.g.forward(self.w, x, y, training=True)
         loss = loss.float()
         loss.backward()
@@ -945,7 +946,7 @@ def cmd_time(a):
     w = load_weights(a.weights, g) if a.weights else g.init_params("remat", 0)
     w = {n: t.to(dev) for n, t in w.items()}  # tied parameters share a name, so stay one tensor
     total = max(total_steps(cfg, data), a.steps + 1)
-    tr = Trainer(cfg, g, w, total)
+    tr = Trainer(cfg, g, w, total, a.precision, dev.type)
     times = []
     for k in range(a.steps + 1):
         t0 = time.perf_counter()
@@ -958,6 +959,8 @@ def cmd_time(a):
             times.append(ms)
     med = statistics.median(times)
     where = f"{a.threads} threads" if dev.type == "cpu" else a.device + (" (TF32)" if a.tf32 else "")
+    if a.precision == "bf16":
+        where += ", autocast bf16"
     print(f"twin {cfg['name'] or a.config}: batch {batch}, {where}: median {med:.2f} ms/step over "
           f"{len(times)} steps (mean {statistics.mean(times):.2f}, min {min(times):.2f})")
     for run in a.remat_run or []:
@@ -971,7 +974,8 @@ def cmd_time(a):
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"config": a.config, "batch": batch, "threads": a.threads, "device": a.device,
-                       "tf32": bool(a.tf32 and dev.type == "cuda"), "median_ms": med, "ms": times}, f)
+                       "tf32": bool(a.tf32 and dev.type == "cuda"), "precision": a.precision, "median_ms": med,
+                       "ms": times}, f)
 
 
 def _set_path(obj, dotted, value):
@@ -1049,6 +1053,8 @@ def main(argv):
     p.add_argument("--remat-run", action="append", help="remat run folder(s) to compare (median step_ms)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     p.add_argument("--tf32", action="store_true", help="on cuda: TF32 matrix products (default fp32)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: torch.autocast with bfloat16 on the device (fp32 weights and optimizer)")
     p.add_argument("--json")
     p.set_defaults(fn=cmd_time)
     p = sub.add_parser("derive", help="write a config with overrides")
