@@ -79,7 +79,7 @@ SECTION_DEFAULTS = {
     "schedule": {"type": "constant", "warmup_steps": 0, "min_lr_ratio": 0.0, "step_size": 1000, "gamma": 0.1},
     "training": {"batch": 32, "steps": 0, "epochs": 0, "seed": 0, "policy": "none", "log_every": 10,
                  "eval_every": 0, "eval_batches": 0, "checkpoint_every": 0, "sample_every": 0,
-                 "sample_length": 200},
+                 "sample_length": 200, "micro_batch": 0, "shard_optimizer": False, "precision": "fp32"},
 }
 
 
@@ -414,6 +414,8 @@ class Graph:
 
     def _apply(self, n, ins, p, training):
         c, t, x = n.cfg, n.type, ins[0]
+        if t in ("batchnorm2d", "layernorm") and x.is_floating_point() and x.dtype != p[0].dtype:
+            x = x.to(p[0].dtype)  # under autocast: norms in fp32, as CUDA autocast runs them (CPU's 1.13 fails)
         if t == "linear":
             return F.linear(x, p[0], p[1] if c["bias"] else None)
         if t == "conv2d":
@@ -857,7 +859,7 @@ def cmd_curve(a):
     w = load_weights(a.weights or os.path.join(a.run, "init.safetensors"), g)
     total = total_steps(cfg, data)
     steps = min(a.steps or total, total)
-    tr = Trainer(cfg, g, w, total, a.precision)
+    tr = Trainer(cfg, g, w, total, a.precision or cfg["training"]["precision"])
     ref, _ = _read_metrics(os.path.join(a.run, "metrics.jsonl"))
     out = open(a.out, "w") if a.out else None
     worst, worst_step, diffs = 0.0, 0, []
@@ -1035,8 +1037,9 @@ def main(argv):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", help="write per-step losses (JSON lines)")
     p.add_argument("--max-rel", type=float, help="fail when the max relative loss difference exceeds this")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
-                   help="bf16: the twin under torch.autocast (CPU, bfloat16), fp32 weights and optimizer")
+    p.add_argument("--precision", choices=("fp32", "bf16"),
+                   help="bf16: the twin under torch.autocast (CPU, bfloat16), fp32 weights and optimizer "
+                        "(default: the run's training.precision)")
     p.add_argument("--verbose", action="store_true")
     p.set_defaults(fn=cmd_curve)
     p = sub.add_parser("eval", help="evaluation loss of a remat run's final weights")
