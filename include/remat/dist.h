@@ -137,6 +137,7 @@ class DeviceComm {
 };
 
 bool built_with_nccl();
+std::string nccl_version();  // of the NCCL library remat runs with ("2.28.9"); "" without NCCL
 // An NCCL communicator over the ranks of `host`, rank r on CUDA device `device`: rank 0
 // makes the unique id and host's allgather carries it to the others (a collective call).
 // Throws when remat was built without NCCL.

@@ -54,9 +54,6 @@ class NcclComm final : public DeviceComm {
     std::memcpy(&id, all.data(), sizeof id);
     check_cuda(cudaSetDevice(device_), "cudaSetDevice");
     check_nccl(ncclCommInitRank(&comm_, size_, id, rank_), "ncclCommInitRank");
-    int v = 0;
-    ncclGetVersion(&v);
-    version_ = std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
   }
   ~NcclComm() override {
     for (Timing& t : timings_) {
@@ -67,7 +64,7 @@ class NcclComm final : public DeviceComm {
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  std::string engine() const override { return "nccl " + version_; }
+  std::string engine() const override { return "nccl " + nccl_version(); }
 
   // Grouped point-to-point calls (NCCL 2.7 and later): block s to rank s, block r from r.
   void alltoall(const float* send, float* recv, int64_t count, void* stream) override {
@@ -158,7 +155,6 @@ class NcclComm final : public DeviceComm {
 
   int rank_ = 0, size_ = 1, device_ = 0;
   ncclComm_t comm_ = nullptr;
-  std::string version_;
   double timeout_ = timeout_s();
   std::vector<Timing> timings_;  // event pairs around the collectives since the last wait
   size_t used_ = 0;
@@ -168,11 +164,18 @@ class NcclComm final : public DeviceComm {
 
 bool built_with_nccl() { return true; }
 
+std::string nccl_version() {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return "unknown";
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
 std::unique_ptr<DeviceComm> make_nccl_comm(Comm& host, int device) { return std::make_unique<NcclComm>(host, device); }
 
 #else
 
 bool built_with_nccl() { return false; }
+std::string nccl_version() { return ""; }
 
 std::unique_ptr<DeviceComm> make_nccl_comm(Comm&, int) {
   REMAT_THROW("this remat was built without NCCL (CMake found no nccl.h and libnccl; set NCCL_ROOT)");
