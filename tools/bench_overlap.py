@@ -7,7 +7,7 @@ the reduction after it, side by side (docs/distributed.md, "Overlap, measured").
 
 Each round runs `mpirun -np RANKS remat train CONFIG --overlap off` then `--overlap on`
 (then the other order in the next round, so that a drift of the machine's load falls on
-both), one thread per rank, every step logged. Per run: the median step time and the
+both), after one warm-up run, one thread per rank, every step logged. Per run: the median step time and the
 medians of rank 0's communication per step (time in flight, time waited for) over the
 steps after the first SKIP. Printed: each round's figures and on/off ratio, then the
 medians over the rounds. On a shared machine compare ratios, not times.
@@ -63,6 +63,7 @@ def main():
           f"buckets of {a.bucket_kib} KiB, {a.rounds} rounds; load average {os.getloadavg()[0]:.1f}")
     print(f"{'round':>5} | {'off ms/step':>11} {'on ms/step':>10} {'on/off':>6} | "
           f"{'off comm/wait ms':>16} | {'on comm/wait ms':>15} {'hidden':>6}")
+    run(a, work, "off", -1)  # warm-up, not counted (the first run of a series was often the fastest here)
     ratios, hidden, off_share, on_share = [], [], [], []
     for k in range(a.rounds):
         order = ["off", "on"] if k % 2 == 0 else ["on", "off"]
