@@ -103,6 +103,9 @@ class Backend {
   // Waits until every op enqueued so far has finished (a no-op where ops run
   // synchronously).
   virtual void synchronize() {}
+  // The queue the ops run on, for a library that enqueues beside them (NCCL's
+  // collectives): the cudaStream_t of a CUDA device; nullptr where ops run synchronously.
+  virtual void* native_stream() const { return nullptr; }
   // Milliseconds one run of `body` (ops on this backend) takes by the device's clock: CUDA
   // events on a GPU; the host clock between two synchronize() calls elsewhere.
   virtual double time_ms(const std::function<void()>& body);

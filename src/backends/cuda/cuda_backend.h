@@ -46,6 +46,7 @@ class CudaBackend : public Backend {
   std::string name() const override { return device_.is_cuda_emu() ? "cuda-emu" : "cuda"; }
 
   cudaStream_t stream() const { return stream_; }
+  void* native_stream() const override { return stream_; }
   cublasHandle_t cublas() const { return cublas_; }
   // TF32 tensor-core GEMMs (cuBLAS math mode); off by default, on with REMAT_TF32=1.
   bool set_tf32(bool on) override;
