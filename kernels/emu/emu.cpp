@@ -963,10 +963,7 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t str
 }
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
-  const size_t total = static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  const size_t avail = static_cast<size_t>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  if (free_bytes) *free_bytes = avail;
-  if (total_bytes) *total_bytes = total;
+  remat::emu::device_memory_info(free_bytes, total_bytes);
   return cudaSuccess;
 }
 

@@ -5,7 +5,8 @@
 // the built-in variables (threadIdx, blockIdx, blockDim, gridDim, warpSize), the vector
 // types, block barriers, warp collectives (shuffles, votes, __match_any_sync, __syncwarp,
 // reductions), atomics, the math and bit intrinsics kernels use, and the host runtime calls
-// remat needs (memory, streams, events, errors) mapped to host memory and no-ops.
+// remat needs (memory, streams, events, errors): device memory in a protected arena of its
+// own (device_memory.cpp), streams and events as no-ops.
 //
 // How it runs (see docs/kernels.md): every CUDA thread of a block is a fiber
 // (boost::context); the blocks of a grid run one after another on the launching host
@@ -526,8 +527,8 @@ inline double min(double a, double b) { return fmin(a, b); }
 inline long long clock64() { return static_cast<long long>(::remat::emu::switch_count()); }
 
 // ---------------------------------------------------------------------------
-// Host runtime: device memory is host memory; streams and events are ordered by
-// construction (every launch runs to completion before it returns).
+// Host runtime: device memory in the emulator's arena (below); streams and events are
+// ordered by construction (every launch runs to completion before it returns).
 // ---------------------------------------------------------------------------
 enum cudaError {
   cudaSuccess = 0,
@@ -648,10 +649,12 @@ cudaError_t func_set_attribute(const void* kernel, cudaFuncAttribute attr, int v
 void note_stream(cudaStream_t stream);
 uint64_t default_stream_uses();
 
-// Device memory (kernels/emu/device_memory.cpp): each cudaMalloc a mapping of its own,
-// inaccessible to host code except inside a DeviceAccess section, which every emulated call
-// that touches device memory opens (kernels, copies, memsets, cuBLAS). Sections nest and
-// may be open on several threads; the memory is accessible while any is open.
+// Device memory (kernels/emu/device_memory.cpp): every cudaMalloc takes pages of one
+// reserved arena, followed by a guard page, inaccessible to host code except inside a
+// DeviceAccess section, which every emulated call that touches device memory opens
+// (kernels, copies, memsets, cuBLAS). Sections nest and may be open on several threads;
+// while any is open, the allocations that the section's code touches are made accessible
+// (on their first access) until the last one closes.
 void* device_allocate(size_t bytes);  // null when out of memory
 bool device_free(void* ptr);          // false: not an address device_allocate returned
 struct DeviceAccess {
@@ -664,6 +667,11 @@ struct DeviceAccess {
 bool device_memory_protected();
 // Whether `p` points into memory that cudaMalloc returned (and not yet freed).
 bool is_device_pointer(const void* p);
+// The device's size (the arena's: REMAT_EMU_DEVICE_MEMORY_MIB, or physical memory) and what
+// is not allocated (pages and guard pages count).
+void device_memory_info(size_t* free_bytes, size_t* total_bytes);
+// The arena's address range: every device pointer lies in it.
+bool device_arena(const void** base, size_t* bytes);
 }  // namespace remat::emu
 template <typename... Args>
 inline cudaError_t cudaFuncSetAttribute(void (*kernel)(Args...), cudaFuncAttribute attr, int value) {
