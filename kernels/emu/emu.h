@@ -33,9 +33,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 // ---------------------------------------------------------------------------
 // Qualifiers
@@ -174,6 +176,35 @@ uint64_t shuffle_lanes_seed();
 
 // Number of fiber switches since the process started (for measurements).
 uint64_t switch_count();
+
+// Global-memory traffic per kernel (kernels/emu/traffic.cpp; also switched on by
+// REMAT_EMU_TRAFFIC=1, which prints a table of every kernel to stderr at exit). Kernels
+// compiled with the race instrumentation (remat_emu_add_kernels ... RACECHECK) report their
+// loads and stores; those into device memory are grouped into warp accesses (one
+// instruction executed by the lanes of a warp between two synchronisation points) and each
+// counts the distinct bytes its lanes requested and the distinct 32-byte sectors those
+// bytes lie in. Coalescing efficiency = requested bytes / (32 x sectors): 100% when a
+// warp's lanes read consecutive words, 50% when they read every other word.
+struct KernelTraffic {
+  std::string kernel;  // as written at the launch
+  uint64_t launches = 0;
+  uint64_t warp_accesses = 0;
+  uint64_t requested_bytes = 0, sectors = 0;  // loads and stores
+  uint64_t load_requested_bytes = 0, load_sectors = 0;
+  uint64_t store_requested_bytes = 0, store_sectors = 0;
+  // The instruction that wasted the most sector bytes ("<module>+0x<offset>": addr2line -e
+  // <module> <offset> names the line), and its own efficiency; empty when none wasted any.
+  std::string worst_site;
+  double worst_site_efficiency = 1.0;
+  double efficiency() const { return sectors ? static_cast<double>(requested_bytes) / (32.0 * sectors) : 0.0; }
+};
+void set_traffic_count(bool on);
+bool traffic_count_enabled();
+// Whether any code linked into the program carries the instrumentation (else nothing can be
+// counted).
+bool traffic_instrumented();
+// The kernels counted since the last call, in name order; clears the counts.
+std::vector<KernelTraffic> take_traffic();
 
 struct LaunchSpec {
   const char* name;  // the kernel, as written at the launch site
