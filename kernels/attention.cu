@@ -1,6 +1,7 @@
 #include "kernels/attention.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/reduce.cuh"
+#include "kernels/vec4.cuh"
 #include "remat/philox.h"
 
 #include <algorithm>
@@ -18,8 +19,6 @@ constexpr int64_t kMaxBlocks = 65535;
 unsigned row_blocks(int64_t rows) {
   return static_cast<unsigned>(std::min(ceil_div<int64_t>(rows, kRowWarps), kMaxBlocks));
 }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Calls f(j, factor) for the first n elements of a row whose element j uses Philox word
 // w0 + j, with factor = drop.scale if the element is kept, else 0. Each lane takes whole
@@ -115,7 +114,7 @@ __global__ void permute_0213_kernel(const float* x, int64_t a, int64_t b, int64_
   for (int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < total; u += stride) {
     const int64_t k = u % width, r = u / width;  // r = (ai * c + ci) * b + bi
     const int64_t bi = r % b, ci = (r / b) % c, ai = r / (b * c);
-    dst[u] = src[((ai * b + bi) * c + ci) * width + k];
+    store_unit(dst + u, load_unit(src + ((ai * b + bi) * c + ci) * width + k));
   }
 }
 
