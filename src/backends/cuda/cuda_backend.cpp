@@ -202,6 +202,30 @@ void CudaBackend::linear_backward_impl(const Tensor& dy, const Tensor& x, const 
                          kScratchBytes, stream_);
 }
 
+#if defined(REMAT_EMULATE)
+bool CudaBackend::count_traffic(bool on) {
+  if (!emu::traffic_instrumented()) return false;
+  emu::set_traffic_count(on);
+  return true;
+}
+
+std::vector<Backend::KernelTraffic> CudaBackend::take_traffic() {
+  std::vector<KernelTraffic> out;
+  for (const emu::KernelTraffic& t : emu::take_traffic()) {
+    KernelTraffic k;
+    k.kernel = t.kernel;
+    k.launches = static_cast<int64_t>(t.launches);
+    k.warp_accesses = static_cast<int64_t>(t.warp_accesses);
+    k.requested_bytes = static_cast<int64_t>(t.requested_bytes);
+    k.sectors = static_cast<int64_t>(t.sectors);
+    k.worst_site = t.worst_site;
+    k.worst_site_efficiency = t.worst_site_efficiency;
+    out.push_back(std::move(k));
+  }
+  return out;
+}
+#endif
+
 REMAT_KERNELS_ABI_END
 
 #if defined(REMAT_EMULATE)
