@@ -144,6 +144,7 @@ void configure_locked() {
   if (p == MAP_FAILED) die("reserving the emulated device's memory (mmap)");
   g_base = static_cast<char*>(p);
   g_size = size;
+  g_opened.reserve(4096);  // the fault handler appends to it: rarely an allocation there
   struct sigaction sa {};
   sa.sa_sigaction = on_segv;
   sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
