@@ -1,4 +1,5 @@
 #include "kernels/attention.cuh"
+#include "kernels/bf16.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/reduce.cuh"
 #include "kernels/vec4.cuh"
@@ -42,9 +43,9 @@ __device__ REMAT_INLINE void for_each_dropout_factor(const AttentionDropout& dro
 }
 
 // The same calls with lane l taking elements l, l + 32, ... (coalesced: a warp's 32
-// elements are 128 consecutive bytes): the row's words go in chunks of 128 from a Philox
-// block boundary, lane l of the warp draws block l of the chunk, and each lane takes its
-// word from the lane that drew it by shuffles. Each element gets the same factor as above
+// elements are consecutive): the row's words go in chunks of 128 from a Philox block
+// boundary, lane l of the warp draws block l of the chunk, and each lane takes its word
+// from the lane that drew it by shuffles. Each element gets the same factor as above
 // (word w0 + j); only which lane handles it, and in which order, differ. Every lane of the
 // warp calls it (the shuffles), with the same w0 and n.
 template <typename F>
@@ -67,14 +68,22 @@ __device__ REMAT_INLINE void for_each_dropout_factor_coalesced(const AttentionDr
   }
 }
 
+// The value an element keeps once stored through p: itself in f32, rounded in bf16.
+__device__ REMAT_INLINE float kept(float*, float v) { return v; }
+__device__ REMAT_INLINE float kept(bf16*, float v) { return round_bf16(v); }
+
 // One warp per row: max, sum of exponentials, then the normalised row (and its dropped
-// copy). The masked tail is written with zeros.
-__global__ void softmax_forward_kernel(float* probs, float* dropped, int64_t rows, int64_t t, int64_t row0, bool causal,
-                                       AttentionDropout drop) {
+// copy). The masked tail is written with zeros. fp32: scores is probs (in place). bf16:
+// the scores are fp32 (workspace), probs and dropped bf16; the dropped copy is the stored
+// (rounded) probability times the mask factor, as on the CPU, rounded again.
+template <typename PS, typename PP, typename PD>
+__global__ void softmax_forward_kernel(PS scores, PP probs, PD dropped, int64_t rows, int64_t t, int64_t row0,
+                                       bool causal, AttentionDropout drop) {
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kRowWarps;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / 32; r < rows; r += warps) {
-    float* row = probs + r * t;
+    const PS row = scores + r * t;
+    const PP prow = probs + r * t;
     const int64_t n = causal ? (row0 + r) % t + 1 : t;
     float mx = -INFINITY;
     for (int64_t j = lane; j < n; j += 32) mx = fmaxf(mx, row[j]);
@@ -83,63 +92,67 @@ __global__ void softmax_forward_kernel(float* probs, float* dropped, int64_t row
     for (int64_t j = lane; j < n; j += 32) sum += expf(row[j] - mx);
     const float inv = 1.0f / warp_sum(sum);
     if (!drop.on) {
-      for (int64_t j = lane; j < t; j += 32) row[j] = j < n ? expf(row[j] - mx) * inv : 0.0f;
+      for (int64_t j = lane; j < t; j += 32) st(prow, j, j < n ? expf(row[j] - mx) * inv : 0.0f);
       continue;
     }
-    float* drow = dropped + r * t;
+    const PD drow = dropped + r * t;
     const uint64_t w0 = drop.offset + static_cast<uint64_t>(row0 + r) * static_cast<uint64_t>(t);
     // Each element on its own: coalesced (the backward's dot product keeps the order above).
     for_each_dropout_factor_coalesced(drop, w0, n, lane, [&](int64_t j, float factor) {
-      const float p = expf(row[j] - mx) * inv;
-      row[j] = p;
-      drow[j] = p * factor;
+      const float p = kept(prow, expf(row[j] - mx) * inv);
+      st(prow, j, p);
+      st(drow, j, p * factor);
     });
     for (int64_t j = n + lane; j < t; j += 32) {
-      row[j] = 0.0f;
-      drow[j] = 0.0f;
+      st(prow, j, 0.0f);
+      st(drow, j, 0.0f);
     }
   }
 }
 
 // One warp per row: through dropout (g = ds * factor, dropped = probs * factor), the dot
-// product sum(g * probs), then ds = probs * (g - dot).
-__global__ void softmax_backward_kernel(float* ds, const float* probs, float* dropped, int64_t rows, int64_t t,
+// product sum(g * probs), then ds = probs * (g - dot). fp32: ds_out is g (in place). bf16:
+// g is dPd in fp32 (workspace), probs and dropped bf16, ds_out bf16 (the GEMMs' factor).
+template <typename PP, typename PD, typename PO>
+__global__ void softmax_backward_kernel(float* ds, PP probs, PD dropped, PO ds_out, int64_t rows, int64_t t,
                                         int64_t row0, bool causal, AttentionDropout drop) {
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kRowWarps;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + threadIdx.x / 32; r < rows; r += warps) {
     float* g = ds + r * t;
-    const float* p = probs + r * t;
+    const PP p = probs + r * t;
+    const PO out = ds_out + r * t;
     const int64_t n = causal ? (row0 + r) % t + 1 : t;
     float dot = 0.0f;
     if (drop.on) {
-      float* drow = dropped + r * t;
+      const PD drow = dropped + r * t;
       const uint64_t w0 = drop.offset + static_cast<uint64_t>(row0 + r) * static_cast<uint64_t>(t);
       for_each_dropout_factor(drop, w0, n, lane, [&](int64_t j, float factor) {
         const float gj = g[j] * factor;
         g[j] = gj;
-        drow[j] = p[j] * factor;
-        dot += gj * p[j];
+        const float pj = ld(p, j);
+        st(drow, j, pj * factor);
+        dot += gj * pj;
       });
-      for (int64_t j = n + lane; j < t; j += 32) drow[j] = 0.0f;
+      for (int64_t j = n + lane; j < t; j += 32) st(drow, j, 0.0f);
       __syncwarp();  // g is read back below by other lanes
     } else {
-      for (int64_t j = lane; j < n; j += 32) dot += g[j] * p[j];
+      for (int64_t j = lane; j < n; j += 32) dot += g[j] * ld(p, j);
     }
     dot = warp_sum(dot);
-    for (int64_t j = lane; j < t; j += 32) g[j] = j < n ? p[j] * (g[j] - dot) : 0.0f;
+    for (int64_t j = lane; j < t; j += 32) st(out, j, j < n ? ld(p, j) * (g[j] - dot) : 0.0f);
   }
 }
 
-// One thread per unit of an output row y[a, c, b, :] (float4 when kVec4: d % 4 == 0 and
-// 16-byte aligned buffers), read from x[a, b, c, :].
-template <bool kVec4>
-__global__ void permute_0213_kernel(const float* x, int64_t a, int64_t b, int64_t c, int64_t d, float* y) {
-  using Unit = typename std::conditional<kVec4, float4, float>::type;
-  const int64_t width = kVec4 ? d / 4 : d;
+// One thread per unit of an output row y[a, c, b, :], read from x[a, b, c, :]: kPer
+// elements of the tensor's dtype (a float4 or a float for f32; eight bf16 as a uint4, or
+// one, for bf16) when d % kPer == 0 and the buffers are aligned to a unit. A copy of bits.
+template <typename Unit, int kPer>
+__global__ void permute_0213_kernel(const void* x, int64_t a, int64_t b, int64_t c, int64_t d, void* y) {
+  const int64_t width = d / kPer;
   const int64_t total = a * b * c * width, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const Unit* src = reinterpret_cast<const Unit*>(x);
-  Unit* dst = reinterpret_cast<Unit*>(y);
+  const Unit* src = static_cast<const Unit*>(x);
+  Unit* dst = static_cast<Unit*>(y);
   for (int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < total; u += stride) {
     const int64_t k = u % width, r = u / width;  // r = (ai * c + ci) * b + bi
     const int64_t bi = r % b, ci = (r / b) % c, ai = r / (b * c);
@@ -151,25 +164,46 @@ __global__ void permute_0213_kernel(const float* x, int64_t a, int64_t b, int64_
 
 void attention_softmax_forward(float* probs, float* dropped, int64_t rows, int64_t t, int64_t row0, bool causal,
                                const AttentionDropout& drop, cudaStream_t stream) {
-  REMAT_LAUNCH(softmax_forward_kernel, dim3(row_blocks(rows)), dim3(32 * kRowWarps), 0, stream, probs, dropped, rows, t,
-               row0, causal, drop);
+  REMAT_LAUNCH((softmax_forward_kernel<float*, float*, float*>), dim3(row_blocks(rows)), dim3(32 * kRowWarps), 0,
+               stream, probs, probs, dropped, rows, t, row0, causal, drop);
+}
+
+void attention_softmax_forward_bf16(const float* scores, bf16* probs, bf16* dropped, int64_t rows, int64_t t,
+                                    int64_t row0, bool causal, const AttentionDropout& drop, cudaStream_t stream) {
+  REMAT_LAUNCH((softmax_forward_kernel<const float*, bf16*, bf16*>), dim3(row_blocks(rows)), dim3(32 * kRowWarps), 0,
+               stream, scores, probs, dropped, rows, t, row0, causal, drop);
 }
 
 void attention_softmax_backward(float* ds, const float* probs, float* dropped, int64_t rows, int64_t t, int64_t row0,
                                 bool causal, const AttentionDropout& drop, cudaStream_t stream) {
-  REMAT_LAUNCH(softmax_backward_kernel, dim3(row_blocks(rows)), dim3(32 * kRowWarps), 0, stream, ds, probs, dropped,
-               rows, t, row0, causal, drop);
+  REMAT_LAUNCH((softmax_backward_kernel<const float*, float*, float*>), dim3(row_blocks(rows)), dim3(32 * kRowWarps), 0,
+               stream, ds, probs, dropped, ds, rows, t, row0, causal, drop);
 }
 
-void permute_0213(const float* x, int64_t a, int64_t b, int64_t c, int64_t d, float* y, cudaStream_t stream) {
+void attention_softmax_backward_bf16(float* dpd, const bf16* probs, bf16* dropped, bf16* ds, int64_t rows, int64_t t,
+                                     int64_t row0, bool causal, const AttentionDropout& drop, cudaStream_t stream) {
+  REMAT_LAUNCH((softmax_backward_kernel<const bf16*, bf16*, bf16*>), dim3(row_blocks(rows)), dim3(32 * kRowWarps), 0,
+               stream, dpd, probs, dropped, ds, rows, t, row0, causal, drop);
+}
+
+void permute_0213(const void* x, int64_t a, int64_t b, int64_t c, int64_t d, size_t elem_bytes, void* y,
+                  cudaStream_t stream) {
   constexpr int kBlock = 256;
-  const bool vec4 = d % 4 == 0 && aligned16(x) && aligned16(y);
-  const int64_t units = a * b * c * (vec4 ? d / 4 : d);
+  const bool vec = aligned16(x) && aligned16(y) && (elem_bytes == 4 ? d % 4 == 0 : d % 8 == 0);
+  const int64_t per = vec ? 16 / static_cast<int64_t>(elem_bytes) : 1;
+  const int64_t units = a * b * c * (d / per);
   const auto blocks = dim3(static_cast<unsigned>(std::min(ceil_div<int64_t>(units, kBlock), kMaxBlocks)));
-  if (vec4)
-    REMAT_LAUNCH(permute_0213_kernel<true>, blocks, dim3(kBlock), 0, stream, x, a, b, c, d, y);
-  else
-    REMAT_LAUNCH(permute_0213_kernel<false>, blocks, dim3(kBlock), 0, stream, x, a, b, c, d, y);
+  if (elem_bytes == 4) {
+    if (vec)
+      REMAT_LAUNCH((permute_0213_kernel<float4, 4>), blocks, dim3(kBlock), 0, stream, x, a, b, c, d, y);
+    else
+      REMAT_LAUNCH((permute_0213_kernel<float, 1>), blocks, dim3(kBlock), 0, stream, x, a, b, c, d, y);
+  } else {
+    if (vec)
+      REMAT_LAUNCH((permute_0213_kernel<uint4, 8>), blocks, dim3(kBlock), 0, stream, x, a, b, c, d, y);
+    else
+      REMAT_LAUNCH((permute_0213_kernel<unsigned short, 1>), blocks, dim3(kBlock), 0, stream, x, a, b, c, d, y);
+  }
 }
 
 }  // namespace remat::kernels

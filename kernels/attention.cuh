@@ -5,7 +5,10 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
+
+#include "kernels/bf16.cuh"
 
 namespace remat::kernels {
 
@@ -34,6 +37,17 @@ void attention_softmax_backward(float* ds, const float* probs, float* dropped, i
                                 bool causal, const AttentionDropout& drop, cudaStream_t stream);
 
 // x [a, b, c, d] -> y [a, c, b, d].
-void permute_0213(const float* x, int64_t a, int64_t b, int64_t c, int64_t d, float* y, cudaStream_t stream);
+// bf16 (training.precision bf16): the scores are fp32 (workspace), the probabilities and
+// their dropped copy bf16 (each stored probability rounded, the dropped copy the rounded
+// probability times the factor, rounded); backward reads dPd in fp32 (scaled in place
+// through dropout) and bf16 probabilities, and writes dS in bf16 for the bf16 GEMMs.
+void attention_softmax_forward_bf16(const float* scores, bf16* probs, bf16* dropped, int64_t rows, int64_t t,
+                                    int64_t row0, bool causal, const AttentionDropout& drop, cudaStream_t stream);
+void attention_softmax_backward_bf16(float* dpd, const bf16* probs, bf16* dropped, bf16* ds, int64_t rows, int64_t t,
+                                     int64_t row0, bool causal, const AttentionDropout& drop, cudaStream_t stream);
+
+// x [a, b, c, d] -> y [a, c, b, d], elements of elem_bytes (4: f32, 2: bf16) bytes.
+void permute_0213(const void* x, int64_t a, int64_t b, int64_t c, int64_t d, size_t elem_bytes, void* y,
+                  cudaStream_t stream);
 
 }  // namespace remat::kernels

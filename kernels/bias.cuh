@@ -8,10 +8,12 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/bf16.cuh"
+
 namespace remat::kernels {
 
-// y[r, c] = b[c] for every row r.
-void bias_broadcast(const float* b, int64_t rows, int64_t cols, float* y, cudaStream_t stream);
+// y[r, c] = b[c] for every row r (b and y f32 or bf16: a bf16 y gets b rounded).
+void bias_broadcast(FloatBuf b, int64_t rows, int64_t cols, FloatBuf y, cudaStream_t stream);
 
 // The blocks column_sums aims for (about four per SM of an H200) when the rows can be split.
 constexpr int64_t kColumnSumBlocks = 512;
@@ -30,11 +32,12 @@ inline int64_t column_sum_chunks(int64_t rows, int64_t cols, size_t partial_byte
   return std::max<int64_t>(1, std::min({want, fit, most}));
 }
 
-// out[c] = sum over rows of x[r, c] (accumulate: out[c] += ...). Blocks of 32 columns, the
+// out[c] = sum over rows of x[r, c] (accumulate: out[c] += ...); x f32 or bf16 (widened
+// exactly: the fp32 sums of the same values), out f32. Blocks of 32 columns, the
 // rows split into column_sum_chunks chunks over the grid's y; each chunk's sum goes to
 // `partials` (device memory, partial_bytes), and a second pass adds them in chunk order.
 // No atomics: the order depends on the shapes alone, the same bits every run.
-void column_sums(const float* x, int64_t rows, int64_t cols, float* out, bool accumulate, float* partials,
+void column_sums(FloatBuf x, int64_t rows, int64_t cols, float* out, bool accumulate, float* partials,
                  size_t partial_bytes, cudaStream_t stream);
 
 }  // namespace remat::kernels

@@ -8,10 +8,12 @@
 
 #include <cstdint>
 
+#include "kernels/bf16.cuh"
+
 namespace remat::kernels {
 
 // y[i] = kept(i) ? x[i] / (1 - p) : 0 for p in [0, 1]; p = 0 copies, p = 1 gives zeros.
 // y may be x.
-void dropout(const float* x, float* y, int64_t n, float p, uint64_t seed, uint64_t offset, cudaStream_t stream);
+void dropout(FloatBuf x, FloatBuf y, int64_t n, float p, uint64_t seed, uint64_t offset, cudaStream_t stream);
 
 }  // namespace remat::kernels

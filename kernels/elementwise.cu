@@ -1,4 +1,6 @@
 #include "kernels/elementwise.cuh"
+
+#include "kernels/bf16.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/vec4.cuh"
 
@@ -62,84 +64,141 @@ struct GeluTanhBackward {
   }
 };
 
+struct Zero {
+  __device__ float operator()(float) const { return 0.0f; }
+};
+
 // ---- Kernels: y[i] = op(a[i]) and y[i] = op(a[i], b[i]) ---------------------------------
-// Grid-stride loops. With vec (every pointer 16-byte aligned) the first n / 4 * 4 elements
-// go as float4, and the last n % 4 (fewer than the threads of one block) one by one.
+// Grid-stride loops over typed pointers (bf16.cuh: float*, bf16* or DynPtr), fp32 math.
+// With vec (every pointer 16-byte aligned) the first elements go as vectors: float4 (four
+// floats) when all are f32, eight bf16 (16 bytes) when all are bf16; the rest (fewer than
+// the threads of one block), and every element of a launch mixing dtypes, one by one.
+// Every element is its own computation, so the vector width changes no result: a bf16
+// output is the fp32 result rounded once.
 // No __restrict__: y may be a or b.
 
-template <typename Op>
-__global__ void map1_kernel(const float* a, float* y, int64_t n, bool vec, Op op) {
+template <typename P>
+constexpr int kVecWidth = is_f32_ptr<P>    ? 4
+                          : is_bf16_ptr<P> ? 8
+                                           : 1;
+
+template <typename Op, typename PA, typename PY>
+__global__ void map1_kernel(PA a, PY y, int64_t n, bool vec, Op op) {
   const int64_t start = grid_start(), stride = grid_stride();
   int64_t done = 0;
-  if (vec) {
-    const int64_t n4 = n / 4;
-    for (int64_t q = start; q < n4; q += stride) {
-      const float4 u = load4(a, q);
-      store4(y, q, make_float4(op(u.x), op(u.y), op(u.z), op(u.w)));
+  if constexpr (is_f32_ptr<PA>) {
+    if (vec) {
+      const int64_t n4 = n / 4;
+      for (int64_t q = start; q < n4; q += stride) {
+        const float4 u = load4(a, q);
+        store4(y, q, make_float4(op(u.x), op(u.y), op(u.z), op(u.w)));
+      }
+      done = n4 * 4;
     }
-    done = n4 * 4;
+  } else if constexpr (is_bf16_ptr<PA>) {
+    if (vec) {
+      const int64_t n8 = n / 8;
+      for (int64_t q = start; q < n8; q += stride) {
+        float v[8];
+        load8(a, q, v);
+        for (int k = 0; k < 8; ++k) v[k] = op(v[k]);
+        store8(y, q, v);
+      }
+      done = n8 * 8;
+    }
   }
-  for (int64_t i = done + start; i < n; i += stride) y[i] = op(a[i]);
+  for (int64_t i = done + start; i < n; i += stride) st(y, i, op(ld(a, i)));
 }
 
-template <typename Op>
-__global__ void map2_kernel(const float* a, const float* b, float* y, int64_t n, bool vec, Op op) {
+template <typename Op, typename PA, typename PB, typename PY>
+__global__ void map2_kernel(PA a, PB b, PY y, int64_t n, bool vec, Op op) {
   const int64_t start = grid_start(), stride = grid_stride();
   int64_t done = 0;
-  if (vec) {
-    const int64_t n4 = n / 4;
-    for (int64_t q = start; q < n4; q += stride) {
-      const float4 u = load4(a, q), v = load4(b, q);
-      store4(y, q, make_float4(op(u.x, v.x), op(u.y, v.y), op(u.z, v.z), op(u.w, v.w)));
+  if constexpr (is_f32_ptr<PA>) {
+    if (vec) {
+      const int64_t n4 = n / 4;
+      for (int64_t q = start; q < n4; q += stride) {
+        const float4 u = load4(a, q), v = load4(b, q);
+        store4(y, q, make_float4(op(u.x, v.x), op(u.y, v.y), op(u.z, v.z), op(u.w, v.w)));
+      }
+      done = n4 * 4;
     }
-    done = n4 * 4;
+  } else if constexpr (is_bf16_ptr<PA>) {
+    if (vec) {
+      const int64_t n8 = n / 8;
+      for (int64_t q = start; q < n8; q += stride) {
+        float u[8], v[8];
+        load8(a, q, u);
+        load8(b, q, v);
+        for (int k = 0; k < 8; ++k) u[k] = op(u[k], v[k]);
+        store8(y, q, u);
+      }
+      done = n8 * 8;
+    }
   }
-  for (int64_t i = done + start; i < n; i += stride) y[i] = op(a[i], b[i]);
+  for (int64_t i = done + start; i < n; i += stride) st(y, i, op(ld(a, i), ld(b, i)));
 }
 
-// One thread per float4 (per element without vec), at most kMaxGridStrideBlocks blocks.
-unsigned blocks_for(int64_t n, bool vec) { return grid_stride_blocks(vec ? ceil_div<int64_t>(n, 4) : n, kBlock); }
-
-template <typename Op>
-void map1(const float* a, float* y, int64_t n, Op op, cudaStream_t stream) {
-  const bool vec = aligned16(a) && aligned16(y);
-  REMAT_LAUNCH(map1_kernel<Op>, dim3(blocks_for(n, vec)), dim3(kBlock), 0, stream, a, y, n, vec, op);
+// One thread per vector (per element without vec), at most kMaxGridStrideBlocks blocks.
+unsigned blocks_for(int64_t n, bool vec, int width) {
+  return grid_stride_blocks(vec ? ceil_div<int64_t>(n, width) : n, kBlock);
 }
 
 template <typename Op>
-void map2(const float* a, const float* b, float* y, int64_t n, Op op, cudaStream_t stream) {
-  const bool vec = aligned16(a) && aligned16(b) && aligned16(y);
-  REMAT_LAUNCH(map2_kernel<Op>, dim3(blocks_for(n, vec)), dim3(kBlock), 0, stream, a, b, y, n, vec, op);
+void map1(FloatBuf a, FloatBuf y, int64_t n, Op op, cudaStream_t stream) {
+  if (n == 0) return;
+  with_types(
+      [&](auto pa, auto py) {
+        using PA = decltype(pa);
+        using PY = decltype(py);
+        const bool vec = kVecWidth<PA> > 1 && aligned16(a.p) && aligned16(y.p);
+        REMAT_LAUNCH((map1_kernel<Op, PA, PY>), dim3(blocks_for(n, vec, kVecWidth<PA>)), dim3(kBlock), 0, stream, pa,
+                     py, n, vec, op);
+      },
+      a, y);
+}
+
+template <typename Op>
+void map2(FloatBuf a, FloatBuf b, FloatBuf y, int64_t n, Op op, cudaStream_t stream) {
+  if (n == 0) return;
+  with_types(
+      [&](auto pa, auto pb, auto py) {
+        using PA = decltype(pa);
+        using PB = decltype(pb);
+        using PY = decltype(py);
+        const bool vec = kVecWidth<PA> > 1 && aligned16(a.p) && aligned16(b.p) && aligned16(y.p);
+        REMAT_LAUNCH((map2_kernel<Op, PA, PB, PY>), dim3(blocks_for(n, vec, kVecWidth<PA>)), dim3(kBlock), 0, stream,
+                     pa, pb, py, n, vec, op);
+      },
+      a, b, y);
 }
 
 }  // namespace
 
-void add_f32(const float* a, const float* b, float* y, int64_t n, cudaStream_t stream) {
-  map2(a, b, y, n, Add{}, stream);
+void add(FloatBuf a, FloatBuf b, FloatBuf y, int64_t n, cudaStream_t stream) { map2(a, b, y, n, Add{}, stream); }
+
+void scale(FloatBuf x, float alpha, FloatBuf y, int64_t n, cudaStream_t stream) { map1(x, y, n, Scale{alpha}, stream); }
+
+void copy(FloatBuf x, FloatBuf y, int64_t n, cudaStream_t stream) {
+  if (x.p != y.p) map1(x, y, n, Identity{}, stream);
 }
 
-void scale_f32(const float* x, float alpha, float* y, int64_t n, cudaStream_t stream) {
-  map1(x, y, n, Scale{alpha}, stream);
-}
+void zero(FloatBuf y, int64_t n, cudaStream_t stream) { map1(y, y, n, Zero{}, stream); }
 
-void copy_f32(const float* x, float* y, int64_t n, cudaStream_t stream) {
-  if (x != y) map1(x, y, n, Identity{}, stream);
-}
+void relu_forward(FloatBuf x, FloatBuf y, int64_t n, cudaStream_t stream) { map1(x, y, n, Relu{}, stream); }
 
-void relu_forward(const float* x, float* y, int64_t n, cudaStream_t stream) { map1(x, y, n, Relu{}, stream); }
-
-void relu_backward(const float* dy, const float* x, float* dx, int64_t n, cudaStream_t stream) {
+void relu_backward(FloatBuf dy, FloatBuf x, FloatBuf dx, int64_t n, cudaStream_t stream) {
   map2(dy, x, dx, n, ReluBackward{}, stream);
 }
 
-void gelu_forward(const float* x, Gelu form, float* y, int64_t n, cudaStream_t stream) {
+void gelu_forward(FloatBuf x, Gelu form, FloatBuf y, int64_t n, cudaStream_t stream) {
   if (form == Gelu::erf)
     map1(x, y, n, GeluErf{}, stream);
   else
     map1(x, y, n, GeluTanh{}, stream);
 }
 
-void gelu_backward(const float* dy, const float* x, Gelu form, float* dx, int64_t n, cudaStream_t stream) {
+void gelu_backward(FloatBuf dy, FloatBuf x, Gelu form, FloatBuf dx, int64_t n, cudaStream_t stream) {
   if (form == Gelu::erf)
     map2(dy, x, dx, n, GeluErfBackward{}, stream);
   else

@@ -51,6 +51,41 @@ __global__ void embedding_forward_kernel(const int32_t* ids, int64_t n, int64_t 
   }
 }
 
+// The same over typed pointers (bf16.cuh) when a tensor is bf16: the sum in fp32, rounded
+// once into a bf16 y (without pos the row is copied: the value itself, -0 kept). All bf16
+// with c % 8 == 0 and 16-byte aligned rows: units of eight bf16 (16 bytes).
+template <int kWidth, typename PT, typename PP, typename PY>
+__global__ void embedding_forward_typed_kernel(const int32_t* ids, int64_t n, int64_t t, PT table, int64_t c, PP pos,
+                                               PY y) {
+  const int64_t width = c / kWidth;  // units per row (kWidth divides c)
+  const int64_t total = n * width, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < total; u += stride) {
+    const int64_t i = u / width, k = u % width;
+    const auto src = table + static_cast<int64_t>(ids[i]) * c;
+    const auto dst = y + i * c;
+    float v[kWidth];
+    if constexpr (kWidth == 8) {
+      load8(src, k, v);
+    } else {
+      v[0] = ld(src, k);
+    }
+    if (pos) {
+      float p[kWidth];
+      if constexpr (kWidth == 8) {
+        load8(pos + (i % t) * c, k, p);
+      } else {
+        p[0] = ld(pos + (i % t) * c, k);
+      }
+      for (int e = 0; e < kWidth; ++e) v[e] += p[e];
+    }
+    if constexpr (kWidth == 8) {
+      store8(dst, k, v);
+    } else {
+      st(dst, k, v[0]);
+    }
+  }
+}
+
 // Table gradient: one warp per (position i, chunk of kChunk channels). The warp of i
 // returns unless i is the first position holding its id; that warp then owns the id's row
 // of dtable (for its channels) and adds the dy rows of every position j >= i with the same
@@ -76,8 +111,8 @@ __device__ REMAT_INLINE void match_tiles(const int32_t* ids, int64_t j0, int64_t
   for (int q = 0; q < kScanTiles; ++q) match[q] = __ballot_sync(kFullMask, v[q] == id);
 }
 
-__global__ void embedding_backward_table_kernel(const float* dy, const int32_t* ids, int64_t n, int64_t c,
-                                                float* dtable) {
+template <typename PDY>
+__global__ void embedding_backward_table_kernel(PDY dy, const int32_t* ids, int64_t n, int64_t c, float* dtable) {
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (i >= n) return;  // the whole warp
@@ -101,10 +136,10 @@ __global__ void embedding_backward_table_kernel(const float* dy, const int32_t* 
     match_tiles(ids, j0, n, id, lane, match);
     for (int q = 0; q < kScanTiles; ++q) {
       for (unsigned m = match[q]; m != 0; m &= m - 1) {  // in order of position
-        const float* src = dy + (j0 + 32 * q + __ffs(static_cast<int>(m)) - 1) * c;
+        const auto src = dy + (j0 + 32 * q + __ffs(static_cast<int>(m)) - 1) * c;
         for (int k = 0; k < kPerLane; ++k) {
           const int64_t col = c0 + k * 32 + lane;
-          if (col < c) acc[k] += src[col];
+          if (col < c) acc[k] += ld(src, col);
         }
       }
     }
@@ -116,7 +151,17 @@ __global__ void embedding_backward_table_kernel(const float* dy, const int32_t* 
 }
 
 // Position gradient: one thread per unit of dpos[p, :] (float4 when kVec4), adding the
-// batch in order.
+// batch in order. A bf16 dy: one element per thread, widened (the same sums).
+template <typename PDY>
+__global__ void embedding_backward_pos_typed_kernel(PDY dy, int64_t batch, int64_t t, int64_t c, float* dpos) {
+  const int64_t total = t * c, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < total; u += stride) {
+    float acc = dpos[u];
+    for (int64_t b = 0; b < batch; ++b) acc += ld(dy, b * total + u);
+    dpos[u] = acc;
+  }
+}
+
 template <bool kVec4>
 __global__ void embedding_backward_pos_kernel(const float* dy, int64_t batch, int64_t t, int64_t c, float* dpos) {
   using Unit = typename std::conditional<kVec4, float4, float>::type;
@@ -147,26 +192,60 @@ void find_bad_id(const int32_t* ids, int64_t n, int64_t rows, unsigned long long
   REMAT_LAUNCH(find_bad_id_kernel, dim3(grid_for(n)), dim3(kBlock), 0, stream, ids, n, rows, first_bad);
 }
 
-void embedding_forward(const int32_t* ids, int64_t n, int64_t t, const float* table, int64_t c, const float* pos,
-                       float* y, cudaStream_t stream) {
-  const bool vec4 = c % 4 == 0 && aligned16(table) && aligned16(y) && (pos == nullptr || aligned16(pos));
-  const int64_t units = n * (vec4 ? c / 4 : c);
-  if (vec4)
-    REMAT_LAUNCH(embedding_forward_kernel<true>, dim3(grid_for(units)), dim3(kBlock), 0, stream, ids, n, t, table, c,
-                 pos, y);
-  else
-    REMAT_LAUNCH(embedding_forward_kernel<false>, dim3(grid_for(units)), dim3(kBlock), 0, stream, ids, n, t, table, c,
-                 pos, y);
+void embedding_forward(const int32_t* ids, int64_t n, int64_t t, FloatBuf table_buf, int64_t c, FloatBuf pos_buf,
+                       FloatBuf y_buf, cudaStream_t stream) {
+  if (!table_buf.bf16 && !pos_buf.bf16 && !y_buf.bf16) {  // the fp32 kernel
+    const auto* table = static_cast<const float*>(table_buf.p);
+    const auto* pos = static_cast<const float*>(pos_buf.p);
+    auto* y = static_cast<float*>(y_buf.p);
+    const bool vec4 = c % 4 == 0 && aligned16(table) && aligned16(y) && (pos == nullptr || aligned16(pos));
+    const int64_t units = n * (vec4 ? c / 4 : c);
+    if (vec4)
+      REMAT_LAUNCH(embedding_forward_kernel<true>, dim3(grid_for(units)), dim3(kBlock), 0, stream, ids, n, t, table, c,
+                   pos, y);
+    else
+      REMAT_LAUNCH(embedding_forward_kernel<false>, dim3(grid_for(units)), dim3(kBlock), 0, stream, ids, n, t, table, c,
+                   pos, y);
+    return;
+  }
+  with_types(
+      [&](auto table, auto pos, auto y) {
+        using PT = decltype(table);
+        using PP = decltype(pos);
+        using PY = decltype(y);
+        if constexpr (is_bf16_ptr<PT>) {
+          if (c % 8 == 0 && aligned16(table_buf.p) && aligned16(y_buf.p) && (!pos_buf.p || aligned16(pos_buf.p))) {
+            REMAT_LAUNCH((embedding_forward_typed_kernel<8, PT, PP, PY>), dim3(grid_for(n * (c / 8))), dim3(kBlock), 0,
+                         stream, ids, n, t, table, c, pos, y);
+            return;
+          }
+        }
+        REMAT_LAUNCH((embedding_forward_typed_kernel<1, PT, PP, PY>), dim3(grid_for(n * c)), dim3(kBlock), 0, stream,
+                     ids, n, t, table, c, pos, y);
+      },
+      table_buf, pos_buf, y_buf);
 }
 
-void embedding_backward_table(const float* dy, const int32_t* ids, int64_t n, int64_t c, float* dtable,
+void embedding_backward_table(FloatBuf dy, const int32_t* ids, int64_t n, int64_t c, float* dtable,
                               cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(n, kWarpsPerBlock)),
                   static_cast<unsigned>(ceil_div<int64_t>(c, kChunk)));
-  REMAT_LAUNCH(embedding_backward_table_kernel, grid, dim3(32 * kWarpsPerBlock), 0, stream, dy, ids, n, c, dtable);
+  with_types(
+      [&](auto pdy) {
+        REMAT_LAUNCH(embedding_backward_table_kernel<decltype(pdy)>, grid, dim3(32 * kWarpsPerBlock), 0, stream, pdy,
+                     ids, n, c, dtable);
+      },
+      dy);
 }
 
-void embedding_backward_pos(const float* dy, int64_t batch, int64_t t, int64_t c, float* dpos, cudaStream_t stream) {
+void embedding_backward_pos(FloatBuf dy_buf, int64_t batch, int64_t t, int64_t c, float* dpos, cudaStream_t stream) {
+  if (dy_buf.bf16) {
+    const auto* dy = static_cast<const bf16*>(dy_buf.p);
+    REMAT_LAUNCH(embedding_backward_pos_typed_kernel<const bf16*>, dim3(grid_for(t * c)), dim3(kBlock), 0, stream, dy,
+                 batch, t, c, dpos);
+    return;
+  }
+  const auto* dy = static_cast<const float*>(dy_buf.p);
   const bool vec4 = c % 4 == 0 && aligned16(dy) && aligned16(dpos);
   const int64_t units = t * (vec4 ? c / 4 : c);
   if (vec4)

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "kernels/bf16.cuh"
+
 namespace remat::kernels {
 
 // *first_bad = min(*first_bad, i) over the positions i < n whose id is outside [0, rows)
@@ -14,16 +16,16 @@ void find_bad_id(const int32_t* ids, int64_t n, int64_t rows, unsigned long long
 
 // y[i, :] = table[ids[i], :] (+ pos[i % t, :] when pos is not null) for i < n, rows of
 // width c.
-void embedding_forward(const int32_t* ids, int64_t n, int64_t t, const float* table, int64_t c, const float* pos,
-                       float* y, cudaStream_t stream);
+void embedding_forward(const int32_t* ids, int64_t n, int64_t t, FloatBuf table, int64_t c, FloatBuf pos, FloatBuf y,
+                       cudaStream_t stream);
 
 // dtable[ids[i], :] += dy[i, :] for i < n. Each row of dtable is owned by the first
 // position that uses its id, which adds the rows of dy with that id in position order:
 // the same operations, in the same order, as the CPU backend.
-void embedding_backward_table(const float* dy, const int32_t* ids, int64_t n, int64_t c, float* dtable,
+void embedding_backward_table(FloatBuf dy, const int32_t* ids, int64_t n, int64_t c, float* dtable,
                               cudaStream_t stream);
 
 // dpos[p, :] += dy[b, p, :] for p < t, over b = 0, 1, ..., batch - 1 in order.
-void embedding_backward_pos(const float* dy, int64_t batch, int64_t t, int64_t c, float* dpos, cudaStream_t stream);
+void embedding_backward_pos(FloatBuf dy, int64_t batch, int64_t t, int64_t c, float* dpos, cudaStream_t stream);
 
 }  // namespace remat::kernels

@@ -16,15 +16,15 @@ using rows::Pack;
 
 // ---- kernels -----------------------------------------------------------------------------
 
-template <int kThreads, bool kVec>
-__global__ void layernorm_forward_kernel(const float* x, const float* gamma, const float* beta, int64_t rows, int64_t c,
-                                         float eps, float* y, float* mean, float* rstd) {
+template <int kThreads, bool kVec, typename PX, typename PG, typename PB, typename PY>
+__global__ void layernorm_forward_kernel(PX x, PG gamma, PB beta, int64_t rows, int64_t c, float eps, PY y, float* mean,
+                                         float* rstd) {
   using P = Pack<kVec>;
   using G = Group<kThreads>;
   __shared__ double shared[G::kWarps];
   const int64_t first = int64_t{G::lane()} * P::kWidth, step = int64_t{kThreads} * P::kWidth;
   for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
-    const float* xr = x + r * c;
+    const auto xr = x + r * c;
     // Two passes in double, as the CPU: the variance never goes negative.
     double s = 0.0;
     for (int64_t j = first; j < c; j += step) {
@@ -47,7 +47,7 @@ __global__ void layernorm_forward_kernel(const float* x, const float* gamma, con
       mean[r] = m;
       rstd[r] = rs;
     }
-    float* yr = y + r * c;
+    const auto yr = y + r * c;
     for (int64_t j = first; j < c; j += step) {
       P v = P::load(xr + j);
       const P g = P::load(gamma + j), b = P::load(beta + j);
@@ -57,15 +57,16 @@ __global__ void layernorm_forward_kernel(const float* x, const float* gamma, con
   }
 }
 
-template <int kThreads, bool kVec>
-__global__ void layernorm_backward_dx_kernel(const float* dy, const float* x, const float* gamma, const float* mean,
-                                             const float* rstd, int64_t rows, int64_t c, float* dx) {
+template <int kThreads, bool kVec, typename PDY, typename PX, typename PG, typename PDX>
+__global__ void layernorm_backward_dx_kernel(PDY dy, PX x, PG gamma, const float* mean, const float* rstd, int64_t rows,
+                                             int64_t c, PDX dx) {
   using P = Pack<kVec>;
   using G = Group<kThreads>;
   __shared__ double shared[G::kWarps];
   const int64_t first = int64_t{G::lane()} * P::kWidth, step = int64_t{kThreads} * P::kWidth;
   for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
-    const float *xr = x + r * c, *dyr = dy + r * c;
+    const auto xr = x + r * c;
+    const auto dyr = dy + r * c;
     const float m = mean[r], rs = rstd[r];
     double sum_g = 0.0, sum_gx = 0.0;  // g = dy * gamma
     for (int64_t j = first; j < c; j += step) {
@@ -79,7 +80,7 @@ __global__ void layernorm_backward_dx_kernel(const float* dy, const float* x, co
     }
     const float mean_g = static_cast<float>(G::sum(sum_g, shared) / static_cast<double>(c));
     const float mean_gx = static_cast<float>(G::sum(sum_gx, shared) / static_cast<double>(c));
-    float* dxr = dx + r * c;
+    const auto dxr = dx + r * c;
     for (int64_t j = first; j < c; j += step) {
       const P xv = P::load(xr + j), w = P::load(gamma + j);
       P d = P::load(dyr + j);
@@ -100,8 +101,9 @@ __global__ void layernorm_backward_dx_kernel(const float* dy, const float* x, co
 constexpr int kColumns = 32;
 constexpr int kRowGroups = 16;
 
-__global__ void layernorm_param_grads_kernel(const float* dy, const float* x, const float* mean, const float* rstd,
-                                             int64_t rows, int64_t c, int64_t chunk_rows, float* dgamma, float* dbeta,
+template <typename PDY, typename PX>
+__global__ void layernorm_param_grads_kernel(PDY dy, PX x, const float* mean, const float* rstd, int64_t rows,
+                                             int64_t c, int64_t chunk_rows, float* dgamma, float* dbeta,
                                              double* partial) {
   __shared__ double sum_g[kRowGroups][kColumns + 1];
   __shared__ double sum_b[kRowGroups][kColumns + 1];
@@ -111,8 +113,8 @@ __global__ void layernorm_param_grads_kernel(const float* dy, const float* x, co
   double acc_g = 0.0, acc_b = 0.0;
   if (col < c) {
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowGroups) {
-      const float d = dy[r * c + col];
-      const float xhat = (x[r * c + col] - mean[r]) * rstd[r];
+      const float d = ld(dy, r * c + col);
+      const float xhat = (ld(x, r * c + col) - mean[r]) * rstd[r];
       acc_g += static_cast<double>(d) * xhat;
       acc_b += d;
     }
@@ -155,16 +157,20 @@ __global__ void layernorm_param_grads_finish_kernel(const double* partial, int64
 
 // ---- launchers ---------------------------------------------------------------------------
 
-void layernorm_forward(const float* x, const float* gamma, const float* beta, int64_t rows, int64_t c, float eps,
-                       float* y, float* mean, float* rstd, cudaStream_t stream) {
+void layernorm_forward(FloatBuf x, FloatBuf gamma, FloatBuf beta, int64_t rows, int64_t c, float eps, FloatBuf y,
+                       float* mean, float* rstd, cudaStream_t stream) {
   if (rows == 0) return;
-  const bool vec = rows::can_vectorise(c, x, gamma, beta, y);
-  REMAT_LAUNCH_ROWS(layernorm_forward_kernel, rows, c, vec, stream, x, gamma, beta, rows, c, eps, y, mean, rstd);
+  const bool vec = rows::can_vectorise_bufs(c, x, gamma, beta, y);
+  with_types(
+      [&](auto px, auto pg, auto pb, auto py) {
+        REMAT_LAUNCH_ROWS_T(layernorm_forward_kernel, (decltype(px), decltype(pg), decltype(pb), decltype(py)), rows, c,
+                            vec, stream, px, pg, pb, rows, c, eps, py, mean, rstd);
+      },
+      x, gamma, beta, y);
 }
 
-void layernorm_param_grads(const float* dy, const float* x, const float* mean, const float* rstd, int64_t rows,
-                           int64_t c, float* dgamma, float* dbeta, double* partial, size_t partial_bytes,
-                           cudaStream_t stream) {
+void layernorm_param_grads(FloatBuf dy, FloatBuf x, const float* mean, const float* rstd, int64_t rows, int64_t c,
+                           float* dgamma, float* dbeta, double* partial, size_t partial_bytes, cudaStream_t stream) {
   if (rows == 0 || c == 0 || (!dgamma && !dbeta)) return;
   // Enough chunks of rows to give the GPU a few blocks per column tile, as the buffer allows.
   constexpr int64_t kMinChunkRows = 64, kMaxChunks = 1024;
@@ -173,8 +179,12 @@ void layernorm_param_grads(const float* dy, const float* x, const float* mean, c
   const int64_t chunk_rows = ceil_div<int64_t>(rows, std::max<int64_t>(1, std::min(want, fits)));
   const int64_t chunks = ceil_div<int64_t>(rows, chunk_rows);
   const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(c, kColumns)), static_cast<unsigned>(chunks));
-  REMAT_LAUNCH(layernorm_param_grads_kernel, grid, dim3(kColumns, kRowGroups), 0, stream, dy, x, mean, rstd, rows, c,
-               chunk_rows, dgamma, dbeta, partial);
+  with_types(
+      [&](auto pdy, auto px) {
+        REMAT_LAUNCH((layernorm_param_grads_kernel<decltype(pdy), decltype(px)>), grid, dim3(kColumns, kRowGroups), 0,
+                     stream, pdy, px, mean, rstd, rows, c, chunk_rows, dgamma, dbeta, partial);
+      },
+      dy, x);
   if (chunks > 1) {
     constexpr int kBlock = 256;
     const auto blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div<int64_t>(c, kBlock), 4096));
@@ -183,11 +193,16 @@ void layernorm_param_grads(const float* dy, const float* x, const float* mean, c
   }
 }
 
-void layernorm_backward_dx(const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd,
-                           int64_t rows, int64_t c, float* dx, cudaStream_t stream) {
+void layernorm_backward_dx(FloatBuf dy, FloatBuf x, FloatBuf gamma, const float* mean, const float* rstd, int64_t rows,
+                           int64_t c, FloatBuf dx, cudaStream_t stream) {
   if (rows == 0) return;
-  const bool vec = rows::can_vectorise(c, dy, x, gamma, dx);
-  REMAT_LAUNCH_ROWS(layernorm_backward_dx_kernel, rows, c, vec, stream, dy, x, gamma, mean, rstd, rows, c, dx);
+  const bool vec = rows::can_vectorise_bufs(c, dy, x, gamma, dx);
+  with_types(
+      [&](auto pdy, auto px, auto pg, auto pdx) {
+        REMAT_LAUNCH_ROWS_T(layernorm_backward_dx_kernel, (decltype(pdy), decltype(px), decltype(pg), decltype(pdx)),
+                            rows, c, vec, stream, pdy, px, pg, mean, rstd, rows, c, pdx);
+      },
+      dy, x, gamma, dx);
 }
 
 }  // namespace remat::kernels

@@ -7,10 +7,16 @@
 // packs of W = 4 (one float4) when every row is 16-byte aligned, else W = 1; so each
 // thread always sees the same elements of a row, and every reduction here combines
 // values in an order fixed by the thread indices: results are the same bits every run.
+//
+// bf16 rows (kernels/bf16.cuh; typed pointers: float*, bf16* or DynPtr) keep packs of four
+// elements (8 bytes) when every row is 8-byte aligned and all arrays are bf16, so each
+// thread sees the very elements it sees in fp32: a bf16 row op is the fp32 kernel's
+// arithmetic, in the same order, on the widened values, its outputs rounded once.
 #pragma once
 
 #include <cstdint>
 
+#include "kernels/bf16.cuh"
 #include "kernels/common.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/reduce.cuh"
@@ -23,7 +29,8 @@ constexpr int kBlockRowThreads = 512;      // longer rows: a block of this many 
 constexpr int kWarpRowsPerBlock = 8;       // warps (rows) per block in warp-per-row kernels
 constexpr unsigned kMaxBlocks = 1u << 16;  // grid-stride beyond this
 
-// A pack of W floats: one float4 (kVec) or one float.
+// A pack of W floats: one float4 (kVec) or one float; from bf16, four bf16 (8 bytes) or
+// one; from a DynPtr, element by element.
 template <bool kVec>
 struct Pack {
   static constexpr int kWidth = kVec ? 4 : 1;
@@ -39,12 +46,36 @@ struct Pack {
     }
     return r;
   }
+  __device__ REMAT_INLINE static Pack load(const bf16* p) {
+    Pack r;
+    if constexpr (kVec) {
+      load4(p, 0, r.v);
+    } else {
+      r.v[0] = __bfloat162float(*p);
+    }
+    return r;
+  }
+  __device__ REMAT_INLINE static Pack load(DynPtr p) {
+    Pack r;
+    for (int k = 0; k < kWidth; ++k) r.v[k] = ld(p, k);
+    return r;
+  }
   __device__ REMAT_INLINE void store(float* p) const {
     if constexpr (kVec) {
       store_unit(reinterpret_cast<float4*>(p), make_float4(v[0], v[1], v[2], v[3]));
     } else {
       *p = v[0];
     }
+  }
+  __device__ REMAT_INLINE void store(bf16* p) const {
+    if constexpr (kVec) {
+      store4(p, 0, v);
+    } else {
+      *p = __float2bfloat16_rn(v[0]);
+    }
+  }
+  __device__ REMAT_INLINE void store(DynPtr p) const {
+    for (int k = 0; k < kWidth; ++k) st(p, k, v[k]);
   }
 };
 
@@ -142,6 +173,16 @@ bool can_vectorise(int64_t row_length, const Ptrs*... ptrs) {
   return row_length % 4 == 0 && (aligned16(ptrs) && ...);
 }
 
+// The same for FloatBuf arrays (bf16.cuh): packs when every array has one dtype (absent
+// ones aside) and is aligned to a pack (16 bytes of f32, 8 bytes of bf16).
+template <typename... Bufs>
+bool can_vectorise_bufs(int64_t row_length, const Bufs&... bufs) {
+  const bool all_f32 = ((!bufs.p || !bufs.bf16) && ...), all_bf16 = ((!bufs.p || bufs.bf16) && ...);
+  if (!all_f32 && !all_bf16) return false;
+  const uintptr_t align = all_f32 ? 16 : 8;
+  return row_length % 4 == 0 && ((reinterpret_cast<uintptr_t>(bufs.p) % align == 0) && ...);
+}
+
 }  // namespace remat::kernels::rows
 
 // Launches kernel<kThreads, kVec> (a template of a row-wise kernel) over `rows` rows of
@@ -151,4 +192,15 @@ bool can_vectorise(int64_t row_length, const Ptrs*... ptrs) {
     using L = decltype(layout);                                                                             \
     REMAT_LAUNCH((kernel<L::kThreads, L::kVec>), ::remat::kernels::rows::grid_shape<L::kThreads>(num_rows), \
                  ::remat::kernels::rows::block_shape<L::kThreads>(), 0, stream, __VA_ARGS__);               \
+  })
+
+// REMAT_LAUNCH_ROWS for a kernel with further template parameters after <kThreads, kVec>:
+// `types` is their parenthesised list, e.g. (decltype(px), decltype(py)).
+#define REMAT_ROWS_UNPAREN(...) __VA_ARGS__
+#define REMAT_LAUNCH_ROWS_T(kernel, types, num_rows, row_length, vec, stream, ...)            \
+  ::remat::kernels::rows::dispatch(row_length, vec, [&](auto layout) {                        \
+    using L = decltype(layout);                                                               \
+    REMAT_LAUNCH((kernel<L::kThreads, L::kVec, REMAT_ROWS_UNPAREN types>),                    \
+                 ::remat::kernels::rows::grid_shape<L::kThreads>(num_rows),                   \
+                 ::remat::kernels::rows::block_shape<L::kThreads>(), 0, stream, __VA_ARGS__); \
   })

@@ -52,8 +52,8 @@ __device__ REMAT_INLINE MaxSum shfl_xor(MaxSum v, int lane_mask) {
 }
 
 // MaxSum of row xr of length n over the row's threads; every thread gets the whole row's.
-template <int kThreads, bool kVec>
-__device__ REMAT_INLINE MaxSum row_max_sum(const float* xr, int64_t n, MaxSum* shared) {
+template <int kThreads, bool kVec, typename PX>
+__device__ REMAT_INLINE MaxSum row_max_sum(PX xr, int64_t n, MaxSum* shared) {
   using P = Pack<kVec>;
   using G = Group<kThreads>;
   const int64_t first = int64_t{G::lane()} * P::kWidth, step = int64_t{kThreads} * P::kWidth;
@@ -65,15 +65,15 @@ __device__ REMAT_INLINE MaxSum row_max_sum(const float* xr, int64_t n, MaxSum* s
   return G::reduce(ms, shared, [](MaxSum a, MaxSum b) { return merge(a, b); });
 }
 
-template <int kThreads, bool kVec>
-__global__ void softmax_forward_kernel(const float* x, int64_t rows, int64_t n, bool log, float* y) {
+template <int kThreads, bool kVec, typename PX, typename PY>
+__global__ void softmax_forward_kernel(PX x, int64_t rows, int64_t n, bool log, PY y) {
   using P = Pack<kVec>;
   using G = Group<kThreads>;
   const int64_t first = int64_t{G::lane()} * P::kWidth, step = int64_t{kThreads} * P::kWidth;
   __shared__ MaxSum shared[G::kWarps];
   for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
-    const float* xr = x + r * n;
-    float* yr = y + r * n;
+    const auto xr = x + r * n;
+    const auto yr = y + r * n;
     const MaxSum ms = row_max_sum<kThreads, kVec>(xr, n, shared);
     const float lse = log_normaliser(ms), inv = 1.0f / ms.s;
     for (int64_t j = first; j < n; j += step) {
@@ -84,15 +84,16 @@ __global__ void softmax_forward_kernel(const float* x, int64_t rows, int64_t n, 
   }
 }
 
-template <int kThreads, bool kVec>
-__global__ void softmax_backward_kernel(const float* dy, const float* y, int64_t rows, int64_t n, bool log, float* dx) {
+template <int kThreads, bool kVec, typename PDY, typename PY, typename PDX>
+__global__ void softmax_backward_kernel(PDY dy, PY y, int64_t rows, int64_t n, bool log, PDX dx) {
   using P = Pack<kVec>;
   using G = Group<kThreads>;
   const int64_t first = int64_t{G::lane()} * P::kWidth, step = int64_t{kThreads} * P::kWidth;
   __shared__ float shared[G::kWarps];
   for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
-    const float *dyr = dy + r * n, *yr = y + r * n;
-    float* dxr = dx + r * n;
+    const auto dyr = dy + r * n;
+    const auto yr = y + r * n;
+    const auto dxr = dx + r * n;
     float s = 0.0f;  // sum(dy) for log-softmax, sum(dy * y) for softmax
     for (int64_t j = first; j < n; j += step) {
       const P g = P::load(dyr + j), v = P::load(yr + j);
@@ -108,8 +109,8 @@ __global__ void softmax_backward_kernel(const float* dy, const float* y, int64_t
   }
 }
 
-template <int kThreads, bool kVec>
-__global__ void logsumexp_kernel(const float* x, int64_t rows, int64_t n, float* lse) {
+template <int kThreads, bool kVec, typename PX>
+__global__ void logsumexp_kernel(PX x, int64_t rows, int64_t n, float* lse) {
   using G = Group<kThreads>;
   __shared__ MaxSum shared[G::kWarps];
   for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
@@ -122,8 +123,9 @@ constexpr int kRowsReduceThreads = 256;  // one block reduces over all rows
 
 // loss[0] = mean of lse[r] - x[r, t[r]] over the rows not ignored, in double: each
 // thread sums rows tid, tid + 256, ... in order, then the block sums the threads.
-__global__ void cross_entropy_loss_kernel(const float* x, const int32_t* targets, const float* lse, int64_t rows,
-                                          int64_t n, int ignore_index, float* loss, CrossEntropyCheck* check) {
+template <typename PX>
+__global__ void cross_entropy_loss_kernel(PX x, const int32_t* targets, const float* lse, int64_t rows, int64_t n,
+                                          int ignore_index, float* loss, CrossEntropyCheck* check) {
   __shared__ double dshared[kRowsReduceThreads / 32];
   __shared__ long long ishared[kRowsReduceThreads / 32];
   constexpr long long kNone = 0x7fffffffffffffffLL;
@@ -136,7 +138,7 @@ __global__ void cross_entropy_loss_kernel(const float* x, const int32_t* targets
       if (first_bad == kNone) first_bad = r;
       continue;
     }
-    total += static_cast<double>(lse[r]) - static_cast<double>(x[r * n + t]);
+    total += static_cast<double>(lse[r]) - static_cast<double>(ld(x, r * n + t));
     ++count;
   }
   total = block_sum<kRowsReduceThreads>(total, dshared);
@@ -159,17 +161,16 @@ __global__ void cross_entropy_scale_kernel(const int32_t* targets, int64_t rows,
   if (threadIdx.x == 0) *scale = count == 0 ? 0.0f : dloss / static_cast<float>(count);
 }
 
-template <int kThreads, bool kVec>
-__global__ void cross_entropy_backward_kernel(const float* x, const int32_t* targets, const float* lse,
-                                              const float* scale, int64_t rows, int64_t n, int ignore_index,
-                                              float* dx) {
+template <int kThreads, bool kVec, typename PX, typename PDX>
+__global__ void cross_entropy_backward_kernel(PX x, const int32_t* targets, const float* lse, const float* scale,
+                                              int64_t rows, int64_t n, int ignore_index, PDX dx) {
   using P = Pack<kVec>;
   using G = Group<kThreads>;
   const int64_t first = int64_t{G::lane()} * P::kWidth, step = int64_t{kThreads} * P::kWidth;
   const float s = *scale;
   for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
-    const float* xr = x + r * n;
-    float* dxr = dx + r * n;
+    const auto xr = x + r * n;
+    const auto dxr = dx + r * n;
     const int32_t t = targets[r];
     const bool ignored = t == ignore_index;
     const float l = lse[r];
@@ -200,8 +201,8 @@ __device__ REMAT_INLINE ArgMax shfl_xor(ArgMax a, int lane_mask) {
 // The larger value; of equal values the first column.
 __device__ REMAT_INLINE ArgMax first_max(ArgMax a, ArgMax b) { return b.v > a.v || (b.v == a.v && b.i < a.i) ? b : a; }
 
-template <int kThreads, bool kVec>
-__global__ void accuracy_kernel(const float* x, const int32_t* targets, int64_t rows, int64_t n, int ignore_index,
+template <int kThreads, bool kVec, typename PX>
+__global__ void accuracy_kernel(PX x, const int32_t* targets, int64_t rows, int64_t n, int ignore_index,
                                 unsigned long long* counts) {
   using P = Pack<kVec>;
   using G = Group<kThreads>;
@@ -210,7 +211,7 @@ __global__ void accuracy_kernel(const float* x, const int32_t* targets, int64_t 
   for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
     const int32_t t = targets[r];
     if (t == ignore_index) continue;  // the same for the whole row group
-    const float* xr = x + r * n;
+    const auto xr = x + r * n;
     ArgMax best{-INFINITY, kNoColumn};
     for (int64_t j = first; j < n; j += step) {
       const P v = P::load(xr + j);
@@ -221,7 +222,7 @@ __global__ void accuracy_kernel(const float* x, const int32_t* targets, int64_t 
     if (G::lane() == 0) {
       // The CPU scans from column 0 keeping the first strictly larger value: it ends at
       // 0 when nothing beats x[0] (all -inf) or x[0] is NaN (nothing compares larger).
-      const long long col = best.i == kNoColumn || isnan(xr[0]) ? 0 : best.i;
+      const long long col = best.i == kNoColumn || isnan(ld(xr, 0)) ? 0 : best.i;
       atomicAdd(&counts[0], 1ull);
       if (col == t) atomicAdd(&counts[1], 1ull);
     }
@@ -232,42 +233,65 @@ __global__ void accuracy_kernel(const float* x, const int32_t* targets, int64_t 
 
 // ---- launchers ---------------------------------------------------------------------------
 
-void softmax_forward(const float* x, int64_t rows, int64_t n, bool log, float* y, cudaStream_t stream) {
+void softmax_forward(FloatBuf x, int64_t rows, int64_t n, bool log, FloatBuf y, cudaStream_t stream) {
   if (rows == 0 || n == 0) return;
-  const bool vec = rows::can_vectorise(n, x, y);
-  REMAT_LAUNCH_ROWS(softmax_forward_kernel, rows, n, vec, stream, x, rows, n, log, y);
+  const bool vec = rows::can_vectorise_bufs(n, x, y);
+  with_types(
+      [&](auto px, auto py) {
+        REMAT_LAUNCH_ROWS_T(softmax_forward_kernel, (decltype(px), decltype(py)), rows, n, vec, stream, px, rows, n,
+                            log, py);
+      },
+      x, y);
 }
 
-void softmax_backward(const float* dy, const float* y, int64_t rows, int64_t n, bool log, float* dx,
-                      cudaStream_t stream) {
+void softmax_backward(FloatBuf dy, FloatBuf y, int64_t rows, int64_t n, bool log, FloatBuf dx, cudaStream_t stream) {
   if (rows == 0 || n == 0) return;
-  const bool vec = rows::can_vectorise(n, dy, y, dx);
-  REMAT_LAUNCH_ROWS(softmax_backward_kernel, rows, n, vec, stream, dy, y, rows, n, log, dx);
+  const bool vec = rows::can_vectorise_bufs(n, dy, y, dx);
+  with_types(
+      [&](auto pdy, auto py, auto pdx) {
+        REMAT_LAUNCH_ROWS_T(softmax_backward_kernel, (decltype(pdy), decltype(py), decltype(pdx)), rows, n, vec, stream,
+                            pdy, py, rows, n, log, pdx);
+      },
+      dy, y, dx);
 }
 
-void cross_entropy_forward(const float* x, const int32_t* targets, int64_t rows, int64_t n, int ignore_index,
-                           float* loss, float* lse, CrossEntropyCheck* check, cudaStream_t stream) {
-  const bool vec = rows::can_vectorise(n, x);
-  if (rows > 0) REMAT_LAUNCH_ROWS(logsumexp_kernel, rows, n, vec, stream, x, rows, n, lse);
-  REMAT_LAUNCH(cross_entropy_loss_kernel, dim3(1), dim3(kRowsReduceThreads), 0, stream, x, targets, lse, rows, n,
-               ignore_index, loss, check);
+void cross_entropy_forward(FloatBuf x, const int32_t* targets, int64_t rows, int64_t n, int ignore_index, float* loss,
+                           float* lse, CrossEntropyCheck* check, cudaStream_t stream) {
+  const bool vec = rows::can_vectorise_bufs(n, x);
+  with_types(
+      [&](auto px) {
+        using PX = decltype(px);
+        if (rows > 0) REMAT_LAUNCH_ROWS_T(logsumexp_kernel, (PX), rows, n, vec, stream, px, rows, n, lse);
+        REMAT_LAUNCH(cross_entropy_loss_kernel<PX>, dim3(1), dim3(kRowsReduceThreads), 0, stream, px, targets, lse,
+                     rows, n, ignore_index, loss, check);
+      },
+      x);
 }
 
-void cross_entropy_backward(float dloss, const float* x, const int32_t* targets, const float* lse, int64_t rows,
-                            int64_t n, int ignore_index, float* dx, float* scale, cudaStream_t stream) {
+void cross_entropy_backward(float dloss, FloatBuf x, const int32_t* targets, const float* lse, int64_t rows, int64_t n,
+                            int ignore_index, FloatBuf dx, float* scale, cudaStream_t stream) {
   if (rows == 0 || n == 0) return;
   REMAT_LAUNCH(cross_entropy_scale_kernel, dim3(1), dim3(kRowsReduceThreads), 0, stream, targets, rows, ignore_index,
                dloss, scale);
-  const bool vec = rows::can_vectorise(n, x, dx);
-  REMAT_LAUNCH_ROWS(cross_entropy_backward_kernel, rows, n, vec, stream, x, targets, lse, scale, rows, n, ignore_index,
-                    dx);
+  const bool vec = rows::can_vectorise_bufs(n, x, dx);
+  with_types(
+      [&](auto px, auto pdx) {
+        REMAT_LAUNCH_ROWS_T(cross_entropy_backward_kernel, (decltype(px), decltype(pdx)), rows, n, vec, stream, px,
+                            targets, lse, scale, rows, n, ignore_index, pdx);
+      },
+      x, dx);
 }
 
-void accuracy(const float* x, const int32_t* targets, int64_t rows, int64_t n, int ignore_index,
-              unsigned long long* counts, cudaStream_t stream) {
+void accuracy(FloatBuf x, const int32_t* targets, int64_t rows, int64_t n, int ignore_index, unsigned long long* counts,
+              cudaStream_t stream) {
   if (rows == 0) return;
-  const bool vec = rows::can_vectorise(n, x);
-  REMAT_LAUNCH_ROWS(accuracy_kernel, rows, n, vec, stream, x, targets, rows, n, ignore_index, counts);
+  const bool vec = rows::can_vectorise_bufs(n, x);
+  with_types(
+      [&](auto px) {
+        REMAT_LAUNCH_ROWS_T(accuracy_kernel, (decltype(px)), rows, n, vec, stream, px, targets, rows, n, ignore_index,
+                            counts);
+      },
+      x);
 }
 
 }  // namespace remat::kernels

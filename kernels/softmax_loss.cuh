@@ -8,14 +8,15 @@
 
 #include <cstdint>
 
+#include "kernels/bf16.cuh"
+
 namespace remat::kernels {
 
 // y = softmax(x) (or log_softmax when `log`) over rows of length n. y may be x.
-void softmax_forward(const float* x, int64_t rows, int64_t n, bool log, float* y, cudaStream_t stream);
+void softmax_forward(FloatBuf x, int64_t rows, int64_t n, bool log, FloatBuf y, cudaStream_t stream);
 
 // dx = y * (dy - sum(dy * y)), or for log-softmax dx = dy - exp(y) * sum(dy). dx may be dy.
-void softmax_backward(const float* dy, const float* y, int64_t rows, int64_t n, bool log, float* dx,
-                      cudaStream_t stream);
+void softmax_backward(FloatBuf dy, FloatBuf y, int64_t rows, int64_t n, bool log, FloatBuf dx, cudaStream_t stream);
 
 // What cross_entropy_forward found wrong with the targets: the first row whose target is
 // neither ignore_index nor in [0, n), or bad_row = -1.
@@ -28,20 +29,20 @@ struct CrossEntropyCheck {
 // not ignore_index of lse[r] - x[r, target[r]], summed in double in a fixed order (NaN
 // when every row is ignored). Rows with an out-of-range target are left out of the loss
 // and reported in *check (device memory).
-void cross_entropy_forward(const float* x, const int32_t* targets, int64_t rows, int64_t n, int ignore_index,
-                           float* loss, float* lse, CrossEntropyCheck* check, cudaStream_t stream);
+void cross_entropy_forward(FloatBuf x, const int32_t* targets, int64_t rows, int64_t n, int ignore_index, float* loss,
+                           float* lse, CrossEntropyCheck* check, cudaStream_t stream);
 
 // dx[r, j] = scale * (exp(x[r, j] - lse[r]) - (j == target[r])) with scale = dloss / count
 // (count: rows not ignored); ignored rows get 0. `scale` is one float of device memory for
 // the scale, computed on the device from the targets. dx may be x.
-void cross_entropy_backward(float dloss, const float* x, const int32_t* targets, const float* lse, int64_t rows,
-                            int64_t n, int ignore_index, float* dx, float* scale, cudaStream_t stream);
+void cross_entropy_backward(float dloss, FloatBuf x, const int32_t* targets, const float* lse, int64_t rows, int64_t n,
+                            int ignore_index, FloatBuf dx, float* scale, cudaStream_t stream);
 
 // Adds to counts[0] the rows whose target is not ignore_index, and to counts[1] those of
 // them whose first maximum is the target (as the CPU's sequential scan finds it: a NaN
 // never wins, except that a NaN in column 0 keeps column 0). counts: two values of device
 // memory, zeroed by the caller.
-void accuracy(const float* x, const int32_t* targets, int64_t rows, int64_t n, int ignore_index,
-              unsigned long long* counts, cudaStream_t stream);
+void accuracy(FloatBuf x, const int32_t* targets, int64_t rows, int64_t n, int ignore_index, unsigned long long* counts,
+              cudaStream_t stream);
 
 }  // namespace remat::kernels

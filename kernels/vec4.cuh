@@ -22,21 +22,33 @@ namespace remat::kernels {
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 #if defined(REMAT_EMULATE)
-// A 16-byte GCC vector: a load or store of one is one access for the host compiler.
-typedef float EmuVec16 __attribute__((vector_size(16), may_alias));
+// GCC vectors of 8 and 16 bytes: a load or store of one is one access for the host
+// compiler.
+template <size_t kBytes>
+struct EmuVecOf;
+template <>
+struct EmuVecOf<8> {
+  typedef unsigned type __attribute__((vector_size(8), may_alias));
+};
+template <>
+struct EmuVecOf<16> {
+  typedef unsigned type __attribute__((vector_size(16), may_alias));
+};
 #endif
 
-// One T (a float, a float4) read or written by one instruction, as a kernel's every
-// global-memory access of a vector type is written. On a GPU a plain dereference (LDG.128
-// and STG.128 for a float4). On the emulator a 16-byte type moves through a GCC vector:
-// the host compiler would otherwise split a float4 whose fields are used one by one into
-// four 4-byte accesses, and the emulator's traffic counter (docs/kernels.md, "Coalescing")
-// would see four instructions of a quarter of the GPU's width.
+// One T (a float, a float4, a uint4 of eight bf16, a uint2) read or written by one
+// instruction, as a kernel's every global-memory access of a vector type is written. On a
+// GPU a plain dereference (LDG.128 and STG.128 for a float4). On the emulator an 8- or
+// 16-byte vector type moves through a GCC vector: the host compiler would otherwise split
+// a float4 whose fields are used one by one into four 4-byte accesses, and the emulator's
+// traffic counter (docs/kernels.md, "Coalescing") would see four instructions of a quarter
+// of the GPU's width.
 template <typename T>
 __device__ REMAT_INLINE T load_unit(const T* p) {
 #if defined(REMAT_EMULATE)
-  if constexpr (sizeof(T) == 16) {
-    const EmuVec16 bits = *reinterpret_cast<const EmuVec16*>(p);
+  if constexpr (sizeof(T) == 16 || (sizeof(T) == 8 && alignof(T) == 8)) {
+    using V = typename EmuVecOf<sizeof(T)>::type;
+    const V bits = *reinterpret_cast<const V*>(p);
     T v;
     std::memcpy(&v, &bits, sizeof v);
     return v;
@@ -47,10 +59,11 @@ __device__ REMAT_INLINE T load_unit(const T* p) {
 template <typename T>
 __device__ REMAT_INLINE void store_unit(T* p, const T& v) {
 #if defined(REMAT_EMULATE)
-  if constexpr (sizeof(T) == 16) {
-    EmuVec16 bits;
+  if constexpr (sizeof(T) == 16 || (sizeof(T) == 8 && alignof(T) == 8)) {
+    using V = typename EmuVecOf<sizeof(T)>::type;
+    V bits;
     std::memcpy(&bits, &v, sizeof bits);
-    *reinterpret_cast<EmuVec16*>(p) = bits;
+    *reinterpret_cast<V*>(p) = bits;
     return;
   }
 #endif

@@ -328,7 +328,8 @@ TEST(Executor, ShippedConfigsScaledDownAreBitwiseEqualUnderEveryPolicy) {
     remat::Graph g = remat::build_graph(scale_down ? remat::test::shrink_model(c.model) : c.model, 3,
                                         entry.path().string(), {{"vocab", 11}});
     remat::Backend& be = remat::backend_for(Device::cpu());
-    auto run_policy = [&](const std::string& policy) {
+    auto run_policy = [&](const std::string& policy, remat::DType precision) {
+      remat::ActivationDTypeScope scope(precision);  // bf16: working copies and bf16 activations
       remat::ParamStore params(g, Device::cpu(), 5);
       remat::Executor ex(g, params, be, remat::make_plan(g, policy), remat::ExecOptions{policy != "none"});
       remat::RngGenerator gen(9);
@@ -348,14 +349,22 @@ TEST(Executor, ShippedConfigsScaledDownAreBitwiseEqualUnderEveryPolicy) {
       }
       return std::make_pair(losses, state);
     };
-    const auto plain = run_policy("none");
-    for (float l : plain.first) EXPECT_TRUE(std::isfinite(l));
-    for (const char* policy : {"all", "every:2", "sqrt", "selective", "manual"}) {
-      const auto r = run_policy(policy);
-      EXPECT_EQ(r.first, plain.first) << policy;
-      ASSERT_EQ(r.second.size(), plain.second.size());
-      for (size_t k = 0; k < r.second.size(); ++k)
-        EXPECT_TRUE(bitwise_equal(r.second[k], plain.second[k])) << policy << " tensor " << k;
+    std::vector<float> fp32_losses;
+    for (const remat::DType precision : {remat::DType::f32, remat::DType::bf16}) {
+      SCOPED_TRACE(remat::dtype_name(precision));
+      const auto plain = run_policy("none", precision);
+      for (float l : plain.first) EXPECT_TRUE(std::isfinite(l));
+      if (precision == remat::DType::f32)
+        fp32_losses = plain.first;
+      else  // the same masters, rounded: the first loss within bf16's rounding of fp32's
+        EXPECT_NEAR(plain.first[0], fp32_losses[0], 0.02 * std::fabs(fp32_losses[0]));
+      for (const char* policy : {"all", "every:2", "sqrt", "selective", "manual"}) {
+        const auto r = run_policy(policy, precision);
+        EXPECT_EQ(r.first, plain.first) << policy;
+        ASSERT_EQ(r.second.size(), plain.second.size());
+        for (size_t k = 0; k < r.second.size(); ++k)
+          EXPECT_TRUE(bitwise_equal(r.second[k], plain.second[k])) << policy << " tensor " << k;
+      }
     }
   }
 }

@@ -265,9 +265,8 @@ TEST(MemoryHtml, MemprofPrecisionsSideBySide) {
       run("memprof " + kNames + " --policy none --precision fp32,bf16 --json " + (dir / "r.json").string());
   ASSERT_EQ(out.substr(0, 2), "0:") << out;
   EXPECT_NE(out.find("none bf16"), std::string::npos) << out;
-  EXPECT_NE(out.find("bf16 columns: predicted on meta only"), std::string::npos) << out;
+  EXPECT_NE(out.find("bf16 columns: bf16 activations and working weights"), std::string::npos) << out;
   const nlohmann::json j = nlohmann::json::parse(remat::read_file((dir / "r.json").string()));
-  fs::remove_all(dir);
   ASSERT_EQ(j["policies"].size(), 2u);
   EXPECT_EQ(j["policies"][0]["precision"], "fp32");
   EXPECT_EQ(j["policies"][1]["precision"], "bf16");
@@ -276,9 +275,16 @@ TEST(MemoryHtml, MemprofPrecisionsSideBySide) {
   EXPECT_EQ(j["policies"][0]["peak_bytes"].get<int64_t>(), fp32[0].peak_bytes);
   EXPECT_EQ(j["policies"][1]["peak_bytes"].get<int64_t>(), bf16[0].peak_bytes);
   EXPECT_NE(bf16[0].peak_bytes, fp32[0].peak_bytes);  // (bigger here: a tiny model, its working copies)
-  const std::string cpu = run("memprof " + kNames + " --precision bf16 --device cpu");
-  EXPECT_NE(cpu.substr(0, 2), "0:");
-  EXPECT_NE(cpu.find("--precision bf16: not yet supported on cpu"), std::string::npos) << cpu;
+  // Measured on the cpu, which computes in bf16: the same peak as predicted.
+  const std::string cpu =
+      run("memprof " + kNames + " --policy none --precision bf16 --device cpu --json " + (dir / "cpu.json").string());
+  ASSERT_EQ(cpu.substr(0, 2), "0:") << cpu;
+  const nlohmann::json jc = nlohmann::json::parse(remat::read_file((dir / "cpu.json").string()));
+  ASSERT_EQ(jc["policies"].size(), 1u);
+  EXPECT_EQ(jc["policies"][0]["precision"], "bf16");
+  EXPECT_EQ(jc["policies"][0]["predicted_only"], false);
+  EXPECT_EQ(jc["policies"][0]["measured_peak_bytes"].get<int64_t>(), bf16[0].peak_bytes);
   const std::string fp16 = run("memprof " + kNames + " --precision fp16");
   EXPECT_NE(fp16.find("--precision: fp16 is not supported"), std::string::npos) << fp16;
+  fs::remove_all(dir);
 }

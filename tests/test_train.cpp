@@ -2,6 +2,7 @@
 // bad files give clear errors, the shipped configs run a step.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -9,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "remat/graph.h"
 #include "remat/io.h"
 #include "remat/train.h"
 #include "support/expect_error.h"
@@ -57,18 +59,108 @@ std::string write_config(const std::string& dir, const std::string& extra_traini
 
 }  // namespace
 
-// bf16 is configured and predicted (remat memprof) but computed by no backend yet: training
-// in it says so, naming the config and the device, before anything is built.
-TEST(Train, Bf16NotYetSupported) {
+// training.precision bf16 on the cpu: it learns as fp32 does (the same masters, rounded
+// working copies), an interrupted run resumes bitwise, the checkpoint holds the fp32
+// masters, and a checkpoint of either precision resumes in the other.
+TEST(Train, Bf16TrainsResumesBitwiseAndKeepsFp32Masters) {
   const std::string dir = tmp_dir("bf16");
+  const std::string cfg = write_config(dir, R"(, "checkpoint_every": 1)");
+  remat::TrainOptions o;
+  o.config = cfg;
+  o.quiet = true;
+  o.device = "cpu";
+  o.out = dir + "/fp32";
+  const remat::TrainResult f32 = remat::train(o);
+  o.precision = "bf16";
+  o.out = dir + "/bf16";
+  const remat::TrainResult b16 = remat::train(o);
+  ASSERT_EQ(b16.losses.size(), f32.losses.size());
+  for (size_t i = 0; i < b16.losses.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(b16.losses[i]));
+    EXPECT_NEAR(b16.losses[i], f32.losses[i], 0.03 * f32.losses[i]) << "step " << i + 1;
+  }
+  EXPECT_NE(b16.losses, f32.losses);  // it did compute in bf16
+  // The checkpoint holds the fp32 masters, one per parameter (no working copies).
+  const auto w16 = remat::SafetensorsFile::load(o.out + "/checkpoint/model.safetensors");
+  const auto w32 = remat::SafetensorsFile::load(dir + "/fp32/checkpoint/model.safetensors");
+  ASSERT_EQ(w16.entries().size(), w32.entries().size());
+  for (const auto& e : w16.entries()) EXPECT_EQ(e.dtype, remat::DType::f32) << e.name;
+
+  // Interrupted after step 5, resumed: bitwise the uninterrupted bf16 run.
+  remat::TrainOptions first = o;
+  first.out = dir + "/split";
+  first.on_step = [](int64_t step, float) {
+    if (step == 5) throw remat::Error("interrupted");
+  };
+  EXPECT_REMAT_ERROR(remat::train(first), "interrupted");
+  remat::TrainOptions resume = o;
+  resume.out.clear();
+  resume.resume = dir + "/split";
+  const remat::TrainResult r = remat::train(resume);
+  ASSERT_EQ(r.losses.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(r.losses[i], b16.losses[4 + i]) << "step " << 5 + i;
+  const auto wr = remat::SafetensorsFile::load(resume.resume + "/checkpoint/model.safetensors");
+  for (const auto& e : w16.entries())
+    EXPECT_EQ(w16.tensor(e.name).to_vector(), wr.tensor(e.name).to_vector()) << e.name;
+
+  // A bf16 checkpoint resumes in fp32 and an fp32 one in bf16 (the masters are fp32 in both).
+  for (const auto& [from, precision] : {std::pair<std::string, std::string>{"/split", "fp32"}, {"/fp32", "bf16"}}) {
+    remat::TrainOptions other = o;
+    other.out.clear();
+    other.resume = dir + from;
+    other.precision = precision;
+    other.steps = 10;
+    const remat::TrainResult x = remat::train(other);
+    ASSERT_EQ(x.losses.size(), 2u) << from;
+    EXPECT_TRUE(std::isfinite(x.last_loss)) << from;
+  }
+  fs::remove_all(dir);
+}
+
+TEST(Train, PrecisionErrors) {
+  const std::string dir = tmp_dir("precision");
   remat::TrainOptions o;
   o.config = write_config(dir);
   o.quiet = true;
   o.device = "cpu";
-  o.precision = "bf16";
-  EXPECT_REMAT_ERROR(remat::train(o), "training.precision bf16: not yet supported on cpu");
   o.precision = "fp16";
   EXPECT_REMAT_ERROR(remat::train(o), "--precision: fp16 is not supported");
+  o.precision = "bf17";
+  EXPECT_REMAT_ERROR(remat::train(o), "--precision: unknown precision \"bf17\"");
+  fs::remove_all(dir);
+}
+
+namespace {
+// A layer type with no bf16 ops (Layer::runs_in_bf16 left false): y = x.
+class Fp32OnlyIdentity final : public remat::Layer {
+ public:
+  remat::LayerKind kind() const override { return remat::LayerKind::view; }
+  remat::Shape infer(const std::vector<remat::Shape>& in) override { return in.at(0); }
+  void forward(remat::ForwardContext& c) const override { c.out = c.in[0].view(out_shape); }
+  void backward(remat::BackwardContext& c) const override { c.din = {c.dout.view(out_shape)}; }
+};
+}  // namespace
+
+// bf16 on a model with a layer that cannot run it: an error naming the layer and its type,
+// before anything is built or trained.
+TEST(Train, Bf16OnALayerWithoutBf16OpsNamesTheLayer) {
+  remat::register_layer_type("test_fp32_only",
+                             [](remat::ConfigReader&) { return std::make_unique<Fp32OnlyIdentity>(); });
+  const std::string dir = tmp_dir("bf16_layer");
+  fs::create_directories(dir);
+  std::string cfg_text = remat::read_file(write_config(dir));
+  const std::string at = R"({"type": "flatten"},)";
+  cfg_text.replace(cfg_text.find(at), at.size(), at + R"( {"type": "test_fp32_only", "name": "legacy"},)");
+  std::ofstream(dir + "/legacy.json") << cfg_text;
+  remat::TrainOptions o;
+  o.config = dir + "/legacy.json";
+  o.quiet = true;
+  o.device = "cpu";
+  o.precision = "bf16";
+  EXPECT_REMAT_ERROR(remat::train(o), "layer \"legacy\" (test_fp32_only) has no bf16 ops");
+  o.precision = "fp32";
+  EXPECT_EQ(remat::train(o).losses.size(), 8u);
+  fs::remove_all(dir);
 }
 
 TEST(Train, ResumeContinuesBitwise) {

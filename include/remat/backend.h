@@ -123,6 +123,10 @@ class Backend {
     return false;
   }
   virtual bool tf32() const { return false; }
+  // Whether the ops compute on bf16 storage (training.precision bf16: bf16 activations and
+  // working weights, fp32 math; docs/memory.md "Mixed precision"). Which layers do is the
+  // graph's question (Layer::runs_in_bf16).
+  virtual bool supports_bf16() const { return false; }
   // The most bytes one group of attention's [T, T] scratch matrices takes (the backend's
   // default where 0; a group holds one batch element or head at least). Tests shrink it
   // to run the multi-group path at small shapes. Returns the previous setting; backends

@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "remat/dtype.h"
+
 namespace remat {
 
 // Reads one JSON object, tracking which keys were consumed. Integer fields may be given
@@ -145,6 +147,8 @@ void check_micro_batch(const Config& cfg);
 const std::vector<std::string>& precisions();
 // Empty when `p` names a precision, else why not (fp16: no loss scaling, use bf16).
 std::string precision_error(const std::string& p);
+// The storage dtype of float activations under precision `p` (fp32: f32, bf16: bf16).
+DType precision_dtype(const std::string& p);
 
 // Learning rate at `step` (counting from 1) of `total` steps.
 double scheduled_lr(const OptimizerConfig& o, const ScheduleConfig& s, int64_t step, int64_t total);

@@ -134,6 +134,11 @@ class Layer {
   virtual std::vector<std::string> extra_names() const { return {}; }
   // Inputs that never receive a gradient (token ids, targets).
   virtual bool input_differentiable(int /*i*/) const { return true; }
+  // Whether this layer's ops compute on bf16 activations and working weights
+  // (training.precision bf16, docs/memory.md "Mixed precision"). Off by default, so a new
+  // layer must opt in; a bf16 run of a graph with a layer that does not is refused up
+  // front with the layer's name (bf16_unsupported_layer), never failed mid-step.
+  virtual bool runs_in_bf16() const { return false; }
 };
 
 // Builds layers of one type from their JSON object (see docs/config.md).
@@ -173,5 +178,9 @@ class Graph {
 // values for "$name" integers (e.g. "$vocab" from the data set).
 Graph build_graph(const nlohmann::json& model, int64_t batch, const std::string& source,
                   const std::map<std::string, int64_t>& vars = {});
+
+// training.precision bf16 for g: empty when every layer runs in bf16 (Layer::runs_in_bf16),
+// else an error naming the first layer that does not, and its type.
+std::string bf16_layer_error(const Graph& g);
 
 }  // namespace remat

@@ -89,7 +89,7 @@ class Tensor {
   int32_t* i32() const;
   uint16_t* bf16() const;  // the raw bits of bf16 elements (include/remat/bf16.h)
 
-  std::vector<float> to_vector() const;  // copy to host (f32)
+  std::vector<float> to_vector() const;  // copy to host (f32; bf16 widened exactly)
   std::vector<int32_t> to_ints() const;  // copy to host (i32)
   Tensor to(Device device) const;        // copy to another device (same tag)
   Tensor clone() const { return to(device()); }

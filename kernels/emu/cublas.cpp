@@ -1,8 +1,11 @@
 // The emulator's cuBLAS (kernels/emu/include/cublas_v2.h): OpenBLAS's column-major sgemm.
 #include <cblas.h>
 
+#include <vector>
+
 #include "kernels/emu/emu.h"
 #include "kernels/emu/include/cublas_v2.h"
+#include "kernels/emu/include/cuda_bf16.h"
 
 struct remat_emu_cublas_context {
   cudaStream_t stream = nullptr;
@@ -37,6 +40,56 @@ void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float
   }
   cblas_sgemm(CblasColMajor, to_cblas(ta), to_cblas(tb), m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
+
+// The columns x rows (column-major, leading dimension ld) of a bf16 matrix as fp32, packed
+// (leading dimension rows).
+std::vector<float> widen(const void* p, int rows, int cols, int ld) {
+  std::vector<float> out(static_cast<size_t>(rows) * static_cast<size_t>(cols));
+  const auto* h = static_cast<const __nv_bfloat16*>(p);
+  for (int j = 0; j < cols; ++j)
+    for (int i = 0; i < rows; ++i)
+      out[static_cast<size_t>(j) * rows + i] = __bfloat162float(h[static_cast<int64_t>(j) * ld + i]);
+  return out;
+}
+
+bool compute_32f(cublasComputeType_t t) {
+  return t == CUBLAS_COMPUTE_32F || t == CUBLAS_COMPUTE_32F_PEDANTIC || t == CUBLAS_COMPUTE_32F_FAST_16BF ||
+         t == CUBLAS_COMPUTE_32F_FAST_TF32;
+}
+
+bool supported_types(cudaDataType a, cudaDataType b, cudaDataType c) {
+  if (a != b) return false;
+  if (a == CUDA_R_32F) return c == CUDA_R_32F;
+  return a == CUDA_R_16BF && (c == CUDA_R_16BF || c == CUDA_R_32F);
+}
+
+// One GEMM of cublasGemmEx's types.
+void gemm_ex(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha, const void* A,
+             cudaDataType at, int lda, const void* B, int ldb, float beta, void* C, cudaDataType ct, int ldc) {
+  if (m == 0 || n == 0) return;
+  if (at == CUDA_R_32F) {
+    gemm(ta, tb, m, n, k, alpha, static_cast<const float*>(A), lda, static_cast<const float*>(B), ldb, beta,
+         static_cast<float*>(C), ldc);
+    return;
+  }
+  const int rows_a = ta == CUBLAS_OP_N ? m : k, cols_a = ta == CUBLAS_OP_N ? k : m;
+  const int rows_b = tb == CUBLAS_OP_N ? k : n, cols_b = tb == CUBLAS_OP_N ? n : k;
+  const std::vector<float> a = widen(A, rows_a, cols_a, lda), b = widen(B, rows_b, cols_b, ldb);
+  const int la = rows_a > 1 ? rows_a : 1, lb = rows_b > 1 ? rows_b : 1;
+  if (ct == CUDA_R_32F) {
+    gemm(ta, tb, m, n, k, alpha, a.data(), la, b.data(), lb, beta, static_cast<float*>(C), ldc);
+    return;
+  }
+  // A bf16 C: computed in fp32 (its old values widened when beta reads them), rounded once.
+  auto* h = static_cast<__nv_bfloat16*>(C);
+  std::vector<float> c = beta == 0.0f ? std::vector<float>(static_cast<size_t>(m) * n, 0.0f) : widen(C, m, n, ldc);
+  gemm(ta, tb, m, n, k, alpha, a.data(), la, b.data(), lb, beta, c.data(), m);
+  for (int j = 0; j < n; ++j)
+    for (int i = 0; i < m; ++i)
+      h[static_cast<int64_t>(j) * ldc + i] = __float2bfloat16_rn(c[static_cast<size_t>(j) * m + i]);
+}
+
+size_t type_size(cudaDataType t) { return t == CUDA_R_16BF ? 2 : 4; }
 
 }  // namespace
 
@@ -112,5 +165,44 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
   remat::emu::DeviceAccess open;
   for (int b = 0; b < batchCount; ++b)
     gemm(transa, transb, m, n, k, *alpha, A + b * strideA, lda, B + b * strideB, ldb, *beta, C + b * strideC, ldc);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                            int k, const void* alpha, const void* A, cudaDataType Atype, int lda, const void* B,
+                            cudaDataType Btype, int ldb, const void* beta, void* C, cudaDataType Ctype, int ldc,
+                            cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+  const cublasStatus_t st = check_gemm(handle, transa, transb, m, n, k, lda, ldb, ldc);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  if (!alpha || !beta) return CUBLAS_STATUS_INVALID_VALUE;
+  if (!compute_32f(computeType) || !supported_types(Atype, Btype, Ctype)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (algo != CUBLAS_GEMM_DEFAULT && algo != CUBLAS_GEMM_DEFAULT_TENSOR_OP) return CUBLAS_STATUS_INVALID_VALUE;
+  remat::emu::note_stream(handle->stream);
+  remat::emu::DeviceAccess open;
+  gemm_ex(transa, transb, m, n, k, *static_cast<const float*>(alpha), A, Atype, lda, B, ldb,
+          *static_cast<const float*>(beta), C, Ctype, ldc);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                          int m, int n, int k, const void* alpha, const void* A, cudaDataType Atype,
+                                          int lda, long long int strideA, const void* B, cudaDataType Btype, int ldb,
+                                          long long int strideB, const void* beta, void* C, cudaDataType Ctype, int ldc,
+                                          long long int strideC, int batchCount, cublasComputeType_t computeType,
+                                          cublasGemmAlgo_t algo) {
+  const cublasStatus_t st = check_gemm(handle, transa, transb, m, n, k, lda, ldb, ldc);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  if (!alpha || !beta || batchCount < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  if (!compute_32f(computeType) || !supported_types(Atype, Btype, Ctype)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (algo != CUBLAS_GEMM_DEFAULT && algo != CUBLAS_GEMM_DEFAULT_TENSOR_OP) return CUBLAS_STATUS_INVALID_VALUE;
+  remat::emu::note_stream(handle->stream);
+  remat::emu::DeviceAccess open;
+  const size_t ea = type_size(Atype), ec = type_size(Ctype);
+  for (int b = 0; b < batchCount; ++b)
+    gemm_ex(transa, transb, m, n, k, *static_cast<const float*>(alpha),
+            static_cast<const char*>(A) + b * strideA * static_cast<long long>(ea), Atype, lda,
+            static_cast<const char*>(B) + b * strideB * static_cast<long long>(ea), ldb,
+            *static_cast<const float*>(beta), static_cast<char*>(C) + b * strideC * static_cast<long long>(ec), Ctype,
+            ldc);
   return CUBLAS_STATUS_SUCCESS;
 }

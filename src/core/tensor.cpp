@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "remat/bf16.h"
 #include "remat/device_registry.h"
 #include "remat/error.h"
 
@@ -196,8 +197,18 @@ std::vector<int32_t> Tensor::to_ints() const {
 }
 
 std::vector<float> Tensor::to_vector() const {
-  REMAT_CHECK(dtype_ == DType::f32, "to_vector of ", str(), ": only f32 is supported");
+  REMAT_CHECK(dtype_ == DType::f32 || dtype_ == DType::bf16, "to_vector of ", str(),
+              ": only f32 and bf16 are supported");
   std::vector<float> out(static_cast<size_t>(numel()));
+  if (dtype_ == DType::bf16) {  // widened exactly
+    std::vector<uint16_t> bits(out.size());
+    if (device().host_memory())
+      std::copy(bf16(), bf16() + numel(), bits.begin());
+    else
+      copy_bytes(bits.data(), Device::cpu(), raw_data(), device(), nbytes());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_float(bits[i]);
+    return out;
+  }
   if (device().host_memory()) {
     std::copy(f32(), f32() + numel(), out.begin());
   } else {

@@ -88,7 +88,8 @@ void Executor::forward_layer(int i, bool training, bool recompute, Phase phase, 
                 "\" is not live (plan bug)");
     c.in.push_back(live_[j].out);
   }
-  for (int p : g_.layer_params[static_cast<size_t>(i)]) c.params.push_back(params_.values[static_cast<size_t>(p)]);
+  for (int p : g_.layer_params[static_cast<size_t>(i)])
+    c.params.push_back(params_.compute_value(static_cast<size_t>(p)));
   if (opt_.on_layer) opt_.on_layer(i, phase, true);
   l.forward(c);
   if (opt_.on_layer) opt_.on_layer(i, phase, false);
@@ -105,6 +106,7 @@ void Executor::drop_output(int j, bool record_hash) {
 // ---- one training step: forward, then backward with recompute ----------------------------------
 
 StepStats Executor::train_step(const Batch& batch, RngGenerator& gen) {
+  ActivationDTypeScope precision(params_.precision());  // bf16 activations under training.precision bf16
   StepStats st;
   begin_step(batch);
   gen.clear_reservations();  // keep only this step's record
@@ -122,6 +124,7 @@ StepStats Executor::train_step(const Batch& batch, RngGenerator& gen) {
 }
 
 void Executor::begin_step(const Batch& batch) {
+  params_.refresh_working(be_);
   live_ = PerLayer<Live>(g_.size());
   recomputed_.assign(plan_.segments.size(), false);
   hashes_.clear();
@@ -200,7 +203,7 @@ void Executor::backward_layer(int i, StepStats& st) {
   }
   if (l.backward_uses_output()) c.out = live_[i].out;
   for (int p : g_.layer_params[static_cast<size_t>(i)]) {
-    c.params.push_back(params_.values[static_cast<size_t>(p)]);
+    c.params.push_back(params_.compute_value(static_cast<size_t>(p)));
     c.grads.push_back(params_.grads[static_cast<size_t>(p)]);
   }
   for (size_t k = 0; k < l.inputs.size(); ++k)
@@ -277,6 +280,8 @@ void Executor::verify_recomputed(int i, bool extras_only) {
 // ---- evaluation ------------------------------------------------------------------------------------
 
 Tensor Executor::evaluate(const Batch& batch, float* loss) {
+  ActivationDTypeScope precision(params_.precision());
+  params_.refresh_working(be_);
   live_ = PerLayer<Live>(g_.size());
   live_[g_.input_id].out = batch.input;
   live_[g_.targets_id].out = batch.targets;

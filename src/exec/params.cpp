@@ -50,12 +50,12 @@ uint64_t init_words(const ParamSpec& spec) {
 }  // namespace
 
 ParamStore::ParamStore(const Graph& g, Device device, uint64_t seed, bool initialise_values)
-    : graph_(&g), device_(device), seed_(seed) {
+    : graph_(&g), device_(device), precision_(activation_dtype()), seed_(seed) {
   values.resize(g.params.size());
   grads.resize(g.params.size());
   state.resize(g.params.size());
   offsets_.resize(g.params.size());
-  if (activation_dtype() == DType::bf16) working.resize(g.params.size());
+  if (precision_ == DType::bf16) working.resize(g.params.size());
   uint64_t offset = 0;
   for (size_t p = 0; p < g.params.size(); ++p) {
     const GraphParam& gp = g.params[p];
@@ -66,7 +66,7 @@ ParamStore::ParamStore(const Graph& g, Device device, uint64_t seed, bool initia
       values[p] = Tensor::empty(gp.spec.shape, device);
     }
     if (initialise_values) initialise(p);
-    if (activation_dtype() == DType::bf16 && gp.spec.trainable) {
+    if (precision_ == DType::bf16 && gp.spec.trainable) {
       TagScope scope(MemoryCategory::parameter, gp.name, Phase::setup);
       working[p] = Tensor::empty(gp.spec.shape, device, DType::bf16);
     }
@@ -88,6 +88,11 @@ void ParamStore::initialise(size_t p) {
     std::copy(host.begin(), host.end(), values[p].f32());
   else
     values[p].copy_from(Tensor::from_vector(host, gp.spec.shape));
+}
+
+void ParamStore::refresh_working(Backend& be) {
+  for (size_t p = 0; p < working.size(); ++p)
+    if (working[p].defined()) be.scale(values[p], 1.0f, working[p]);  // x * 1 is x: one rounding to bf16
 }
 
 void ParamStore::zero_grads(Backend& be) {

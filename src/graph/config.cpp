@@ -346,4 +346,9 @@ std::string precision_error(const std::string& p) {
   return "unknown precision \"" + p + "\" (expected fp32 or bf16)";
 }
 
+DType precision_dtype(const std::string& p) {
+  if (const std::string e = precision_error(p); !e.empty()) REMAT_THROW("training.precision: ", e);
+  return p == "bf16" ? DType::bf16 : DType::f32;
+}
+
 }  // namespace remat

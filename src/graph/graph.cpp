@@ -16,6 +16,7 @@ namespace {
 
 class InputLayer final : public Layer {
  public:
+  bool runs_in_bf16() const override { return true; }
   explicit InputLayer(Shape s, DType dt) : shape_(s) { out_dtype = dt; }
   LayerKind kind() const override { return LayerKind::input; }
   Shape infer(const std::vector<Shape>&) override { return shape_; }
@@ -215,6 +216,16 @@ std::string Graph::summary() const {
                 static_cast<long long>(parameter_count()));
   out += line;
   return out;
+}
+
+std::string bf16_layer_error(const Graph& g) {
+  for (int i = 0; i < g.size(); ++i) {
+    const Layer& l = g.layer(i);
+    if (!l.runs_in_bf16())
+      return "layer \"" + l.name + "\" (" + l.type + ") has no bf16 ops (Layer::runs_in_bf16): train this model " +
+             "with training.precision fp32";
+  }
+  return "";
 }
 
 }  // namespace remat

@@ -83,11 +83,14 @@ StepProfile profile_step(const Config& cfg, const Graph& g, const CheckpointPlan
   p.policy = plan.policy;
   p.device = device;
   p.precision = cfg.training.precision;
-  REMAT_CHECK(p.precision == "fp32" || device.is_meta(), "training.precision ", p.precision, ": not yet supported on ",
-              device.str(), " (no backend computes in it yet; predict it on meta)");
   std::unique_ptr<Backend> modelled;
   if (device.is_meta() && workspace_model) modelled = make_meta_backend(workspace_model);
   Backend& be = modelled ? *modelled : backend_for(device);
+  REMAT_CHECK(p.precision == "fp32" || be.supports_bf16(), "training.precision ", p.precision,
+              ": not yet supported on ", device.str(), " (its kernels are fp32 only; predict it on meta)");
+  if (p.precision == "bf16" && !device.is_meta())
+    if (const std::string e = bf16_layer_error(g); !e.empty())
+      REMAT_THROW(cfg.source, ": training.precision bf16: ", e);
   CachingAllocator& alloc = allocator_for(device);
   alloc.empty_cache();
   const MemoryStats base = alloc.stats();
@@ -143,6 +146,9 @@ StepProfile profile_step(const Config& cfg, const Graph& g, const CheckpointPlan
   for (int c = 0; c < kNumMemoryCategories; ++c)
     p.peak_by_category.bytes[static_cast<size_t>(c)] =
         s.by_category_at_peak.bytes[static_cast<size_t>(c)] - base.by_category.bytes[static_cast<size_t>(c)];
+  for (int c = 0; c < kNumMemoryCategories; ++c)  // reset_peak() started each at the base's bytes
+    p.category_peaks.bytes[static_cast<size_t>(c)] =
+        s.peak_by_category.bytes[static_cast<size_t>(c)] - base.by_category.bytes[static_cast<size_t>(c)];
   p.peak_reserved_bytes = s.peak_reserved - base.reserved;
   if (keep_events) {
     p.events = alloc.events();

@@ -248,12 +248,12 @@ std::unique_ptr<Trainer::State> set_up(TrainOptions o) {
   if (comm.size() > 1 && !std::getenv("OMP_NUM_THREADS"))
     omp_set_num_threads(std::max(1, omp_get_num_procs() / std::max(1, comm.local_size())));  // cpu threads split
   const Device dev = resolve_device(o.device, comm);
-  // bf16 so far has its conversions (include/remat/bf16.h) and its memory model
-  // (remat memprof --precision bf16, predicted on meta); no backend computes in it yet.
-  if (cfg.training.precision != "fp32")
+  // Which backends compute in bf16 (Backend::supports_bf16); which layers do is checked on
+  // the graph below.
+  if (cfg.training.precision != "fp32" && !backend_for(dev).supports_bf16())
     REMAT_THROW(cfg.source, ": training.precision ", cfg.training.precision, ": not yet supported on ", dev.str(),
-                " (no backend computes in bf16 yet; `remat memprof --precision ", cfg.training.precision,
-                "` predicts its memory)");
+                " (its kernels are fp32 only; train on --device cpu, or predict the memory with `remat memprof ",
+                "--precision ", cfg.training.precision, "`)");
   RunData data = load_run_data(cfg, cfg.model);
   std::map<std::string, int64_t> vars;
   if (data.text) {
@@ -261,8 +261,13 @@ std::unique_ptr<Trainer::State> set_up(TrainOptions o) {
     data.seq_len = cfg.model["input"].value("seq_len", int64_t{0});
   }
   Graph g = build_graph(cfg.model, cfg.training.micro(), cfg.source, vars);  // one micro-batch
+  if (cfg.training.precision == "bf16")
+    if (const std::string e = bf16_layer_error(g); !e.empty())
+      REMAT_THROW(cfg.source, ": training.precision bf16: ", e);
   if (data.text) data.seq_len = g.layer(g.input_id).out_shape[1];
   if (data.shards) data.vocab = g.layer(g.logits_id).out_shape[-1];
+  // The parameters' working copies are made under the run's precision (ParamStore).
+  ActivationDTypeScope precision(precision_dtype(cfg.training.precision));
   return std::make_unique<Trainer::State>(comm, o, std::move(cfg), dev, std::move(data), std::move(vars), std::move(g));
 }
 
@@ -473,6 +478,7 @@ void Trainer::log_step(const StepStats& st, double lr, double ms, int64_t peak) 
 // Accuracy skips the rows the loss ignores (the model's loss.ignore_index).
 std::pair<double, double> Trainer::evaluate() {
   State& s = *s_;
+  ActivationDTypeScope precision(s.params.precision());  // accuracy reads the logits in the run's precision
   Executor ex(s.eval_graph, s.params, s.be, make_plan(s.eval_graph, "none"));
   const int64_t b = s.eval_graph.batch;
   int64_t batches = s.data.eval_size() / b;

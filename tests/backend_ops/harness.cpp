@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "remat/bf16.h"
 #include "remat/device.h"
 #include "remat/error.h"
 
@@ -19,9 +20,16 @@ constexpr int64_t kGuard = 67;                // elements each side; odd, so vec
 constexpr uint32_t kGuardBits = 0x7fa5a5a5u;  // a NaN payload no kernel produces
 constexpr uint32_t kPoisonI32 = 0x7f7f7f7fu;
 
+constexpr uint16_t kGuardBitsBf16 = 0x7fa5u;  // the same for bf16 outputs
+constexpr uint16_t kPoisonBf16 = 0x7fc0u;     // a quiet NaN
+
+// The raw bits of every element (bf16: 16 bits each).
 std::vector<uint32_t> host_bits(const Tensor& t) {
   std::vector<uint32_t> out(static_cast<size_t>(t.numel()));
-  if (t.dtype() == DType::f32) {
+  if (t.dtype() == DType::bf16) {
+    const Tensor h = t.to(Device::cpu());
+    std::copy(h.bf16(), h.bf16() + h.numel(), out.begin());
+  } else if (t.dtype() == DType::f32) {
     auto v = t.to_vector();
     std::memcpy(out.data(), v.data(), out.size() * 4);
   } else {
@@ -32,6 +40,11 @@ std::vector<uint32_t> host_bits(const Tensor& t) {
 }
 
 Tensor from_bits(const std::vector<uint32_t>& bits, const Shape& s, DType dtype, Device d) {
+  if (dtype == DType::bf16) {
+    Tensor h = Tensor::empty(s, Device::cpu(), DType::bf16);
+    for (size_t i = 0; i < bits.size(); ++i) h.bf16()[i] = static_cast<uint16_t>(bits[i]);
+    return d.is_cpu() ? h : h.to(d);
+  }
   if (dtype == DType::f32) {
     std::vector<float> f(bits.size());
     std::memcpy(f.data(), bits.data(), bits.size() * 4);
@@ -40,6 +53,15 @@ Tensor from_bits(const std::vector<uint32_t>& bits, const Shape& s, DType dtype,
   std::vector<int32_t> i(bits.size());
   std::memcpy(i.data(), bits.data(), bits.size() * 4);
   return Tensor::from_ints(i, s, d);
+}
+
+// The values of a float tensor (f32 or bf16, widened exactly).
+std::vector<float> host_floats(const Tensor& t) {
+  if (t.dtype() == DType::f32) return t.to_vector();
+  const auto bits = host_bits(t);
+  std::vector<float> out(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) out[i] = bf16_to_float(static_cast<uint16_t>(bits[i]));
+  return out;
 }
 
 }  // namespace
@@ -59,6 +81,24 @@ Pair OpCheck::values(const std::vector<float>& v, const Shape& s) {
   return {Tensor::from_vector(v, s, ref_.device()), Tensor::from_vector(v, s, dut_.device())};
 }
 
+Pair OpCheck::uniform_bf16(const Shape& s, float lo, float hi) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(static_cast<size_t>(s.numel()));
+  for (auto& x : v) x = dist(rng_);
+  return values_bf16(v, s);
+}
+
+Pair OpCheck::values_bf16(const std::vector<float>& v, const Shape& s) {
+  std::vector<uint32_t> bits(v.size());
+  for (size_t i = 0; i < v.size(); ++i) bits[i] = bf16_from_float(v[i]);
+  return {from_bits(bits, s, DType::bf16, ref_.device()), from_bits(bits, s, DType::bf16, dut_.device())};
+}
+
+Pair OpCheck::as_f32(const Pair& p) {
+  return {Tensor::from_vector(host_floats(p.ref), p.ref.shape(), ref_.device()),
+          Tensor::from_vector(host_floats(p.dut), p.dut.shape(), dut_.device())};
+}
+
 Pair OpCheck::ints(const Shape& s, int lo, int hi) {
   std::uniform_int_distribution<int> dist(lo, hi);
   std::vector<int32_t> v(static_cast<size_t>(s.numel()));
@@ -72,8 +112,9 @@ Pair OpCheck::int_values(const std::vector<int32_t>& v, const Shape& s) {
 
 Pair OpCheck::guarded(const Shape& s, DType dtype) {
   const int64_t n = s.numel();
-  std::vector<uint32_t> bits(static_cast<size_t>(n + 2 * kGuard), kGuardBits);
-  const uint32_t poison = dtype == DType::f32 ? 0x7fc00000u : kPoisonI32;
+  const bool half = dtype == DType::bf16;
+  std::vector<uint32_t> bits(static_cast<size_t>(n + 2 * kGuard), half ? kGuardBitsBf16 : kGuardBits);
+  const uint32_t poison = half ? kPoisonBf16 : dtype == DType::f32 ? 0x7fc00000u : kPoisonI32;
   std::fill(bits.begin() + kGuard, bits.begin() + kGuard + n, poison);
   const Shape whole({n + 2 * kGuard});
   Guarded g;
@@ -126,11 +167,12 @@ void OpCheck::check_guards() {
   for (const auto& g : guarded_) {
     for (const Tensor* t : {&g.ref_storage, &g.dut_storage}) {
       const auto bits = host_bits(*t);
+      const uint32_t guard = g.dtype == DType::bf16 ? kGuardBitsBf16 : kGuardBits;
       for (int64_t i = 0; i < kGuard; ++i) {
         const int64_t lo = i, hi = kGuard + g.numel + i;
-        ASSERT_EQ(bits[static_cast<size_t>(lo)], kGuardBits)
+        ASSERT_EQ(bits[static_cast<size_t>(lo)], guard)
             << "write before an output (" << (kGuard - i) << " elements before it) on " << t->device().str();
-        ASSERT_EQ(bits[static_cast<size_t>(hi)], kGuardBits)
+        ASSERT_EQ(bits[static_cast<size_t>(hi)], guard)
             << "write after an output (element " << (g.numel + i) << " of " << g.numel << ") on " << t->device().str();
       }
     }
@@ -141,6 +183,7 @@ void OpCheck::expect_close(const Pair& p, double atol, double rtol, const std::s
   if (perf_iterations()) return;  // perf mode compares nothing (accumulating ops ran many times)
   check_guards();
   ASSERT_EQ(p.ref.numel(), p.dut.numel()) << what;
+  ASSERT_EQ(p.ref.dtype(), p.dut.dtype()) << what;
   const int64_t n = p.ref.numel();
   int64_t bad = 0, first = -1;
   double worst = 0.0;
@@ -157,7 +200,8 @@ void OpCheck::expect_close(const Pair& p, double atol, double rtol, const std::s
       }
     }
   } else {
-    const auto r = p.ref.to_vector(), d = p.dut.to_vector();
+    // bf16 elements are widened exactly: atol = rtol = 0 is still bitwise (NaN by class).
+    const auto r = host_floats(p.ref), d = host_floats(p.dut);
     for (int64_t i = 0; i < n; ++i) {
       const double a = r[static_cast<size_t>(i)], b = d[static_cast<size_t>(i)];
       bool ok;

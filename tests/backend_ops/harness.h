@@ -82,9 +82,16 @@ class OpCheck {
   Pair uniform(const Shape& s, float lo = -1.0f, float hi = 1.0f);
   Pair values(const std::vector<float>& v, const Shape& s);
   // i32 inputs uniform in [lo, hi] (inclusive).
+  // bf16 inputs (training.precision bf16): uniform values, or given ones, rounded to bf16.
+  // The case must run inside an ActivationDTypeScope(DType::bf16) for the validators.
+  Pair uniform_bf16(const Shape& s, float lo = -1.0f, float hi = 1.0f);
+  Pair values_bf16(const std::vector<float>& v, const Shape& s);
+  // The same values as f32 (each side of a bf16 Pair widened exactly), for references
+  // computed in fp32.
+  Pair as_f32(const Pair& p);
   Pair ints(const Shape& s, int lo, int hi);
   Pair int_values(const std::vector<int32_t>& v, const Shape& s);
-  // An output: guarded on both sides, every element NaN (f32) or 0x7f7f7f7f (i32).
+  // An output: guarded on both sides, every element NaN (f32, bf16) or 0x7f7f7f7f (i32).
   Pair output(const Shape& s, DType dtype = DType::f32);
   // An output that starts with given contents (for ops that accumulate, or update in
   // place): guarded, a copy of `init` on both sides.
@@ -93,7 +100,8 @@ class OpCheck {
   // Runs f(backend, side) on the reference, then on the device under test.
   void run(const std::function<void(Backend&, Side)>& f);
 
-  // Element-wise |dut - ref| <= atol + rtol * |ref|; checks the output's guards too.
+  // Element-wise |dut - ref| <= atol + rtol * |ref|; checks the output's guards too. bf16
+  // outputs compare their exact float values (0, 0: bitwise, NaN by class).
   void expect_close(const Pair& p, double atol, double rtol, const std::string& what);
   // Bitwise equality.
   void expect_equal(const Pair& p, const std::string& what) { expect_close(p, 0.0, 0.0, what); }

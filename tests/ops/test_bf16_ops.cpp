@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backends/cpu/bf16.h"
+#include "backends/cpu/conv_internal.h"
 #include "remat/backend.h"
 #include "remat/bf16.h"
 #include "remat/dtype.h"
@@ -224,6 +225,136 @@ TEST_F(Bf16Ops, AttentionProbsRoundedOutputsClose) {
       Tensor::empty(Shape{static_cast<int64_t>(cpu_be().attention_backward_workspace(qkv.h.shape(), p) / 4 + 1)});
   cpu_be().attention_backward(dout.h, qkv.h, probs_b.h, p, rng, dqkv.h, ws);
   expect_close(dqkv, 1.0 / 64, "attention dqkv");
+}
+
+TEST_F(Bf16Ops, RmsNormIsTheRoundedFp32Op) {
+  const int64_t n = 29, c = 72;
+  Pair x = random_pair(Shape{n, c}, 17), gamma = random_pair(Shape{c}, 18), y = empty_pair(Shape{n, c});
+  Tensor rf = Tensor::empty(Shape{n}), rh = Tensor::empty(Shape{n});
+  cpu_be().rmsnorm_forward(x.f, gamma.f, 1e-6f, y.f, rf);
+  cpu_be().rmsnorm_forward(x.h, gamma.h, 1e-6f, y.h, rh);
+  expect_rounded(y, "rmsnorm_forward");
+  EXPECT_EQ(rf.to_vector(), rh.to_vector());
+  Pair dy = random_pair(Shape{n, c}, 19), dx = empty_pair(Shape{n, c});
+  Tensor dgf = Tensor::zeros(Shape{c}), dgh = Tensor::zeros(Shape{c});
+  cpu_be().rmsnorm_backward(dy.f, x.f, gamma.f, rf, dx.f, dgf);
+  cpu_be().rmsnorm_backward(dy.h, x.h, gamma.h, rh, dx.h, dgh);
+  expect_rounded(dx, "rmsnorm_backward dx");
+  EXPECT_EQ(dgf.to_vector(), dgh.to_vector()) << "dgamma (f32) from bf16 inputs";
+}
+
+TEST_F(Bf16Ops, BatchNormAndPoolingAreTheRoundedFp32Ops) {
+  const int64_t N = 5, C = 6, H = 10, W = 12;
+  Pair x = random_pair(Shape{N, C, H, W}, 20), gamma = random_pair(Shape{C}, 21), beta = random_pair(Shape{C}, 22);
+  Pair y = empty_pair(Shape{N, C, H, W});
+  Tensor rmf = Tensor::zeros(Shape{C}), rvf = Tensor::zeros(Shape{C}), rmh = Tensor::zeros(Shape{C}),
+         rvh = Tensor::zeros(Shape{C});
+  Tensor smf = Tensor::empty(Shape{C}), sif = Tensor::empty(Shape{C}), smh = Tensor::empty(Shape{C}),
+         sih = Tensor::empty(Shape{C});
+  const BatchNormParams bp;
+  cpu_be().batchnorm2d_forward_train(x.f, gamma.f, beta.f, rmf, rvf, bp, true, y.f, smf, sif);
+  cpu_be().batchnorm2d_forward_train(x.h, gamma.h, beta.h, rmh, rvh, bp, true, y.h, smh, sih);
+  expect_rounded(y, "batchnorm2d_forward_train");
+  EXPECT_EQ(smf.to_vector(), smh.to_vector());
+  EXPECT_EQ(sif.to_vector(), sih.to_vector());
+  EXPECT_EQ(rvf.to_vector(), rvh.to_vector()) << "running statistics (f32)";
+  cpu_be().batchnorm2d_forward_eval(x.f, gamma.f, beta.f, rmf, rvf, bp, y.f);
+  cpu_be().batchnorm2d_forward_eval(x.h, gamma.h, beta.h, rmh, rvh, bp, y.h);
+  expect_rounded(y, "batchnorm2d_forward_eval");
+  Pair dy = random_pair(Shape{N, C, H, W}, 23);
+  Tensor dgf = Tensor::zeros(Shape{C}), dbf = Tensor::zeros(Shape{C}), dgh = Tensor::zeros(Shape{C}),
+         dbh = Tensor::zeros(Shape{C});
+  cpu_be().batchnorm2d_backward(dy.f, x.f, gamma.f, smf, sif, dy.f, dgf, dbf);  // dx in place of dy
+  cpu_be().batchnorm2d_backward(dy.h, x.h, gamma.h, smh, sih, dy.h, dgh, dbh);
+  expect_rounded(dy, "batchnorm2d_backward dx (in place)");
+  EXPECT_EQ(dgf.to_vector(), dgh.to_vector());
+  EXPECT_EQ(dbf.to_vector(), dbh.to_vector());
+
+  for (const Pool2dParams pp : {Pool2dParams{}, Pool2dParams{3, 3, 2, 2, 1, 1}}) {
+    const int64_t P = (H + 2 * pp.pad_h - pp.kernel_h) / pp.stride_h + 1;
+    const int64_t Q = (W + 2 * pp.pad_w - pp.kernel_w) / pp.stride_w + 1;
+    Pair py = empty_pair(Shape{N, C, P, Q});
+    Tensor idf = Tensor::empty(Shape{N, C, P, Q}, Device::cpu(), DType::i32);
+    Tensor idh = Tensor::empty(Shape{N, C, P, Q}, Device::cpu(), DType::i32);
+    cpu_be().maxpool2d_forward(x.f, pp, py.f, idf);
+    cpu_be().maxpool2d_forward(x.h, pp, py.h, idh);
+    expect_rounded(py, "maxpool2d_forward");
+    EXPECT_EQ(std::vector<int32_t>(idf.i32(), idf.i32() + idf.numel()),
+              std::vector<int32_t>(idh.i32(), idh.i32() + idh.numel()));
+    Pair pdy = random_pair(Shape{N, C, P, Q}, 24), dx = empty_pair(Shape{N, C, H, W});
+    cpu_be().maxpool2d_backward(pdy.f, idf, dx.f);
+    cpu_be().maxpool2d_backward(pdy.h, idh, dx.h);
+    expect_rounded(dx, "maxpool2d_backward");
+    cpu_be().avgpool2d_forward(x.f, pp, py.f);
+    cpu_be().avgpool2d_forward(x.h, pp, py.h);
+    expect_rounded(py, "avgpool2d_forward");
+    cpu_be().avgpool2d_backward(pdy.f, pp, dx.f);
+    cpu_be().avgpool2d_backward(pdy.h, pp, dx.h);
+    expect_rounded(dx, "avgpool2d_backward");
+  }
+  Pair g = empty_pair(Shape{N, C});
+  cpu_be().global_avgpool_forward(x.f, g.f);
+  cpu_be().global_avgpool_forward(x.h, g.h);
+  expect_rounded(g, "global_avgpool_forward");
+  Pair gdy = random_pair(Shape{N, C}, 25), gdx = empty_pair(Shape{N, C, H, W});
+  cpu_be().global_avgpool_backward(gdy.f, gdx.f);
+  cpu_be().global_avgpool_backward(gdy.h, gdx.h);
+  expect_rounded(gdx, "global_avgpool_backward");
+}
+
+// conv2d stages chunks of images in its workspace: y and dx are the rounded fp32 results
+// and dw, db the fp32 ones, bitwise, on every GEMM feed and with chunks of 2 images (the
+// last one partial); the first layer's f32 input (a batch) with a bf16 output works too.
+TEST_F(Bf16Ops, Conv2dIsTheRoundedFp32OpOnEveryPathAndChunking) {
+  const int64_t N = 5, C = 4, H = 9, W = 11, K = 8;
+  struct Case {
+    Conv2dParams p;
+    int64_t r;
+  };
+  for (const Case cs : {Case{Conv2dParams{1, 1, 1, 1, 1, 1, 1}, 3}, Case{Conv2dParams{2, 2, 1, 1, 1, 1, 2}, 3},
+                        Case{Conv2dParams{1, 1, 0, 0, 1, 1, 1}, 1}})
+    for (const cpu_conv::Path path :
+         {cpu_conv::Path::automatic, cpu_conv::Path::im2col, cpu_conv::Path::implicit, cpu_conv::Path::direct})
+      for (const int64_t chunk : {int64_t{0}, int64_t{2}}) {
+        SCOPED_TRACE(std::string(cpu_conv::path_name(path)) + " chunk " + std::to_string(chunk) + " groups " +
+                     std::to_string(cs.p.groups) + " stride " + std::to_string(cs.p.stride_h));
+        cpu_conv::set_path(path);
+        cpu_conv::set_chunk_images(chunk);
+        const Conv2dParams& p = cs.p;
+        const int64_t P = (H + 2 * p.pad_h - cs.r) / p.stride_h + 1, Q = (W + 2 * p.pad_w - cs.r) / p.stride_w + 1;
+        Pair x = random_pair(Shape{N, C, H, W}, 26), w = random_pair(Shape{K, C / p.groups, cs.r, cs.r}, 27),
+             b = random_pair(Shape{K}, 28), y = empty_pair(Shape{N, K, P, Q});
+        auto ws = [&](size_t bytes) { return Tensor::empty(Shape{static_cast<int64_t>(bytes / 4 + 1)}); };
+        Tensor wsf, wsb_f;
+        {
+          ActivationDTypeScope f32(DType::f32);
+          wsf = ws(cpu_be().conv2d_forward_workspace(x.f.shape(), w.f.shape(), p));
+          wsb_f = ws(cpu_be().conv2d_backward_workspace(x.f.shape(), w.f.shape(), p));
+          cpu_be().conv2d_forward(x.f, w.f, b.f, p, y.f, wsf);
+        }
+        Tensor wsh = ws(cpu_be().conv2d_forward_workspace(x.h.shape(), w.h.shape(), p));
+        EXPECT_GT(wsh.nbytes(), wsf.nbytes()) << "the bf16 staging is workspace";
+        cpu_be().conv2d_forward(x.h, w.h, b.h, p, y.h, wsh);
+        expect_rounded(y, "conv2d_forward");
+        Pair y_from_f32 = empty_pair(Shape{N, K, P, Q});  // f32 input, bf16 output
+        cpu_be().conv2d_forward(x.f, w.h, b.h, p, y_from_f32.h, wsh);
+        EXPECT_EQ(bits(y_from_f32.h), bits(y.h));
+
+        Pair dy = random_pair(Shape{N, K, P, Q}, 29), dx = empty_pair(Shape{N, C, H, W});
+        Tensor dwf = Tensor::zeros(w.f.shape()), dwh = Tensor::zeros(w.f.shape()), dbf = Tensor::zeros(Shape{K}),
+               dbh = Tensor::zeros(Shape{K});
+        {
+          ActivationDTypeScope f32(DType::f32);
+          cpu_be().conv2d_backward(dy.f, x.f, w.f, p, dx.f, dwf, dbf, wsb_f);
+        }
+        Tensor wsb_h = ws(cpu_be().conv2d_backward_workspace(x.h.shape(), w.h.shape(), p));
+        cpu_be().conv2d_backward(dy.h, x.h, w.h, p, dx.h, dwh, dbh, wsb_h);
+        expect_rounded(dx, "conv2d_backward dx");
+        EXPECT_EQ(dwf.to_vector(), dwh.to_vector()) << "dw";
+        EXPECT_EQ(dbf.to_vector(), dbh.to_vector()) << "db";
+      }
+  cpu_conv::set_path(cpu_conv::Path::automatic);
+  cpu_conv::set_chunk_images(0);
 }
 
 }  // namespace

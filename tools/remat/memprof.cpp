@@ -115,7 +115,7 @@ Runner add_memprof_command(CLI::App& app) {
                   "Comma-separated policies, e.g. none,all,every:4,sqrt,selective,budget:8GiB");
   cmd->add_option("--precision", o->precisions,
                   "Comma-separated precisions side by side, e.g. fp32,bf16 (default: the config's training.precision; "
-                  "bf16 is predicted on meta only)");
+                  "bf16 measured where the device computes it, cpu today)");
   cmd->add_option("--device", o->device, "meta (predict, computes nothing); cpu, cuda[:N] or cuda-emu (measure too)")
       ->default_val("meta");
   cmd->add_option("--json", o->json, "Write a machine-readable report");
@@ -146,9 +146,9 @@ Runner add_memprof_command(CLI::App& app) {
                                                                       : split_list("--precision", o->precisions);
     for (const std::string& p : precisions) {
       if (const std::string e = precision_error(p); !e.empty()) REMAT_THROW("--precision: ", e);
-      if (p != "fp32" && !dev.is_meta())
+      if (p != "fp32" && !backend_for(dev).supports_bf16())
         REMAT_THROW("--precision ", p, ": not yet supported on ", dev.str(),
-                    " (no backend computes in it yet): predict it with --device meta");
+                    " (its kernels are fp32 only): predict it with --device meta");
     }
     std::vector<StepProfile> predicted, measured;
     for (const std::string& prec : precisions) {
@@ -168,8 +168,8 @@ Runner add_memprof_command(CLI::App& app) {
     if (std::find_if(precisions.begin(), precisions.end(), [](const std::string& p) { return p != "fp32"; }) !=
         precisions.end())
       std::printf(
-          "\nbf16 columns: predicted on meta only (bf16 activations and working weights, fp32 masters, gradients, "
-          "moments and statistics); no backend computes in bf16 yet\n");
+          "\nbf16 columns: bf16 activations and working weights; fp32 masters, gradients, moments and "
+          "statistics\n");
     if (o->layers)
       for (const auto& p : dev.is_meta() ? predicted : measured) std::printf("\n%s", layer_table(p).c_str());
     const auto& shown = dev.is_meta() ? predicted : measured;

@@ -31,6 +31,19 @@ enum cublasMath_t {
   CUBLAS_TF32_TENSOR_OP_MATH = 3,
 };
 
+// The element types of cublasGemmEx (library_types.h's values) that the emulator computes:
+// fp32 and bf16 (__nv_bfloat16, <cuda_bf16.h>).
+typedef enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16BF = 14 } cudaDataType;
+
+typedef enum {
+  CUBLAS_COMPUTE_32F = 68,
+  CUBLAS_COMPUTE_32F_PEDANTIC = 69,
+  CUBLAS_COMPUTE_32F_FAST_16BF = 75,
+  CUBLAS_COMPUTE_32F_FAST_TF32 = 77,
+} cublasComputeType_t;
+
+typedef enum { CUBLAS_GEMM_DEFAULT = -1, CUBLAS_GEMM_DEFAULT_TENSOR_OP = 99 } cublasGemmAlgo_t;
+
 struct remat_emu_cublas_context;
 typedef remat_emu_cublas_context* cublasHandle_t;
 
@@ -51,3 +64,19 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
                                          int m, int n, int k, const float* alpha, const float* A, int lda,
                                          long long int strideA, const float* B, int ldb, long long int strideB,
                                          const float* beta, float* C, int ldc, long long int strideC, int batchCount);
+
+// C = alpha op(A) op(B) + beta C with A and B of one type and C of the same or fp32: the
+// combinations (32F, 32F, 32F), (16BF, 16BF, 16BF), (16BF, 16BF, 32F) under a
+// CUBLAS_COMPUTE_32F* compute type (alpha and beta floats); others are
+// CUBLAS_STATUS_NOT_SUPPORTED. bf16 operands are widened exactly, the product accumulated
+// in fp32 (OpenBLAS), and a bf16 C read widened and written rounded to nearest even once.
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                            int k, const void* alpha, const void* A, cudaDataType Atype, int lda, const void* B,
+                            cudaDataType Btype, int ldb, const void* beta, void* C, cudaDataType Ctype, int ldc,
+                            cublasComputeType_t computeType, cublasGemmAlgo_t algo);
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                          int m, int n, int k, const void* alpha, const void* A, cudaDataType Atype,
+                                          int lda, long long int strideA, const void* B, cudaDataType Btype, int ldb,
+                                          long long int strideB, const void* beta, void* C, cudaDataType Ctype, int ldc,
+                                          long long int strideC, int batchCount, cublasComputeType_t computeType,
+                                          cublasGemmAlgo_t algo);

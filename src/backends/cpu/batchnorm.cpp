@@ -4,9 +4,17 @@
 // channels, and one thread sums a channel's N planes in order, in double (16 partial sums
 // per plane, combined in a fixed order: cpu::sum_f64 and its kin): results do not depend
 // on the thread count.
+//
+// bf16 storage (training.precision bf16): a channel of x (and dy) is converted to fp32 once
+// per op (ChannelF32), y and dx written a plane at a time through fp32 staging (mixed.h),
+// gamma and beta (working copies) widened whole; the
+// statistics, running buffers and parameter gradients are f32. Each plane's arithmetic is
+// the fp32 code's, so the results are the fp32 op's on the same values, then rounded.
 #include <cmath>
 
+#include "backends/cpu/bf16.h"
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/mixed.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cpu/simd.h"
 #include "remat/error.h"
@@ -74,6 +82,28 @@ Passes passes() {
   return {&affine_baseline, &input_grad_baseline};
 }
 
+// The N planes of one channel of a float tensor in fp32: plane(i) points into the tensor
+// when f32; a bf16 channel is converted once, into staging slot `slot`, so the passes
+// over it (two sums and the affine map forward, two sums and dx backward) convert nothing.
+class ChannelF32 {
+ public:
+  ChannelF32(const Tensor& t, const BnGeom& g, int64_t ch, int slot) : g_(g), ch_(ch) {
+    if (!cpu::is_bf16(t)) {
+      base_ = t.f32();
+      return;
+    }
+    buf_ = cpu::staging(slot, g.n * g.hw);
+    for (int64_t i = 0; i < g.n; ++i) cpu::bf16_to_f32(t.bf16() + g.plane(i, ch), buf_ + i * g.hw, g.hw);
+  }
+  const float* plane(int64_t i) const { return base_ ? base_ + g_.plane(i, ch_) : buf_ + i * g_.hw; }
+
+ private:
+  const BnGeom& g_;
+  int64_t ch_;
+  const float* base_ = nullptr;
+  float* buf_ = nullptr;
+};
+
 }  // namespace
 
 void CpuBackend::batchnorm2d_forward_train_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
@@ -81,10 +111,8 @@ void CpuBackend::batchnorm2d_forward_train_impl(const Tensor& x, const Tensor& g
                                                 const BatchNormParams& p, bool update_running, const Tensor& y,
                                                 const Tensor& save_mean, const Tensor& save_invstd) {
   const BnGeom g(x);
-  const float* xp = x.f32();
-  const float* gp = gamma.f32();
-  const float* bp = beta.f32();
-  float* yp = y.f32();
+  const float* gp = cpu::f32_all(gamma, 5);
+  const float* bp = cpu::f32_all(beta, 6);
   float* smp = save_mean.f32();
   float* sip = save_invstd.f32();
   float* rmp = update_running ? running_mean.f32() : nullptr;
@@ -94,11 +122,13 @@ void CpuBackend::batchnorm2d_forward_train_impl(const Tensor& x, const Tensor& g
   const Passes pass = passes();
 #pragma omp parallel for schedule(static) if (g.n * g.c * g.hw >= cpu::kParallelMinWork)
   for (int64_t ch = 0; ch < g.c; ++ch) {
+    const ChannelF32 xc(x, g, ch, 0);
+    cpu::F32Writer wy(y, 2);
     double sum = 0.0;
-    for (int64_t i = 0; i < g.n; ++i) sum += sum_f64(xp + g.plane(i, ch), g.hw);
+    for (int64_t i = 0; i < g.n; ++i) sum += sum_f64(xc.plane(i), g.hw);
     const double mean = count > 0 ? sum / static_cast<double>(count) : 0.0;
     double sq = 0.0;
-    for (int64_t i = 0; i < g.n; ++i) sq += sum_sq_dev_f64(xp + g.plane(i, ch), g.hw, mean);
+    for (int64_t i = 0; i < g.n; ++i) sq += sum_sq_dev_f64(xc.plane(i), g.hw, mean);
     const double var = count > 0 ? sq / static_cast<double>(count) : 0.0;  // biased, for normalising
     const double invstd = 1.0 / std::sqrt(var + static_cast<double>(p.eps));
     smp[ch] = static_cast<float>(mean);
@@ -111,7 +141,10 @@ void CpuBackend::batchnorm2d_forward_train_impl(const Tensor& x, const Tensor& g
     const double scale = invstd * gp[ch];
     const float fscale = static_cast<float>(scale);
     const float fshift = static_cast<float>(bp[ch] - mean * scale);
-    for (int64_t i = 0; i < g.n; ++i) pass.affine(xp + g.plane(i, ch), fscale, fshift, g.hw, yp + g.plane(i, ch));
+    for (int64_t i = 0; i < g.n; ++i) {
+      pass.affine(xc.plane(i), fscale, fshift, g.hw, wy.get(g.plane(i, ch), g.hw));
+      wy.put();
+    }
   }
 }
 
@@ -119,12 +152,10 @@ void CpuBackend::batchnorm2d_forward_eval_impl(const Tensor& x, const Tensor& ga
                                                const Tensor& running_mean, const Tensor& running_var,
                                                const BatchNormParams& p, const Tensor& y) {
   const BnGeom g(x);
-  const float* xp = x.f32();
-  const float* gp = gamma.f32();
-  const float* bp = beta.f32();
+  const float* gp = cpu::f32_all(gamma, 5);
+  const float* bp = cpu::f32_all(beta, 6);
   const float* rmp = running_mean.f32();
   const float* rvp = running_var.f32();
-  float* yp = y.f32();
   const int64_t units = g.n * g.c;
   const Passes pass = passes();
 #pragma omp parallel for schedule(static) if (units * g.hw >= cpu::kParallelMinWork)
@@ -133,7 +164,10 @@ void CpuBackend::batchnorm2d_forward_eval_impl(const Tensor& x, const Tensor& ga
     const double scale = gp[ch] / std::sqrt(static_cast<double>(rvp[ch]) + static_cast<double>(p.eps));
     const float fscale = static_cast<float>(scale);
     const float fshift = static_cast<float>(bp[ch] - rmp[ch] * scale);
-    pass.affine(xp + u * g.hw, fscale, fshift, g.hw, yp + u * g.hw);
+    cpu::F32Reader rx(x, 0);
+    cpu::F32Writer wy(y, 2);
+    pass.affine(rx.get(u * g.hw, g.hw), fscale, fshift, g.hw, wy.get(u * g.hw, g.hw));
+    wy.put();
   }
 }
 
@@ -141,34 +175,35 @@ void CpuBackend::batchnorm2d_backward_impl(const Tensor& dy, const Tensor& x, co
                                            const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx,
                                            const Tensor& dgamma, const Tensor& dbeta) {
   const BnGeom g(x);
-  const float* dyp = dy.f32();
-  const float* xp = x.f32();
-  const float* gp = gamma.f32();
+  const float* gp = cpu::f32_all(gamma, 5);
   const float* smp = save_mean.f32();
   const float* sip = save_invstd.f32();
-  float* dxp = dx.defined() ? dx.f32() : nullptr;
   float* dgp = dgamma.defined() ? dgamma.f32() : nullptr;
   float* dbp = dbeta.defined() ? dbeta.f32() : nullptr;
   const int64_t count = g.count();
   const Passes pass = passes();
 #pragma omp parallel for schedule(static) if (g.n * g.c * g.hw >= cpu::kParallelMinWork)
   for (int64_t ch = 0; ch < g.c; ++ch) {
+    const ChannelF32 xc(x, g, ch, 0), dyc(dy, g, ch, 1);
     const double mean = smp[ch], invstd = sip[ch];
     double sum_dy = 0.0, dot = 0.0;
     for (int64_t i = 0; i < g.n; ++i) {
-      sum_dy += sum_f64(dyp + g.plane(i, ch), g.hw);
-      dot += sum_dev_dot_f64(xp + g.plane(i, ch), dyp + g.plane(i, ch), g.hw, mean);
+      sum_dy += sum_f64(dyc.plane(i), g.hw);
+      dot += sum_dev_dot_f64(xc.plane(i), dyc.plane(i), g.hw, mean);
     }
     if (dbp) dbp[ch] += static_cast<float>(sum_dy);
     if (dgp) dgp[ch] += static_cast<float>(dot * invstd);
-    if (!dxp || count == 0) continue;
+    if (!dx.defined() || count == 0) continue;
     // dx = (dy - mean(dy) - (x - mean) * k) * invstd * gamma, k = dot * invstd^2 / count
     const float fk = static_cast<float>(dot * invstd * invstd / static_cast<double>(count));
     const float fmean = static_cast<float>(mean);
     const float fmdy = static_cast<float>(sum_dy / static_cast<double>(count));
     const float fscale = static_cast<float>(invstd * gp[ch]);
-    for (int64_t i = 0; i < g.n; ++i)
-      pass.input_grad(xp + g.plane(i, ch), dyp + g.plane(i, ch), fmean, fmdy, fk, fscale, g.hw, dxp + g.plane(i, ch));
+    cpu::F32Writer wdx(dx, 2);  // dx may be dy: each plane of dy is read before its dx is written
+    for (int64_t i = 0; i < g.n; ++i) {
+      pass.input_grad(xc.plane(i), dyc.plane(i), fmean, fmdy, fk, fscale, g.hw, wdx.get(g.plane(i, ch), g.hw));
+      wdx.put();
+    }
   }
 }
 

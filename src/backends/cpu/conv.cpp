@@ -56,8 +56,10 @@
 #define REMAT_CONV_X86 1
 #endif
 
+#include "backends/cpu/bf16.h"
 #include "backends/cpu/conv_internal.h"
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/mixed.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cpu/simd.h"
 #include "remat/error.h"
@@ -954,27 +956,10 @@ void set_chunk_images(int64_t images) {
 
 }  // namespace cpu_conv
 
-size_t cpu::conv2d_forward_workspace(const Shape& x, const Shape& w, const Conv2dParams& p) {
-  return ConvGeom(x, w, p).fwd_bytes();
-}
+namespace {
 
-size_t cpu::conv2d_backward_workspace(const Shape& x, const Shape& w, const Conv2dParams& p) {
-  return ConvGeom(x, w, p).bwd_bytes();
-}
-
-size_t CpuBackend::conv2d_forward_workspace_impl(const Shape& x, const Shape& w, const Conv2dParams& p) {
-  return cpu::conv2d_forward_workspace(x, w, p);
-}
-
-size_t CpuBackend::conv2d_backward_workspace_impl(const Shape& x, const Shape& w, const Conv2dParams& p) {
-  return cpu::conv2d_backward_workspace(x, w, p);
-}
-
-void CpuBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& prm,
-                                     const Tensor& y, const Tensor& workspace) {
-  const ConvGeom g(x.shape(), w.shape(), prm);
-  float* yp = y.f32();
-  const float* bp = b.defined() ? b.f32() : nullptr;
+// The fp32 convolution of the images of g (x, y and the workspace layout of g).
+void conv_forward(const ConvGeom& g, const float* xp, const float* wp, const float* bp, float* yp, float* ws) {
   const int64_t kplane = g.k * g.plane;
   if (g.trivial()) {  // y is the bias
     const int64_t units = g.n * g.k;
@@ -984,8 +969,6 @@ void CpuBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, const Ten
   }
   const MicroKernels& mk = *g_kernels;
   const auto lay = g.fwd_layout();
-  float* ws = workspace.f32();
-  const float* wp = w.f32();
   if (g.y_feed != Feed::im2col) fill_x_offsets(g, reinterpret_cast<int64_t*>(ws + lay.off));
 
   if (g.y_feed == Feed::direct) {
@@ -996,7 +979,6 @@ void CpuBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, const Ten
     // One parallel region: each thread pads its images of a chunk and computes their tiles
     // (the barrier ending each chunk's loop guards the padded copies).
     float* xpad = ws + lay.xpad;
-    const float* xp = x.f32();
     const auto* off = reinterpret_cast<const int64_t*>(ws + lay.off);
     const Positions ps{g.plane, g.q, g.sh * g.wp, g.sw};
     const int64_t image_in = g.c * g.hp * g.wp;
@@ -1027,7 +1009,7 @@ void CpuBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, const Ten
     const int64_t ntl = ceil_div(g.limg, NR);
     for (int64_t n0 = 0; n0 < g.n; n0 += g.nb) {
       const int64_t nb = std::min(g.nb, g.n - n0);
-      pad_planes(x.f32(), n0, nb, g.c, g.h, g.w, g.hp, g.wp, g.ph, g.pw, xpad);
+      pad_planes(xp, n0, nb, g.c, g.h, g.w, g.hp, g.wp, g.ph, g.pw, xpad);
       for_tiles(g.groups * nb * ntl * mp, 2 * MR * NR * g.grows, [&](int64_t t) {
         const int64_t gi = t / (nb * ntl * mp), i = (t / (ntl * mp)) % nb, jt = (t / mp) % ntl, ip = t % mp;
         alignas(64) float tile[MR * NR];
@@ -1049,7 +1031,6 @@ void CpuBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, const Ten
     return;
   }
 
-  const float* xp = x.f32();
   float* pb = ws + lay.b;
   for (int64_t n0 = 0; n0 < g.n; n0 += g.nb) {
     const int64_t nb = std::min(g.nb, g.n - n0), len = nb * g.plane, len_pad = round_up(len, NR);
@@ -1076,35 +1057,33 @@ void CpuBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, const Ten
   }
 }
 
-void CpuBackend::conv2d_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& w, const Conv2dParams& prm,
-                                      const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& workspace) {
-  const ConvGeom g(x.shape(), w.shape(), prm);
-  const float* dyp = dy.f32();
+// db[k] += the sum of dy over images and positions: per channel one double sum over the
+// images in order (cpu::sum_f64 of each plane), whatever the chunks.
+void conv_bias_grad(const ConvGeom& g, const Tensor& dy, float* dbp) {
   const int64_t kplane = g.k * g.plane;
-
-  if (db.defined() && g.n > 0) {
-    float* dbp = db.f32();
+  if (g.n == 0) return;
 #pragma omp parallel for schedule(static) if (g.n * kplane >= cpu::kParallelMinWork)
-    for (int64_t kk = 0; kk < g.k; ++kk) {
-      double sum = 0.0;
-      for (int64_t i = 0; i < g.n; ++i) sum += cpu::sum_f64(dyp + i * kplane + kk * g.plane, g.plane);
-      dbp[kk] += static_cast<float>(sum);
-    }
+  for (int64_t kk = 0; kk < g.k; ++kk) {
+    cpu::F32Reader rdy(dy, 0);
+    double sum = 0.0;
+    for (int64_t i = 0; i < g.n; ++i) sum += cpu::sum_f64(rdy.get(i * kplane + kk * g.plane, g.plane), g.plane);
+    dbp[kk] += static_cast<float>(sum);
   }
+}
 
-  const bool need_dx = dx.defined(), need_dw = dw.defined();
+// The fp32 dx (when dxp) and dw += (when dwp) of the images of g (dy, x, dx and the workspace
+// layout of g). The bias gradient is conv_bias_grad's.
+void conv_backward(const ConvGeom& g, const float* dyp, const float* xp, const float* wp, float* dxp, float* dwp,
+                   float* ws) {
+  const int64_t kplane = g.k * g.plane;
+  const bool need_dx = dxp != nullptr, need_dw = dwp != nullptr;
   if (!need_dx && !need_dw) return;
   if (g.trivial()) {  // dx is 0 (no output position or filter sees it); dw gets nothing
-    if (need_dx) std::fill(dx.f32(), dx.f32() + dx.numel(), 0.0f);
+    if (need_dx) std::fill(dxp, dxp + g.n * g.c * g.h * g.w, 0.0f);
     return;
   }
   const MicroKernels& mk = *g_kernels;
   const auto lay = g.bwd_layout();
-  float* ws = workspace.f32();
-  const float* xp = x.f32();
-  const float* wp = w.f32();
-  float* dxp = need_dx ? dx.f32() : nullptr;
-  float* dwp = need_dw ? dw.f32() : nullptr;
 
   // dx operands that do not depend on the chunk.
   const int64_t wt_stride = round_up(g.grows, MR) * g.kg;  // im2col: w_g^T [Cg*R*S, Kg]
@@ -1267,6 +1246,137 @@ void CpuBackend::conv2d_backward_impl(const Tensor& dy, const Tensor& x, const T
       });
       col2im(g, col, n0, nb, dxp);
     }
+  }
+}
+
+// ---- bf16 storage (training.precision bf16) --------------------------------------------
+// A bf16 x, y, dy or dx is staged a chunk of images at a time (the op's own chunks, ConvGeom::nb)
+// in fp32 after the chunk's fp32 workspace, and each chunk runs the fp32 code above as a
+// convolution of its own images. A chunk's geometry is that of the whole op's chunk (the same
+// feeds, one chunk), so y and dx are bitwise the fp32 op's on the same (rounded) values
+// before their own rounding, and dw and db too (dw adds chunk by chunk in order, db is
+// summed over the whole batch as in fp32). The filters and the bias (bf16 working copies)
+// are widened whole into staging (parameter-sized, mixed.h). The staging is workspace, so the
+// memory model counts it: the queries add it under activation_dtype() bf16.
+
+int64_t stage_offset(int64_t layout_floats) { return round_up(layout_floats, 16); }
+
+// Floats of the staged chunk buffers after the fp32 layout: x and y (forward); dy, x and dx (backward).
+int64_t fwd_stage_floats(const ConvGeom& g) { return g.nb * (g.c * g.h * g.w + g.k * g.plane); }
+int64_t bwd_stage_floats(const ConvGeom& g) { return g.nb * (g.k * g.plane + 2 * g.c * g.h * g.w); }
+
+// The chunk of `imgs` images from image n0 of t, `per` elements an image, in fp32: a pointer
+// into t when f32, else converted into `buf`.
+const float* chunk_in(const Tensor& t, int64_t n0, int64_t imgs, int64_t per, float* buf) {
+  if (!cpu::is_bf16(t)) return t.f32() + n0 * per;
+  const uint16_t* h = t.bf16() + n0 * per;
+  cpu::parallel_for(imgs, 1,
+                    [&](int64_t i0, int64_t i1) { cpu::bf16_to_f32(h + i0 * per, buf + i0 * per, (i1 - i0) * per); });
+  return buf;
+}
+float* chunk_out(const Tensor& t, int64_t n0, int64_t per, float* buf) {
+  return cpu::is_bf16(t) ? buf : t.f32() + n0 * per;
+}
+void chunk_put(const Tensor& t, int64_t n0, int64_t imgs, int64_t per, const float* buf) {
+  if (!cpu::is_bf16(t)) return;
+  uint16_t* h = t.bf16() + n0 * per;
+  cpu::parallel_for(imgs, 1,
+                    [&](int64_t i0, int64_t i1) { cpu::f32_to_bf16(buf + i0 * per, h + i0 * per, (i1 - i0) * per); });
+}
+
+// The geometry of the chunk of `imgs` images starting anywhere: one chunk of the op's.
+ConvGeom chunk_geom(const ConvGeom& g, int64_t imgs, const Shape& w, const Conv2dParams& prm) {
+  ConvGeom c(Shape{imgs, g.c, g.h, g.w}, w, prm);
+  REMAT_CHECK(c.nb == imgs && c.y_feed == g.y_feed && c.dx_feed == g.dx_feed, "conv2d: chunk of ", imgs,
+              " images planned as ", c.nb, " (internal)");
+  return c;
+}
+
+}  // namespace
+
+size_t cpu::conv2d_forward_workspace(const Shape& x, const Shape& w, const Conv2dParams& p) {
+  const ConvGeom g(x, w, p);
+  if (g.trivial()) return 0;
+  if (activation_dtype() != DType::bf16) return g.fwd_bytes();
+  return static_cast<size_t>(stage_offset(g.fwd_layout().total) + fwd_stage_floats(g)) * sizeof(float);
+}
+
+size_t cpu::conv2d_backward_workspace(const Shape& x, const Shape& w, const Conv2dParams& p) {
+  const ConvGeom g(x, w, p);
+  if (g.trivial()) return 0;
+  if (activation_dtype() != DType::bf16) return g.bwd_bytes();
+  return static_cast<size_t>(stage_offset(g.bwd_layout().total) + bwd_stage_floats(g)) * sizeof(float);
+}
+
+size_t CpuBackend::conv2d_forward_workspace_impl(const Shape& x, const Shape& w, const Conv2dParams& p) {
+  return cpu::conv2d_forward_workspace(x, w, p);
+}
+
+size_t CpuBackend::conv2d_backward_workspace_impl(const Shape& x, const Shape& w, const Conv2dParams& p) {
+  return cpu::conv2d_backward_workspace(x, w, p);
+}
+
+void CpuBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& prm,
+                                     const Tensor& y, const Tensor& workspace) {
+  const ConvGeom g(x.shape(), w.shape(), prm);
+  float* ws = workspace.defined() ? workspace.f32() : nullptr;
+  if (cpu::all_f32({&x, &w, &b, &y}))
+    return conv_forward(g, x.f32(), w.f32(), b.defined() ? b.f32() : nullptr, y.f32(), ws);
+  const float* wp = cpu::f32_all(w, 1);
+  const float* bp = b.defined() ? cpu::f32_all(b, 2) : nullptr;
+  const int64_t per_x = g.c * g.h * g.w, per_y = g.k * g.plane;
+  if (g.trivial()) {  // y is the bias
+    for (int64_t i = 0; i < g.n; ++i)
+      for (int64_t kk = 0; kk < g.k; ++kk) {
+        cpu::F32Writer wy(y, 3);
+        float* d = wy.get(i * per_y + kk * g.plane, g.plane);
+        std::fill(d, d + g.plane, bp ? bp[kk] : 0.0f);
+        wy.put();
+      }
+    return;
+  }
+  float* xs = ws + stage_offset(g.fwd_layout().total);
+  float* ys = xs + g.nb * per_x;
+  for (int64_t n0 = 0; n0 < g.n; n0 += g.nb) {
+    const int64_t nb = std::min(g.nb, g.n - n0);
+    const ConvGeom gc = chunk_geom(g, nb, w.shape(), prm);
+    float* yc = chunk_out(y, n0, per_y, ys);
+    conv_forward(gc, chunk_in(x, n0, nb, per_x, xs), wp, bp, yc, ws);
+    chunk_put(y, n0, nb, per_y, yc);
+  }
+}
+
+void CpuBackend::conv2d_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& w, const Conv2dParams& prm,
+                                      const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& workspace) {
+  const ConvGeom g(x.shape(), w.shape(), prm);
+  if (db.defined()) conv_bias_grad(g, dy, db.f32());
+  float* ws = workspace.defined() ? workspace.f32() : nullptr;
+  float* dwp = dw.defined() ? dw.f32() : nullptr;
+  if (cpu::all_f32({&dy, &x, &w, &dx}))
+    return conv_backward(g, dy.f32(), x.f32(), w.f32(), dx.defined() ? dx.f32() : nullptr, dwp, ws);
+  if (!dx.defined() && !dw.defined()) return;
+  const int64_t per_x = g.c * g.h * g.w, per_y = g.k * g.plane;
+  if (g.trivial()) {
+    if (dx.defined())
+      for (int64_t i = 0; i < g.n; ++i) {
+        cpu::F32Writer wx(dx, 3);
+        float* d = wx.get(i * per_x, per_x);
+        std::fill(d, d + per_x, 0.0f);
+        wx.put();
+      }
+    return;
+  }
+  const float* wp = cpu::f32_all(w, 1);
+  float* dys = ws + stage_offset(g.bwd_layout().total);
+  float* xs = dys + g.nb * per_y;
+  float* dxs = xs + g.nb * per_x;
+  for (int64_t n0 = 0; n0 < g.n; n0 += g.nb) {
+    const int64_t nb = std::min(g.nb, g.n - n0);
+    const ConvGeom gc = chunk_geom(g, nb, w.shape(), prm);
+    const float* xc = dw.defined() ? chunk_in(x, n0, nb, per_x, xs) : nullptr;  // x is read for dw only
+    float* dxc = dx.defined() ? chunk_out(dx, n0, per_x, dxs) : nullptr;
+    conv_backward(gc, chunk_in(dy, n0, nb, per_y, dys), xc, wp, dxc, dwp, ws);
+    if (dxc) chunk_put(dx, n0, nb, per_x, dxc);
   }
 }
 

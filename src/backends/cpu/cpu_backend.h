@@ -23,6 +23,7 @@ class CpuBackend final : public Backend {
  public:
   Device device() const override { return Device::cpu(); }
   std::string name() const override { return "cpu"; }
+  bool supports_bf16() const override { return true; }  // fp32 math on bf16 storage (mixed.h)
 
  protected:
 #define REMAT_OP(kind, R, name, params, args) R name##_impl params override;

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "backends/cpu/bf16.h"
+#include "remat/bf16.h"
 #include "remat/error.h"
 
 namespace remat::cpu {
@@ -55,6 +56,15 @@ const float* f32_all(const Tensor& t, int slot) {
   if (!is_bf16(t)) return t.f32();
   F32Reader r(t, slot);
   return r.get(0, t.numel());
+}
+
+float load_f32(const Tensor& t, int64_t i) { return is_bf16(t) ? bf16_to_float(t.bf16()[i]) : t.f32()[i]; }
+
+void store_f32(const Tensor& t, int64_t i, float v) {
+  if (is_bf16(t))
+    t.bf16()[i] = bf16_from_float(v);
+  else
+    t.f32()[i] = v;
 }
 
 }  // namespace remat::cpu

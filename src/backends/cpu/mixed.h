@@ -70,4 +70,8 @@ class F32Writer {
 // copy in staging slot `slot`.
 const float* f32_all(const Tensor& t, int slot);
 
+// Element i of a float tensor, read in fp32 / written from fp32 (rounded when bf16).
+float load_f32(const Tensor& t, int64_t i);
+void store_f32(const Tensor& t, int64_t i, float v);
+
 }  // namespace remat::cpu

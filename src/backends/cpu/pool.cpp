@@ -2,6 +2,10 @@
 // Every loop is parallel over (image, channel) planes and sequential within a plane, so
 // each output element is computed by one thread in a fixed order: results are identical
 // for any thread count.
+//
+// bf16 storage (training.precision bf16): each plane of x, y, dy or dx is read or written
+// through fp32 staging (mixed.h) and the fp32 code runs on it: the fp32 op's results on the
+// same values, then rounded (dx sums in fp32 and is rounded once).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -12,6 +16,7 @@
 #endif
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/mixed.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cpu/simd.h"
 #include "remat/error.h"
@@ -102,19 +107,51 @@ __attribute__((target("avx512f"))) void maxpool2x2_row_avx512(const float* r0, c
 }
 #endif
 
-void maxpool2x2(const PoolGeom& g, const float* xp, float* yp, int32_t* ip) {
+// One plane: src [h, w] -> dst [p, q] and its indices.
+void maxpool2x2_plane(const PoolGeom& g, const float* src, float* dst, int32_t* idx) {
 #ifdef REMAT_POOL_AVX512
   auto* row = cpu::simd() == cpu::Simd::avx512 ? &maxpool2x2_row_avx512 : &maxpool2x2_row;
 #else
   auto* row = &maxpool2x2_row;
 #endif
-#pragma omp parallel for schedule(static) if (g.planes * g.p * g.q * 4 >= cpu::kParallelMinWork)
-  for (int64_t pl = 0; pl < g.planes; ++pl) {
-    const float* src = xp + pl * g.h * g.w;
-    for (int64_t pp = 0; pp < g.p; ++pp) {
-      const float* r0 = src + 2 * pp * g.w;
-      row(r0, r0 + g.w, g.q, static_cast<int32_t>(2 * pp * g.w), static_cast<int32_t>((2 * pp + 1) * g.w),
-          yp + (pl * g.p + pp) * g.q, ip + (pl * g.p + pp) * g.q);
+  for (int64_t pp = 0; pp < g.p; ++pp) {
+    const float* r0 = src + 2 * pp * g.w;
+    row(r0, r0 + g.w, g.q, static_cast<int32_t>(2 * pp * g.w), static_cast<int32_t>((2 * pp + 1) * g.w), dst + pp * g.q,
+        idx + pp * g.q);
+  }
+}
+
+// The general window scan of one plane.
+void maxpool_plane(const PoolGeom& g, const float* src, float* dst, int32_t* idx) {
+  for (int64_t pp = 0; pp < g.p; ++pp) {
+    const int64_t h0 = pp * g.sh - g.ph;
+    const int64_t hs = std::max<int64_t>(h0, 0), he = std::min(h0 + g.kh, g.h);
+    for (int64_t qq = 0; qq < g.q; ++qq) {
+      const int64_t w0 = qq * g.sw - g.pw;
+      const int64_t ws = std::max<int64_t>(w0, 0), we = std::min(w0 + g.kw, g.w);
+      // As PyTorch: the first maximum in scan order wins; a NaN wins (the last NaN);
+      // padding never does (the window always holds an input element, as pad <= k / 2).
+      // Without NaNs, a branch-free scan (random data mispredicts every branch); a window
+      // holding a NaN is scanned again with PyTorch's rule.
+      int64_t best = hs * g.w + ws;
+      float bv = -std::numeric_limits<float>::infinity();
+      bool nan = false;
+      for (int64_t hh = hs; hh < he; ++hh) {
+        for (int64_t ww = ws; ww < we; ++ww) {
+          const float v = src[hh * g.w + ww];
+          const bool take = v > bv;
+          nan |= v != v;
+          best = take ? hh * g.w + ww : best;
+          bv = take ? v : bv;
+        }
+      }
+      if (nan) {
+        for (int64_t hh = hs; hh < he; ++hh)
+          for (int64_t ww = ws; ww < we; ++ww)
+            if (std::isnan(src[hh * g.w + ww])) best = hh * g.w + ww;
+      }
+      dst[pp * g.q + qq] = src[best];
+      idx[pp * g.q + qq] = static_cast<int32_t>(best);
     }
   }
 }
@@ -124,65 +161,36 @@ void maxpool2x2(const PoolGeom& g, const float* xp, float* yp, int32_t* ip) {
 void CpuBackend::maxpool2d_forward_impl(const Tensor& x, const Pool2dParams& prm, const Tensor& y,
                                         const Tensor& indices) {
   const PoolGeom g(x.shape(), y.shape(), prm);
-  const float* xp = x.f32();
-  float* yp = y.f32();
   int32_t* ip = indices.i32();
   REMAT_CHECK(g.h * g.w <= std::numeric_limits<int32_t>::max(), "maxpool2d_forward: x ", x.str(),
               ": a plane is too large for i32 indices");
-  if (g.kh == 2 && g.kw == 2 && g.sh == 2 && g.sw == 2 && g.ph == 0 && g.pw == 0) {
-    maxpool2x2(g, xp, yp, ip);
-    return;
-  }
-#pragma omp parallel for schedule(static) if (g.planes * g.p * g.q * g.kh * g.kw >= cpu::kParallelMinWork)
+  const bool two = g.kh == 2 && g.kw == 2 && g.sh == 2 && g.sw == 2 && g.ph == 0 && g.pw == 0;
+  const int64_t window = two ? 4 : g.kh * g.kw, in_plane = g.h * g.w, out_plane = g.p * g.q;
+#pragma omp parallel for schedule(static) if (g.planes * out_plane * window >= cpu::kParallelMinWork)
   for (int64_t pl = 0; pl < g.planes; ++pl) {
-    const float* src = xp + pl * g.h * g.w;
-    float* dst = yp + pl * g.p * g.q;
-    int32_t* idx = ip + pl * g.p * g.q;
-    for (int64_t pp = 0; pp < g.p; ++pp) {
-      const int64_t h0 = pp * g.sh - g.ph;
-      const int64_t hs = std::max<int64_t>(h0, 0), he = std::min(h0 + g.kh, g.h);
-      for (int64_t qq = 0; qq < g.q; ++qq) {
-        const int64_t w0 = qq * g.sw - g.pw;
-        const int64_t ws = std::max<int64_t>(w0, 0), we = std::min(w0 + g.kw, g.w);
-        // As PyTorch: the first maximum in scan order wins; a NaN wins (the last NaN);
-        // padding never does (the window always holds an input element, as pad <= k / 2).
-        // Without NaNs, a branch-free scan (random data mispredicts every branch); a window
-        // holding a NaN is scanned again with PyTorch's rule.
-        int64_t best = hs * g.w + ws;
-        float bv = -std::numeric_limits<float>::infinity();
-        bool nan = false;
-        for (int64_t hh = hs; hh < he; ++hh) {
-          for (int64_t ww = ws; ww < we; ++ww) {
-            const float v = src[hh * g.w + ww];
-            const bool take = v > bv;
-            nan |= v != v;
-            best = take ? hh * g.w + ww : best;
-            bv = take ? v : bv;
-          }
-        }
-        if (nan) {
-          for (int64_t hh = hs; hh < he; ++hh)
-            for (int64_t ww = ws; ww < we; ++ww)
-              if (std::isnan(src[hh * g.w + ww])) best = hh * g.w + ww;
-        }
-        dst[pp * g.q + qq] = src[best];
-        idx[pp * g.q + qq] = static_cast<int32_t>(best);
-      }
-    }
+    cpu::F32Reader rx(x, 0);
+    cpu::F32Writer wy(y, 2);
+    const float* src = rx.get(pl * in_plane, in_plane);
+    float* dst = wy.get(pl * out_plane, out_plane);
+    if (two)
+      maxpool2x2_plane(g, src, dst, ip + pl * out_plane);
+    else
+      maxpool_plane(g, src, dst, ip + pl * out_plane);
+    wy.put();
   }
 }
 
 void CpuBackend::maxpool2d_backward_impl(const Tensor& dy, const Tensor& indices, const Tensor& dx) {
   const int64_t planes = dx.size(0) * dx.size(1), in_plane = dx.size(2) * dx.size(3);
   const int64_t out_plane = dy.size(2) * dy.size(3);
-  const float* dyp = dy.f32();
   const int32_t* ip = indices.i32();
-  float* dxp = dx.f32();
   std::atomic<int64_t> bad{-1};  // the first flat position of an out-of-range index, if any
 #pragma omp parallel for schedule(static) if (planes * (in_plane + out_plane) >= cpu::kParallelMinWork)
   for (int64_t pl = 0; pl < planes; ++pl) {
-    float* dst = dxp + pl * in_plane;
-    const float* g = dyp + pl * out_plane;
+    cpu::F32Reader rdy(dy, 0);
+    cpu::F32Writer wdx(dx, 2);
+    float* dst = wdx.get(pl * in_plane, in_plane);
+    const float* g = rdy.get(pl * out_plane, out_plane);
     const int32_t* idx = ip + pl * out_plane;
     std::fill(dst, dst + in_plane, 0.0f);
     for (int64_t j = 0; j < out_plane; ++j) {
@@ -196,6 +204,7 @@ void CpuBackend::maxpool2d_backward_impl(const Tensor& dy, const Tensor& indices
       }
       dst[i] += g[j];
     }
+    wdx.put();
   }
   const int64_t at = bad.load();
   if (at >= 0)
@@ -205,15 +214,15 @@ void CpuBackend::maxpool2d_backward_impl(const Tensor& dy, const Tensor& indices
 
 void CpuBackend::avgpool2d_forward_impl(const Tensor& x, const Pool2dParams& prm, const Tensor& y) {
   const PoolGeom g(x.shape(), y.shape(), prm);
-  const float* xp = x.f32();
-  float* yp = y.f32();
   // count_include_pad: the padded window always fits (no ceil mode), so every window
   // divides by kh * kw.
   const float div = static_cast<float>(g.kh * g.kw);
 #pragma omp parallel for schedule(static) if (g.planes * g.p * g.q * g.kh * g.kw >= cpu::kParallelMinWork)
   for (int64_t pl = 0; pl < g.planes; ++pl) {
-    const float* src = xp + pl * g.h * g.w;
-    float* dst = yp + pl * g.p * g.q;
+    cpu::F32Reader rx(x, 0);
+    cpu::F32Writer wy(y, 2);
+    const float* src = rx.get(pl * g.h * g.w, g.h * g.w);
+    float* dst = wy.get(pl * g.p * g.q, g.p * g.q);
     for (int64_t pp = 0; pp < g.p; ++pp) {
       const int64_t h0 = pp * g.sh - g.ph;
       const int64_t hs = std::max<int64_t>(h0, 0), he = std::min(h0 + g.kh, g.h);
@@ -226,18 +235,19 @@ void CpuBackend::avgpool2d_forward_impl(const Tensor& x, const Pool2dParams& prm
         dst[pp * g.q + qq] = sum / div;
       }
     }
+    wy.put();
   }
 }
 
 void CpuBackend::avgpool2d_backward_impl(const Tensor& dy, const Pool2dParams& prm, const Tensor& dx) {
   const PoolGeom g(dx.shape(), dy.shape(), prm);
-  const float* dyp = dy.f32();
-  float* dxp = dx.f32();
   const float div = static_cast<float>(g.kh * g.kw);
 #pragma omp parallel for schedule(static) if (g.planes * (g.h * g.w + g.p * g.q * g.kh * g.kw) >= cpu::kParallelMinWork)
   for (int64_t pl = 0; pl < g.planes; ++pl) {
-    float* dst = dxp + pl * g.h * g.w;
-    const float* src = dyp + pl * g.p * g.q;
+    cpu::F32Reader rdy(dy, 0);
+    cpu::F32Writer wdx(dx, 2);
+    float* dst = wdx.get(pl * g.h * g.w, g.h * g.w);
+    const float* src = rdy.get(pl * g.p * g.q, g.p * g.q);
     std::fill(dst, dst + g.h * g.w, 0.0f);
     for (int64_t pp = 0; pp < g.p; ++pp) {
       const int64_t h0 = pp * g.sh - g.ph;
@@ -250,27 +260,30 @@ void CpuBackend::avgpool2d_backward_impl(const Tensor& dy, const Pool2dParams& p
           for (int64_t ww = ws; ww < we; ++ww) dst[hh * g.w + ww] += v;
       }
     }
+    wdx.put();
   }
 }
 
 void CpuBackend::global_avgpool_forward_impl(const Tensor& x, const Tensor& y) {
   const int64_t planes = x.size(0) * x.size(1), hw = x.size(2) * x.size(3);
-  const float* xp = x.f32();
-  float* yp = y.f32();
 #pragma omp parallel for schedule(static) if (planes * hw >= cpu::kParallelMinWork)
-  for (int64_t pl = 0; pl < planes; ++pl)
-    yp[pl] = hw == 0 ? std::numeric_limits<float>::quiet_NaN()
-                     : static_cast<float>(sum_f64(xp + pl * hw, hw) / static_cast<double>(hw));
+  for (int64_t pl = 0; pl < planes; ++pl) {
+    cpu::F32Reader rx(x, 0);
+    cpu::store_f32(y, pl,
+                   hw == 0 ? std::numeric_limits<float>::quiet_NaN()
+                           : static_cast<float>(sum_f64(rx.get(pl * hw, hw), hw) / static_cast<double>(hw)));
+  }
 }
 
 void CpuBackend::global_avgpool_backward_impl(const Tensor& dy, const Tensor& dx) {
   const int64_t planes = dx.size(0) * dx.size(1), hw = dx.size(2) * dx.size(3);
-  const float* dyp = dy.f32();
-  float* dxp = dx.f32();
 #pragma omp parallel for schedule(static) if (planes * hw >= cpu::kParallelMinWork)
   for (int64_t pl = 0; pl < planes; ++pl) {
-    const float v = dyp[pl] / static_cast<float>(hw);
-    std::fill(dxp + pl * hw, dxp + (pl + 1) * hw, v);
+    const float v = cpu::load_f32(dy, pl) / static_cast<float>(hw);
+    cpu::F32Writer wdx(dx, 2);
+    float* d = wdx.get(pl * hw, hw);
+    std::fill(d, d + hw, v);
+    wdx.put();
   }
 }
 

@@ -17,15 +17,26 @@
 // The [T, T] scratch goes by groups of whole batch elements, at most kGroupBytes per
 // buffer (one batch element at least), like the CPU backend's head groups; tests shrink
 // the limit (set_attention_group_bytes) to run several groups at small shapes.
+//
+// bf16 (training.precision bf16: qkv, probs, out, dout, dqkv all bf16): the products are
+// cublasGemmEx with bf16 factors; the scores and dPd come out in fp32 into the workspace,
+// the softmax rounds the probabilities to bf16 as it stores them (P V then uses the stored
+// probabilities, as the CPU), and the backward's dS is rounded to bf16 for its two GEMMs
+// (the CPU keeps dS in fp32: within a bf16 rounding). The workspace query under bf16
+// (activation_dtype()) counts the fp32 scores or dPd, dS and the dropped probabilities in
+// bf16, per group; the meta backend asks this query for cuda predictions.
 #include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
+#include <string>
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/gemm.h"
 #include "kernels/attention.cuh"
 #include "remat/cuda_check.h"
+#include "remat/dtype.h"
 #include "remat/error.h"
 
 namespace remat {
@@ -91,6 +102,57 @@ void head_gemm(cublasHandle_t handle, bool ta, bool tb, int64_t m, int64_t n, in
   }
 }
 
+// bf16 (training.precision bf16): head matrices of f32 or bf16 elements, multiplied by
+// cublasGemmEx (gemm_strided_mixed: bf16 factors, fp32 accumulation).
+struct HeadBuf {
+  void* data;
+  bool bf16;
+  int64_t ld, per_b, per_h;
+  kernels::FloatBuf at(int64_t b, int64_t h) const {
+    const int64_t e = b * per_b + h * per_h;
+    return {bf16 ? static_cast<void*>(static_cast<kernels::bf16*>(data) + e)
+                 : static_cast<void*>(static_cast<float*>(data) + e),
+            bf16};
+  }
+};
+
+void head_gemm_mixed(cublasHandle_t handle, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                     const HeadBuf& a, const HeadBuf& b, const HeadBuf& c, int64_t nb, int64_t nh) {
+  const bool over_heads = nh >= nb;
+  const int64_t loops = over_heads ? nb : nh, batch = over_heads ? nh : nb;
+  for (int64_t l = 0; l < loops; ++l) {
+    const int64_t bi = over_heads ? l : 0, hi = over_heads ? 0 : l;
+    auto stride = [&](const HeadBuf& x) -> int64_t { return over_heads ? x.per_h : x.per_b; };
+    gemm_strided_mixed(handle, "attention", ta, tb, m, n, k, alpha, a.at(bi, hi), a.ld, stride(a), b.at(bi, hi), b.ld,
+                       stride(b), 0.0f, c.at(bi, hi), c.ld, stride(c), batch);
+  }
+}
+
+bool bf16_mode() { return activation_dtype() == DType::bf16; }
+
+// The bf16 workspace, per group of batch elements: forward, the fp32 scores [G, H, T, T]
+// and (with dropout) the bf16 dropped probabilities; backward, dPd in fp32, dS in bf16 and
+// (with dropout) the dropped probabilities in bf16.
+size_t bf16_forward_bytes(const AttnDims& d, int64_t limit, bool dropout) {
+  const size_t g = group_floats(d, limit);
+  return g * sizeof(float) + (dropout ? g * 2 : 0);
+}
+size_t bf16_backward_bytes(const AttnDims& d, int64_t limit, bool dropout) {
+  const size_t g = group_floats(d, limit);
+  return g * sizeof(float) + g * 2 + (dropout ? g * 2 : 0);
+}
+
+bool all_bf16(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (t->defined() && t->dtype() != DType::bf16) return false;
+  return true;
+}
+bool all_f32(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (t->defined() && t->dtype() != DType::f32) return false;
+  return true;
+}
+
 }  // namespace
 
 int64_t CudaBackend::set_attention_group_bytes(int64_t bytes) {
@@ -102,11 +164,13 @@ int64_t CudaBackend::set_attention_group_bytes(int64_t bytes) {
 
 size_t CudaBackend::attention_forward_workspace_impl(const Shape& qkv, const AttentionParams& p) {
   const AttnDims d = attn_dims(qkv, p);
+  if (bf16_mode()) return bf16_forward_bytes(d, attn_group_bytes_, p.applies_dropout());
   return p.applies_dropout() ? group_floats(d, attn_group_bytes_) * sizeof(float) : 0;
 }
 
 size_t CudaBackend::attention_backward_workspace_impl(const Shape& qkv, const AttentionParams& p) {
   const AttnDims d = attn_dims(qkv, p);
+  if (bf16_mode()) return bf16_backward_bytes(d, attn_group_bytes_, p.applies_dropout());
   return group_floats(d, attn_group_bytes_) * (p.applies_dropout() ? 2 : 1) * sizeof(float);
 }
 
@@ -121,6 +185,30 @@ void CudaBackend::attention_forward_impl(const Tensor& qkv, const AttentionParam
   kernels::AttentionDropout drop = dropout_args(p, rng);
   drop.on = drop.on && want_out;
   const int64_t G = group_batch(d, attn_group_bytes_);
+  if (!all_f32({&qkv, &out, &probs})) {
+    REMAT_CHECK(bf16_mode() && all_bf16({&qkv, &out, &probs}), "attention_forward: qkv ", qkv.str(), ", probs ",
+                probs.str(), out.defined() ? ", out " + out.str() : std::string(), ": expected all f32 or all bf16");
+    const int64_t gf = static_cast<int64_t>(group_floats(d, attn_group_bytes_));
+    float* scores = static_cast<float*>(workspace.raw_data());
+    auto* dropped = drop.on ? reinterpret_cast<kernels::bf16*>(scores + gf) : nullptr;
+    auto* qkv_h = static_cast<kernels::bf16*>(qkv.raw_data());
+    auto* probs_h = static_cast<kernels::bf16*>(probs.raw_data());
+    for (int64_t b0 = 0; b0 < d.b; b0 += G) {
+      const int64_t nb = std::min(G, d.b - b0);
+      kernels::bf16* x = qkv_h + b0 * T * 3 * C;
+      kernels::bf16* pr = probs_h + b0 * H * TT;
+      const HeadBuf q{x, true, 3 * C, T * 3 * C, hs}, k{x + C, true, 3 * C, T * 3 * C, hs},
+          v{x + 2 * C, true, 3 * C, T * 3 * C, hs};
+      const HeadBuf s{scores, false, T, H * TT, TT};
+      head_gemm_mixed(cublas_, false, true, T, T, hs, scale, q, k, s, nb, H);  // S = Q K^T / sqrt(hs), fp32
+      kernels::attention_softmax_forward_bf16(scores, pr, dropped, nb * H * T, T, b0 * H * T, p.causal, drop, stream_);
+      if (!want_out) continue;
+      const HeadBuf o{static_cast<kernels::bf16*>(out.raw_data()) + b0 * T * C, true, C, T * C, hs};
+      const HeadBuf pd{drop.on ? dropped : pr, true, T, H * TT, TT};
+      head_gemm_mixed(cublas_, false, false, T, hs, T, 1.0f, pd, v, o, nb, H);  // out = Pd V
+    }
+    return;
+  }
   float* dropped = drop.on ? workspace.f32() : nullptr;
 
   for (int64_t b0 = 0; b0 < d.b; b0 += G) {
@@ -147,6 +235,34 @@ void CudaBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv,
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const kernels::AttentionDropout drop = dropout_args(p, rng);
   const int64_t G = group_batch(d, attn_group_bytes_);
+  if (!all_f32({&dout, &qkv, &probs, &dqkv})) {
+    REMAT_CHECK(bf16_mode() && all_bf16({&dout, &qkv, &probs, &dqkv}), "attention_backward: qkv ", qkv.str(), ", dqkv ",
+                dqkv.str(), ", dout ", dout.str(), ", probs ", probs.str(), ": expected all f32 or all bf16");
+    const int64_t gf = static_cast<int64_t>(group_floats(d, attn_group_bytes_));
+    float* dpd = static_cast<float*>(workspace.raw_data());  // [G, H, T, T] fp32
+    auto* dsh = reinterpret_cast<kernels::bf16*>(dpd + gf);  // [G, H, T, T] bf16
+    kernels::bf16* dropped = drop.on ? dsh + gf : nullptr;   // [G, H, T, T] bf16
+    for (int64_t b0 = 0; b0 < d.b; b0 += G) {
+      const int64_t nb = std::min(G, d.b - b0);
+      kernels::bf16* x = static_cast<kernels::bf16*>(qkv.raw_data()) + b0 * T * 3 * C;
+      kernels::bf16* dx = static_cast<kernels::bf16*>(dqkv.raw_data()) + b0 * T * 3 * C;
+      kernels::bf16* pr = static_cast<kernels::bf16*>(probs.raw_data()) + b0 * H * TT;
+      const HeadBuf q{x, true, 3 * C, T * 3 * C, hs}, k{x + C, true, 3 * C, T * 3 * C, hs},
+          v{x + 2 * C, true, 3 * C, T * 3 * C, hs};
+      const HeadBuf dq{dx, true, 3 * C, T * 3 * C, hs}, dk{dx + C, true, 3 * C, T * 3 * C, hs},
+          dv{dx + 2 * C, true, 3 * C, T * 3 * C, hs};
+      const HeadBuf go{static_cast<kernels::bf16*>(dout.raw_data()) + b0 * T * C, true, C, T * C, hs};
+      const HeadBuf dpd_m{dpd, false, T, H * TT, TT}, ds_m{dsh, true, T, H * TT, TT};
+      const HeadBuf pd{drop.on ? dropped : pr, true, T, H * TT, TT};
+      head_gemm_mixed(cublas_, false, true, T, T, hs, 1.0f, go, v, dpd_m, nb, H);  // dPd = dO V^T (fp32)
+      kernels::attention_softmax_backward_bf16(dpd, pr, dropped, dsh, nb * H * T, T, b0 * H * T, p.causal, drop,
+                                               stream_);
+      head_gemm_mixed(cublas_, true, false, T, hs, T, 1.0f, pd, go, dv, nb, H);     // dV = Pd^T dO
+      head_gemm_mixed(cublas_, false, false, T, hs, T, scale, ds_m, k, dq, nb, H);  // dQ = dS K / sqrt(hs)
+      head_gemm_mixed(cublas_, true, false, T, hs, T, scale, ds_m, q, dk, nb, H);   // dK = dS^T Q / sqrt(hs)
+    }
+    return;
+  }
   float* ds = workspace.f32();  // [G, H, T, T]: dPd, then dS
   float* dropped = drop.on ? ds + static_cast<int64_t>(group_floats(d, attn_group_bytes_)) : nullptr;  // [G, H, T, T]
 
@@ -171,7 +287,9 @@ void CudaBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv,
 }
 
 void CudaBackend::permute_0213_impl(const Tensor& x, const Tensor& y) {
-  kernels::permute_0213(x.f32(), x.size(0), x.size(1), x.size(2), x.size(3), y.f32(), stream_);
+  REMAT_CHECK(x.dtype() == y.dtype(), "permute_0213: x ", x.str(), " and y ", y.str(), ": a copy needs one dtype");
+  kernels::permute_0213(x.raw_data(), x.size(0), x.size(1), x.size(2), x.size(3), dtype_size(x.dtype()), y.raw_data(),
+                        stream_);
 }
 
 REMAT_KERNELS_ABI_END

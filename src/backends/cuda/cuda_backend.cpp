@@ -29,12 +29,16 @@ int to_int(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
-// Contiguous row-major matrices, batched with element strides.
-void sgemm_rowmajor(cublasHandle_t h, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                    int64_t stride_a, const float* b, int64_t stride_b, float beta, float* c, int64_t stride_c,
-                    int64_t batch) {
-  gemm_strided(h, ta, tb, m, n, k, alpha, a, ta ? m : std::max<int64_t>(k, 1), stride_a, b,
-               tb ? std::max<int64_t>(k, 1) : n, stride_b, beta, c, n, stride_c, batch);
+// Contiguous row-major matrices, batched with element strides; any of them may be bf16
+// (gemm_strided_mixed's combinations).
+void gemm_rowmajor(cublasHandle_t h, const char* op, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                   const Tensor& a, int64_t stride_a, const Tensor& b, int64_t stride_b, float beta, const Tensor& c,
+                   int64_t stride_c, int64_t batch) {
+  const bool all_f32 = a.dtype() == DType::f32 && b.dtype() == DType::f32 && c.dtype() == DType::f32;
+  REMAT_CHECK(all_f32 || (a.dtype() == DType::bf16 && b.dtype() == DType::bf16), op, ": ", a.str(), " times ", b.str(),
+              " into ", c.str(), ": on cuda the two factors are both bf16 (into bf16 or f32) or all three f32");
+  gemm_strided_mixed(h, op, ta, tb, m, n, k, alpha, fbuf(a), ta ? m : std::max<int64_t>(k, 1), stride_a, fbuf(b),
+                     tb ? std::max<int64_t>(k, 1) : n, stride_b, beta, fbuf(c), n, stride_c, batch);
 }
 
 }  // namespace
@@ -51,6 +55,32 @@ void gemm_strided(cublasHandle_t h, bool ta, bool tb, int64_t m, int64_t n, int6
   } else {
     REMAT_CUBLAS_CHECK(cublasSgemmStridedBatched(h, op_b, op_a, N, M, K, &alpha, b, LDB, sb, a, LDA, sa, &beta, c, LDC,
                                                  sc, to_int(batch, "batch")));
+  }
+}
+
+void gemm_strided_mixed(cublasHandle_t h, const char* op, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                        float alpha, kernels::FloatBuf a, int64_t lda, int64_t sa, kernels::FloatBuf b, int64_t ldb,
+                        int64_t sb, float beta, kernels::FloatBuf c, int64_t ldc, int64_t sc, int64_t batch) {
+  auto name = [](const kernels::FloatBuf& x) { return x.bf16 ? "bf16" : "f32"; };
+  if (!a.bf16 && !b.bf16 && !c.bf16) {
+    gemm_strided(h, ta, tb, m, n, k, alpha, static_cast<const float*>(a.p), lda, sa, static_cast<const float*>(b.p),
+                 ldb, sb, beta, static_cast<float*>(c.p), ldc, sc, batch);
+    return;
+  }
+  REMAT_CHECK(a.bf16 && b.bf16, op, ": a GEMM of ", name(a), " by ", name(b), " into ", name(c), " (m ", m, ", n ", n,
+              ", k ", k, "): cuBLAS multiplies bf16 by bf16 or f32 by f32, not a mix");
+  if (m == 0 || n == 0 || batch == 0) return;
+  const int M = to_int(m, "m"), N = to_int(n, "n"), K = to_int(k, "k");
+  const int LDA = to_int(lda, "lda"), LDB = to_int(ldb, "ldb"), LDC = to_int(ldc, "ldc");
+  const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cudaDataType ct = c.bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  if (batch == 1) {
+    REMAT_CUBLAS_CHECK(cublasGemmEx(h, op_b, op_a, N, M, K, &alpha, b.p, CUDA_R_16BF, LDB, a.p, CUDA_R_16BF, LDA, &beta,
+                                    c.p, ct, LDC, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  } else {
+    REMAT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, op_b, op_a, N, M, K, &alpha, b.p, CUDA_R_16BF, LDB, sb, a.p,
+                                                  CUDA_R_16BF, LDA, sa, &beta, c.p, ct, LDC, sc, to_int(batch, "batch"),
+                                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 }
 
@@ -176,29 +206,29 @@ void CudaBackend::gemm_impl(const Tensor& a, const Tensor& b, const Tensor& c, c
   const int64_t k = p.trans_a ? a.size(-2) : a.size(-1);
   const int64_t batch = m * n == 0 ? 0 : c.numel() / (m * n);
   const bool shared_b = b.rank() == 2;
-  sgemm_rowmajor(cublas_, p.trans_a, p.trans_b, m, n, k, p.alpha, a.f32(), m * k, b.f32(), shared_b ? 0 : k * n, p.beta,
-                 c.f32(), m * n, batch);
+  gemm_rowmajor(cublas_, "gemm", p.trans_a, p.trans_b, m, n, k, p.alpha, a, m * k, b, shared_b ? 0 : k * n, p.beta, c,
+                m * n, batch);
 }
 
 void CudaBackend::linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) {
   const int64_t in = w.size(1), out = w.size(0), rows = in == 0 ? x.numel() : x.numel() / in;
-  if (b.defined()) kernels::bias_broadcast(b.f32(), rows, out, y.f32(), stream_);
-  sgemm_rowmajor(cublas_, false, true, rows, out, in, 1.0f, x.f32(), 0, w.f32(), 0, b.defined() ? 1.0f : 0.0f, y.f32(),
-                 0, 1);
+  if (b.defined()) kernels::bias_broadcast(fbuf(b), rows, out, fbuf(y), stream_);
+  gemm_rowmajor(cublas_, "linear_forward", false, true, rows, out, in, 1.0f, x, 0, w, 0, b.defined() ? 1.0f : 0.0f, y,
+                0, 1);
 }
 
 void CudaBackend::linear_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx,
                                        const Tensor& dw, const Tensor& db) {
   const int64_t in = w.size(1), out = w.size(0), rows = dy.numel() / std::max<int64_t>(out, 1);
   if (dx.defined())
-    sgemm_rowmajor(cublas_, false, false, rows, in, out, 1.0f, dy.f32(), 0, w.f32(), 0, 0.0f, dx.f32(), 0, 1);
+    gemm_rowmajor(cublas_, "linear_backward (dx)", false, false, rows, in, out, 1.0f, dy, 0, w, 0, 0.0f, dx, 0, 1);
   if (dw.defined())
-    sgemm_rowmajor(cublas_, true, false, out, in, rows, 1.0f, dy.f32(), 0, x.f32(), 0, 1.0f, dw.f32(), 0, 1);
+    gemm_rowmajor(cublas_, "linear_backward (dw)", true, false, out, in, rows, 1.0f, dy, 0, x, 0, 1.0f, dw, 0, 1);
   // The chunk sums of the row split in scratch(): kScratchBytes holds 16 Ki floats, enough
   // for kColumnSumBlocks blocks at any width up to 16 Ki columns (wider ones have more
   // column blocks than that already): docs/kernels.md, "Bias gradients".
   if (db.defined())
-    kernels::column_sums(dy.f32(), rows, out, db.f32(), /*accumulate=*/true, static_cast<float*>(scratch_),
+    kernels::column_sums(fbuf(dy), rows, out, db.f32(), /*accumulate=*/true, static_cast<float*>(scratch_),
                          kScratchBytes, stream_);
 }
 

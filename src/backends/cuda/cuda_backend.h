@@ -21,11 +21,19 @@
 
 #include <cstddef>
 
+#include "kernels/bf16.cuh"
 #include "kernels/common.cuh"
 #include "remat/backend.h"
 
 namespace remat {
 REMAT_KERNELS_ABI_BEGIN
+
+// A float tensor as a kernel's array: its device pointer and whether its elements are bf16
+// (training.precision bf16; kernels/bf16.cuh). Undefined: a null pointer.
+inline kernels::FloatBuf fbuf(const Tensor& t) {
+  if (!t.defined()) return {};
+  return kernels::FloatBuf{t.raw_data(), t.dtype() == DType::bf16};
+}
 
 class CudaBackend : public Backend {
  public:

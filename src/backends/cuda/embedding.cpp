@@ -45,8 +45,8 @@ void CudaBackend::embedding_forward_impl(const Tensor& ids, const Tensor& table,
                                          const Tensor& y) {
   if (ids.numel() == 0) return;
   check_ids(*this, "embedding_forward", ids, table.size(0), "table", table);
-  kernels::embedding_forward(ids.i32(), ids.numel(), ids.size(1), table.f32(), table.size(1),
-                             pos_table.defined() ? pos_table.f32() : nullptr, y.f32(), stream_);
+  kernels::embedding_forward(ids.i32(), ids.numel(), ids.size(1), fbuf(table), table.size(1), fbuf(pos_table), fbuf(y),
+                             stream_);
 }
 
 void CudaBackend::embedding_backward_impl(const Tensor& dy, const Tensor& ids, const Tensor& dtable,
@@ -55,10 +55,10 @@ void CudaBackend::embedding_backward_impl(const Tensor& dy, const Tensor& ids, c
   const int64_t c = dy.size(2);
   if (dtable.defined()) {
     check_ids(*this, "embedding_backward", ids, dtable.size(0), "dtable", dtable);
-    kernels::embedding_backward_table(dy.f32(), ids.i32(), ids.numel(), c, dtable.f32(), stream_);
+    kernels::embedding_backward_table(fbuf(dy), ids.i32(), ids.numel(), c, dtable.f32(), stream_);
   }
   if (dpos_table.defined())
-    kernels::embedding_backward_pos(dy.f32(), ids.size(0), ids.size(1), c, dpos_table.f32(), stream_);
+    kernels::embedding_backward_pos(fbuf(dy), ids.size(0), ids.size(1), c, dpos_table.f32(), stream_);
 }
 
 REMAT_KERNELS_ABI_END

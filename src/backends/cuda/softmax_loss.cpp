@@ -1,5 +1,6 @@
 // Softmax and log-softmax over the last dimension, cross-entropy, accuracy
-// (kernels/softmax_loss.cu).
+// (kernels/softmax_loss.cu). x, y, dy, dx and the logits may be bf16 (fbuf); lse and the
+// loss are f32 (the statistics that need range).
 //
 // cross_entropy_forward checks the targets as the CPU does (a target outside [0, V) that
 // is not ignore_index throws). Targets uploaded from the host carry their range
@@ -22,18 +23,18 @@ int64_t rows_of(const Tensor& t) { return t.size(-1) == 0 ? 0 : t.numel() / t.si
 }  // namespace
 
 void CudaBackend::softmax_forward_impl(const Tensor& x, bool log, const Tensor& y) {
-  kernels::softmax_forward(x.f32(), rows_of(x), x.size(-1), log, y.f32(), stream());
+  kernels::softmax_forward(fbuf(x), rows_of(x), x.size(-1), log, fbuf(y), stream());
 }
 
 void CudaBackend::softmax_backward_impl(const Tensor& dy, const Tensor& y, bool log, const Tensor& dx) {
-  kernels::softmax_backward(dy.f32(), y.f32(), rows_of(y), y.size(-1), log, dx.f32(), stream());
+  kernels::softmax_backward(fbuf(dy), fbuf(y), rows_of(y), y.size(-1), log, fbuf(dx), stream());
 }
 
 void CudaBackend::cross_entropy_forward_impl(const Tensor& logits, const Tensor& targets, int ignore_index,
                                              const Tensor& loss, const Tensor& lse) {
   const int64_t n = logits.size(0), v = logits.size(1);
   auto* check = static_cast<kernels::CrossEntropyCheck*>(scratch());
-  kernels::cross_entropy_forward(logits.f32(), targets.i32(), n, v, ignore_index, loss.f32(), lse.f32(), check,
+  kernels::cross_entropy_forward(fbuf(logits), targets.i32(), n, v, ignore_index, loss.f32(), lse.f32(), check,
                                  stream());
   // Checked on the host: no value above V - 1, and every value below 0 is ignore_index
   // (then it is the least value, and the next one up is not negative).
@@ -48,14 +49,14 @@ void CudaBackend::cross_entropy_forward_impl(const Tensor& logits, const Tensor&
 
 void CudaBackend::cross_entropy_backward_impl(float dloss, const Tensor& logits, const Tensor& targets,
                                               const Tensor& lse, int ignore_index, const Tensor& dlogits) {
-  kernels::cross_entropy_backward(dloss, logits.f32(), targets.i32(), lse.f32(), logits.size(0), logits.size(1),
-                                  ignore_index, dlogits.f32(), static_cast<float*>(scratch()), stream());
+  kernels::cross_entropy_backward(dloss, fbuf(logits), targets.i32(), lse.f32(), logits.size(0), logits.size(1),
+                                  ignore_index, fbuf(dlogits), static_cast<float*>(scratch()), stream());
 }
 
 int64_t CudaBackend::accuracy_impl(const Tensor& logits, const Tensor& targets, int ignore_index, int64_t* counted) {
   auto* counts = static_cast<unsigned long long*>(scratch());
   REMAT_CUDA_CHECK(cudaMemsetAsync(counts, 0, 2 * sizeof(unsigned long long), stream()));
-  kernels::accuracy(logits.f32(), targets.i32(), logits.size(0), logits.size(1), ignore_index, counts, stream());
+  kernels::accuracy(fbuf(logits), targets.i32(), logits.size(0), logits.size(1), ignore_index, counts, stream());
   unsigned long long host[2] = {0, 0};
   copy_to_host(host, counts, sizeof host);
   if (counted) *counted = static_cast<int64_t>(host[0]);

@@ -44,6 +44,7 @@ class MetaBackend final : public Backend {
   explicit MetaBackend(Backend* workspace_model) : model_(workspace_model) {}
   Device device() const override { return Device::meta(); }
   std::string name() const override { return "meta"; }
+  bool supports_bf16() const override { return true; }  // the memory model of every precision
 
  protected:
 #define REMAT_META_op(R, name, params, args) \

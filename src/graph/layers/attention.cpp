@@ -6,6 +6,7 @@ namespace {
 
 class Attention final : public Layer {
  public:
+  bool runs_in_bf16() const override { return true; }
   explicit Attention(ConfigReader& r) {
     p_.n_head = static_cast<int>(r.int_or("heads", 1, 1, 1 << 16));
     p_.dropout = static_cast<float>(r.number_or("dropout", 0.0, 0.0, 1.0));

@@ -6,6 +6,7 @@ namespace {
 
 class Conv2d final : public Layer {
  public:
+  bool runs_in_bf16() const override { return true; }
   explicit Conv2d(ConfigReader& r) : k_(r.positive_int("out_channels")), bias_(r.bool_or("bias", true)) {
     std::tie(kh_, kw_) = int_or_pair(r, "kernel", -1, 1);
     if (kh_ < 0) r.fail("kernel", "missing (required)");

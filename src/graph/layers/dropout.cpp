@@ -7,6 +7,7 @@ namespace {
 
 class Dropout final : public Layer {
  public:
+  bool runs_in_bf16() const override { return true; }
   explicit Dropout(ConfigReader& r) : p_(static_cast<float>(r.number_or("p", 0.5, 0.0, 1.0))) {}
   LayerKind kind() const override { return LayerKind::dropout; }
   Shape infer(const std::vector<Shape>& in) override {

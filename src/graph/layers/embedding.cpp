@@ -6,6 +6,7 @@ namespace {
 
 class Embedding final : public Layer {
  public:
+  bool runs_in_bf16() const override { return true; }
   explicit Embedding(ConfigReader& r)
       : vocab_(r.positive_int("vocab")),
         dim_(r.positive_int("dim")),

@@ -6,6 +6,7 @@ namespace {
 
 class Linear final : public Layer {
  public:
+  bool runs_in_bf16() const override { return true; }
   explicit Linear(ConfigReader& r)
       : out_(r.positive_int("out_features")),
         bias_(r.bool_or("bias", true)),

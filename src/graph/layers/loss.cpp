@@ -10,6 +10,7 @@ using layers::expect_inputs;
 
 class CrossEntropyLoss final : public Layer {
  public:
+  bool runs_in_bf16() const override { return true; }
   explicit CrossEntropyLoss(int ignore_index) : ignore_(ignore_index) {}
   LayerKind kind() const override { return LayerKind::loss; }
   bool input_differentiable(int i) const override { return i == 0; }

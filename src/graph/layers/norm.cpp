@@ -7,6 +7,7 @@ namespace {
 
 class BatchNorm2d final : public Layer {
  public:
+  bool runs_in_bf16() const override { return true; }
   explicit BatchNorm2d(ConfigReader& r) {
     p_.momentum = static_cast<float>(r.number_or("momentum", 0.1, 0.0, 1.0));
     p_.eps = static_cast<float>(r.number_or("eps", 1e-5, 1e-12, 1.0));
@@ -51,6 +52,7 @@ class BatchNorm2d final : public Layer {
 
 class LayerNorm final : public Layer {
  public:
+  bool runs_in_bf16() const override { return true; }
   explicit LayerNorm(ConfigReader& r) : eps_(static_cast<float>(r.number_or("eps", 1e-5, 1e-12, 1.0))) {}
   LayerKind kind() const override { return LayerKind::norm; }
   Shape infer(const std::vector<Shape>& in) override {

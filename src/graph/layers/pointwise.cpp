@@ -6,6 +6,7 @@ namespace {
 
 class Relu final : public Layer {
  public:
+  bool runs_in_bf16() const override { return true; }
   explicit Relu(ConfigReader&) {}
   LayerKind kind() const override { return LayerKind::pointwise; }
   Shape infer(const std::vector<Shape>& in) override {
@@ -29,6 +30,7 @@ class Relu final : public Layer {
 
 class Gelu final : public Layer {
  public:
+  bool runs_in_bf16() const override { return true; }
   explicit Gelu(ConfigReader& r)
       : approx_(r.one_of("approximate", {"none", "tanh"}, "none") == "tanh" ? GeluApprox::tanh : GeluApprox::none) {}
   LayerKind kind() const override { return LayerKind::pointwise; }
@@ -53,6 +55,7 @@ class Gelu final : public Layer {
 
 class Add final : public Layer {
  public:
+  bool runs_in_bf16() const override { return true; }
   explicit Add(ConfigReader&) {}
   LayerKind kind() const override { return LayerKind::pointwise; }
   Shape infer(const std::vector<Shape>& in) override {
@@ -72,6 +75,7 @@ class Add final : public Layer {
 
 class Flatten final : public Layer {
  public:
+  bool runs_in_bf16() const override { return true; }
   explicit Flatten(ConfigReader&) {}
   LayerKind kind() const override { return LayerKind::view; }
   Shape infer(const std::vector<Shape>& in) override {

@@ -15,6 +15,7 @@ Pool2dParams read_pool(ConfigReader& r) {
 
 class MaxPool2d final : public Layer {
  public:
+  bool runs_in_bf16() const override { return true; }
   explicit MaxPool2d(ConfigReader& r) : p_(read_pool(r)) {}
   LayerKind kind() const override { return LayerKind::pool; }
   Shape infer(const std::vector<Shape>& in) override {
@@ -44,6 +45,7 @@ class MaxPool2d final : public Layer {
 
 class AvgPool2d final : public Layer {
  public:
+  bool runs_in_bf16() const override { return true; }
   explicit AvgPool2d(ConfigReader& r) : p_(read_pool(r)) {}
   LayerKind kind() const override { return LayerKind::pool; }
   Shape infer(const std::vector<Shape>& in) override {
@@ -68,6 +70,7 @@ class AvgPool2d final : public Layer {
 
 class GlobalAvgPool final : public Layer {
  public:
+  bool runs_in_bf16() const override { return true; }
   explicit GlobalAvgPool(ConfigReader&) {}
   LayerKind kind() const override { return LayerKind::pool; }
   Shape infer(const std::vector<Shape>& in) override {

@@ -8,6 +8,7 @@ namespace {
 
 class RmsNorm final : public Layer {
  public:
+  bool runs_in_bf16() const override { return true; }
   explicit RmsNorm(ConfigReader& r) : eps_(static_cast<float>(r.number_or("eps", 1e-6, 1e-12, 1.0))) {}
   LayerKind kind() const override { return LayerKind::norm; }
   Shape infer(const std::vector<Shape>& in) override {
