@@ -91,7 +91,7 @@ __global__ void nchw_to_cnhw_kernel(const float* src, int64_t n0, int64_t nb, in
   const int64_t stride = grid_stride();
   for (int64_t e = grid_start(); e < n; e += stride) {
     const int64_t ch = e / len, l = e - ch * len, i = l / pv, j = l - i * pv;
-    d[e] = s[((n0 + i) * c + ch) * pv + j];
+    store_unit(d + e, load_unit(s + ((n0 + i) * c + ch) * pv + j));
   }
 }
 
@@ -101,7 +101,7 @@ __global__ void broadcast_channels_kernel(const float* b, int64_t n, int64_t c, 
   T* d = reinterpret_cast<T*>(y);
   const int64_t pv = plane / V, total = n * c * pv;
   const int64_t stride = grid_stride();
-  for (int64_t e = grid_start(); e < total; e += stride) d[e] = Unit<V>::splat(b[(e / pv) % c]);
+  for (int64_t e = grid_start(); e < total; e += stride) store_unit(d + e, Unit<V>::splat(b[(e / pv) % c]));
 }
 
 // One block per channel: its threads sum the channel's planes in a fixed pattern (in

@@ -148,7 +148,7 @@ __global__ void global_avgpool_forward_kernel(const float* x, int64_t planes, in
     if constexpr (V == 4) {
       const float4* src = reinterpret_cast<const float4*>(x + pl * hw);
       for (int64_t j = lane; j < hw / 4; j += 32) {
-        const float4 v = src[j];
+        const float4 v = load_unit(src + j);
         s += (static_cast<double>(v.x) + v.y) + (static_cast<double>(v.z) + v.w);
       }
     } else {
@@ -168,7 +168,7 @@ __global__ void global_avgpool_backward_kernel(const float* dy, int64_t planes, 
     const float v = dy[pl] / static_cast<float>(hw);
     if constexpr (V == 4) {
       float4* dst = reinterpret_cast<float4*>(dx + pl * hw);
-      for (int64_t j = lane; j < hw / 4; j += 32) dst[j] = make_float4(v, v, v, v);
+      for (int64_t j = lane; j < hw / 4; j += 32) store_unit(dst + j, make_float4(v, v, v, v));
     } else {
       float* dst = dx + pl * hw;
       for (int64_t j = lane; j < hw; j += 32) dst[j] = v;

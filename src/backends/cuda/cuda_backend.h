@@ -80,6 +80,11 @@ class CudaBackend : public Backend {
   double time_ms(const std::function<void()>& body) override;
   void flush_caches() override;  // rewrites a buffer of twice the L2
   Properties properties() const override;
+#if defined(REMAT_EMULATE)
+  // The emulator's traffic counter (kernels/emu/traffic.cpp).
+  bool count_traffic(bool on) override;
+  std::vector<KernelTraffic> take_traffic() override;
+#endif
 
  protected:
   void enter_op() override { activate(); }
