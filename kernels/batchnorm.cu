@@ -33,7 +33,7 @@ template <int V>
 __device__ REMAT_INLINE Pack<V> load(const float* p, int64_t unit) {
   Pack<V> r;
   if constexpr (V == 4) {
-    const float4 f = reinterpret_cast<const float4*>(p)[unit];
+    const float4 f = load_unit(reinterpret_cast<const float4*>(p) + unit);
     r.v[0] = f.x;
     r.v[1] = f.y;
     r.v[2] = f.z;
@@ -62,7 +62,7 @@ __device__ REMAT_INLINE Pack<V> load(DynPtr p, int64_t unit) {
 template <int V>
 __device__ REMAT_INLINE void store(float* p, int64_t unit, const Pack<V>& r) {
   if constexpr (V == 4) {
-    reinterpret_cast<float4*>(p)[unit] = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
+    store_unit(reinterpret_cast<float4*>(p) + unit, make_float4(r.v[0], r.v[1], r.v[2], r.v[3]));
   } else {
     p[unit] = r.v[0];
   }

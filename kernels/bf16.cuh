@@ -20,6 +20,9 @@
 #include <cstdint>
 
 #include "kernels/common.cuh"
+#if defined(__CUDACC__) || defined(REMAT_EMULATE)
+#include "kernels/vec4.cuh"  // load_unit, store_unit
+#endif
 
 namespace remat::kernels {
 
@@ -77,21 +80,21 @@ __device__ REMAT_INLINE unsigned int pack_bf16x2(float lo, float hi) {
 
 // Eight bf16 (16 bytes; p 16-byte aligned): elements 8q .. 8q + 7.
 __device__ REMAT_INLINE void load8(const bf16* p, int64_t q, float* v) {
-  const uint4 u = reinterpret_cast<const uint4*>(p)[q];
+  const uint4 u = load_unit(reinterpret_cast<const uint4*>(p) + q);
   v[0] = bf16_lo(u.x), v[1] = bf16_hi(u.x), v[2] = bf16_lo(u.y), v[3] = bf16_hi(u.y);
   v[4] = bf16_lo(u.z), v[5] = bf16_hi(u.z), v[6] = bf16_lo(u.w), v[7] = bf16_hi(u.w);
 }
 __device__ REMAT_INLINE void store8(bf16* p, int64_t q, const float* v) {
-  reinterpret_cast<uint4*>(p)[q] =
-      make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]), pack_bf16x2(v[4], v[5]), pack_bf16x2(v[6], v[7]));
+  store_unit(reinterpret_cast<uint4*>(p) + q, make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]),
+                                                         pack_bf16x2(v[4], v[5]), pack_bf16x2(v[6], v[7])));
 }
 // Four bf16 (8 bytes; p 8-byte aligned): elements 4q .. 4q + 3.
 __device__ REMAT_INLINE void load4(const bf16* p, int64_t q, float* v) {
-  const uint2 u = reinterpret_cast<const uint2*>(p)[q];
+  const uint2 u = load_unit(reinterpret_cast<const uint2*>(p) + q);
   v[0] = bf16_lo(u.x), v[1] = bf16_hi(u.x), v[2] = bf16_lo(u.y), v[3] = bf16_hi(u.y);
 }
 __device__ REMAT_INLINE void store4(bf16* p, int64_t q, const float* v) {
-  reinterpret_cast<uint2*>(p)[q] = make_uint2(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]));
+  store_unit(reinterpret_cast<uint2*>(p) + q, make_uint2(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3])));
 }
 
 #endif  // defined(__CUDACC__) || defined(REMAT_EMULATE)

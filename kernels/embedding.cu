@@ -1,6 +1,7 @@
 #include "kernels/embedding.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/reduce.cuh"
+#include "kernels/vec4.cuh"
 
 #include <algorithm>
 #include <cstdint>
@@ -16,8 +17,6 @@ constexpr int64_t kMaxBlocks = 65535;
 unsigned grid_for(int64_t units) {
   return static_cast<unsigned>(std::min(ceil_div<int64_t>(units, kBlock), kMaxBlocks));
 }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // *first_bad = min(*first_bad, i) for every i < n with ids[i] outside [0, rows).
 __global__ void find_bad_id_kernel(const int32_t* ids, int64_t n, int64_t rows, unsigned long long* first_bad) {
@@ -36,9 +35,9 @@ __global__ void embedding_forward_kernel(const int32_t* ids, int64_t n, int64_t 
   const int64_t total = n * width, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < total; u += stride) {
     const int64_t i = u / width, k = u % width;
-    Unit v = reinterpret_cast<const Unit*>(table + static_cast<int64_t>(ids[i]) * c)[k];
+    Unit v = load_unit(reinterpret_cast<const Unit*>(table + static_cast<int64_t>(ids[i]) * c) + k);
     if (pos) {
-      const Unit p = reinterpret_cast<const Unit*>(pos + (i % t) * c)[k];
+      const Unit p = load_unit(reinterpret_cast<const Unit*>(pos + (i % t) * c) + k);
       if constexpr (kVec4) {
         v.x += p.x;
         v.y += p.y;
@@ -48,7 +47,7 @@ __global__ void embedding_forward_kernel(const int32_t* ids, int64_t n, int64_t 
         v += p;
       }
     }
-    reinterpret_cast<Unit*>(y + i * c)[k] = v;
+    store_unit(reinterpret_cast<Unit*>(y + i * c) + k, v);
   }
 }
 
@@ -171,9 +170,9 @@ __global__ void embedding_backward_pos_kernel(const float* dy, int64_t batch, in
   const Unit* src = reinterpret_cast<const Unit*>(dy);
   Unit* dst = reinterpret_cast<Unit*>(dpos);
   for (int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < total; u += stride) {
-    Unit acc = dst[u];
+    Unit acc = load_unit(dst + u);
     for (int64_t b = 0; b < batch; ++b) {
-      const Unit g = src[b * total + u];
+      const Unit g = load_unit(src + b * total + u);
       if constexpr (kVec4) {
         acc.x += g.x;
         acc.y += g.y;
@@ -183,7 +182,7 @@ __global__ void embedding_backward_pos_kernel(const float* dy, int64_t batch, in
         acc += g;
       }
     }
-    dst[u] = acc;
+    store_unit(dst + u, acc);
   }
 }
 

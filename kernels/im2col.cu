@@ -100,7 +100,7 @@ __global__ void nchw_to_cnhw_kernel(PS src, int64_t n0, int64_t nb, int64_t c, i
       st(dst, e, ld(src, from));
     } else {
       using T = typename Unit<V, PD>::type;
-      reinterpret_cast<T*>(dst)[e] = reinterpret_cast<const T*>(src)[from];
+      store_unit(reinterpret_cast<T*>(dst) + e, load_unit(reinterpret_cast<const T*>(src) + from));
     }
   }
 }
@@ -114,7 +114,7 @@ __global__ void broadcast_channels_kernel(PB b, int64_t n, int64_t c, int64_t pl
     if constexpr (V == 1)
       st(y, e, v);
     else
-      reinterpret_cast<typename Unit<V, PY>::type*>(y)[e] = Unit<V, PY>::splat(v);
+      store_unit(reinterpret_cast<typename Unit<V, PY>::type*>(y) + e, Unit<V, PY>::splat(v));
   }
 }
 

@@ -39,7 +39,7 @@ struct Pack {
   __device__ REMAT_INLINE static Pack load(const float* p) {
     Pack r;
     if constexpr (kVec) {
-      const float4 q = *reinterpret_cast<const float4*>(p);
+      const float4 q = load_unit(reinterpret_cast<const float4*>(p));
       r.v[0] = q.x, r.v[1] = q.y, r.v[2] = q.z, r.v[3] = q.w;
     } else {
       r.v[0] = *p;
@@ -62,7 +62,7 @@ struct Pack {
   }
   __device__ REMAT_INLINE void store(float* p) const {
     if constexpr (kVec) {
-      *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+      store_unit(reinterpret_cast<float4*>(p), make_float4(v[0], v[1], v[2], v[3]));
     } else {
       *p = v[0];
     }

@@ -16,7 +16,8 @@ TEST(Device, Parse) {
   EXPECT_EQ(Device::parse("cuda-emu"), Device::cuda_emu());
   EXPECT_EQ(Device::cuda(1).str(), "cuda:1");
   EXPECT_EQ(Device::cuda_emu().str(), "cuda-emu");
-  EXPECT_TRUE(Device::cuda_emu().host_memory());
+  EXPECT_TRUE(Device::cpu().host_memory());
+  EXPECT_FALSE(Device::cuda_emu().host_memory());  // the emulator's device memory, as a GPU's
   EXPECT_FALSE(Device::cuda(0).host_memory());
   for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "CPU", "", "cuda_emu", "cuda-emu:0"}) {
     EXPECT_REMAT_ERROR(Device::parse(bad), "unknown device");

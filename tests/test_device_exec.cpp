@@ -12,7 +12,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <vector>
 
 #include "remat/config.h"
 #include "remat/error.h"
@@ -310,6 +312,28 @@ TEST(DeviceExec, MeasuredPeakEqualsThePrediction) {
 }
 
 #if defined(REMAT_TEST_EMU)
+// The cuda-emu device's tensors live in the emulator's device memory, which host code
+// cannot address, as a GPU's: reading or writing one through its data pointer dies with
+// the emulator's message naming the allocation, while copies and ops reach it.
+TEST(DeviceExecDeathTest, HostCodeTouchingACudaEmuTensorDies) {
+  if (!remat::emu::device_memory_protected()) GTEST_SKIP() << "REMAT_EMU_PROTECT_DEVICE_MEMORY=0";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // OpenBLAS and OpenMP have threads
+  const Tensor t = Tensor::from_vector({1.0f, 2.0f, 3.0f, 4.0f}, remat::Shape{4}, Device::cuda_emu());
+  EXPECT_TRUE(remat::emu::is_device_pointer(t.f32()));
+  const float* p = t.f32();
+  EXPECT_DEATH({ std::printf("%g\n", static_cast<double>(*static_cast<const volatile float*>(p + 2))); },
+               "cuda-emu: host code touched device memory at 0x[0-9a-f]+, inside the cudaMalloc allocation of "
+               "[0-9]+ bytes at 0x[0-9a-f]+: a GPU's memory is not addressable from the host");
+  EXPECT_DEATH({ t.f32()[0] = 5.0f; }, "host code touched device memory");
+  // The same tensor through the device kind's copies, fills and an op.
+  EXPECT_EQ(t.to_vector(), (std::vector<float>{1.0f, 2.0f, 3.0f, 4.0f}));
+  Tensor y = Tensor::full(remat::Shape{4}, 0.5f, Device::cuda_emu());
+  remat::backend_for(Device::cuda_emu()).add(t, y, y);
+  EXPECT_EQ(y.to_vector(), (std::vector<float>{1.5f, 2.5f, 3.5f, 4.5f}));
+  EXPECT_EQ(Tensor::zeros(remat::Shape{3}, Device::cuda_emu(), remat::DType::i32).to_ints(),
+            (std::vector<int32_t>{0, 0, 0}));
+}
+
 // The backend puts every op on its own stream: training steps of the tiny models (forward,
 // recomputation, backward, SGD and AdamW, norm and accuracy read back) enqueue nothing on
 // the legacy default stream (the emulator counts kernel launches, copies, fills and cuBLAS

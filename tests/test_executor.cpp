@@ -430,3 +430,60 @@ TEST(Executor, SelectiveKeepsAttentionOutputAndRebuildsOnlyItsProbabilities) {
       EXPECT_FALSE(all.keep[static_cast<size_t>(i)] || all.keep_extras[static_cast<size_t>(i)]);
     }
 }
+
+TEST(Executor, GradsFinalHookNamesEachParameterOnceWithItsFinalGradient) {
+  // gpt_char (scaled down) ties its head to the embedding: the table's gradient gets the
+  // head's contribution first and the embedding's last, so it is final only after the
+  // embedding's backward. At each call the named gradients must already hold their final
+  // values, and the call comes right after the backward of the parameter's first user.
+  remat::Config c = remat::load_config(std::string(REMAT_SOURCE_DIR) + "/models/gpt_char.json");
+  remat::Graph g = remat::build_graph(remat::test::shrink_model(c.model), 3, "gpt_char", {{"vocab", 11}});
+  remat::Backend& be = remat::backend_for(Device::cpu());
+  int tied = -1;  // the parameter two layers use
+  std::vector<int> users(g.params.size(), 0), first_user(g.params.size(), g.size());
+  for (int i = 0; i < g.size(); ++i)
+    for (int p : g.layer_params[static_cast<size_t>(i)]) {
+      ++users[static_cast<size_t>(p)];
+      first_user[static_cast<size_t>(p)] = std::min(first_user[static_cast<size_t>(p)], i);
+      if (users[static_cast<size_t>(p)] == 2) tied = p;
+    }
+  ASSERT_GE(tied, 0) << "gpt_char has no tied parameter";
+  for (const char* policy : {"none", "sqrt", "selective"}) {
+    SCOPED_TRACE(policy);
+    remat::ParamStore params(g, Device::cpu(), 5);
+    int last_backward = -1;  // the layer whose backward ended last
+    remat::ExecOptions eo;
+    eo.on_layer = [&](int i, remat::Phase ph, bool begin) {
+      if (ph == remat::Phase::backward && !begin) last_backward = i;
+    };
+    remat::Executor ex(g, params, be, remat::make_plan(g, policy), eo);
+    std::vector<Tensor> at_call(params.grads.size());
+    std::vector<int> calls_of(params.grads.size(), 0), after(params.grads.size(), -1);
+    int calls = 0;
+    ex.set_on_grads_final([&](const std::vector<int>& ps) {
+      ++calls;
+      for (int p : ps) {
+        ++calls_of[static_cast<size_t>(p)];
+        at_call[static_cast<size_t>(p)] = params.grads[static_cast<size_t>(p)].clone();
+        after[static_cast<size_t>(p)] = last_backward;
+      }
+    });
+    remat::RngGenerator gen(9);
+    params.zero_grads(be);
+    ex.train_step(batch_for(g, 1), gen);
+    int trainable = 0;
+    for (size_t p = 0; p < params.grads.size(); ++p) {
+      if (!params.grads[p].defined()) {
+        EXPECT_EQ(calls_of[p], 0) << g.params[p].name;
+        continue;
+      }
+      ++trainable;
+      ASSERT_EQ(calls_of[p], 1) << g.params[p].name;
+      EXPECT_TRUE(bitwise_equal(at_call[p], params.grads[p])) << g.params[p].name << " was named before its end";
+      EXPECT_EQ(after[p], first_user[p]) << g.params[p].name;
+    }
+    EXPECT_GT(trainable, 10);
+    EXPECT_GT(calls, 5);  // during the sweep, layer by layer, not once at its end
+    EXPECT_EQ(after[static_cast<size_t>(tied)], first_user[static_cast<size_t>(tied)]);
+  }
+}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Data parallel over MPI (docs/distributed.md): with the ordered reduction, N = 1, 2, 3
 # ranks give bitwise the weights of one process accumulating the same micro-batches,
-# after 5 steps, under every checkpoint policy; --reduce fast runs; a config that differs
+# after 5 steps, under every checkpoint policy, with the buckets of the reduction
+# overlapped with the backward sweep or not; --reduce fast runs; a config that differs
 # between ranks is an error naming the rank. Exits 77 (skipped) without mpirun.
 # Usage: test_mpi.sh REMAT_BINARY MPIRUN
 set -uo pipefail
@@ -27,6 +28,37 @@ for policy in none all every:2 sqrt selective; do
     fi
   done
 done
+# Buckets reduced during the backward sweep (--overlap on, the default; here a bucket per
+# parameter or two, --bucket-kib 1) give the bits of the reduction after it (--overlap
+# off): 2 and 3 ranks (3 and 2 rounds of micro-batches), the tied embedding's bucket last.
+for n in 2 3; do
+  for overlap in on off; do
+    out="$dir/overlap${n}_$overlap"
+    if ! "$mpirun" -np "$n" "$remat" "${train[@]}" --policy sqrt --overlap "$overlap" --bucket-kib 1 --out "$out"; then
+      echo "FAIL: mpirun -np $n --overlap $overlap: the run failed"
+      fail=1
+    fi
+  done
+  if cmp -s "$dir/ref_sqrt/checkpoint/model.safetensors" "$dir/overlap${n}_on/checkpoint/model.safetensors" &&
+    cmp -s "$dir/overlap${n}_off/checkpoint/model.safetensors" "$dir/overlap${n}_on/checkpoint/model.safetensors" &&
+    cmp -s "$dir/overlap${n}_off/checkpoint/optimizer.safetensors" "$dir/overlap${n}_on/checkpoint/optimizer.safetensors"; then
+    echo "ok: $n ranks, buckets overlapped with backward: bitwise the reduction after it and one process"
+  else
+    echo "FAIL: $n ranks: --overlap on and off give different weights"
+    fail=1
+  fi
+done
+# The fast reduction's all-reduce per bucket: on 2 ranks each element is a + b either way.
+for overlap in on off; do
+  "$mpirun" -np 2 "$remat" "${train[@]}" --reduce fast --overlap "$overlap" --bucket-kib 1 --out "$dir/fast_$overlap" ||
+    fail=1
+done
+if cmp -s "$dir/fast_on/checkpoint/model.safetensors" "$dir/fast_off/checkpoint/model.safetensors"; then
+  echo "ok: --reduce fast on 2 ranks, overlapped or not: the same weights"
+else
+  echo "FAIL: --reduce fast on 2 ranks: --overlap on and off differ"
+  fail=1
+fi
 # The same on cuda-emu (the CUDA backend's kernels on the emulator; gradients reach MPI
 # through host copies), where this remat has it.
 emu=(train "$dir/tiny.json" --device cuda-emu --quiet --steps 2 --policy sqrt)
@@ -55,11 +87,12 @@ else
   fail=1
 fi
 # The progress line reports communication; only rank 0 prints.
-log=$("$mpirun" -np 2 "$remat" train "$dir/tiny.json" --device cpu --steps 2 2>&1) || fail=1
+log=$("$mpirun" -np 2 "$remat" train "$dir/tiny.json" --device cpu --steps 2 --bucket-kib 1 2>&1) || fail=1
 if [[ $(grep -c '^step 2/2' <<<"$log") == 1 && $(grep -c '^done' <<<"$log") == 1 &&
-  $(grep -c 'comm .* ms' <<<"$log") -ge 1 ]] &&
-  grep -q '^communication: 2 ranks' <<<"$log"; then
-  echo "ok: rank 0 alone logs, with communication bytes and time"
+  $(grep -c 'comm .* ms, [0-9]*% hidden' <<<"$log") -ge 1 ]] &&
+  grep -q 'on 2 ranks (mpi, reduction ordered, overlapped with backward in [0-9]* buckets)' <<<"$log" &&
+  grep -Eq '^communication: 2 ranks, .* ms of it waited for \([0-9]+% hidden' <<<"$log"; then
+  echo "ok: rank 0 alone logs, with communication bytes, time and the part hidden behind backward"
 else
   echo "FAIL: the 2-rank log:"
   echo "$log"

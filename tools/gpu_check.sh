@@ -19,8 +19,12 @@
 #                 packages tools/gpu_deps.sh gathered, without the CUDA emulator
 #   build    150  the remat command and the GPU test binaries (test_*gpu*), on every core
 #   device     5  fatal: `remat info` sees cuda:0 (the runtime's own verdict, error 35 included)
-#   ctest     60  `ctest -L gpu`; fails when a test fails, or any is skipped (no GPU)
-#   bench     30  `remat bench kernels` (GB/s and % of peak; GEMM TFLOP/s)
+#   ctest     60  `ctest -L gpu -LE mpi`; fails when a test fails, or any is skipped (no GPU)
+#   nccl      10  the build has NCCL and test_nccl_gpu passes (one rank: the communicator, the
+#                 collectives on the backend's stream, the reducer bitwise the local fold);
+#                 then, where mpirun and MPI are there, `mpirun -np 1 remat train` on cuda
+#                 bitwise one process (tests/test_mpi_nccl.sh); skipped, saying so, otherwise
+#   bench     20  `remat bench kernels` (GB/s and % of peak; GEMM TFLOP/s)
 #   train_gpt2_124m_{none,sqrt,selective}  25 each: 30 steps (step time, peak memory), TF32 GEMMs
 #   torch     30  the same GPT-2 step in PyTorch eager on the same GPU (tools/torch_reference.py)
 #   train_resnet_tiny_{none,sqrt,selective}  10 each
@@ -54,7 +58,7 @@
 #   GPU_CHECK_DEVICE     device of the kernel benchmarks [cuda / cuda-emu]
 #   GPU_CHECK_TRAIN_DEVICE device of the training runs; PyTorch uses cuda when it is cuda* [$GPU_CHECK_DEVICE]
 #   GPU_CHECK_BENCH_ARGS more `remat bench kernels` arguments [ / small sizes]
-#   GPU_CHECK_CTEST_ARGS the ctest selection [-L gpu / two small emulator tests]
+#   GPU_CHECK_CTEST_ARGS the ctest selection [-L gpu -LE mpi / two small emulator tests]
 #   GPU_CHECK_MODELS     model configs: names in models/ or paths [gpt2_124m resnet_tiny / tiny ones]
 #   GPU_CHECK_POLICIES   checkpoint policies [none sqrt selective]
 #   GPU_CHECK_STEPS      training steps per run [30 / 2]
@@ -89,7 +93,7 @@ read -r -a models <<<"${GPU_CHECK_MODELS:-$(dry "tests/configs/gpt_char_tiny.jso
 read -r -a policies <<<"${GPU_CHECK_POLICIES:-none sqrt selective}"
 read -r -a cmake_args <<<"${GPU_CHECK_CMAKE_ARGS:-}"
 read -r -a bench_args <<<"${GPU_CHECK_BENCH_ARGS:-$(dry "--elements 4096 --gemm-size 16 --iters 1 --warmup 1" "")}"
-read -r -a ctest_args <<<"${GPU_CHECK_CTEST_ARGS:-$(dry "-L kernels -R ^(bench_kernels_smoke|Emu.*Shuffle.*)$" "-L gpu")}"
+read -r -a ctest_args <<<"${GPU_CHECK_CTEST_ARGS:-$(dry "-L kernels -R ^(bench_kernels_smoke|Emu.*Shuffle.*)$" "-L gpu -LE mpi")}"
 read -r -a train_args <<<"${GPU_CHECK_TRAIN_ARGS:-$(dry "--batch 2" "")}"
 steps=${GPU_CHECK_STEPS:-$(dry 2 30)}
 torch_model=${GPU_CHECK_TORCH_MODEL:-$(dry gpt_char_tiny gpt2_124m)}
@@ -146,7 +150,8 @@ add_plan configure 30
 add_plan build 150
 add_plan device 5
 add_plan ctest 60
-add_plan bench 30
+add_plan nccl 10
+add_plan bench 20
 torch_added=0
 for m in "${models[@]}"; do
   for p in "${policies[@]}"; do add_plan "train_$(model_name "$m")_$p" "$(train_budget "$m")"; done
@@ -302,14 +307,68 @@ configure() {
     grep -E '^(REMAT_EMU|REMAT_CUDA|CMAKE_BUILD_TYPE):' "$build/CMakeCache.txt"
     return 0
   fi
-  local args=(--preset "$preset" -DREMAT_EMU=OFF)
+  local args=(--preset "$preset" -DREMAT_EMU=OFF) nccl
   [[ -n $cuda ]] && args+=("-DCMAKE_CUDA_COMPILER=$cuda/bin/nvcc" "-DCUDAToolkit_ROOT=$cuda")
+  if nccl=$(nccl_root); then
+    echo "gpu_check: NCCL in $nccl"
+    args+=("-DNCCL_ROOT=$nccl")
+  else
+    echo "gpu_check: no NCCL (nccl.h) under the toolkit nor in $python's nvidia packages: built without it"
+  fi
   if [[ -d $deps/usr ]]; then
     args+=("-DREMAT_DEPS_PREFIX=$(realpath "$deps")")
   else
     echo "gpu_check: no $deps (tools/gpu_deps.sh); using the system's packages"
   fi
   cmake "${args[@]}" "${cmake_args[@]}"
+}
+
+# NCCL's folder (include/nccl.h, lib/libnccl.so*): the toolkit's, else a pip wheel's
+# (nvidia-nccl-cu*: nvidia/nccl/include, nvidia/nccl/lib) in the Python's packages.
+nccl_root() {
+  [[ -n $cuda && -f $cuda/include/nccl.h ]] && { echo "$cuda"; return 0; }
+  local code h
+  code='import glob, os, site, sys
+for d in site.getsitepackages() + [site.getusersitepackages()] + sys.path:
+    for h in sorted(glob.glob(os.path.join(d, "nvidia", "**", "include", "nccl.h"), recursive=True)):
+        print(os.path.dirname(os.path.dirname(h)))
+        sys.exit(0)
+sys.exit(1)'
+  h=$("$python" -c "$code" 2>/dev/null) || return 1
+  [[ -n $h ]] && echo "$h"
+}
+
+# The NCCL path (docs/distributed.md): this build has NCCL, its one-rank tests pass (the
+# dry run: they are built; they skip without a GPU), then mpirun -np 1 on the GPU against
+# one process where mpirun and MPI are there (the dry run: on cuda-emu, through the host).
+nccl_check() {
+  local info out rc
+  info=$("$build/remat" info 2>&1)
+  grep -E '^  (MPI|NCCL) ' <<<"$info"
+  if ((!dry_run)) && ! grep -Eq '^  NCCL +[0-9]' <<<"$info"; then
+    echo "FAIL: this build has no NCCL: no nccl.h and libnccl under the toolkit or in the Python's nvidia packages"
+    return 1
+  fi
+  [[ -x $build/tests/test_nccl_gpu ]] || { echo "FAIL: $build/tests/test_nccl_gpu is not built"; return 1; }
+  out=$("$build/tests/test_nccl_gpu" --gtest_brief=1 2>&1)
+  rc=$?
+  echo "$out"
+  ((rc == 0)) || { echo "FAIL: test_nccl_gpu failed"; return 1; }
+  if ((!dry_run)) && ! grep -Eq '^\[  PASSED  \] 3 tests' <<<"$out"; then
+    echo "FAIL: test_nccl_gpu did not pass its 3 tests (skipped on a GPU machine?)"
+    return 1
+  fi
+  if ! command -v mpirun >/dev/null 2>&1; then
+    echo "SKIPPED (mpirun part): no mpirun on this machine; the one-rank NCCL path ran above (test_nccl_gpu)"
+    return 0
+  fi
+  MPI_NCCL_QUICK=1 bash tests/test_mpi_nccl.sh "$build/remat" mpirun "$(dry cuda-emu cuda)"
+  rc=$?
+  if ((rc == 77)); then
+    echo "SKIPPED (mpirun part): see the line above; the one-rank NCCL path ran above (test_nccl_gpu)"
+    return 0
+  fi
+  return "$rc"
 }
 
 # The GPU test binaries: the build's test_*gpu* targets (test_backend_ops_gpu,
@@ -585,6 +644,7 @@ stage configure configure
 stage build build_targets
 fatal_stage device device_check
 stage ctest ctest_run
+stage nccl nccl_check
 stage bench "$build/remat" bench kernels --device "$device" --json "$work/bench_kernels.json" "${bench_args[@]}"
 torch_args=(time "$work/configs/$torch_model.json" --steps "$torch_steps" --json "$work/torch_$torch_model.json")
 if [[ $train_device == cuda* && $train_device != cuda-emu ]]; then

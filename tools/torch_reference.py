@@ -5,10 +5,10 @@ the same parameter full names (docs/config.md), built from the same JSON.
 Run with Debian's Python (python3-torch):
 
     /usr/bin/python3 tools/torch_reference.py golden tests/configs/gpt_char_tiny.json
-    /usr/bin/python3 tools/torch_reference.py curve --run RUN_DIR [--steps N]
+    /usr/bin/python3 tools/torch_reference.py curve --run RUN_DIR [--steps N] [--precision bf16]
     /usr/bin/python3 tools/torch_reference.py eval --run RUN_DIR
     /usr/bin/python3 tools/torch_reference.py time CONFIG [--steps N] [--threads 2] [--remat-run DIR]
-                                                [--device cuda [--tf32]]
+                                                [--device cuda [--tf32]] [--precision bf16]
     /usr/bin/python3 tools/torch_reference.py derive CONFIG OUT.json training.log_every=1 dropout=0
 
 golden  One training-mode forward and backward of a tiny config on a fixed batch, with
@@ -79,7 +79,7 @@ SECTION_DEFAULTS = {
     "schedule": {"type": "constant", "warmup_steps": 0, "min_lr_ratio": 0.0, "step_size": 1000, "gamma": 0.1},
     "training": {"batch": 32, "steps": 0, "epochs": 0, "seed": 0, "policy": "none", "log_every": 10,
                  "eval_every": 0, "eval_batches": 0, "checkpoint_every": 0, "sample_every": 0,
-                 "sample_length": 200},
+                 "sample_length": 200, "micro_batch": 0, "shard_optimizer": False, "precision": "fp32"},
 }
 
 
@@ -414,6 +414,8 @@ class Graph:
 
     def _apply(self, n, ins, p, training):
         c, t, x = n.cfg, n.type, ins[0]
+        if t in ("batchnorm2d", "layernorm") and x.is_floating_point() and x.dtype != p[0].dtype:
+            x = x.to(p[0].dtype)  # under autocast: norms in fp32, as CUDA autocast runs them (CPU's 1.13 fails)
         if t == "linear":
             return F.linear(x, p[0], p[1] if c["bias"] else None)
         if t == "conv2d":
@@ -743,8 +745,12 @@ def make_optimizer(cfg, g, w):
 class Trainer:
     """One training step as remat's loop: zero grads, forward, backward, clipping, lr, update."""
 
-    def __init__(self, cfg, g, w, total):
+    def __init__(self, cfg, g, w, total, precision="fp32", device_type="cpu"):
         self.cfg, self.g, self.w, self.total = cfg, g, w, total
+        # bf16: PyTorch's autocast (its GEMMs and convolutions in bf16, fp32 weights,
+        # gradients and optimizer state): the mixed precision a PyTorch user would run.
+        self.bf16 = precision == "bf16"
+        self.device_type = device_type
         for n, p in g.params.items():
             w[n].requires_grad_(p.trainable)
         self.trainable = [w[n] for n, p in g.params.items() if p.trainable]
@@ -754,7 +760,9 @@ class Trainer:
     def step(self, x, y):
         for t in self.trainable:
             t.grad = None
-        loss, _ = self.g.forward(self.w, x, y, training=True)
+        with torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.bf16):
+            loss, _ = self.g.forward(self.w, x, y, training=True)
+        loss = loss.float()
         loss.backward()
         self.step_no += 1
         clip = float(self.cfg["optimizer"]["grad_clip"])
@@ -851,7 +859,7 @@ def cmd_curve(a):
     w = load_weights(a.weights or os.path.join(a.run, "init.safetensors"), g)
     total = total_steps(cfg, data)
     steps = min(a.steps or total, total)
-    tr = Trainer(cfg, g, w, total)
+    tr = Trainer(cfg, g, w, total, a.precision or cfg["training"]["precision"])
     ref, _ = _read_metrics(os.path.join(a.run, "metrics.jsonl"))
     out = open(a.out, "w") if a.out else None
     worst, worst_step, diffs = 0.0, 0, []
@@ -940,7 +948,7 @@ def cmd_time(a):
     w = load_weights(a.weights, g) if a.weights else g.init_params("remat", 0)
     w = {n: t.to(dev) for n, t in w.items()}  # tied parameters share a name, so stay one tensor
     total = max(total_steps(cfg, data), a.steps + 1)
-    tr = Trainer(cfg, g, w, total)
+    tr = Trainer(cfg, g, w, total, a.precision, dev.type)
     times = []
     for k in range(a.steps + 1):
         t0 = time.perf_counter()
@@ -953,6 +961,8 @@ def cmd_time(a):
             times.append(ms)
     med = statistics.median(times)
     where = f"{a.threads} threads" if dev.type == "cpu" else a.device + (" (TF32)" if a.tf32 else "")
+    if a.precision == "bf16":
+        where += ", autocast bf16"
     print(f"twin {cfg['name'] or a.config}: batch {batch}, {where}: median {med:.2f} ms/step over "
           f"{len(times)} steps (mean {statistics.mean(times):.2f}, min {min(times):.2f})")
     for run in a.remat_run or []:
@@ -966,7 +976,8 @@ def cmd_time(a):
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"config": a.config, "batch": batch, "threads": a.threads, "device": a.device,
-                       "tf32": bool(a.tf32 and dev.type == "cuda"), "median_ms": med, "ms": times}, f)
+                       "tf32": bool(a.tf32 and dev.type == "cuda"), "precision": a.precision, "median_ms": med,
+                       "ms": times}, f)
 
 
 def _set_path(obj, dotted, value):
@@ -1026,6 +1037,9 @@ def main(argv):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", help="write per-step losses (JSON lines)")
     p.add_argument("--max-rel", type=float, help="fail when the max relative loss difference exceeds this")
+    p.add_argument("--precision", choices=("fp32", "bf16"),
+                   help="bf16: the twin under torch.autocast (CPU, bfloat16), fp32 weights and optimizer "
+                        "(default: the run's training.precision)")
     p.add_argument("--verbose", action="store_true")
     p.set_defaults(fn=cmd_curve)
     p = sub.add_parser("eval", help="evaluation loss of a remat run's final weights")
@@ -1042,6 +1056,8 @@ def main(argv):
     p.add_argument("--remat-run", action="append", help="remat run folder(s) to compare (median step_ms)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     p.add_argument("--tf32", action="store_true", help="on cuda: TF32 matrix products (default fp32)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: torch.autocast with bfloat16 on the device (fp32 weights and optimizer)")
     p.add_argument("--json")
     p.set_defaults(fn=cmd_time)
     p = sub.add_parser("derive", help="write a config with overrides")

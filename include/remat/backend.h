@@ -103,6 +103,9 @@ class Backend {
   // Waits until every op enqueued so far has finished (a no-op where ops run
   // synchronously).
   virtual void synchronize() {}
+  // The queue the ops run on, for a library that enqueues beside them (NCCL's
+  // collectives): the cudaStream_t of a CUDA device; nullptr where ops run synchronously.
+  virtual void* native_stream() const { return nullptr; }
   // Milliseconds one run of `body` (ops on this backend) takes by the device's clock: CUDA
   // events on a GPU; the host clock between two synchronize() calls elsewhere.
   virtual double time_ms(const std::function<void()>& body);
@@ -135,6 +138,35 @@ class Backend {
     (void)bytes;
     return 0;
   }
+
+  // ---- Global-memory traffic per kernel (the CUDA emulator) ---------------------------
+  // A warp access is one instruction executed by the lanes of a warp; its requested bytes
+  // are the distinct bytes its lanes asked for, its sectors the distinct 32-byte sectors
+  // those bytes lie in (what a GPU's memory system moves). Coalescing efficiency =
+  // requested bytes / (32 x sectors). Only cuda-emu counts, for kernels compiled with the
+  // emulator's instrumentation (docs/kernels.md, "Coalescing").
+  struct KernelTraffic {
+    std::string kernel;  // as written at its launch
+    int64_t launches = 0;
+    int64_t warp_accesses = 0;
+    int64_t requested_bytes = 0;
+    int64_t sectors = 0;
+    // The instruction that wasted the most sector bytes ("<module>+0x<offset>") and its
+    // own efficiency; empty when none wasted any.
+    std::string worst_site;
+    double worst_site_efficiency = 1.0;
+    double efficiency() const {
+      return sectors > 0 ? static_cast<double>(requested_bytes) / (32.0 * static_cast<double>(sectors)) : 0.0;
+    }
+  };
+  // Starts (true) or stops counting; returns false, changing nothing, where the backend
+  // cannot count (every backend but cuda-emu over instrumented kernels).
+  virtual bool count_traffic(bool on) {
+    (void)on;
+    return false;
+  }
+  // The kernels counted since the last call, in name order; clears the counts.
+  virtual std::vector<KernelTraffic> take_traffic() { return {}; }
 
  protected:
   // Called by every public op before its *_impl: a backend makes its device current here

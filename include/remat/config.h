@@ -106,6 +106,10 @@ struct TrainingConfig {
   // Not a config key: the data-parallel ranks a step is profiled and planned for, one
   // rank's step (the trainer sets mpirun's rank count; memprof and plan take --ranks).
   int ranks = 1;
+  // Not a config key: the reduction exchanges gradients on the device (NCCL on cuda:N):
+  // each rank holds two flat gradient-sized buffers and a shard of one on the device
+  // (docs/distributed.md), which the profile counts too.
+  bool device_collectives = false;
   int64_t epochs = 0;  // one of epochs / steps; steps wins when both are given
   int64_t steps = 0;
   uint64_t seed = 0;

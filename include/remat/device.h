@@ -1,7 +1,7 @@
 // Devices: cpu, cuda:N (when built with CUDA and a driver and GPU exist), meta (no
 // data; every allocation is still accounted, so plans can be profiled without memory) and
 // cuda-emu: remat's CUDA backend with its real kernels run on the CUDA emulator
-// (kernels/emu) over host memory, for machines without a GPU. cuda-emu exists in programs
+// (kernels/emu) over the emulator's device memory, for machines without a GPU. cuda-emu exists in programs
 // that link remat_cuda_emu and call register_cuda_emu_backend() (the remat command and
 // the tests do).
 #pragma once
@@ -30,8 +30,10 @@ struct Device {
   bool is_cuda() const { return type == DeviceType::cuda; }
   bool is_meta() const { return type == DeviceType::meta; }
   bool is_cuda_emu() const { return type == DeviceType::cuda_emu; }
-  // Its memory is host memory (cpu, cuda-emu): copies and fills are plain memory operations.
-  bool host_memory() const { return type == DeviceType::cpu || type == DeviceType::cuda_emu; }
+  // Its memory is host memory (cpu): host code may read and write it. A GPU's is not, and
+  // neither is the emulated GPU's (cuda-emu: the emulator's protected cudaMalloc arena);
+  // their copies and fills go through their device kind (device_registry.h).
+  bool host_memory() const { return type == DeviceType::cpu; }
   bool operator==(const Device& o) const { return type == o.type && index == o.index; }
   bool operator!=(const Device& o) const { return !(*this == o); }
 };

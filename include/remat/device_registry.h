@@ -5,6 +5,8 @@
 // name no backend: the allocator takes its raw allocator from here, backend_for its backend.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -25,6 +27,13 @@ struct DeviceKind {
   std::unique_ptr<RawAllocator> (*make_raw_allocator)(Device d) = nullptr;
   // The backend that runs ops on the device (called once per device).
   std::unique_ptr<Backend> (*make_backend)(Device d) = nullptr;
+  // Moving data in and out of memory that host code cannot address (a GPU's, the emulated
+  // GPU's): Tensor's copies, fills and zeroing go through these. Null for host memory
+  // (cpu), which Tensor reads and writes itself. `copy` moves `bytes` between memory of
+  // this kind and host memory or memory of this kind (one side at least of this kind).
+  void (*copy)(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) = nullptr;
+  void (*fill_f32)(float* dst, Device d, int64_t n, float value) = nullptr;
+  void (*zero)(void* dst, Device d, size_t bytes) = nullptr;
   // Adds the library versions this kind was built with to `remat info`'s report; optional.
   void (*describe)(BuildInfo& info) = nullptr;
   // One line for `remat info` when the kind is usable; optional.

@@ -128,6 +128,12 @@ struct ExecOptions {
   // Called before (begin = true) and after each layer's forward, recompute and backward
   // (the memory profiler draws these as spans).
   std::function<void(int layer, Phase phase, bool begin)> on_layer;
+  // Called in backward as soon as parameters' gradients are final for the step, with their
+  // indices into ParamStore::grads: after the backward of the first layer (in graph order)
+  // that uses them, so a parameter shared by several layers (a tied embedding and LM head)
+  // comes after its last use. Every trainable parameter is named once per train_step. The
+  // trainer's data-parallel reducer starts reducing a bucket there (docs/distributed.md).
+  std::function<void(const std::vector<int>& params)> on_grads_final;
 };
 
 struct StepStats {
@@ -164,6 +170,8 @@ class Executor {
   Tensor evaluate(const Batch& batch, float* loss);
 
   const CheckpointPlan& plan() const { return plan_; }
+  // Sets ExecOptions::on_grads_final after construction (an empty function: none).
+  void set_on_grads_final(std::function<void(const std::vector<int>& params)> hook);
 
  private:
   // What the plan means for one layer's products, worked out once (the constructor).
@@ -204,6 +212,7 @@ class Executor {
   ExecOptions opt_;
 
   PerLayer<Lifetime> life_;
+  PerLayer<std::vector<int>> grads_final_;  // per layer: parameters whose gradients its backward completes
   PerLayer<Live> live_;
   std::vector<bool> recomputed_;                    // per segment, this step
   std::map<std::pair<int, int>, uint64_t> hashes_;  // (layer, product: -1 output) -> hash

@@ -41,6 +41,7 @@ struct StepProfile {
   bool shard_optimizer = false;     // ZeRO-1 optimizer state
   int64_t peak_bytes = 0;           // peak allocated during the step
   CategoryCounts peak_by_category;  // split of that peak
+  CategoryCounts category_peaks;    // each category's own high-water mark in the step (e.g. activations)
   int64_t peak_reserved_bytes = 0;
   double forward_flops = 0, backward_flops = 0, recompute_flops = 0, optimizer_flops = 0;
   double step_flops() const { return forward_flops + backward_flops + recompute_flops + optimizer_flops; }

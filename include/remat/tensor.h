@@ -110,11 +110,4 @@ class Tensor {
   size_t offset_ = 0;  // bytes into storage
 };
 
-namespace detail {
-// Device memory primitives (src/backends/cuda); only called when a cuda tensor is involved
-// (cuda-emu counts as host memory).
-void device_memcpy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
-void device_fill_f32(float* dst, Device dev, int64_t n, float value);
-}  // namespace detail
-
 }  // namespace remat

@@ -26,6 +26,10 @@ struct TrainOptions {
   int64_t micro_batch = -1;        // -1 = the config's training.micro_batch; 0 = the whole batch
   std::string reduce = "ordered";  // data parallel: "ordered" (bitwise for any rank count) or "fast"
   bool shard_optimizer = false;    // sets training.shard_optimizer (ZeRO-1)
+  // Data parallel on cpu: reduce buckets of gradients during the backward sweep (the same
+  // bits as after it; docs/distributed.md), each bucket closing at bucket_kib KiB.
+  bool overlap = true;
+  int64_t bucket_kib = 512;
   int64_t seed = -1;
   std::string out;                 // run folder: checkpoint/, metrics.jsonl, config.json, memory.html
   std::string resume;              // run folder to resume from
@@ -44,11 +48,11 @@ struct TrainOptions {
 };
 
 struct TrainResult {
-  int64_t steps = 0;
-  int ranks = 1;           // data-parallel ranks of the run
-  int64_t comm_bytes = 0;  // sent by this rank in the steps of this call (docs/distributed.md)
-  double comm_ms =
-      0;  // spent in collectives in the steps of this call  // total steps done (including those before a resume)
+  int64_t steps = 0;        // total steps done (including those before a resume)
+  int ranks = 1;            // data-parallel ranks of the run
+  int64_t comm_bytes = 0;   // sent by this rank in the steps of this call (docs/distributed.md)
+  double comm_ms = 0;       // with collectives in flight, in the steps of this call
+  double comm_wait_ms = 0;  // of which blocked in them (comm_ms - comm_wait_ms: hidden behind backward)
   float last_loss = 0.0f;
   std::vector<float> losses;  // of the steps run in this call
   double eval_loss = 0.0;

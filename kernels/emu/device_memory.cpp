@@ -1,25 +1,40 @@
-// The emulated GPU's memory: every cudaMalloc is a mapping of its own that host code
-// cannot touch. Its pages are readable and writable only while an emulated call that a
-// GPU would run on the device is in progress (a kernel, a copy, a memset, a cuBLAS call:
-// a DeviceAccess section); outside those sections they are PROT_NONE, so host code that
-// dereferences a device pointer faults here as it does on a GPU, with a message naming the
-// allocation. The allocation ends just before a page that is never accessible, so a kernel
-// that runs past the end of an allocation faults too (and under AddressSanitizer the bytes
-// between the end and that page are poisoned, so one element past the end is caught).
+// The emulated GPU's memory: one reserved arena of address space (PROT_NONE, no memory
+// committed), from which every cudaMalloc takes whole pages followed by a guard page that
+// is never accessible. Host code cannot touch it: an allocation's pages become readable
+// and writable only while an emulated call that a GPU would run on the device is in
+// progress (a kernel, a copy, a memset, a cuBLAS call: a DeviceAccess section), so host
+// code that dereferences a device pointer faults here as it does on a GPU, with a message
+// naming the allocation.
 //
-// REMAT_EMU_PROTECT_DEVICE_MEMORY=0 maps the memory read-write for good (for debugging
-// with tools that cannot step over the faults).
+// Opening is lazy: a section changes no protection when it opens. The first access of the
+// section to an allocation faults; the SIGSEGV handler sees the open section and the live
+// allocation that holds the address, makes that allocation's pages accessible (one
+// mprotect) and returns, and the access runs again. When the last section closes, the
+// allocations it opened go back to PROT_NONE (one mprotect each). So a section costs in
+// proportion to the allocations it touches, not to the arena; the guard pages and the
+// arena's free pages stay inaccessible inside sections too, so a kernel that runs past the
+// end of an allocation, or into freed memory, faults (and under AddressSanitizer the bytes
+// between an allocation's end and its guard page are poisoned, so one element past the end
+// is caught).
+//
+// REMAT_EMU_PROTECT_DEVICE_MEMORY=0 leaves allocations readable and writable for good (for
+// debugging with tools that stop at every SIGSEGV; the guard pages stay).
+// REMAT_EMU_DEVICE_MEMORY_MIB=<n> sets the size of the device (default: the machine's
+// physical memory, as cudaMemGetInfo reports it).
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <iterator>
 #include <map>
 #include <mutex>
+#include <set>
+#include <utility>
+#include <vector>
 
 #include "kernels/emu/emu.h"
 
@@ -33,48 +48,40 @@ namespace {
 
 constexpr size_t kAlign = 256;  // cudaMalloc's alignment
 
-struct Mapping {
-  char* base;         // the mapping: data pages, then one guard page
-  size_t map_bytes;   // data pages + guard page
-  size_t data_pages;  // bytes of the pages that hold the allocation
-  size_t bytes;       // what the caller asked for
+struct Allocation {
+  size_t offset = 0;      // of its first data page in the arena
+  size_t data_pages = 0;  // bytes of the pages that hold it (its guard page follows)
+  size_t bytes = 0;       // what the caller asked for
+  bool open = false;      // accessible in the sections now open
+  uintptr_t user(const char* base) const {
+    return reinterpret_cast<uintptr_t>(base) + offset + data_pages - (bytes + kAlign - 1) / kAlign * kAlign;
+  }
 };
 
-std::mutex g_mutex;                          // guards everything below
-std::map<uintptr_t, Mapping> g_allocations;  // by the address cudaMalloc returned
-int g_open_sections = 0;                     // DeviceAccess sections now open
-bool g_protect = true;                       // REMAT_EMU_PROTECT_DEVICE_MEMORY
+std::mutex g_mutex;                  // guards everything below
+thread_local bool t_locked = false;  // this thread holds g_mutex (the fault handler must not wait for it)
+struct Lock {
+  std::lock_guard<std::mutex> guard{g_mutex};
+  Lock() { t_locked = true; }
+  ~Lock() { t_locked = false; }
+};
+
+char* g_base = nullptr;                      // the arena
+size_t g_size = 0;                           // its bytes (the device's memory)
+size_t g_top = 0;                            // bytes ever handed out from its start (allocations and their guards)
+size_t g_in_use = 0;                         // bytes of live allocations' pages, guards included
+std::map<size_t, Allocation> g_allocations;  // by offset
+std::map<size_t, size_t> g_free;             // free ranges below g_top: offset -> bytes (coalesced)
+std::set<std::pair<size_t, size_t>> g_free_by_size;  // (bytes, offset) of the same ranges
+std::vector<size_t> g_opened;                        // offsets of the allocations open now
+int g_open_sections = 0;                             // DeviceAccess sections now open
+bool g_protect = true;                               // REMAT_EMU_PROTECT_DEVICE_MEMORY
 bool g_configured = false;
 struct sigaction g_previous_segv {};
-bool g_handler_installed = false;
 
 size_t page_size() {
   static const size_t p = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   return p;
-}
-
-void configure_locked() {
-  if (g_configured) return;
-  g_configured = true;
-  const char* v = std::getenv("REMAT_EMU_PROTECT_DEVICE_MEMORY");
-  g_protect = !(v && std::strcmp(v, "0") == 0);
-}
-
-void set_access_locked(const Mapping& m, bool open) {
-  if (mprotect(m.base, m.data_pages, open ? PROT_READ | PROT_WRITE : PROT_NONE) != 0) {
-    std::fprintf(stderr, "cuda-emu: mprotect of device memory failed: %s\n", std::strerror(errno));
-    std::abort();
-  }
-}
-
-// The allocation that holds `addr` or whose guard page holds it (null: none).
-const Mapping* find_locked(uintptr_t addr) {
-  auto it = g_allocations.upper_bound(addr);
-  if (it == g_allocations.begin()) return nullptr;
-  --it;
-  const Mapping& m = it->second;
-  const auto base = reinterpret_cast<uintptr_t>(m.base);
-  return addr >= base && addr < base + m.map_bytes ? &m : nullptr;
 }
 
 void write_all(const char* s) {
@@ -87,33 +94,154 @@ void write_all(const char* s) {
   }
 }
 
-// Explains a fault in device memory, then lets it take its course: the previous handler
+[[noreturn]] void die(const char* what) {
+  char msg[256];
+  std::snprintf(msg, sizeof msg, "cuda-emu: %s failed: %s\n", what, std::strerror(errno));
+  write_all(msg);
+  std::abort();
+}
+
+void set_access_locked(const Allocation& a, bool open) {
+  if (mprotect(g_base + a.offset, a.data_pages, open ? PROT_READ | PROT_WRITE : PROT_NONE) != 0)
+    die("mprotect of device memory");
+}
+
+// The allocation whose data pages or guard page hold arena offset `off` (null: none).
+Allocation* find_locked(size_t off) {
+  auto it = g_allocations.upper_bound(off);
+  if (it == g_allocations.begin()) return nullptr;
+  --it;
+  Allocation& a = it->second;
+  return off < a.offset + a.data_pages + page_size() ? &a : nullptr;
+}
+
+void on_segv(int sig, siginfo_t* info, void* context);
+
+void configure_locked() {
+  if (g_configured) return;
+  g_configured = true;
+  const char* v = std::getenv("REMAT_EMU_PROTECT_DEVICE_MEMORY");
+  g_protect = !(v && std::strcmp(v, "0") == 0);
+  const size_t page = page_size();
+  size_t size = static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * page;
+  if (const char* mib = std::getenv("REMAT_EMU_DEVICE_MEMORY_MIB"); mib && *mib) {
+    char* end = nullptr;
+    const unsigned long long m = std::strtoull(mib, &end, 10);
+    if (end && *end == 0 && m > 0) {
+      size = static_cast<size_t>(m) << 20;
+    } else {
+      std::fprintf(stderr, "REMAT_EMU_DEVICE_MEMORY_MIB=%s: want a positive number of MiB; using %zu MiB\n", mib,
+                   size >> 20);
+    }
+  }
+  size = (size + page - 1) / page * page;
+  // Address space only: no memory is committed until pages are written.
+  void* p = MAP_FAILED;
+  while (p == MAP_FAILED && size >= (size_t{256} << 20)) {
+    p = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) size /= 2;
+  }
+  if (p == MAP_FAILED) die("reserving the emulated device's memory (mmap)");
+  g_base = static_cast<char*>(p);
+  g_size = size;
+  g_opened.reserve(4096);  // the fault handler appends to it: rarely an allocation there
+  struct sigaction sa {};
+  sa.sa_sigaction = on_segv;
+  sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGSEGV, &sa, &g_previous_segv);
+}
+
+void add_free_locked(size_t off, size_t bytes) {
+  auto next = g_free.lower_bound(off);
+  if (next != g_free.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == off) {
+      g_free_by_size.erase({prev->second, prev->first});
+      off = prev->first;
+      bytes += prev->second;
+      g_free.erase(prev);
+    }
+  }
+  if (next != g_free.end() && off + bytes == next->first) {
+    g_free_by_size.erase({next->second, next->first});
+    bytes += next->second;
+    g_free.erase(next);
+  }
+  if (off + bytes == g_top) {  // the end of the used part moves back
+    g_top = off;
+    return;
+  }
+  g_free[off] = bytes;
+  g_free_by_size.insert({bytes, off});
+}
+
+// Offset of `bytes` (a page multiple) of free arena; g_size when the device is full.
+size_t take_locked(size_t bytes) {
+  auto it = g_free_by_size.lower_bound({bytes, 0});
+  if (it != g_free_by_size.end()) {  // the smallest free range that fits
+    const auto [len, off] = *it;
+    g_free_by_size.erase(it);
+    g_free.erase(off);
+    if (len > bytes) {
+      g_free[off + bytes] = len - bytes;
+      g_free_by_size.insert({len - bytes, off + bytes});
+    }
+    return off;
+  }
+  if (g_size - g_top < bytes) return g_size;
+  const size_t off = g_top;
+  g_top += bytes;
+  return off;
+}
+
+// Explains a fault in the arena, then lets it take its course: the previous handler
 // (AddressSanitizer's report, a debugger's) or the default action (the process ends with
-// SIGSEGV). No lock: the process is about to end, and the map is not changed while a
-// section that could fault is open.
+// SIGSEGV). Inside an open section, a fault on a live allocation's data pages opens the
+// allocation and returns: the access runs again.
 void on_segv(int sig, siginfo_t* info, void* context) {
   const auto addr = reinterpret_cast<uintptr_t>(info->si_addr);
-  const Mapping* m = nullptr;
-  for (const auto& [user, mapping] : g_allocations) {
-    const auto base = reinterpret_cast<uintptr_t>(mapping.base);
-    if (addr >= base && addr < base + mapping.map_bytes) m = &mapping;
-  }
-  if (m) {
+  const auto base = reinterpret_cast<uintptr_t>(g_base);
+  if (g_base && addr >= base && addr < base + g_size) {
     char msg[512];
-    const uintptr_t user =
-        reinterpret_cast<uintptr_t>(m->base) + m->data_pages - (m->bytes + kAlign - 1) / kAlign * kAlign;
-    const bool past = addr >= reinterpret_cast<uintptr_t>(m->base) + m->data_pages;
-    if (g_open_sections > 0 || past) {
+    msg[0] = 0;
+    if (t_locked) {
       std::snprintf(msg, sizeof msg,
-                    "cuda-emu: an access at 0x%llx, past the cudaMalloc allocation of %zu bytes at 0x%llx "
-                    "(an illegal address on a GPU)\n",
-                    static_cast<unsigned long long>(addr), m->bytes, static_cast<unsigned long long>(user));
+                    "cuda-emu: internal error: a fault at 0x%llx while the device memory lock is held\n",
+                    static_cast<unsigned long long>(addr));
     } else {
-      std::snprintf(msg, sizeof msg,
-                    "cuda-emu: host code touched device memory at 0x%llx, inside the cudaMalloc allocation of %zu "
-                    "bytes at 0x%llx: a GPU's memory is not addressable from the host; copy it with cudaMemcpy (or "
-                    "a Tensor's to(), to_vector())\n",
-                    static_cast<unsigned long long>(addr), m->bytes, static_cast<unsigned long long>(user));
+      Lock lock;
+      const size_t off = addr - base;
+      Allocation* a = find_locked(off);
+      const bool in_data = a && off < a->offset + a->data_pages;
+      if (in_data && g_open_sections > 0) {
+        if (!a->open) {
+          set_access_locked(*a, true);
+          a->open = true;
+          g_opened.push_back(a->offset);
+        }
+        return;  // (or another thread opened it meanwhile) the access runs again
+      }
+      if (a) {
+        const unsigned long long user = a->user(g_base);
+        if (!in_data) {
+          std::snprintf(msg, sizeof msg,
+                        "cuda-emu: an access at 0x%llx, past the cudaMalloc allocation of %zu bytes at 0x%llx "
+                        "(an illegal address on a GPU)\n",
+                        static_cast<unsigned long long>(addr), a->bytes, user);
+        } else {
+          std::snprintf(msg, sizeof msg,
+                        "cuda-emu: host code touched device memory at 0x%llx, inside the cudaMalloc allocation of "
+                        "%zu bytes at 0x%llx: a GPU's memory is not addressable from the host; copy it with "
+                        "cudaMemcpy (or a Tensor's to(), to_vector())\n",
+                        static_cast<unsigned long long>(addr), a->bytes, user);
+        }
+      } else {
+        std::snprintf(msg, sizeof msg,
+                      "cuda-emu: an access at 0x%llx, in the emulated device's memory but in no live cudaMalloc "
+                      "allocation (freed, or never allocated: an illegal address on a GPU)\n",
+                      static_cast<unsigned long long>(addr));
+      }
     }
     write_all(msg);
   }
@@ -125,80 +253,100 @@ void on_segv(int sig, siginfo_t* info, void* context) {
   }
 }
 
-void install_handler_locked() {
-  if (g_handler_installed) return;
-  g_handler_installed = true;
-  struct sigaction sa {};
-  sa.sa_sigaction = on_segv;
-  sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGSEGV, &sa, &g_previous_segv);
-}
-
 }  // namespace
 
 void* device_allocate(size_t bytes) {
   const size_t page = page_size();
   const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
   const size_t data_pages = (rounded + page - 1) / page * page;
-  const size_t map_bytes = data_pages + page;
-  std::lock_guard<std::mutex> lock(g_mutex);
+  if (rounded < bytes || data_pages < rounded) return nullptr;  // overflow
+  Lock lock;
   configure_locked();
-  install_handler_locked();
-  const int prot = (g_protect && g_open_sections == 0) ? PROT_NONE : PROT_READ | PROT_WRITE;
-  void* base = mmap(nullptr, map_bytes, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (base == MAP_FAILED) return nullptr;
-  char* b = static_cast<char*>(base);
-  // The last page stays inaccessible whatever sections open.
-  if (prot != PROT_NONE) mprotect(b + data_pages, page, PROT_NONE);
-  char* user = b + data_pages - rounded;
+  if (data_pages > g_size - page) return nullptr;
+  const size_t off = take_locked(data_pages + page);
+  if (off == g_size) return nullptr;
+  Allocation a{off, data_pages, bytes, false};
+  if (!g_protect) set_access_locked(a, true);
+  char* user = g_base + off + data_pages - rounded;
 #if defined(REMAT_EMU_DEVICE_ASAN)
   if (rounded > bytes) __asan_poison_memory_region(user + bytes, rounded - bytes);
 #endif
-  g_allocations[reinterpret_cast<uintptr_t>(user)] = Mapping{b, map_bytes, data_pages, bytes};
+  g_allocations[off] = a;
+  g_in_use += data_pages + page;
   return user;
 }
 
 bool device_free(void* ptr) {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  auto it = g_allocations.find(reinterpret_cast<uintptr_t>(ptr));
-  if (it == g_allocations.end()) return false;
-  const Mapping m = it->second;
-  g_allocations.erase(it);
+  Lock lock;
+  if (!g_base) return false;
+  const auto p = reinterpret_cast<uintptr_t>(ptr), base = reinterpret_cast<uintptr_t>(g_base);
+  if (p < base || p >= base + g_size) return false;
+  Allocation* a = find_locked(p - base);
+  if (!a || a->user(g_base) != p) return false;
+  const Allocation gone = *a;
+  g_allocations.erase(gone.offset);
 #if defined(REMAT_EMU_DEVICE_ASAN)
-  __asan_unpoison_memory_region(m.base, m.data_pages);
+  __asan_unpoison_memory_region(g_base + gone.offset, gone.data_pages);
 #endif
-  munmap(m.base, m.map_bytes);
+  // The pages go back to the system (their contents with them); the range stays reserved.
+  if (madvise(g_base + gone.offset, gone.data_pages, MADV_DONTNEED) != 0) die("madvise of device memory");
+  if (gone.open || !g_protect) set_access_locked(gone, false);
+  if (gone.open) {
+    for (size_t& o : g_opened)
+      if (o == gone.offset) o = SIZE_MAX;  // closed already
+  }
+  g_in_use -= gone.data_pages + page_size();
+  add_free_locked(gone.offset, gone.data_pages + page_size());
   return true;
 }
 
 DeviceAccess::DeviceAccess() {
-  std::lock_guard<std::mutex> lock(g_mutex);
+  Lock lock;
   configure_locked();
-  if (g_open_sections++ == 0 && g_protect) {
-    for (const auto& [user, m] : g_allocations) set_access_locked(m, true);
-  }
+  ++g_open_sections;
 }
 
 DeviceAccess::~DeviceAccess() {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  if (--g_open_sections == 0 && g_protect) {
-    for (const auto& [user, m] : g_allocations) set_access_locked(m, false);
+  Lock lock;
+  if (--g_open_sections > 0) return;
+  for (const size_t off : g_opened) {
+    if (off == SIZE_MAX) continue;
+    auto it = g_allocations.find(off);
+    if (it == g_allocations.end()) continue;
+    set_access_locked(it->second, false);
+    it->second.open = false;
   }
+  g_opened.clear();
 }
 
 bool device_memory_protected() {
-  std::lock_guard<std::mutex> lock(g_mutex);
+  Lock lock;
   configure_locked();
   return g_protect;
 }
 
 bool is_device_pointer(const void* p) {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  const Mapping* m = find_locked(reinterpret_cast<uintptr_t>(p));
-  if (!m) return false;
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  return a < reinterpret_cast<uintptr_t>(m->base) + m->data_pages;
+  Lock lock;
+  if (!g_base) return false;
+  const auto a = reinterpret_cast<uintptr_t>(p), base = reinterpret_cast<uintptr_t>(g_base);
+  if (a < base || a >= base + g_size) return false;
+  const Allocation* m = find_locked(a - base);
+  return m && a - base < m->offset + m->data_pages;
+}
+
+void device_memory_info(size_t* free_bytes, size_t* total_bytes) {
+  Lock lock;
+  configure_locked();
+  if (free_bytes) *free_bytes = g_size - g_in_use;
+  if (total_bytes) *total_bytes = g_size;
+}
+
+bool device_arena(const void** base, size_t* bytes) {
+  Lock lock;
+  configure_locked();
+  *base = g_base;
+  *bytes = g_size;
+  return g_base != nullptr;
 }
 
 }  // namespace remat::emu

@@ -24,6 +24,7 @@
 
 #include "kernels/emu/emu.h"
 #include "kernels/emu/racecheck.h"
+#include "kernels/emu/traffic.h"
 #include "remat/error.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -142,6 +143,9 @@ struct Thread {
   // The barrier whose release began this thread's current interval (race reports).
   const char* interval_file = nullptr;
   int interval_line = 0;
+  // Block barriers and warp collectives this thread has passed in its block (traffic
+  // counting: the lanes of a warp agree on it between synchronisation points).
+  uint64_t syncs = 0;
 #if defined(REMAT_EMU_ASAN)
   void* fake_stack = nullptr;
   const void* stack_bottom = nullptr;
@@ -402,6 +406,7 @@ void release_barrier(Launch& L) {
     t.barrier_result = result;
     t.interval_file = t.file;
     t.interval_line = t.line;
+    ++t.syncs;
     if (&t == g_current) {
       t.state = State::kRunning;
     } else {
@@ -410,6 +415,7 @@ void release_barrier(Launch& L) {
     }
   }
   L.arrived = 0;
+  traffic_flush();  // every thread is here: the warp accesses before the barrier are complete
 }
 
 // ---------------------------------------------------------------------------
@@ -511,6 +517,7 @@ void complete_group(Launch& L, unsigned w, unsigned group) {
   for (unsigned l = 0; l < 32; ++l) {
     if (!(group >> l & 1u)) continue;
     Thread& t = L.threads[base + l];
+    ++t.syncs;
     if (&t == g_current) {
       t.state = State::kRunning;
     } else {
@@ -617,6 +624,7 @@ void run_block(Launch& L, uint3 block) {
     t.state = State::kReady;
     t.interval_file = nullptr;
     t.interval_line = 0;
+    t.syncs = 0;
     push_ready(L, i);
   }
   L.shuffle_state = g_shuffle_seed ^ (uint64_t{block.x} | uint64_t{block.y} << 21 | uint64_t{block.z} << 42);
@@ -634,6 +642,7 @@ void run_block(Launch& L, uint3 block) {
     if (L.error) abort_block(L, std::exchange(L.error, nullptr));
     check_race(L);
   }
+  traffic_flush();
   if (L.live > 0) {
     abort_block(L, std::make_exception_ptr(Error(::remat::detail::str_cat(
                        where(L), ": deadlock: ", L.live, " threads have not exited and none can proceed:",
@@ -699,6 +708,7 @@ struct LaunchGuard {
     g_launch = nullptr;
     g_current = nullptr;
     race_end_launch();
+    traffic_end_launch();
   }
 };
 
@@ -735,6 +745,7 @@ void run_kernel(const LaunchSpec& spec) {
   g_launch = &L;
   LaunchGuard guard;
   t_in_launch = true;
+  traffic_begin_launch(spec.name);
   if (g_racecheck) {
     const TlsBlock tls = module_tls(spec.kernel);
     race_begin_launch(L.dynamic_smem, spec.smem, tls.base, tls.bytes, tls.module);
@@ -843,6 +854,14 @@ cudaError_t func_set_attribute(const void* kernel, cudaFuncAttribute attr, int v
     g_max_dynamic_smem[kernel] = static_cast<size_t>(value);
   }
   return cudaSuccess;
+}
+
+// The traffic counter asks which lane accesses memory, after how many synchronisations.
+bool traffic_lane(unsigned* linear, uint64_t* syncs) {
+  if (!g_launch || !g_current) return false;
+  *linear = g_current->linear;
+  *syncs = g_current->syncs;
+  return true;
 }
 
 // The race checker asks who accesses shared memory, and in which interval.
@@ -963,10 +982,7 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t str
 }
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
-  const size_t total = static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  const size_t avail = static_cast<size_t>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  if (free_bytes) *free_bytes = avail;
-  if (total_bytes) *total_bytes = total;
+  remat::emu::device_memory_info(free_bytes, total_bytes);
   return cudaSuccess;
 }
 

@@ -5,7 +5,8 @@
 // the built-in variables (threadIdx, blockIdx, blockDim, gridDim, warpSize), the vector
 // types, block barriers, warp collectives (shuffles, votes, __match_any_sync, __syncwarp,
 // reductions), atomics, the math and bit intrinsics kernels use, and the host runtime calls
-// remat needs (memory, streams, events, errors) mapped to host memory and no-ops.
+// remat needs (memory, streams, events, errors): device memory in a protected arena of its
+// own (device_memory.cpp), streams and events as no-ops.
 //
 // How it runs (see docs/kernels.md): every CUDA thread of a block is a fiber
 // (boost::context); the blocks of a grid run one after another on the launching host
@@ -32,9 +33,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 // ---------------------------------------------------------------------------
 // Qualifiers
@@ -173,6 +176,35 @@ uint64_t shuffle_lanes_seed();
 
 // Number of fiber switches since the process started (for measurements).
 uint64_t switch_count();
+
+// Global-memory traffic per kernel (kernels/emu/traffic.cpp; also switched on by
+// REMAT_EMU_TRAFFIC=1, which prints a table of every kernel to stderr at exit). Kernels
+// compiled with the race instrumentation (remat_emu_add_kernels ... RACECHECK) report their
+// loads and stores; those into device memory are grouped into warp accesses (one
+// instruction executed by the lanes of a warp between two synchronisation points) and each
+// counts the distinct bytes its lanes requested and the distinct 32-byte sectors those
+// bytes lie in. Coalescing efficiency = requested bytes / (32 x sectors): 100% when a
+// warp's lanes read consecutive words, 50% when they read every other word.
+struct KernelTraffic {
+  std::string kernel;  // as written at the launch
+  uint64_t launches = 0;
+  uint64_t warp_accesses = 0;
+  uint64_t requested_bytes = 0, sectors = 0;  // loads and stores
+  uint64_t load_requested_bytes = 0, load_sectors = 0;
+  uint64_t store_requested_bytes = 0, store_sectors = 0;
+  // The instruction that wasted the most sector bytes ("<module>+0x<offset>": addr2line -e
+  // <module> <offset> names the line), and its own efficiency; empty when none wasted any.
+  std::string worst_site;
+  double worst_site_efficiency = 1.0;
+  double efficiency() const { return sectors ? static_cast<double>(requested_bytes) / (32.0 * sectors) : 0.0; }
+};
+void set_traffic_count(bool on);
+bool traffic_count_enabled();
+// Whether any code linked into the program carries the instrumentation (else nothing can be
+// counted).
+bool traffic_instrumented();
+// The kernels counted since the last call, in name order; clears the counts.
+std::vector<KernelTraffic> take_traffic();
 
 struct LaunchSpec {
   const char* name;  // the kernel, as written at the launch site
@@ -526,8 +558,8 @@ inline double min(double a, double b) { return fmin(a, b); }
 inline long long clock64() { return static_cast<long long>(::remat::emu::switch_count()); }
 
 // ---------------------------------------------------------------------------
-// Host runtime: device memory is host memory; streams and events are ordered by
-// construction (every launch runs to completion before it returns).
+// Host runtime: device memory in the emulator's arena (below); streams and events are
+// ordered by construction (every launch runs to completion before it returns).
 // ---------------------------------------------------------------------------
 enum cudaError {
   cudaSuccess = 0,
@@ -648,10 +680,12 @@ cudaError_t func_set_attribute(const void* kernel, cudaFuncAttribute attr, int v
 void note_stream(cudaStream_t stream);
 uint64_t default_stream_uses();
 
-// Device memory (kernels/emu/device_memory.cpp): each cudaMalloc a mapping of its own,
-// inaccessible to host code except inside a DeviceAccess section, which every emulated call
-// that touches device memory opens (kernels, copies, memsets, cuBLAS). Sections nest and
-// may be open on several threads; the memory is accessible while any is open.
+// Device memory (kernels/emu/device_memory.cpp): every cudaMalloc takes pages of one
+// reserved arena, followed by a guard page, inaccessible to host code except inside a
+// DeviceAccess section, which every emulated call that touches device memory opens
+// (kernels, copies, memsets, cuBLAS). Sections nest and may be open on several threads;
+// while any is open, the allocations that the section's code touches are made accessible
+// (on their first access) until the last one closes.
 void* device_allocate(size_t bytes);  // null when out of memory
 bool device_free(void* ptr);          // false: not an address device_allocate returned
 struct DeviceAccess {
@@ -664,6 +698,11 @@ struct DeviceAccess {
 bool device_memory_protected();
 // Whether `p` points into memory that cudaMalloc returned (and not yet freed).
 bool is_device_pointer(const void* p);
+// The device's size (the arena's: REMAT_EMU_DEVICE_MEMORY_MIB, or physical memory) and what
+// is not allocated (pages and guard pages count).
+void device_memory_info(size_t* free_bytes, size_t* total_bytes);
+// The arena's address range: every device pointer lies in it.
+bool device_arena(const void** base, size_t* bytes);
 }  // namespace remat::emu
 template <typename... Args>
 inline cudaError_t cudaFuncSetAttribute(void (*kernel)(Args...), cudaFuncAttribute attr, int value) {

@@ -3,6 +3,8 @@
 // compiled with -fsanitize=thread.
 #include "kernels/emu/racecheck.h"
 
+#include "kernels/emu/traffic.h"
+
 #include <cxxabi.h>
 #include <dlfcn.h>
 #include <elf.h>
@@ -220,31 +222,26 @@ std::string race_report(const std::string& where) {
 
 // ---------------------------------------------------------------------------
 // The entry points GCC's -fsanitize=thread instrumentation calls. Only loads and stores
-// are checked; atomics are performed (sequentially consistent) and not recorded.
+// are checked (and counted by traffic.cpp); atomics are performed (sequentially
+// consistent) and neither recorded nor counted.
 // Absent from a build that links the real ThreadSanitizer runtime.
 // ---------------------------------------------------------------------------
 #if !defined(__SANITIZE_THREAD__)
 extern "C" {
 
-#define REMAT_RACE_RW(n)                                                                       \
-  void __tsan_read##n(void* a) {                                                               \
-    if (remat::emu::g_active) remat::emu::on_access(a, n, false, __builtin_return_address(0)); \
-  }                                                                                            \
-  void __tsan_write##n(void* a) {                                                              \
-    if (remat::emu::g_active) remat::emu::on_access(a, n, true, __builtin_return_address(0));  \
-  }                                                                                            \
-  void __tsan_unaligned_read##n(void* a) {                                                     \
-    if (remat::emu::g_active) remat::emu::on_access(a, n, false, __builtin_return_address(0)); \
-  }                                                                                            \
-  void __tsan_unaligned_write##n(void* a) {                                                    \
-    if (remat::emu::g_active) remat::emu::on_access(a, n, true, __builtin_return_address(0));  \
-  }                                                                                            \
-  void __tsan_volatile_read##n(void* a) {                                                      \
-    if (remat::emu::g_active) remat::emu::on_access(a, n, false, __builtin_return_address(0)); \
-  }                                                                                            \
-  void __tsan_volatile_write##n(void* a) {                                                     \
-    if (remat::emu::g_active) remat::emu::on_access(a, n, true, __builtin_return_address(0));  \
-  }
+// Every load and store goes to the race checker and to the traffic counter when they run.
+#define REMAT_EMU_ACCESS(a, n, w)                                                                         \
+  do {                                                                                                    \
+    if (remat::emu::g_active) remat::emu::on_access(a, n, w, __builtin_return_address(0));                \
+    if (remat::emu::g_traffic_counting) remat::emu::traffic_access(a, n, w, __builtin_return_address(0)); \
+  } while (0)
+#define REMAT_RACE_RW(n)                                                    \
+  void __tsan_read##n(void* a) { REMAT_EMU_ACCESS(a, n, false); }           \
+  void __tsan_write##n(void* a) { REMAT_EMU_ACCESS(a, n, true); }           \
+  void __tsan_unaligned_read##n(void* a) { REMAT_EMU_ACCESS(a, n, false); } \
+  void __tsan_unaligned_write##n(void* a) { REMAT_EMU_ACCESS(a, n, true); } \
+  void __tsan_volatile_read##n(void* a) { REMAT_EMU_ACCESS(a, n, false); }  \
+  void __tsan_volatile_write##n(void* a) { REMAT_EMU_ACCESS(a, n, true); }
 REMAT_RACE_RW(1)
 REMAT_RACE_RW(2)
 REMAT_RACE_RW(4)
@@ -252,13 +249,11 @@ REMAT_RACE_RW(8)
 REMAT_RACE_RW(16)
 #undef REMAT_RACE_RW
 
-void __tsan_read_range(void* a, unsigned long n) {
-  if (remat::emu::g_active) remat::emu::on_access(a, n, false, __builtin_return_address(0));
-}
-void __tsan_write_range(void* a, unsigned long n) {
-  if (remat::emu::g_active) remat::emu::on_access(a, n, true, __builtin_return_address(0));
-}
-void __tsan_init() {}
+void __tsan_read_range(void* a, unsigned long n) { REMAT_EMU_ACCESS(a, n, false); }
+void __tsan_write_range(void* a, unsigned long n) { REMAT_EMU_ACCESS(a, n, true); }
+#undef REMAT_EMU_ACCESS
+// Each instrumented translation unit calls this from its constructor.
+void __tsan_init() { remat::emu::traffic_note_instrumented_module(); }
 void __tsan_func_entry(void*) {}
 void __tsan_func_exit() {}
 void __tsan_vptr_update(void**, void*) {}

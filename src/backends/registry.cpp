@@ -38,6 +38,9 @@ bool register_builtin_kinds() {
   cuda.require_available = &cuda_device::require_available;
   cuda.make_raw_allocator = &cuda_device::make_raw_allocator;
   cuda.make_backend = &cuda_device::make_backend;
+  cuda.copy = &cuda_device::copy;
+  cuda.fill_f32 = &cuda_device::fill_f32;
+  cuda.zero = &cuda_device::zero;
   cuda.describe = &cuda_device::describe;
   register_device_kind(cuda);
 #endif

@@ -2,11 +2,40 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "remat/bf16.h"
+#include "remat/device_registry.h"
 #include "remat/error.h"
 
 namespace remat {
+
+namespace {
+
+// The device kind of memory that host code cannot address (a GPU's), with its copies.
+const DeviceKind& device_memory_kind(Device d) {
+  const DeviceKind& k = device_kind(d);
+  REMAT_CHECK(k.copy && k.fill_f32 && k.zero, "device ", d.str(), "'s memory is not host memory, and its kind ",
+              "registers no copies or fills for it");
+  return k;
+}
+
+// `bytes` from src (memory of sd) to dst (memory of dd); neither may be meta.
+void copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t bytes) {
+  if (bytes == 0) return;
+  if (dd.host_memory() && sd.host_memory()) {
+    std::memmove(dst, src, bytes);
+  } else if (!dd.host_memory() && !sd.host_memory() && dd.type != sd.type) {
+    // Two kinds of device memory (cuda and cuda-emu): through the host.
+    std::vector<unsigned char> staging(bytes);
+    device_memory_kind(sd).copy(staging.data(), Device::cpu(), src, sd, bytes);
+    device_memory_kind(dd).copy(dst, dd, staging.data(), Device::cpu(), bytes);
+  } else {
+    device_memory_kind(dd.host_memory() ? sd : dd).copy(dst, dd, src, sd, bytes);
+  }
+}
+
+}  // namespace
 
 Storage::Storage(CachingAllocator& allocator, size_t bytes, const AllocTag& tag)
     : allocator_(allocator), block_(allocator.allocate(bytes, tag)), nbytes_(bytes) {}
@@ -55,12 +84,11 @@ Tensor Tensor::empty(const Shape& shape, Device device, DType dtype, const Alloc
 
 Tensor Tensor::zeros(const Shape& shape, Device device, DType dtype) {
   Tensor t = empty(shape, device, dtype);
-  if (t.storage_->has_data()) {
+  if (t.storage_->has_data() && t.nbytes() > 0) {
     if (device.host_memory()) {
       std::memset(t.raw_data(), 0, t.nbytes());
     } else {
-      REMAT_CHECK(dtype == DType::f32, "zeros on ", device.str(), " supports f32 only");
-      detail::device_fill_f32(t.f32(), device, t.numel(), 0.0f);
+      device_memory_kind(device).zero(t.raw_data(), device, t.nbytes());
     }
   }
   return t;
@@ -78,8 +106,8 @@ Tensor Tensor::from_vector(const std::vector<float>& values, const Shape& shape,
   Tensor t = empty(shape, device, DType::f32);
   if (device.host_memory()) {
     std::copy(values.begin(), values.end(), t.f32());
-  } else if (device.is_cuda()) {
-    detail::device_memcpy(t.raw_data(), device, values.data(), Device::cpu(), t.nbytes());
+  } else if (t.storage_->has_data()) {
+    copy_bytes(t.raw_data(), device, values.data(), Device::cpu(), t.nbytes());
   }
   return t;
 }
@@ -90,8 +118,8 @@ Tensor Tensor::from_ints(const std::vector<int32_t>& values, const Shape& shape,
   Tensor t = empty(shape, device, DType::i32);
   if (device.host_memory()) {
     std::copy(values.begin(), values.end(), t.i32());
-  } else if (device.is_cuda()) {
-    detail::device_memcpy(t.raw_data(), device, values.data(), Device::cpu(), t.nbytes());
+  } else if (t.storage_->has_data()) {
+    copy_bytes(t.raw_data(), device, values.data(), Device::cpu(), t.nbytes());
   }
   if (!values.empty() && t.storage_->has_data()) t.storage_->set_int_range(int_range_of(values.data(), t.numel()));
   return t;
@@ -163,7 +191,7 @@ std::vector<int32_t> Tensor::to_ints() const {
   if (device().host_memory()) {
     std::copy(i32(), i32() + numel(), out.begin());
   } else {
-    detail::device_memcpy(out.data(), Device::cpu(), raw_data(), device(), nbytes());
+    copy_bytes(out.data(), Device::cpu(), raw_data(), device(), nbytes());
   }
   return out;
 }
@@ -177,14 +205,14 @@ std::vector<float> Tensor::to_vector() const {
     if (device().host_memory())
       std::copy(bf16(), bf16() + numel(), bits.begin());
     else
-      detail::device_memcpy(bits.data(), Device::cpu(), raw_data(), device(), nbytes());
+      copy_bytes(bits.data(), Device::cpu(), raw_data(), device(), nbytes());
     for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_float(bits[i]);
     return out;
   }
   if (device().host_memory()) {
     std::copy(f32(), f32() + numel(), out.begin());
   } else {
-    detail::device_memcpy(out.data(), Device::cpu(), raw_data(), device(), nbytes());
+    copy_bytes(out.data(), Device::cpu(), raw_data(), device(), nbytes());
   }
   return out;
 }
@@ -206,11 +234,7 @@ void Tensor::copy_from(const Tensor& src) {
     return;  // nothing to move
   }
   if (nbytes() == 0) return;
-  if (dd.host_memory() && sd.host_memory()) {
-    std::memmove(raw_data(), src.raw_data(), nbytes());
-  } else {
-    detail::device_memcpy(raw_data(), dd, src.raw_data(), sd, nbytes());
-  }
+  copy_bytes(raw_data(), dd, src.raw_data(), sd, nbytes());
   // i32 values written from host memory over the whole storage: their range is known.
   storage_->clear_int_range();
   if (dtype_ == DType::i32 && sd.is_cpu() && offset_ == 0 && nbytes() == storage_->nbytes())
@@ -224,8 +248,8 @@ void Tensor::fill_(float value) {
   storage_->clear_int_range();
   if (d.host_memory()) {
     std::fill(f32(), f32() + numel(), value);
-  } else {
-    detail::device_fill_f32(f32(), d, numel(), value);
+  } else if (numel() > 0) {
+    device_memory_kind(d).fill_f32(f32(), d, numel(), value);
   }
 }
 
@@ -233,16 +257,5 @@ std::string Tensor::str() const {
   if (!defined()) return "undefined tensor";
   return std::string(dtype_name(dtype_)) + shape_.str() + " on " + device().str();
 }
-
-#ifndef REMAT_WITH_CUDA
-namespace detail {
-void device_memcpy(void*, Device dst_dev, const void*, Device src_dev, size_t) {
-  REMAT_THROW("copy between ", src_dev.str(), " and ", dst_dev.str(), ": remat was built without CUDA");
-}
-void device_fill_f32(float*, Device dev, int64_t, float) {
-  REMAT_THROW("fill on ", dev.str(), ": remat was built without CUDA");
-}
-}  // namespace detail
-#endif
 
 }  // namespace remat

@@ -2,8 +2,10 @@
 // build, the factory returns nullptr and the run is one process.
 #include <chrono>
 #include <cstdlib>
+#include <deque>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "dist/comm_impl.h"
 #include "remat/error.h"
@@ -92,6 +94,42 @@ class MpiComm final : public Comm {
     check(MPI_Iallreduce(MPI_IN_PLACE, data, count(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &rq), "MPI_Iallreduce");
     wait(rq, "MPI_Allreduce");
   }
+  void start_alltoallv_impl(const float* send, const std::vector<int64_t>& send_count,
+                            const std::vector<int64_t>& send_offset, float* recv,
+                            const std::vector<int64_t>& recv_count, const std::vector<int64_t>& recv_offset) override {
+    // MPI reads the count and offset arrays until the collective completes: they live in
+    // the pending record.
+    Pending& p = pending_.emplace_back();
+    p.what = "MPI_Ialltoallv";
+    for (const auto* v : {&send_count, &send_offset, &recv_count, &recv_offset}) {
+      std::vector<int>& out = p.ints.emplace_back();
+      for (int64_t x : *v) out.push_back(count(x));
+    }
+    check(MPI_Ialltoallv(send, p.ints[0].data(), p.ints[1].data(), MPI_FLOAT, recv, p.ints[2].data(), p.ints[3].data(),
+                         MPI_FLOAT, MPI_COMM_WORLD, &p.rq),
+          "MPI_Ialltoallv");
+  }
+  void start_allreduce_sum_impl(float* data, int64_t n) override {
+    Pending& p = pending_.emplace_back();
+    p.what = "MPI_Iallreduce";
+    check(MPI_Iallreduce(MPI_IN_PLACE, data, count(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &p.rq), "MPI_Iallreduce");
+  }
+  int poll_impl() override {
+    int done = 0;
+    for (Pending& p : pending_) {
+      if (p.rq == MPI_REQUEST_NULL) continue;
+      int flag = 0;
+      check(MPI_Test(&p.rq, &flag, MPI_STATUS_IGNORE), p.what);  // sets rq to MPI_REQUEST_NULL when done
+      done += flag;
+    }
+    while (!pending_.empty() && pending_.front().rq == MPI_REQUEST_NULL) pending_.pop_front();
+    return done;
+  }
+  void wait_all_impl() override {
+    for (Pending& p : pending_)
+      if (p.rq != MPI_REQUEST_NULL) wait(p.rq, p.what);
+    pending_.clear();
+  }
 
  private:
   void wait(MPI_Request& rq, const char* what) const {
@@ -112,6 +150,13 @@ class MpiComm final : public Comm {
   }
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   double timeout_ = timeout_s();
+  // The started non-blocking collectives (a deque: MPI holds pointers into the records).
+  struct Pending {
+    MPI_Request rq = MPI_REQUEST_NULL;
+    const char* what = "";
+    std::vector<std::vector<int>> ints;  // alltoallv's counts and offsets
+  };
+  std::deque<Pending> pending_;
 };
 
 }  // namespace

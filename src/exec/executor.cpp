@@ -67,6 +67,16 @@ Executor::Executor(const Graph& g, ParamStore& params, Backend& be, CheckpointPl
     if (g.layer(j).kind() == LayerKind::input || j == g.loss_id) continue;
     if (life_[j].bwd_last < n) life_[life_[j].bwd_last].free_after.push_back(j);
   }
+  // A trainable parameter's gradient is final after the backward of the first layer that
+  // uses it (backward runs in reverse graph order).
+  grads_final_ = PerLayer<std::vector<int>>(n);
+  std::vector<int> first_use(g.params.size(), n);
+  for (int i = 0; i < n; ++i)
+    for (int p : g.layer_params[static_cast<size_t>(i)])
+      first_use[static_cast<size_t>(p)] = std::min(first_use[static_cast<size_t>(p)], i);
+  for (size_t p = 0; p < first_use.size(); ++p)
+    if (first_use[p] < n && p < params.grads.size() && params.grads[p].defined())
+      grads_final_[first_use[p]].push_back(static_cast<int>(p));
   // Within a recompute pass, the last recomputed consumer of each recomputed output.
   for (int i = 0; i < n; ++i) {
     if (!life_[i].rerun) continue;
@@ -181,7 +191,12 @@ void Executor::backward_pass(StepStats& st) {
     // Free every output whose last reader (backward or recompute) was this step.
     for (int j : life_[i].free_after) live_[j].out = Tensor();
     if (i == g_.loss_id) live_[i].out = Tensor();
+    if (opt_.on_grads_final && !grads_final_[i].empty()) opt_.on_grads_final(grads_final_[i]);
   }
+}
+
+void Executor::set_on_grads_final(std::function<void(const std::vector<int>& params)> hook) {
+  opt_.on_grads_final = std::move(hook);
 }
 
 void Executor::backward_layer(int i, StepStats& st) {

@@ -107,7 +107,15 @@ StepProfile profile_step(const Config& cfg, const Graph& g, const CheckpointPlan
     // lives through the step beside the gradients (src/train/grad_reduce.cpp); g is the
     // graph of one micro-batch.
     std::vector<Tensor> accumulation;
-    if (cfg.training.micro_batches() > 1 && ranks == 1) {
+    if (cfg.training.device_collectives) {
+      // The device exchange of the ordered reduction (NCCL): the flat gradient sent and
+      // received, and this rank's shard of the running sum, as GradReducer makes them.
+      TagScope scope(MemoryCategory::gradient, "reduction", Phase::setup);
+      const FlatLayout layout(params, ranks);
+      accumulation.push_back(Tensor::zeros(Shape{layout.size}, device));
+      accumulation.push_back(Tensor::zeros(Shape{layout.size}, device));
+      accumulation.push_back(Tensor::zeros(Shape{layout.shard}, device));
+    } else if (cfg.training.micro_batches() > 1 && ranks == 1) {
       TagScope scope(MemoryCategory::gradient, "accumulation", Phase::setup);
       for (const Tensor& gr : params.grads)
         if (gr.defined()) accumulation.push_back(Tensor::empty(gr.shape(), gr.device()));
@@ -146,6 +154,9 @@ StepProfile profile_step(const Config& cfg, const Graph& g, const CheckpointPlan
   for (int c = 0; c < kNumMemoryCategories; ++c)
     p.peak_by_category.bytes[static_cast<size_t>(c)] =
         s.by_category_at_peak.bytes[static_cast<size_t>(c)] - base.by_category.bytes[static_cast<size_t>(c)];
+  for (int c = 0; c < kNumMemoryCategories; ++c)  // reset_peak() started each at the base's bytes
+    p.category_peaks.bytes[static_cast<size_t>(c)] =
+        s.peak_by_category.bytes[static_cast<size_t>(c)] - base.by_category.bytes[static_cast<size_t>(c)];
   p.peak_reserved_bytes = s.peak_reserved - base.reserved;
   if (keep_events) {
     p.events = alloc.events();

@@ -68,6 +68,9 @@ std::string profile_table(const std::vector<StepProfile>& ps, const std::vector<
     row(std::string("  ") + category_name(static_cast<MemoryCategory>(c)),
         [&](size_t i) { return format_bytes(ps[i].peak_by_category.bytes[static_cast<size_t>(c)]); });
   row("peak reserved", [&](size_t i) { return format_bytes(ps[i].peak_reserved_bytes); });
+  row("activation high-water", [&](size_t i) {
+    return format_bytes(ps[i].category_peaks.bytes[static_cast<size_t>(MemoryCategory::activation)]);
+  });
   row("recomputed layers", [&](size_t i) { return std::to_string(ps[i].recomputed_layers); });
   row("recompute FLOPs", [&](size_t i) { return flops_str(ps[i].recompute_flops); });
   row("  share of step",
@@ -103,9 +106,11 @@ nlohmann::json profile_json(const std::vector<StepProfile>& predicted, const std
   for (size_t i = 0; i < predicted.size(); ++i) {
     const StepProfile& p = predicted[i];
     const StepProfile& shown = measured ? (*measured)[i] : p;
-    nlohmann::json cats;
-    for (int c = 0; c < kNumMemoryCategories; ++c)
+    nlohmann::json cats, highs;
+    for (int c = 0; c < kNumMemoryCategories; ++c) {
       cats[category_name(static_cast<MemoryCategory>(c))] = shown.peak_by_category.bytes[static_cast<size_t>(c)];
+      highs[category_name(static_cast<MemoryCategory>(c))] = shown.category_peaks.bytes[static_cast<size_t>(c)];
+    }
     // What each layer recomputes: the bytes its recomputes allocate, and its forward FLOPs
     // once per recompute.
     std::map<std::string, int64_t> rec_bytes;
@@ -139,6 +144,7 @@ nlohmann::json profile_json(const std::vector<StepProfile>& predicted, const std
         {"device", shown.device.str()},
         {"peak_bytes", shown.peak_bytes},
         {"peak_by_category", cats},
+        {"category_peaks", highs},
         {"peak_reserved_bytes", shown.peak_reserved_bytes},
         {"recomputed_layers", shown.recomputed_layers},
         {"recompute_flops", shown.recompute_flops},

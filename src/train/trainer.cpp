@@ -189,8 +189,29 @@ struct Trainer::State {
     REMAT_CHECK(micros % comm.size() == 0, cfg.source, ": /training: batch ", cfg.training.batch, " / micro_batch ",
                 micro, " = ", micros, " micro-batches per step, not a multiple of the ", comm.size(),
                 " ranks (each rank runs the same number of micro-batches)");
-    if (micros > 1 || comm.size() > 1)
-      reducer = std::make_unique<GradReducer>(params, be, comm, opt.reduce == "ordered");
+    if (micros > 1 || comm.size() > 1) {
+      ReduceOptions ro;
+      ro.ordered = opt.reduce == "ordered";
+      ro.overlap = opt.overlap;
+      ro.bucket_bytes = opt.bucket_kib * 1024;
+      // GPU ranks of an MPI launch reduce with NCCL on the backend's stream (set_up decided).
+      std::unique_ptr<dist::DeviceComm> device_comm;
+      if (cfg.training.device_collectives) device_comm = dist::make_nccl_comm(comm, dev.index);
+      reducer = std::make_unique<GradReducer>(params, be, comm, ro, std::move(device_comm));
+      if (reducer->overlapped())
+        executor.set_on_grads_final([this](const std::vector<int>& ps) { reducer->grads_final(ps); });
+    }
+  }
+
+  // What this step's collectives moved and took: the host Comm's and the device's.
+  dist::CommStats comm_stats() const {
+    dist::CommStats c = comm.stats();
+    if (reducer) c += reducer->device_stats();
+    return c;
+  }
+  void reset_comm_stats() {
+    comm.reset_stats();
+    if (reducer) reducer->reset_device_stats();
   }
 
   int64_t checked_train_size() const {
@@ -215,7 +236,8 @@ namespace {
 // change the numbers, compared before the first step.
 void check_same_run(dist::Comm& comm, const Config& cfg, const TrainOptions& o) {
   if (comm.size() == 1) return;
-  const uint64_t h = fnv1a(cfg.resolved().dump() + "|" + o.reduce + "|" + o.init_from + "|" + o.resume);
+  const uint64_t h = fnv1a(cfg.resolved().dump() + "|" + o.reduce + "|" + o.init_from + "|" + o.resume + "|" +
+                           (o.overlap ? "overlap " : "no overlap ") + std::to_string(o.bucket_kib));
   std::vector<uint64_t> all(static_cast<size_t>(comm.size()));
   comm.allgather(&h, all.data(), 1);
   for (int r = 1; r < comm.size(); ++r)
@@ -248,6 +270,12 @@ std::unique_ptr<Trainer::State> set_up(TrainOptions o) {
   if (comm.size() > 1 && !std::getenv("OMP_NUM_THREADS"))
     omp_set_num_threads(std::max(1, omp_get_num_procs() / std::max(1, comm.local_size())));  // cpu threads split
   const Device dev = resolve_device(o.device, comm);
+  // GPU ranks of an MPI launch (even one) reduce gradients with NCCL when remat has it;
+  // REMAT_NCCL=0 sends them through host memory over MPI instead.
+  const char* nccl_env = std::getenv("REMAT_NCCL");
+  const bool nccl_off = nccl_env && std::string(nccl_env) == "0";
+  cfg.training.device_collectives = dev.is_cuda() && comm.engine() == "mpi" && dist::built_with_nccl() && !nccl_off &&
+                                    (comm.size() > 1 || cfg.training.micro_batches() > 1);
   // Which backends compute in bf16 (Backend::supports_bf16); which layers do is checked on
   // the graph below.
   if (cfg.training.precision != "fp32" && !backend_for(dev).supports_bf16())
@@ -368,7 +396,7 @@ StepStats Trainer::step() {
   const Clock::time_point t0 = Clock::now();
   auto& alloc = allocator_for(s.dev);
   alloc.reset_peak();
-  s.comm.reset_stats();
+  s.reset_comm_stats();
   const std::vector<int64_t> idx = s.sampler.next();  // may move the sampler to the next epoch
   auto micro_batch = [&](int64_t m) {
     TagScope scope(MemoryCategory::input, "data", Phase::setup);
@@ -394,6 +422,7 @@ StepStats Trainer::step() {
       const Batch batch = micro_batch(m);
       s.params.zero_grads(s.be);
       s.gen.set_state({base.seed, base.offset + static_cast<uint64_t>(m) * s.rng_words});
+      s.reducer->begin_round(j, j + 1 == rounds);
       StepStats sm = s.executor.train_step(batch, s.gen);
       REMAT_CHECK(s.gen.state().offset == base.offset + static_cast<uint64_t>(m + 1) * s.rng_words, "micro-batch ", m,
                   ": the model drew another number of random words than its layers say");
@@ -430,8 +459,10 @@ StepStats Trainer::step() {
                           : std::string("; no checkpoint was written"));
   }
   s.time_ms += ms;
-  s.result.comm_bytes += s.comm.stats().bytes;
-  s.result.comm_ms += s.comm.stats().ms;
+  const dist::CommStats cs = s.comm_stats();
+  s.result.comm_bytes += cs.bytes;
+  s.result.comm_ms += cs.ms;
+  s.result.comm_wait_ms += cs.wait_ms;
   const MemoryStats now = alloc.stats();
   if (now.peak_allocated >= s.result.peak_bytes) {
     s.result.peak_bytes = now.peak_allocated;
@@ -458,13 +489,15 @@ void Trainer::log_step(const StepStats& st, double lr, double ms, int64_t peak) 
                    {"peak_bytes", peak},
                    {s.data.text ? "tokens_per_s" : "images_per_s", rate},
                    {"recomputed_layers", st.recomputed_layers}});
-  const dist::CommStats& cs = s.comm.stats();
-  if (s.comm.size() > 1) s.write_metrics({{"step", s.step}, {"comm_bytes", cs.bytes}, {"comm_ms", cs.ms}});
+  const dist::CommStats cs = s.comm_stats();
+  if (s.comm.size() > 1)
+    s.write_metrics({{"step", s.step}, {"comm_bytes", cs.bytes}, {"comm_ms", cs.ms}, {"comm_wait_ms", cs.wait_ms}});
   if (s.opt.quiet) return;
   std::string comm;
   if (s.comm.size() > 1) {
-    char buf[96];
-    std::snprintf(buf, sizeof buf, " | comm %s %.1f ms", format_bytes(cs.bytes).c_str(), cs.ms);
+    char buf[128];
+    std::snprintf(buf, sizeof buf, " | comm %s %.1f ms, %.0f%% hidden", format_bytes(cs.bytes).c_str(), cs.ms,
+                  cs.ms > 0 ? 100.0 * cs.hidden_ms() / cs.ms : 0.0);
     comm = buf;
   }
   std::printf("step %lld/%lld | loss %.4f | %.0f %s/s | %.1f ms/step | peak %s%s | lr %.2e | ETA %s\n",
@@ -587,10 +620,13 @@ TrainResult Trainer::run() {
     std::printf("remat train %s: %s, %lld parameters, batch %lld, %lld steps on %s\n", s.cfg.source.c_str(),
                 s.cfg.name.c_str(), static_cast<long long>(s.graph.parameter_count()), static_cast<long long>(tc.batch),
                 static_cast<long long>(s.total), s.dev.str().c_str());
-    if (s.micros > 1 || s.comm.size() > 1)
-      std::printf("micro-batch %lld: %lld micro-batches per step on %d rank%s (%s, reduction %s)\n",
-                  static_cast<long long>(s.micro), static_cast<long long>(s.micros), s.comm.size(),
-                  s.comm.size() > 1 ? "s" : "", s.comm.engine().c_str(), s.opt.reduce.c_str());
+    if (s.micros > 1 || s.comm.size() > 1) {
+      std::string how = s.reducer->engine() + ", reduction " + s.opt.reduce;
+      if (s.reducer->overlapped())
+        how += ", overlapped with backward in " + std::to_string(s.reducer->buckets()) + " buckets";
+      std::printf("micro-batch %lld: %lld micro-batches per step on %d rank%s (%s)\n", static_cast<long long>(s.micro),
+                  static_cast<long long>(s.micros), s.comm.size(), s.comm.size() > 1 ? "s" : "", how.c_str());
+    }
     if (s.optimizer.sharded())
       std::printf("optimizer state sharded over %d rank%s (ZeRO-1): %s per rank\n", s.comm.size(),
                   s.comm.size() > 1 ? "s" : "", format_bytes(s.optimizer.state_bytes()).c_str());

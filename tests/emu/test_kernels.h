@@ -69,4 +69,19 @@ void race_reduction(RaceCase which, const float* in, float* out, int blocks);
 void big_static_shared(int static_kib, size_t dynamic_bytes, float* out);
 cudaError_t allow_big_static_dynamic(int bytes);
 
+// kernels_traffic.cu (compiled with the instrumentation): out[i] for i < n from in[] by a
+// pattern of known coalescing, blocks of `threads` threads.
+enum class TrafficCase : int {
+  kCoalesced,         // out[i] = 2 in[i]
+  kStride2,           // out[i] = in[2 i]
+  kStride32,          // out[i] = in[32 i]
+  kOffsetByOne,       // out[i] = in[i + 1]
+  kBroadcast,         // out[i] = in[0]
+  kReversedLanes,     // lane l of a warp reads the element of lane 31 - l
+  kFloat4,            // n / 4 float4 copied, one per thread
+  kLoop,              // one block, each thread every blockDim-th element in a loop
+  kLoopSynchronised,  // the same with a warp shuffle and a __syncthreads per iteration
+};
+void traffic_case(TrafficCase c, const float* in, float* out, int n, int threads);
+
 }  // namespace emu_test

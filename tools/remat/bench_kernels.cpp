@@ -8,11 +8,18 @@
 // The peak is read from the device: 2 (double data rate) x memory clock x bus width.
 // Elsewhere (cuda-emu, cpu) ops are synchronous and host clocks time them; there is no
 // L2 flush and no peak.
+//
+// On cuda-emu, one more run of each op is counted by the emulator (Backend::take_traffic):
+// per kernel, its warp accesses' requested bytes and 32-byte sectors, so the table shows
+// each op's coalescing efficiency (requested / sector bytes) and the time an H200 would
+// take to move those sector bytes at 4.8 TB/s (docs/kernels.md, "Coalescing").
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -88,6 +95,26 @@ Peak device_peak(Device d, double override_gbps, const Timer& timer) {
   if (p.gbps == 0 && p.source.empty()) p.source = "none on " + d.str() + " (give --peak-gbps)";
   return p;
 }
+
+// The H200's memory bandwidth (HBM3e, 4.8 TB/s), for the projected time of counted bytes.
+constexpr double kH200BytesPerSecond = 4.8e12;
+
+// Global-memory traffic of one run of `body`, per kernel (empty where it cannot be counted).
+std::vector<Backend::KernelTraffic> count_traffic(Backend& be, const std::function<void()>& body) {
+  be.take_traffic();  // nothing left over
+  if (!be.count_traffic(true)) return {};
+  try {
+    body();
+    be.synchronize();
+  } catch (...) {
+    be.count_traffic(false);
+    throw;
+  }
+  be.count_traffic(false);
+  return be.take_traffic();
+}
+
+double h200_us(int64_t sectors) { return 32.0 * static_cast<double>(sectors) / kH200BytesPerSecond * 1e6; }
 
 // One benchmark: the tensors it needs are made by setup(), which returns the timed body.
 struct KernelCase {
@@ -254,7 +281,13 @@ int run_kernels(const Options& o) {
     std::printf("peak bandwidth unknown: %s\n", peak.source.c_str());
   if (dev.is_cuda_emu() && o.elements > (int64_t{1} << 20))
     std::printf("note: the emulator runs every CUDA thread on the host; use --elements <= 1M for a smoke test\n");
-  std::printf("\n%-20s %-18s %10s %10s %10s %8s\n", "kernel", "shape", "MB moved", "ms", "GB/s", "% peak");
+  const bool traffic = be.count_traffic(false);
+  if (traffic)
+    std::printf(
+        "coalescing: one more run of each op counted by the emulator (requested / 32-byte sector bytes of every "
+        "warp access); H200 us: its sector bytes at 4.8 TB/s; a line per kernel where an op has several\n");
+  std::printf("\n%-20s %-18s %10s %10s %10s %8s %9s %9s\n", "kernel", "shape", "MB moved", "ms", "GB/s", "% peak",
+              "coalesced", "H200 us");
 
   nlohmann::json out = {{"device", dev.str()},
                         {"device_name", peak.device_name},
@@ -267,6 +300,8 @@ int run_kernels(const Options& o) {
                         {"l2_flush", peak.l2_bytes > 0},
                         {"peak_gbps", peak.gbps},
                         {"peak_source", peak.source},
+                        {"traffic_counted", traffic},
+                        {"h200_bytes_per_second", kH200BytesPerSecond},
                         {"kernels", nlohmann::json::array()},
                         {"gemm", nlohmann::json::array()}};
   int failed = 0, skipped = 0;
@@ -297,9 +332,40 @@ int run_kernels(const Options& o) {
       if (peak.gbps > 0) rec["pct_peak"] = 100.0 * gbps / peak.gbps;
       std::printf("%10.4f %10.1f ", med, gbps);
       if (peak.gbps > 0)
-        std::printf("%7.1f%%\n", 100.0 * gbps / peak.gbps);
+        std::printf("%7.1f%%", 100.0 * gbps / peak.gbps);
       else
-        std::printf("%8s\n", "-");
+        std::printf("%8s", "-");
+      const std::vector<Backend::KernelTraffic> ts =
+          traffic ? count_traffic(be, body) : std::vector<Backend::KernelTraffic>{};
+      int64_t requested = 0, sectors = 0;
+      nlohmann::json kernels = nlohmann::json::array();
+      for (const auto& t : ts) {
+        requested += t.requested_bytes;
+        sectors += t.sectors;
+        kernels.push_back({{"kernel", t.kernel},
+                           {"launches", t.launches},
+                           {"warp_accesses", t.warp_accesses},
+                           {"requested_bytes", t.requested_bytes},
+                           {"sector_bytes", 32 * t.sectors},
+                           {"efficiency", t.efficiency()},
+                           {"h200_us", h200_us(t.sectors)},
+                           {"worst_site", t.worst_site},
+                           {"worst_site_efficiency", t.worst_site_efficiency}});
+      }
+      if (sectors > 0) {
+        const double eff = static_cast<double>(requested) / (32.0 * static_cast<double>(sectors));
+        rec.update({{"traffic", kernels},
+                    {"coalescing_efficiency", eff},
+                    {"sector_bytes", 32 * sectors},
+                    {"h200_us", h200_us(sectors)}});
+        std::printf(" %8.1f%% %9.2f\n", 100.0 * eff, h200_us(sectors));
+        if (ts.size() > 1) {
+          for (const auto& t : ts)
+            std::printf("  . %-77s %8.1f%% %9.2f\n", t.kernel.c_str(), 100.0 * t.efficiency(), h200_us(t.sectors));
+        }
+      } else {
+        std::printf(" %9s %9s\n", "-", "-");
+      }
     } catch (const Error& e) {
       std::printf("%10s %10s %8s\n", "FAILED", "-", "-");
       report_error(rec, "failed", e.what());

@@ -6,6 +6,7 @@
 #include "commands.h"
 #include "remat/backend.h"
 #include "remat/device.h"
+#include "remat/dist.h"
 #include "remat/memory.h"
 
 namespace remat::cli {
@@ -27,6 +28,10 @@ Runner add_info_command(CLI::App& app) {
       std::printf("  cuRAND          %s\n", b.curand.empty() ? "unknown" : b.curand.c_str());
     }
     std::printf("  BLAS            %s\n", b.blas.c_str());
+    std::printf("  MPI             %s\n",
+                dist::built_with_mpi() ? "on (data parallel under mpirun)" : "off (not found)");
+    if (b.cuda)
+      std::printf("  NCCL            %s\n", dist::built_with_nccl() ? dist::nccl_version().c_str() : "not built");
     std::printf("devices\n");
     const int64_t ram = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
     std::printf("  cpu             %d OpenMP thread(s), %s of memory\n", b.cpu_threads, format_bytes(ram).c_str());

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "commands.h"
+#include "remat/dist.h"
 #include "remat/error.h"
 #include "remat/io.h"
 #include "remat/profile.h"
@@ -56,6 +57,12 @@ void apply_rank_options(Config& cfg, int ranks, bool shard_optimizer) {
   }
   REMAT_CHECK(t.micro_batches() % ranks == 0, "--ranks ", ranks, ": ", t.micro_batches(),
               " micro-batches per step, not a multiple of the ", ranks, " ranks");
+}
+
+// GPU ranks exchange gradients with NCCL through device buffers that `remat train` holds
+// (docs/distributed.md): the profile of one rank on cuda:N counts them.
+void set_device_collectives(Config& cfg, const Device& dev) {
+  cfg.training.device_collectives = dev.is_cuda() && cfg.training.ranks > 1 && dist::built_with_nccl();
 }
 
 std::string rank_note(const Config& cfg, int ranks) {
@@ -141,6 +148,7 @@ Runner add_memprof_command(CLI::App& app) {
     if (o->seq < 0) REMAT_THROW("--seq must be positive, got ", o->seq);
     const Device dev = Device::parse(o->device);
     require_available(dev);
+    set_device_collectives(cfg, dev);
     Graph g = build_config_graph(cfg, cfg.training.micro(), o->seq);  // one micro-batch
     const std::vector<std::string> precisions = o->precisions.empty() ? std::vector<std::string>{cfg.training.precision}
                                                                       : split_list("--precision", o->precisions);
@@ -246,6 +254,7 @@ Runner add_plan_command(CLI::App& app) {
     } else {
       apply_rank_options(cfg, o->ranks, o->shard_optimizer);
     }
+    set_device_collectives(cfg, dev);
     if (search_micro) {
       // Search the micro-batch too: the front and the answer are then at the one found.
       searched = plan_micro_batch_for_budget(cfg, budget, o->seq, ws);

@@ -1,5 +1,7 @@
 // `remat train CONFIG ...`: train a model config (see docs/cli.md).
+#include <algorithm>
 #include <cstdio>
+#include <map>
 
 #include "commands.h"
 #include "remat/dist.h"
@@ -33,6 +35,16 @@ Runner add_train_command(CLI::App& app) {
   cmd->add_flag("--shard-optimizer", opt->shard_optimizer,
                 "Data parallel: each rank keeps the optimizer state of 1/N of the parameters (ZeRO-1; sets "
                 "training.shard_optimizer)");
+  cmd->add_option("--overlap", opt->overlap,
+                  "Data parallel on cpu: reduce buckets of gradients during the backward sweep (on) or after it "
+                  "(off); the same weights either way")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, bool>{{"on", true}, {"off", false}}))
+      ->default_str("on");
+  cmd->add_option("--bucket-kib", opt->bucket_kib,
+                  "Data parallel with --overlap on: a bucket of gradients closes at the parameter that brings it "
+                  "to this many KiB")
+      ->check(CLI::PositiveNumber)
+      ->default_val(opt->bucket_kib);
   cmd->add_option("--seed", opt->seed, "Seed for initialisation, data order and dropout");
   cmd->add_option("--out", opt->out, "Run folder: checkpoint/, metrics.jsonl, config.json, memory.html");
   cmd->add_option("--resume", opt->resume, "Resume from a run folder (continues bitwise as if uninterrupted)")
@@ -57,10 +69,14 @@ Runner add_train_command(CLI::App& app) {
       std::printf("done: %lld steps, final loss %.4f", static_cast<long long>(r.steps), r.last_loss);
       if (r.eval_accuracy >= 0) std::printf(", eval loss %.4f, eval accuracy %.4f", r.eval_loss, r.eval_accuracy);
       std::printf(", peak %.1f MiB\n", static_cast<double>(r.peak_bytes) / (1 << 20));
-      if (r.ranks > 1 && !r.losses.empty())
-        std::printf("communication: %d ranks, %.2f MiB sent and %.2f ms per step by rank 0\n", r.ranks,
-                    static_cast<double>(r.comm_bytes) / static_cast<double>(r.losses.size()) / (1 << 20),
-                    r.comm_ms / static_cast<double>(r.losses.size()));
+      if (r.ranks > 1 && !r.losses.empty()) {
+        const double steps = static_cast<double>(r.losses.size());
+        std::printf(
+            "communication: %d ranks, %.2f MiB sent and %.2f ms per step by rank 0, %.2f ms of it waited "
+            "for (%.0f%% hidden behind the backward sweep)\n",
+            r.ranks, static_cast<double>(r.comm_bytes) / steps / (1 << 20), r.comm_ms / steps, r.comm_wait_ms / steps,
+            r.comm_ms > 0 ? 100.0 * std::max(0.0, r.comm_ms - r.comm_wait_ms) / r.comm_ms : 0.0);
+      }
       std::printf("%s", memory_report(r.peak_stats,
                                       "memory at the peak of a training step (policy " +
                                           (opt->policy.empty() ? std::string("from the config") : opt->policy) + "):")

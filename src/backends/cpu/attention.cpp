@@ -478,10 +478,10 @@ void CpuBackend::attention_forward_impl(const Tensor& qkv, const AttentionParams
   float* scratch = os + st.result;
   const int64_t xq = d.t * 3 * d.c, hp = d.h * d.t * d.t, oc = d.t * d.c;
   for (int64_t b = 0; b < d.b; ++b) {
-    cpu::bf16_to_f32(qkv.bf16() + b * xq, xs, xq);
+    cpu::bf16_to_f32_parallel(qkv.bf16() + b * xq, xs, xq);
     forward_heads(d1, b * d.h, p, rng, xs, ps, out.defined() ? os : nullptr, scratch, true);
-    cpu::f32_to_bf16(ps, probs.bf16() + b * hp, hp);  // bf16 values already: exact
-    if (out.defined()) cpu::f32_to_bf16(os, out.bf16() + b * oc, oc);
+    cpu::f32_to_bf16_parallel(ps, probs.bf16() + b * hp, hp);  // bf16 values already: exact
+    if (out.defined()) cpu::f32_to_bf16_parallel(os, out.bf16() + b * oc, oc);
   }
 }
 
@@ -505,11 +505,11 @@ void CpuBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv, 
   float* scratch = dxs + st.result;
   const int64_t xq = d.t * 3 * d.c, hp = d.h * d.t * d.t, oc = d.t * d.c;
   for (int64_t b = 0; b < d.b; ++b) {
-    cpu::bf16_to_f32(qkv.bf16() + b * xq, xs, xq);
-    cpu::bf16_to_f32(dout.bf16() + b * oc, gs, oc);
-    cpu::bf16_to_f32(probs.bf16() + b * hp, ps, hp);
+    cpu::bf16_to_f32_parallel(qkv.bf16() + b * xq, xs, xq);
+    cpu::bf16_to_f32_parallel(dout.bf16() + b * oc, gs, oc);
+    cpu::bf16_to_f32_parallel(probs.bf16() + b * hp, ps, hp);
     backward_heads(d1, b * d.h, p, rng, gs, xs, ps, dxs, scratch);
-    cpu::f32_to_bf16(dxs, dqkv.bf16() + b * xq, xq);
+    cpu::f32_to_bf16_parallel(dxs, dqkv.bf16() + b * xq, xq);
   }
 }
 

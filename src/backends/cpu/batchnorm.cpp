@@ -5,12 +5,14 @@
 // per plane, combined in a fixed order: cpu::sum_f64 and its kin): results do not depend
 // on the thread count.
 //
-// bf16 storage (training.precision bf16): x, y, dy and dx are read and written a plane at a
-// time through fp32 staging (mixed.h), gamma and beta (working copies) widened whole; the
+// bf16 storage (training.precision bf16): a channel of x (and dy) is converted to fp32 once
+// per op (ChannelF32), y and dx written a plane at a time through fp32 staging (mixed.h),
+// gamma and beta (working copies) widened whole; the
 // statistics, running buffers and parameter gradients are f32. Each plane's arithmetic is
 // the fp32 code's, so the results are the fp32 op's on the same values, then rounded.
 #include <cmath>
 
+#include "backends/cpu/bf16.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/mixed.h"
 #include "backends/cpu/parallel.h"
@@ -80,6 +82,28 @@ Passes passes() {
   return {&affine_baseline, &input_grad_baseline};
 }
 
+// The N planes of one channel of a float tensor in fp32: plane(i) points into the tensor
+// when f32; a bf16 channel is converted once, into staging slot `slot`, so the passes
+// over it (two sums and the affine map forward, two sums and dx backward) convert nothing.
+class ChannelF32 {
+ public:
+  ChannelF32(const Tensor& t, const BnGeom& g, int64_t ch, int slot) : g_(g), ch_(ch) {
+    if (!cpu::is_bf16(t)) {
+      base_ = t.f32();
+      return;
+    }
+    buf_ = cpu::staging(slot, g.n * g.hw);
+    for (int64_t i = 0; i < g.n; ++i) cpu::bf16_to_f32(t.bf16() + g.plane(i, ch), buf_ + i * g.hw, g.hw);
+  }
+  const float* plane(int64_t i) const { return base_ ? base_ + g_.plane(i, ch_) : buf_ + i * g_.hw; }
+
+ private:
+  const BnGeom& g_;
+  int64_t ch_;
+  const float* base_ = nullptr;
+  float* buf_ = nullptr;
+};
+
 }  // namespace
 
 void CpuBackend::batchnorm2d_forward_train_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
@@ -98,13 +122,13 @@ void CpuBackend::batchnorm2d_forward_train_impl(const Tensor& x, const Tensor& g
   const Passes pass = passes();
 #pragma omp parallel for schedule(static) if (g.n * g.c * g.hw >= cpu::kParallelMinWork)
   for (int64_t ch = 0; ch < g.c; ++ch) {
-    cpu::F32Reader rx(x, 0);
+    const ChannelF32 xc(x, g, ch, 0);
     cpu::F32Writer wy(y, 2);
     double sum = 0.0;
-    for (int64_t i = 0; i < g.n; ++i) sum += sum_f64(rx.get(g.plane(i, ch), g.hw), g.hw);
+    for (int64_t i = 0; i < g.n; ++i) sum += sum_f64(xc.plane(i), g.hw);
     const double mean = count > 0 ? sum / static_cast<double>(count) : 0.0;
     double sq = 0.0;
-    for (int64_t i = 0; i < g.n; ++i) sq += sum_sq_dev_f64(rx.get(g.plane(i, ch), g.hw), g.hw, mean);
+    for (int64_t i = 0; i < g.n; ++i) sq += sum_sq_dev_f64(xc.plane(i), g.hw, mean);
     const double var = count > 0 ? sq / static_cast<double>(count) : 0.0;  // biased, for normalising
     const double invstd = 1.0 / std::sqrt(var + static_cast<double>(p.eps));
     smp[ch] = static_cast<float>(mean);
@@ -118,7 +142,7 @@ void CpuBackend::batchnorm2d_forward_train_impl(const Tensor& x, const Tensor& g
     const float fscale = static_cast<float>(scale);
     const float fshift = static_cast<float>(bp[ch] - mean * scale);
     for (int64_t i = 0; i < g.n; ++i) {
-      pass.affine(rx.get(g.plane(i, ch), g.hw), fscale, fshift, g.hw, wy.get(g.plane(i, ch), g.hw));
+      pass.affine(xc.plane(i), fscale, fshift, g.hw, wy.get(g.plane(i, ch), g.hw));
       wy.put();
     }
   }
@@ -160,13 +184,12 @@ void CpuBackend::batchnorm2d_backward_impl(const Tensor& dy, const Tensor& x, co
   const Passes pass = passes();
 #pragma omp parallel for schedule(static) if (g.n * g.c * g.hw >= cpu::kParallelMinWork)
   for (int64_t ch = 0; ch < g.c; ++ch) {
-    cpu::F32Reader rx(x, 0), rdy(dy, 1);
+    const ChannelF32 xc(x, g, ch, 0), dyc(dy, g, ch, 1);
     const double mean = smp[ch], invstd = sip[ch];
     double sum_dy = 0.0, dot = 0.0;
     for (int64_t i = 0; i < g.n; ++i) {
-      const float* dyi = rdy.get(g.plane(i, ch), g.hw);
-      sum_dy += sum_f64(dyi, g.hw);
-      dot += sum_dev_dot_f64(rx.get(g.plane(i, ch), g.hw), dyi, g.hw, mean);
+      sum_dy += sum_f64(dyc.plane(i), g.hw);
+      dot += sum_dev_dot_f64(xc.plane(i), dyc.plane(i), g.hw, mean);
     }
     if (dbp) dbp[ch] += static_cast<float>(sum_dy);
     if (dgp) dgp[ch] += static_cast<float>(dot * invstd);
@@ -178,9 +201,7 @@ void CpuBackend::batchnorm2d_backward_impl(const Tensor& dy, const Tensor& x, co
     const float fscale = static_cast<float>(invstd * gp[ch]);
     cpu::F32Writer wdx(dx, 2);  // dx may be dy: each plane of dy is read before its dx is written
     for (int64_t i = 0; i < g.n; ++i) {
-      const float* xi = rx.get(g.plane(i, ch), g.hw);
-      const float* dyi = rdy.get(g.plane(i, ch), g.hw);
-      pass.input_grad(xi, dyi, fmean, fmdy, fk, fscale, g.hw, wdx.get(g.plane(i, ch), g.hw));
+      pass.input_grad(xc.plane(i), dyc.plane(i), fmean, fmdy, fk, fscale, g.hw, wdx.get(g.plane(i, ch), g.hw));
       wdx.put();
     }
   }

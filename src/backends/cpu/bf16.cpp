@@ -1,5 +1,6 @@
 #include "backends/cpu/bf16.h"
 
+#include "backends/cpu/parallel.h"
 #include "backends/cpu/simd.h"
 #include "remat/bf16.h"
 
@@ -82,6 +83,14 @@ void bf16_to_f32(const uint16_t* x, float* y, int64_t n) {
   if (simd() == Simd::avx512) return bf16_to_f32_avx512(x, y, n);
 #endif
   bf16_to_f32_portable(x, y, n);
+}
+
+void f32_to_bf16_parallel(const float* x, uint16_t* y, int64_t n) {
+  parallel_for(n, kParallelMinWork, [&](int64_t a, int64_t b) { f32_to_bf16(x + a, y + a, b - a); });
+}
+
+void bf16_to_f32_parallel(const uint16_t* x, float* y, int64_t n) {
+  parallel_for(n, kParallelMinWork, [&](int64_t a, int64_t b) { bf16_to_f32(x + a, y + a, b - a); });
 }
 
 }  // namespace remat::cpu

@@ -16,6 +16,10 @@ bool use_avx512_bf16();
 
 void f32_to_bf16(const float* x, uint16_t* y, int64_t n);
 void bf16_to_f32(const uint16_t* x, float* y, int64_t n);
+// The same, spread over the OpenMP threads for large n (the same bits: element by element).
+// For whole blocks converted between parallel phases (attention's per-element staging).
+void f32_to_bf16_parallel(const float* x, uint16_t* y, int64_t n);
+void bf16_to_f32_parallel(const uint16_t* x, float* y, int64_t n);
 
 // The portable loops, whatever the CPU (for tests).
 void f32_to_bf16_portable(const float* x, uint16_t* y, int64_t n);

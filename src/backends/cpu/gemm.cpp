@@ -32,6 +32,9 @@ void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const
               static_cast<int>(tb ? k : n), beta, c, static_cast<int>(n));
 }
 
+// Rows per task of a parallel conversion of rows of `cols` elements.
+int64_t row_grain(int64_t cols) { return std::max<int64_t>(1, cpu::kParallelMinWork / std::max<int64_t>(cols, 1)); }
+
 // Rows [r0, r0 + rows) x columns [c0, c0 + cols) of a row-major matrix (leading dimension
 // ld, starting `off` elements into t) in fp32: a pointer into t when f32 (*ld_out = ld),
 // else converted into staging slot `slot` (*ld_out = cols).
@@ -43,7 +46,10 @@ const float* panel(const Tensor& t, int64_t off, int64_t ld, int64_t r0, int64_t
   }
   float* buf = cpu::staging(slot, rows * cols);
   const uint16_t* h = t.bf16() + off;
-  for (int64_t r = 0; r < rows; ++r) cpu::bf16_to_f32(h + (r0 + r) * ld + c0, buf + r * cols, cols);
+  // In parallel: the GEMM runs on every core, a serial conversion would leave them idle.
+  cpu::parallel_for(rows, row_grain(cols), [&](int64_t a, int64_t b) {
+    for (int64_t r = a; r < b; ++r) cpu::bf16_to_f32(h + (r0 + r) * ld + c0, buf + r * cols, cols);
+  });
   *ld_out = cols;
   return buf;
 }
@@ -70,7 +76,9 @@ void gemm_mixed(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, 
         ct = cpu::staging(5, mi * nj);
         ldc = nj;
         if (beta != 0.0f && !pbias)
-          for (int64_t r = 0; r < mi; ++r) cpu::bf16_to_f32(c.bf16() + c_off + (i0 + r) * n + j0, ct + r * nj, nj);
+          cpu::parallel_for(mi, row_grain(nj), [&](int64_t a, int64_t b) {
+            for (int64_t r = a; r < b; ++r) cpu::bf16_to_f32(c.bf16() + c_off + (i0 + r) * n + j0, ct + r * nj, nj);
+          });
       } else {
         ct = c.f32() + c_off + i0 * n + j0;
         ldc = n;
@@ -96,7 +104,9 @@ void gemm_mixed(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, 
                     static_cast<int>(lb), k0 == 0 ? first_beta : 1.0f, ct, static_cast<int>(ldc));
       }
       if (c_bf16)
-        for (int64_t r = 0; r < mi; ++r) cpu::f32_to_bf16(ct + r * nj, c.bf16() + c_off + (i0 + r) * n + j0, nj);
+        cpu::parallel_for(mi, row_grain(nj), [&](int64_t a, int64_t b) {
+          for (int64_t r = a; r < b; ++r) cpu::f32_to_bf16(ct + r * nj, c.bf16() + c_off + (i0 + r) * n + j0, nj);
+        });
     }
   }
 }

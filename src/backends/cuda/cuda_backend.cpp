@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 
+#include "backends/cuda/cuda_device.h"
 #include "backends/cuda/gemm.h"
 #include "kernels/gemm.cuh"
 #include "kernels/bias.cuh"
@@ -13,9 +14,6 @@
 #include "remat/device_registry.h"
 #include "remat/error.h"
 #include "remat/memory.h"
-#if !defined(REMAT_EMULATE)
-#include "backends/cuda/cuda_device.h"
-#endif
 
 namespace remat {
 REMAT_KERNELS_ABI_BEGIN
@@ -236,18 +234,46 @@ void CudaBackend::linear_backward_impl(const Tensor& dy, const Tensor& x, const 
                          kScratchBytes, stream_);
 }
 
+#if defined(REMAT_EMULATE)
+bool CudaBackend::count_traffic(bool on) {
+  if (!emu::traffic_instrumented()) return false;
+  emu::set_traffic_count(on);
+  return true;
+}
+
+std::vector<Backend::KernelTraffic> CudaBackend::take_traffic() {
+  std::vector<KernelTraffic> out;
+  for (const emu::KernelTraffic& t : emu::take_traffic()) {
+    KernelTraffic k;
+    k.kernel = t.kernel;
+    k.launches = static_cast<int64_t>(t.launches);
+    k.warp_accesses = static_cast<int64_t>(t.warp_accesses);
+    k.requested_bytes = static_cast<int64_t>(t.requested_bytes);
+    k.sectors = static_cast<int64_t>(t.sectors);
+    k.worst_site = t.worst_site;
+    k.worst_site_efficiency = t.worst_site_efficiency;
+    out.push_back(std::move(k));
+  }
+  return out;
+}
+#endif
+
 REMAT_KERNELS_ABI_END
 
 #if defined(REMAT_EMULATE)
-// The emulated GPU: the CUDA backend on the host emulator, its memory host memory (as
-// cudaMalloc on the emulator). Registering twice is allowed (each test binary and the
-// remat command call this at startup).
+// The emulated GPU: the CUDA backend on the host emulator, its memory the emulator's
+// cudaMalloc arena (as a GPU's, not addressable by host code), its copies and fills those
+// of cuda_memory.cpp on the backend's stream. Registering twice is allowed (each test
+// binary and the remat command call this at startup).
 void register_cuda_emu_backend() {
   if (find_device_kind(DeviceType::cuda_emu)) return;
   DeviceKind k;
   k.type = DeviceType::cuda_emu;
-  k.make_raw_allocator = [](Device) { return make_cpu_raw_allocator(); };
+  k.make_raw_allocator = &cuda_device::make_raw_allocator;
   k.make_backend = [](Device d) -> std::unique_ptr<Backend> { return std::make_unique<CudaBackend>(d); };
+  k.copy = &cuda_device::copy;
+  k.fill_f32 = &cuda_device::fill_f32;
+  k.zero = &cuda_device::zero;
   k.summary = "the CUDA kernels on the host emulator: exact semantics, slow";
   register_device_kind(k);
 }

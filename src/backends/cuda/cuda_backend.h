@@ -46,6 +46,7 @@ class CudaBackend : public Backend {
   std::string name() const override { return device_.is_cuda_emu() ? "cuda-emu" : "cuda"; }
 
   cudaStream_t stream() const { return stream_; }
+  void* native_stream() const override { return stream_; }
   cublasHandle_t cublas() const { return cublas_; }
   // TF32 tensor-core GEMMs (cuBLAS math mode); off by default, on with REMAT_TF32=1.
   bool set_tf32(bool on) override;
@@ -81,6 +82,11 @@ class CudaBackend : public Backend {
   Properties properties() const override;
   // Every op takes bf16 activations (kernels/bf16.cuh; docs/kernels.md "bf16 kernels").
   bool supports_bf16() const override { return true; }
+#if defined(REMAT_EMULATE)
+  // The emulator's traffic counter (kernels/emu/traffic.cpp).
+  bool count_traffic(bool on) override;
+  std::vector<KernelTraffic> take_traffic() override;
+#endif
 
  protected:
   void enter_op() override { activate(); }

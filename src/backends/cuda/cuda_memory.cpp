@@ -1,5 +1,7 @@
 // Raw CUDA memory for the caching allocator, and the copies and fills Tensor needs (on the
-// device's backend stream).
+// device's backend stream). Built twice, like the backend: against CUDA for `cuda:N` and
+// against the emulator for `cuda-emu`, whose memory is the emulator's cudaMalloc arena,
+// which host code cannot touch (kernels/emu/device_memory.cpp).
 #include <cuda_runtime.h>
 
 #include <cstring>
@@ -14,8 +16,16 @@
 #include "remat/tensor.h"
 
 namespace remat {
+REMAT_KERNELS_ABI_BEGIN
 
 namespace {
+
+#if defined(REMAT_EMULATE)
+constexpr DeviceType kGpu = DeviceType::cuda_emu;
+#else
+constexpr DeviceType kGpu = DeviceType::cuda;
+#endif
+bool on_gpu(Device d) { return d.type == kGpu; }
 
 class CudaRawAllocator final : public RawAllocator {
  public:
@@ -45,16 +55,6 @@ class CudaRawAllocator final : public RawAllocator {
   int64_t capacity_ = 0;
 };
 
-}  // namespace
-
-std::unique_ptr<RawAllocator> cuda_device::make_raw_allocator(Device d) {
-  return std::make_unique<CudaRawAllocator>(d.index);
-}
-
-namespace detail {
-
-namespace {
-
 // The stream of the device's backend: every copy and fill goes there, in order with the
 // ops, never on the legacy default stream.
 CudaBackend& backend_of(Device d) {
@@ -66,22 +66,24 @@ cudaStream_t stream_of(Device d) { return backend_of(d).stream(); }
 
 }  // namespace
 
-void device_memcpy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) {
-  REMAT_CHECK(!dst_dev.is_meta() && !src_dev.is_meta(), "copy between ", src_dev.str(), " and ", dst_dev.str());
-  // cuda-emu memory is host memory
-  cudaMemcpyKind kind = dst_dev.is_cuda() ? (src_dev.is_cuda() ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
-                                          : (src_dev.is_cuda() ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
-  if (kind == cudaMemcpyHostToHost) {
-    std::memmove(dst, src, bytes);
-    return;
-  }
+namespace cuda_device {
+
+std::unique_ptr<RawAllocator> make_raw_allocator(Device d) { return std::make_unique<CudaRawAllocator>(d.index); }
+
+void copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) {
+  REMAT_CHECK((on_gpu(dst_dev) || dst_dev.is_cpu()) && (on_gpu(src_dev) || src_dev.is_cpu()) &&
+                  (on_gpu(dst_dev) || on_gpu(src_dev)),
+              "the ", Device{kGpu, 0}.str(), " copy cannot copy from ", src_dev.str(), " to ", dst_dev.str());
+  if (bytes == 0) return;
+  const cudaMemcpyKind kind =
+      on_gpu(dst_dev) ? (on_gpu(src_dev) ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice) : cudaMemcpyDeviceToHost;
   // A copy out of another GPU waits for that GPU's stream to produce the data.
-  if (src_dev.is_cuda() && dst_dev.is_cuda() && src_dev.index != dst_dev.index) {
+  if (kind == cudaMemcpyDeviceToDevice && src_dev.index != dst_dev.index) {
     REMAT_CUDA_CHECK(cudaSetDevice(src_dev.index));
     backend_of(src_dev).note_drain();
     REMAT_CUDA_CHECK(cudaStreamSynchronize(stream_of(src_dev)));
   }
-  const Device dev = dst_dev.is_cuda() ? dst_dev : src_dev;
+  const Device dev = on_gpu(dst_dev) ? dst_dev : src_dev;
   REMAT_CUDA_CHECK(cudaSetDevice(dev.index));
   cudaStream_t stream = stream_of(dev);
   REMAT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream));
@@ -93,11 +95,20 @@ void device_memcpy(void* dst, Device dst_dev, const void* src, Device src_dev, s
   }
 }
 
-void device_fill_f32(float* dst, Device dev, int64_t n, float value) {
-  REMAT_CHECK(dev.is_cuda(), "device_fill_f32 on ", dev.str());
+void fill_f32(float* dst, Device dev, int64_t n, float value) {
+  REMAT_CHECK(on_gpu(dev), "the ", Device{kGpu, 0}.str(), " fill on ", dev.str());
   REMAT_CUDA_CHECK(cudaSetDevice(dev.index));
   kernels::fill_f32(dst, n, value, stream_of(dev));
 }
 
-}  // namespace detail
+void zero(void* dst, Device dev, size_t bytes) {
+  REMAT_CHECK(on_gpu(dev), "the ", Device{kGpu, 0}.str(), " zeroing on ", dev.str());
+  if (bytes == 0) return;
+  REMAT_CUDA_CHECK(cudaSetDevice(dev.index));
+  REMAT_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_of(dev)));
+}
+
+}  // namespace cuda_device
+
+REMAT_KERNELS_ABI_END
 }  // namespace remat
