@@ -133,9 +133,7 @@ struct ConvGeom {
   }
   // bf16: col in bf16, at least one image's fp32 col (an f32 x: its forward takes chunks of
   // that); none for a pointwise convolution (x is its column matrix in either dtype).
-  size_t fwd_bytes_bf16() const {
-    return trivial() || pointwise ? 0 : std::max(col_bytes(nb_fwd, 2), col_bytes(1, 4));
-  }
+  size_t fwd_bytes_bf16() const { return trivial() || pointwise ? 0 : std::max(col_bytes(nb_fwd, 2), col_bytes(1, 4)); }
   // A bf16 dy's layout: dyT in bf16 (16-byte aligned end), then col (x's column matrix in
   // x's dtype for dw, then the f32 w^T @ dyT for dx); an f32 dy takes the fp32 layout.
   size_t dyt_bytes_bf16() const { return round_up16(static_cast<size_t>(s.k * nb_bwd * plane) * 2); }
@@ -207,8 +205,7 @@ void CudaBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, const Te
     if (CudnnConv* cudnn = CudnnConv::of(*this)) {
       const bool fp32 = x.dtype() == DType::f32 && w.dtype() == DType::f32 && y.dtype() == DType::f32;
       const CudnnConv::Plan& plan = cudnn->plan(x.shape(), w.shape(), p, tf32(), !fp32);
-      const bool types_ok =
-          fp32 || (x.dtype() == DType::bf16 && w.dtype() == DType::bf16 && y.dtype() == DType::bf16);
+      const bool types_ok = fp32 || (x.dtype() == DType::bf16 && w.dtype() == DType::bf16 && y.dtype() == DType::bf16);
       if (plan.forward_ok && types_ok && plan.fwd_bytes <= ws_bytes) {
         cudnn->forward(plan, x.raw_data(), w.raw_data(), beta, y.raw_data(),
                        plan.fwd_bytes ? workspace.raw_data() : nullptr);

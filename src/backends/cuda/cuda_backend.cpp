@@ -8,8 +8,8 @@
 
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/gemm.h"
-#include "kernels/gemm.cuh"
 #include "kernels/bias.cuh"
+#include "kernels/gemm.cuh"
 #include "remat/cuda_check.h"
 #include "remat/device_registry.h"
 #include "remat/error.h"
