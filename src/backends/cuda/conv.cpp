@@ -16,8 +16,9 @@
 //               col_g = w_g^T @ dyT_g, then dx = col2im(col)   (a gather per input element)
 //   The forward pass of a 1x1 convolution with stride 1 and no padding reads x as its own
 //   column matrix (no workspace). A forward pass takes as many images per chunk as the
-//   workspace it is given holds (at most nb): each output is one dot product, so the chunks
-//   change no result.
+//   workspace it is given holds (at most nb; exactly nb with the query's bytes in its own
+//   dtype): each output is one dot product, so smaller chunks change no sum (cuBLAS may
+//   still pick another kernel for another batch count).
 //
 // bf16 (training.precision bf16): any array may be bf16. The column matrix and the dy
 // transpose keep their source's dtype (exact copies), the GEMMs go through
@@ -41,7 +42,7 @@
 // query and the op after it agree. Under activation_dtype() bf16 the queries answer what
 // any dtypes need: forward the bf16 column matrix of a chunk (half the fp32 one) but at
 // least one image's fp32 column matrix (an f32 x: the forward takes as many images per
-// chunk as its workspace holds, which changes no result), nothing for a pointwise
+// chunk as its workspace holds), nothing for a pointwise
 // convolution; backward the larger of the fp32 layout and the bf16 one (a bf16 dy
 // transpose, then the column matrix, f32 for dx).
 #include <algorithm>
