@@ -219,6 +219,7 @@ TEST(DeviceExec, Bf16EveryPolicyIsBitwiseThePlainStepAndMatchesCpu) {
       for (size_t k = 0; k < r.state.size(); ++k)
         EXPECT_TRUE(bitwise_equal(r.state[k], plain.state[k])) << policy << " " << r.names[k];
     }
+    EXPECT_NE(plain.losses, run(m.graph, dut(), "none").losses) << "the bf16 step computed in bf16";
     const StepRun cpu = run(m.graph, Device::cpu(), "none", bf16);
     const StepRun cpu32 = run(m.graph, Device::cpu(), "none");
     for (size_t i = 0; i < cpu.losses.size(); ++i)
@@ -272,6 +273,7 @@ TEST(DeviceExec, Bf16TrainingRunMatchesCpu) {
     ASSERT_EQ(on_device.losses.size(), on_cpu.losses.size());
     ASSERT_EQ(on_cpu32.losses.size(), on_cpu.losses.size());
     EXPECT_NE(on_cpu.losses, on_cpu32.losses) << "the bf16 run computed in bf16";
+    EXPECT_NE(on_device.losses, on_cpu32.losses) << "the bf16 run on the device computed in bf16";
     for (size_t i = 0; i < on_cpu.losses.size(); ++i)
       EXPECT_TRUE(bf16_close(on_cpu.losses[i], on_device.losses[i], on_cpu32.losses[i])) << "step " << i + 1;
     EXPECT_GT(on_device.peak_bytes, 0);
