@@ -11,25 +11,28 @@
 # past the whole budget. A failed stage does not stop the others, except preflight and
 # device (no usable GPU: the rest would only skip); the script exits non-zero when any
 # stage failed, was cut or was not reached.
-#   env       10  the machine: GPU, driver, toolkit, compilers, C library, PyTorch
+#   env        8  the machine: GPU, driver, toolkit, compilers, C library, PyTorch
 #   preflight  5  fatal: the CUDA toolkit found; a GPU visible (nvidia-smi -L); the driver's
 #                 CUDA version not older than the toolkit's (else cudaErrorInsufficientDriver,
 #                 35); the carried packages' GLIBC/GLIBCXX needs met by this machine
-#   configure 30  the `gpu` preset (native architecture) with REMAT_DEPS_PREFIX at the
+#   configure 25  the `gpu` preset (native architecture) with REMAT_DEPS_PREFIX at the
 #                 packages tools/gpu_deps.sh gathered, without the CUDA emulator
 #   build    150  the remat command and the GPU test binaries (test_*gpu*), on every core
 #   device     5  fatal: `remat info` sees cuda:0 (the runtime's own verdict, error 35 included)
-#   ctest     60  `ctest -L gpu -LE mpi`; fails when a test fails, or any is skipped (no GPU)
-#   nccl      10  the build has NCCL and test_nccl_gpu passes (one rank: the communicator, the
+#   ctest     55  `ctest -L gpu -LE mpi`; fails when a test fails, or any is skipped (no GPU)
+#   nccl       8  the build has NCCL and test_nccl_gpu passes (one rank: the communicator, the
 #                 collectives on the backend's stream, the reducer bitwise the local fold);
 #                 then, where mpirun and MPI are there, `mpirun -np 1 remat train` on cuda
 #                 bitwise one process (tests/test_mpi_nccl.sh); skipped, saying so, otherwise
-#   bench     20  `remat bench kernels` (GB/s and % of peak; GEMM TFLOP/s)
-#   train_gpt2_124m_{none,sqrt,selective}  25 each: 30 steps (step time, peak memory), TF32 GEMMs
-#   torch     30  the same GPT-2 step in PyTorch eager on the same GPU (tools/torch_reference.py)
-#   train_resnet_tiny_{none,sqrt,selective}  10 each
-#   memcheck  25  the op cases (test_backend_ops_gpu) under compute-sanitizer --tool memcheck
-#   racecheck 15  the same under --tool racecheck
+#   bench     25  `remat bench kernels` (GB/s and % of peak; GEMM TFLOP/s: fp32, TF32, bf16
+#                 square and at GPT-2 124M's shapes, % of the dense bf16 peak)
+#   train_gpt2_124m_{none,sqrt,selective}  20 each: 30 steps (step time, peak memory), TF32 GEMMs
+#   torch     25  the same GPT-2 step in PyTorch eager on the same GPU (tools/torch_reference.py)
+#   train_gpt2_124m_bf16_none  20  the GPT-2 step in bf16 (--precision bf16)
+#   torch_bf16 25  PyTorch's GPT-2 step under autocast bf16
+#   train_resnet_tiny_{none,sqrt,selective}  8 each
+#   memcheck  20  the op cases (test_backend_ops_gpu) under compute-sanitizer --tool memcheck
+#   racecheck 10  the same under --tool racecheck
 # then the summary (tools/gpu_check_summary.py): rewritten after every stage, and printed
 # on exit whatever happened (an EXIT trap; INT and TERM stop the running stage first), so
 # a cut run still reports what it measured. Logs, run metrics and JSON go to the work
@@ -66,6 +69,8 @@
 #   GPU_CHECK_TORCH_MODEL the model PyTorch times [gpt2_124m / gpt_char_tiny]
 #   GPU_CHECK_TORCH_STEPS steps PyTorch times [20 / 2]
 #   GPU_CHECK_TF32       1: TF32 GEMMs in remat (REMAT_TF32) and PyTorch; 0: fp32 [1]
+#   GPU_CHECK_BF16       1: after PyTorch's step, the torch model's bf16 step (policy none)
+#                        in remat (--precision bf16) and in PyTorch (autocast bf16); 0: not [1]
 #   GPU_CHECK_SANITIZER_BINARIES test binaries under the sanitizers [test_backend_ops_gpu / test_backend_ops_race]
 #                        (empty: every test_*gpu* target)
 #   GPU_CHECK_SANITIZER_FILTER  their --gtest_filter [Ops/BackendOps.MatchesCpu/* / the conv2d and softmax cases]
@@ -99,6 +104,7 @@ steps=${GPU_CHECK_STEPS:-$(dry 2 30)}
 torch_model=${GPU_CHECK_TORCH_MODEL:-$(dry gpt_char_tiny gpt2_124m)}
 torch_steps=${GPU_CHECK_TORCH_STEPS:-$(dry 2 20)}
 tf32=${GPU_CHECK_TF32:-1}
+bf16=${GPU_CHECK_BF16:-1}
 # Under the sanitizers: the op cases (small shapes, every kernel; the training tests would
 # not fit the stages' budgets under memcheck).
 sanitizer_filter=${GPU_CHECK_SANITIZER_FILTER:-$(dry "*BackendOps.MatchesCpu/conv2d*:*BackendOps.MatchesCpu/softmax*" "Ops/BackendOps.MatchesCpu/*")}
@@ -143,26 +149,28 @@ export PATH
 plan=()
 add_plan() { plan+=("$1:$2"); }
 model_name() { basename "$1" .json; }
-train_budget() { [[ $(model_name "$1") == resnet* ]] && echo 10 || echo 25; }
-add_plan env 10
+train_budget() { [[ $(model_name "$1") == resnet* ]] && echo 8 || echo 20; }
+add_plan env 8
 add_plan preflight 5
-add_plan configure 30
+add_plan configure 25
 add_plan build 150
 add_plan device 5
-add_plan ctest 60
-add_plan nccl 10
-add_plan bench 20
+add_plan ctest 55
+add_plan nccl 8
+add_plan bench 25
 torch_added=0
+torch_plan() {  # PyTorch's fp32 step, then remat's and PyTorch's bf16 steps (GPT-2: issue 14's target)
+  add_plan torch 25
+  ((bf16)) && add_plan "train_${torch_model}_bf16_none" 20 && add_plan torch_bf16 25
+  torch_added=1
+}
 for m in "${models[@]}"; do
   for p in "${policies[@]}"; do add_plan "train_$(model_name "$m")_$p" "$(train_budget "$m")"; done
-  if [[ $(model_name "$m") == "$torch_model" ]]; then
-    add_plan torch 30
-    torch_added=1
-  fi
+  [[ $(model_name "$m") == "$torch_model" ]] && torch_plan
 done
-((torch_added)) || add_plan torch 30
-add_plan memcheck 25
-add_plan racecheck 15
+((torch_added)) || torch_plan
+add_plan memcheck 20
+add_plan racecheck 10
 
 note() { printf '[gpu_check %4ds] %s\n' "$(($(date +%s) - start))" "$*"; }
 loud() {
@@ -454,11 +462,15 @@ json.dump(cfg, open(dst, "w"), indent=2)
 EOF
 }
 
-train_run() {  # train_run MODEL POLICY
-  local cfg=$work/configs/$1.json run=$work/runs/$1_$2
+train_run() {  # train_run MODEL POLICY [bf16]: the run's folder is runs/MODEL_POLICY or runs/MODEL_bf16_POLICY
+  local cfg=$work/configs/$1.json run=$work/runs/$1_$2 precision=()
   [[ -f $cfg ]] || { echo "no config $cfg"; return 1; }
+  if [[ ${3:-} == bf16 ]]; then
+    run=$work/runs/$1_bf16_$2
+    precision=(--precision bf16)
+  fi
   if [[ $tf32 == 1 ]]; then export REMAT_TF32=1; fi
-  "$build/remat" train "$cfg" --device "$train_device" --policy "$2" --steps "$steps" --out "$run" "${train_args[@]}"
+  "$build/remat" train "$cfg" --device "$train_device" --policy "$2" --steps "$steps" --out "$run" "${precision[@]}" "${train_args[@]}"
   local rc=$?
   rm -rf "$run/init.safetensors" "$run/checkpoint"  # weights: large and not looked at
   return "$rc"
@@ -651,19 +663,27 @@ if [[ $train_device == cuda* && $train_device != cuda-emu ]]; then
   torch_args+=(--device "$train_device")
   [[ $tf32 == 1 ]] && torch_args+=(--tf32)
 fi
+torch_bf16_args=("${torch_args[@]}")
+torch_bf16_args[5]=$work/torch_${torch_model}_bf16.json  # the value of --json
+torch_bf16_args+=(--precision bf16)
+torch_stages() {  # the torch_plan's stages
+  stage torch "$python" tools/torch_reference.py "${torch_args[@]}"
+  if ((bf16)); then
+    stage "train_${torch_model}_bf16_none" train_run "$torch_model" none bf16
+    stage torch_bf16 "$python" tools/torch_reference.py "${torch_bf16_args[@]}"
+  fi
+  torch_done=1
+}
 torch_done=0
 for m in "${models[@]}"; do
   name=$(model_name "$m")
   derive_config "$m" "$work/configs/$name.json" >>"$work/logs/configs.log" 2>&1
   for p in "${policies[@]}"; do stage "train_${name}_${p}" train_run "$name" "$p"; done
-  if [[ $name == "$torch_model" ]]; then
-    stage torch "$python" tools/torch_reference.py "${torch_args[@]}"
-    torch_done=1
-  fi
+  [[ $name == "$torch_model" ]] && torch_stages
 done
 if ((!torch_done)); then
   derive_config "$torch_model" "$work/configs/$torch_model.json" >>"$work/logs/configs.log" 2>&1
-  stage torch "$python" tools/torch_reference.py "${torch_args[@]}"
+  torch_stages
 fi
 stage memcheck sanitize memcheck
 stage racecheck sanitize racecheck

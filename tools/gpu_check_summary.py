@@ -7,8 +7,10 @@ tables and writes summary.json beside them.
 
 Step times are the median step_ms of a run's logged steps after the first five (the
 allocator's cache and cuBLAS warm up there); the issue's targets are marked "met" or
-"MISSED": memory-bound kernels >= 80% of peak bandwidth; for the GPT-2 model PyTorch times,
-sqrt <= 1.35 x none, selective <= 1.10 x none, remat (none) <= PyTorch.
+"MISSED": memory-bound kernels >= 80% of peak bandwidth; bf16 GEMMs at GPT-2's shapes >= 60% of
+the dense bf16 peak; for the GPT-2 model PyTorch times, sqrt <= 1.35 x none, selective <= 1.10 x
+none, remat (none) <= PyTorch; its bf16 run (runs/<model>_bf16_none) <= PyTorch under
+autocast bf16 (torch_<model>_bf16.json).
 """
 import argparse
 import json
@@ -18,6 +20,7 @@ import statistics
 import sys
 
 KERNEL_TARGET_PCT = 80.0
+BF16_GEMM_TARGET_PCT = 60.0
 RATIO_TARGETS = {"sqrt": 1.35, "selective": 1.10}
 WARMUP_STEPS = 5
 
@@ -137,11 +140,18 @@ def main(argv):
             pct_s = f"{pct:6.1f}%" if pct is not None else "      -"
             target = mark(pct >= KERNEL_TARGET_PCT) if pct is not None else ""
             print(f"  {k['name']:<20} {k['shape']:<18} {k['gbps']:8.1f} {pct_s}  {target}")
+        if bench.get("peak_bf16_tflops"):
+            print(f"  bf16 GEMMs: % of the dense bf16 peak, {bench['peak_bf16_tflops']:.0f} TFLOP/s "
+                  f"({bench.get('peak_bf16_source')}); target >= {BF16_GEMM_TARGET_PCT:.0f}% at GPT-2's shapes")
         for g in bench.get("gemm", []):
-            if g.get("status") == "ok":
-                print(f"  {g['name']:<20} {g['m']}^3{'':<13} {g['tflops']:8.2f} TFLOP/s")
-            else:
-                print(f"  {g['name']:<20} {g['m']}^3{'':<13} {g.get('status'):>8}")
+            shape = f"{g['m']}x{g.get('n', g['m'])}x{g.get('k', g['m'])}"
+            if g.get("status") != "ok":
+                print(f"  {g['name']:<20} {shape:<18} {g.get('status'):>8}")
+                continue
+            pct = g.get("pct_bf16_peak")
+            pct_s = f"{pct:6.1f}%" if pct is not None else ""
+            target = mark(pct >= BF16_GEMM_TARGET_PCT) if pct is not None and g["name"].startswith("gpt2_") else ""
+            print(f"  {g['name']:<20} {shape:<18} {g['tflops']:8.2f} TFLOP/s {pct_s}  {target}")
     else:
         print("  no bench_kernels.json")
 
@@ -155,21 +165,27 @@ def main(argv):
             if st:
                 model, _, policy = d.rpartition("_")
                 runs.setdefault(model, {})[policy] = st
-    torch_ms = None
-    tp = os.path.join(a.work, f"torch_{a.torch_model}.json")
-    if os.path.exists(tp):
-        with open(tp) as f:
-            torch_ms = json.load(f).get("median_ms")
+    # PyTorch's step per remat model key: the fp32 (or TF32) step, and the autocast bf16 step
+    # beside remat's bf16 run of the same model.
+    torch_by_model = {}
+    for key, suffix in ((a.torch_model, ""), (a.torch_model + "_bf16", "_bf16")):
+        tp = os.path.join(a.work, f"torch_{a.torch_model}{suffix}.json")
+        if os.path.exists(tp):
+            with open(tp) as f:
+                torch_by_model[key] = json.load(f).get("median_ms")
+    torch_ms = torch_by_model.get(a.torch_model)
     out["runs"] = runs
-    out["torch"] = {"model": a.torch_model, "median_step_ms": torch_ms}
-    print(f"  {'model':<14} {'policy':<10} {'step ms':>9} {'x none':>7} {'peak MiB':>9} {'loss':>8} {'x PyTorch':>10}")
+    out["torch"] = {"model": a.torch_model, "median_step_ms": torch_ms,
+                    "bf16_median_step_ms": torch_by_model.get(a.torch_model + "_bf16")}
+    print(f"  {'model':<18} {'policy':<10} {'step ms':>9} {'x none':>7} {'peak MiB':>9} {'loss':>8} {'x PyTorch':>10}")
     for model, by_policy in runs.items():
         base = by_policy.get("none", {}).get("median_step_ms")
         for policy, st in by_policy.items():
             ms = st["median_step_ms"]
             ratio = ms / base if base else None
             st["ratio_to_none"] = ratio
-            vs_torch = ms / torch_ms if (torch_ms and model == a.torch_model) else None
+            t_ms = torch_by_model.get(model)
+            vs_torch = ms / t_ms if t_ms else None
             st["ratio_to_torch"] = vs_torch
             notes = []
             if model == a.torch_model and ratio is not None and policy in RATIO_TARGETS:
@@ -179,12 +195,15 @@ def main(argv):
             ratio_s = f"{ratio:7.3f}" if ratio is not None else "      -"
             torch_s = f"{vs_torch:10.3f}" if vs_torch is not None else "         -"
             loss = st["final_loss"]
-            print(f"  {model:<14} {policy:<10} {ms:9.2f} {ratio_s} {st['peak_bytes'] / 2**20:9.1f} "
+            print(f"  {model:<18} {policy:<10} {ms:9.2f} {ratio_s} {st['peak_bytes'] / 2**20:9.1f} "
                   f"{loss if loss is not None else float('nan'):8.4f} {torch_s}  {'; '.join(notes)}")
     if not runs:
         print("  no runs")
     if torch_ms:
         print(f"  PyTorch eager {a.torch_model}: {torch_ms:.2f} ms/step (median)")
+    if torch_by_model.get(a.torch_model + "_bf16"):
+        print(f"  PyTorch eager {a.torch_model} bf16 (autocast): "
+              f"{torch_by_model[a.torch_model + '_bf16']:.2f} ms/step (median)")
 
     with open(os.path.join(a.work, "summary.json"), "w") as f:
         json.dump(out, f, indent=2)

@@ -1,7 +1,8 @@
 // `remat bench kernels`: the memory-bound ops of a backend at a size far beyond the L2
 // cache (64 Mi elements by default), each as the bytes it must move over its median time
 // in GB/s and as a share of the device's peak memory bandwidth; and a GEMM line in
-// TFLOP/s (fp32, and TF32 on a GPU).
+// TFLOP/s (fp32, TF32 on a GPU, bf16 with fp32 accumulation: square and GPT-2 124M's
+// shapes, as a share of the datasheet's dense bf16 peak).
 //
 // On a GPU (device cuda) each timed run is bracketed by CUDA events on the backend's
 // stream, after a write of twice the L2 size so that no run finds its inputs in the L2.
@@ -18,6 +19,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,7 @@
 
 #include "commands.h"
 #include "remat/backend.h"
+#include "remat/bf16.h"
 #include "remat/error.h"
 #include "remat/io.h"
 
@@ -242,6 +245,7 @@ struct Options {
   int iters = 20;
   int warmup = 2;
   double peak_gbps = 0;
+  double peak_bf16_tflops = 0;
   std::string filter;
   std::string json;
 };
@@ -258,6 +262,48 @@ std::vector<double> time_runs(Timer& timer, const std::function<void()>& body, c
 double median(const std::vector<double>& sorted) {
   const size_t n = sorted.size();
   return n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+}
+
+// The GEMM lines: a square fp32 and TF32 GEMM of side `size`, the same in bf16, and the
+// bf16 GEMMs of a GPT-2 124M step at `size` tokens (8192: batch 8 of 1024): the attention
+// input projection, the MLP's two, the LM head (vocabulary padded to 50304, as llm.c does).
+struct GemmCase {
+  std::string name;
+  int64_t m, n, k;
+  bool bf16, tf32;
+};
+
+std::vector<GemmCase> gemm_cases(int64_t size) {
+  return {{"gemm_fp32", size, size, size, false, false},
+          {"gemm_tf32", size, size, size, false, true},
+          {"gemm_bf16", size, size, size, true, false},
+          {"gpt2_qkv_bf16", size, 3 * 768, 768, true, false},
+          {"gpt2_fc_bf16", size, 4 * 768, 768, true, false},
+          {"gpt2_proj_bf16", size, 768, 4 * 768, true, false},
+          {"gpt2_lm_head_bf16", size, 50304, 768, true, false}};
+}
+
+// A GEMM operand: uniform(-1, 1) values, rounded to bf16 where asked.
+Tensor operand(const Shape& s, uint32_t seed, bool bf16, Device dev) {
+  Tensor f = uniform(s, seed, -1, 1, Device::cpu());
+  if (!bf16) return dev.is_cpu() ? f : f.to(dev);
+  Tensor h = Tensor::empty(s, Device::cpu(), DType::bf16);
+  const float* src = f.f32();
+  uint16_t* dst = h.bf16();
+  for (int64_t i = 0; i < h.numel(); ++i) dst[i] = bf16_from_float(src[i]);
+  return dev.is_cpu() ? h : h.to(dev);
+}
+
+// Dense (no sparsity) bf16 tensor-core peak of the GPUs we meet, from NVIDIA's datasheets;
+// 0 for the others (give --peak-bf16-tflops).
+double datasheet_bf16_tflops(const std::string& name) {
+  auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+  if (has("H200")) return 989.4;
+  if (has("H100") && has("PCIe")) return 756.0;
+  if (has("H100") && has("NVL")) return 835.0;
+  if (has("H100")) return 989.4;
+  if (has("A100")) return 312.0;
+  return 0;
 }
 
 int run_kernels(const Options& o) {
@@ -376,31 +422,49 @@ int run_kernels(const Options& o) {
   }
 
   if (o.gemm > 0 && (o.filter.empty() || std::string("gemm").find(o.filter) != std::string::npos)) {
-    const int64_t m = o.gemm;
-    const double flops = 2.0 * static_cast<double>(m) * m * m;
-    std::printf("\n%-20s %-18s %10s %10s %10s\n", "gemm", "m = n = k", "GFLOP", "ms", "TFLOP/s");
+    const double bf16_peak = o.peak_bf16_tflops > 0 ? o.peak_bf16_tflops : datasheet_bf16_tflops(peak.device_name);
+    const std::string bf16_peak_source = o.peak_bf16_tflops > 0 ? "--peak-bf16-tflops"
+                                         : bf16_peak > 0        ? "datasheet of " + peak.device_name
+                                                                : "unknown (give --peak-bf16-tflops)";
+    out["peak_bf16_tflops"] = bf16_peak;
+    out["peak_bf16_source"] = bf16_peak_source;
+    std::printf("\n%-20s %-18s %10s %10s %10s %8s\n", "gemm", "m x n x k", "GFLOP", "ms", "TFLOP/s", "% bf16");
+    if (bf16_peak > 0)
+      std::printf("(%% bf16: of the dense bf16 peak, %.0f TFLOP/s, %s)\n", bf16_peak, bf16_peak_source.c_str());
     const bool tf32_before = timer.tf32();
-    for (const bool tf32 : {false, true}) {
-      const std::string name = tf32 ? "gemm_tf32" : "gemm_fp32";
-      nlohmann::json rec = {{"name", name}, {"m", m}, {"n", m}, {"k", m}, {"flops", flops}};
-      std::printf("%-20s %-18lld %10.1f ", name.c_str(), static_cast<long long>(m), flops / 1e9);
+    for (const GemmCase& g : gemm_cases(o.gemm)) {
+      const double flops = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
+      const std::string shape = std::to_string(g.m) + "x" + std::to_string(g.n) + "x" + std::to_string(g.k);
+      nlohmann::json rec = {{"name", g.name}, {"m", g.m},           {"n", g.n},
+                            {"k", g.k},       {"dtype", g.bf16 ? "bf16" : "f32"}, {"flops", flops}};
+      std::printf("%-20s %-18s %10.1f ", g.name.c_str(), shape.c_str(), flops / 1e9);
       std::fflush(stdout);
-      if (tf32 && !timer.gpu()) {
+      if (g.tf32 && !timer.gpu()) {
         std::printf("%10s %10s\n", "skipped", "-");
         report_error(rec, "skipped", "TF32 needs the CUDA backend on a GPU");
         out["gemm"].push_back(rec);
         continue;
       }
-      timer.set_tf32(tf32);
+      timer.set_tf32(g.tf32);
+      std::optional<ActivationDTypeScope> bf16_scope;  // the ops take bf16 inside it (training.precision bf16)
+      if (g.bf16) bf16_scope.emplace(DType::bf16);
       try {
-        auto a = std::make_shared<Tensor>(uniform(Shape{m, m}, 1, -1, 1, dev));
-        auto b = std::make_shared<Tensor>(uniform(Shape{m, m}, 2, -1, 1, dev));
-        auto cc = std::make_shared<Tensor>(Tensor::empty(Shape{m, m}, dev));
+        // y[m, n] = x[m, k] . w[n, k]^T: a linear layer's forward (weights stored [out, in]).
+        auto a = std::make_shared<Tensor>(operand(Shape{g.m, g.k}, 1, g.bf16, dev));
+        auto b = std::make_shared<Tensor>(operand(Shape{g.n, g.k}, 2, g.bf16, dev));
+        auto cc = std::make_shared<Tensor>(Tensor::empty(Shape{g.m, g.n}, dev, a->dtype()));
+        GemmParams gp;
+        gp.trans_b = true;
         const auto ms = time_runs(
-            timer, [&] { be.gemm(*a, *b, *cc, GemmParams{}); }, o);
+            timer, [&] { be.gemm(*a, *b, *cc, gp); }, o);
         const double med = median(ms), tflops = flops / (med * 1e-3) / 1e12;
         rec.update({{"status", "ok"}, {"median_ms", med}, {"min_ms", ms.front()}, {"tflops", tflops}});
-        std::printf("%10.3f %10.2f\n", med, tflops);
+        std::printf("%10.3f %10.2f", med, tflops);
+        if (g.bf16 && bf16_peak > 0) {
+          rec["pct_bf16_peak"] = 100.0 * tflops / bf16_peak;
+          std::printf(" %7.1f%%", 100.0 * tflops / bf16_peak);
+        }
+        std::printf("\n");
       } catch (const Error& e) {
         std::printf("%10s %10s\n", "FAILED", "-");
         report_error(rec, "failed", e.what());
@@ -433,7 +497,8 @@ Runner add_bench_kernels_command(CLI::App& bench) {
                   "layernorm, softmax, cross-entropy)")
       ->default_val(o->elements)
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--gemm-size", o->gemm, "m = n = k of the GEMM line (0: no GEMM)")
+  cmd->add_option("--gemm-size", o->gemm,
+                  "Side of the square GEMMs (fp32, TF32, bf16) and tokens (m) of the GPT-2 bf16 GEMMs (0: no GEMM)")
       ->default_val(o->gemm)
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--iters", o->iters, "Timed runs per op (the median is reported)")
@@ -443,6 +508,9 @@ Runner add_bench_kernels_command(CLI::App& bench) {
       ->default_val(o->warmup)
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--peak-gbps", o->peak_gbps, "Peak memory bandwidth in GB/s (default: read from the device)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--peak-bf16-tflops", o->peak_bf16_tflops,
+                  "Dense bf16 peak in TFLOP/s for the % column (default: the datasheet of an H100/H200/A100)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--filter", o->filter, "Only benchmarks whose name contains this");
   cmd->add_option("--json", o->json, "Also write the results as JSON");
