@@ -4,7 +4,9 @@
 # Usage: tools/check.sh [preset ...]    (default: format check, then default cpu asan)
 #        tools/check.sh --format        (only the format check: every C++ and CUDA file as
 #                                        .clang-format says; fix with the command it prints)
-# Tests labelled `gpu` run where a GPU exists and are reported as skipped elsewhere.
+# Tests labelled `gpu` run where a GPU exists and are reported as skipped elsewhere (by the
+# default preset: the asan preset leaves them out, and the op cases' shuffled-lanes rerun,
+# a logic check the default preset makes; CMakePresets.json, its test preset's filter).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
