@@ -8,8 +8,9 @@
 // sits at b * stride_b + h * stride_h, two strides, which no one strided-batched call
 // spans; so each product is one pointer-array call (cublasSgemmBatched,
 // cublasGemmBatchedEx) over all the group's B' * H heads, its arrays written on the stream
-// by a kernel into the backend's scratch (head_gemm_mixed). The row work (scaled causal
-// softmax, dropout, softmax backward) is kernels/attention.cu.
+// by a kernel into the backend's scratch (head_gemm_mixed); one strided-batched call where
+// B' or H is 1 (the heads then one stride apart). The row work (scaled causal softmax,
+// dropout, softmax backward) is kernels/attention.cu.
 //
 // Forward:  S = Q K^T / sqrt(hs) -> probs; softmax (+ dropout) in place -> probs
 //           (dropped copy in the workspace); out = Pd V.
