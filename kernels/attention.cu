@@ -160,6 +160,14 @@ __global__ void permute_0213_kernel(const void* x, int64_t a, int64_t b, int64_t
   }
 }
 
+// One thread per head i < count of the call: entry i of each of the three pointer arrays.
+__global__ void head_pointers_kernel(HeadPointerArgs args, int64_t nh, int64_t first, int64_t count, void** ptrs) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  const int64_t head = first + i, b = head / nh, h = head % nh;
+  for (int j = 0; j < 3; ++j) ptrs[j * count + i] = args.base[j] + b * args.per_b[j] + h * args.per_h[j];
+}
+
 }  // namespace
 
 void attention_softmax_forward(float* probs, float* dropped, int64_t rows, int64_t t, int64_t row0, bool causal,
@@ -204,6 +212,13 @@ void permute_0213(const void* x, int64_t a, int64_t b, int64_t c, int64_t d, siz
     else
       REMAT_LAUNCH((permute_0213_kernel<unsigned short, 1>), blocks, dim3(kBlock), 0, stream, x, a, b, c, d, y);
   }
+}
+
+void attention_head_pointers(const HeadPointerArgs& args, int64_t nh, int64_t first, int64_t count, void** ptrs,
+                             cudaStream_t stream) {
+  constexpr int kBlock = 256;
+  REMAT_LAUNCH(head_pointers_kernel, dim3(static_cast<unsigned>(ceil_div<int64_t>(count, kBlock))), dim3(kBlock), 0,
+               stream, args, nh, first, count, ptrs);
 }
 
 }  // namespace remat::kernels

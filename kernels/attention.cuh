@@ -36,7 +36,6 @@ void attention_softmax_forward(float* probs, float* dropped, int64_t rows, int64
 void attention_softmax_backward(float* ds, const float* probs, float* dropped, int64_t rows, int64_t t, int64_t row0,
                                 bool causal, const AttentionDropout& drop, cudaStream_t stream);
 
-// x [a, b, c, d] -> y [a, c, b, d].
 // bf16 (training.precision bf16): the scores are fp32 (workspace), the probabilities and
 // their dropped copy bf16 (each stored probability rounded, the dropped copy the rounded
 // probability times the factor, rounded); backward reads dPd in fp32 (scaled in place
@@ -45,6 +44,18 @@ void attention_softmax_forward_bf16(const float* scores, bf16* probs, bf16* drop
                                     int64_t row0, bool causal, const AttentionDropout& drop, cudaStream_t stream);
 void attention_softmax_backward_bf16(float* dpd, const bf16* probs, bf16* dropped, bf16* ds, int64_t rows, int64_t t,
                                      int64_t row0, bool causal, const AttentionDropout& drop, cudaStream_t stream);
+
+// The pointer arrays of one batched GEMM over attention heads (cublasSgemmBatched,
+// cublasGemmBatchedEx), written on `stream` into device memory so the host never waits:
+// head `first + i` (i < count) is (b, h) = ((first + i) / nh, (first + i) % nh), and entry
+// i of array j (j = 0, 1, 2: the GEMM's A, B, C; array j at ptrs + j * count) is
+// base[j] + b * per_b[j] + h * per_h[j], offsets in bytes.
+struct HeadPointerArgs {
+  char* base[3];
+  int64_t per_b[3], per_h[3];
+};
+void attention_head_pointers(const HeadPointerArgs& args, int64_t nh, int64_t first, int64_t count, void** ptrs,
+                             cudaStream_t stream);
 
 // x [a, b, c, d] -> y [a, c, b, d], elements of elem_bytes (4: f32, 2: bf16) bytes.
 void permute_0213(const void* x, int64_t a, int64_t b, int64_t c, int64_t d, size_t elem_bytes, void* y,

@@ -436,4 +436,58 @@ TEST(DeviceExec, CublasMathMode) {
   be.set_pedantic_math(pedantic);
   be.set_tf32(tf32);
 }
+
+// Attention's products on cuBLAS (src/backends/cuda/attention.cpp): one pointer-array call
+// per product over all the heads of a group of batch elements, counted by the emulated
+// cuBLAS. B = 8 and H = 12 as GPT-2 124M at batch 8 (small T and head size): one group at
+// the default scratch limit, 6 calls per forward + backward (before the pointer arrays: 48,
+// one strided call per batch element and product); groups of one batch element (what
+// GPT-2 124M's T = 1024 gives at the default 64 MiB limit: 12 * 1024^2 * 4 bytes = 48 MiB
+// per element): 8 * 6 = 48 strided calls (no arrays to build); groups of three: 3 * 6. The
+// results are bitwise those of the strided calls (each head the same GEMM), fp32 and bf16.
+TEST(DeviceExec, AttentionIsOneCublasCallPerProductAndGroup) {
+  auto& be = dynamic_cast<remat::CudaBackend&>(remat::backend_for(dut()));
+  const int64_t B = 8, T = 8, H = 12, hs = 8, C = H * hs;
+  const remat::AttentionParams p{static_cast<int>(H), true, 0.1f};
+  const remat::RngState rng{11, 4};
+  for (const remat::DType dt : {remat::DType::f32, remat::DType::bf16}) {
+    SCOPED_TRACE(remat::dtype_name(dt));
+    remat::ActivationDTypeScope scope(dt);
+    auto make = [&](const remat::Shape& sh, uint32_t seed) {
+      const Tensor f = remat::test::random_tensor(sh, seed).to(dut());
+      if (dt == remat::DType::f32) return f;
+      Tensor h = Tensor::empty(sh, dut(), dt);
+      be.scale(f, 1.0f, h);
+      return h;
+    };
+    const Tensor qkv = make({B, T, 3 * C}, 1), dout = make({B, T, C}, 2);
+    struct Result {
+      uint64_t calls;
+      std::vector<float> out, probs, dqkv;
+    };
+    auto run_with = [&](int64_t group_elements) {
+      const int64_t old = be.set_attention_group_bytes(group_elements * H * T * T * 4);
+      Tensor out = Tensor::empty({B, T, C}, dut(), dt), probs = Tensor::empty({B, H, T, T}, dut(), dt);
+      Tensor dqkv = Tensor::empty({B, T, 3 * C}, dut(), dt);
+      auto ws = [&](size_t bytes) { return Tensor::empty({static_cast<int64_t>(bytes / 4 + 1)}, dut()); };
+      const Tensor wf = ws(be.attention_forward_workspace(qkv.shape(), p));
+      const Tensor wb = ws(be.attention_backward_workspace(qkv.shape(), p));
+      const uint64_t before = remat::emu::cublas_gemm_calls();
+      be.attention_forward(qkv, p, rng, out, probs, wf);
+      be.attention_backward(dout, qkv, probs, p, rng, dqkv, wb);
+      const uint64_t calls = remat::emu::cublas_gemm_calls() - before;
+      be.set_attention_group_bytes(old);
+      return Result{calls, out.to_vector(), probs.to_vector(), dqkv.to_vector()};  // bf16 widened exactly
+    };
+    const Result one_group = run_with(0), singles = run_with(1), threes = run_with(3);
+    EXPECT_EQ(one_group.calls, 6u);
+    EXPECT_EQ(singles.calls, 48u);
+    EXPECT_EQ(threes.calls, 18u);
+    for (const Result* r : {&singles, &threes}) {  // no NaN: == is bitwise here
+      EXPECT_EQ(r->out, one_group.out);
+      EXPECT_EQ(r->probs, one_group.probs);
+      EXPECT_EQ(r->dqkv, one_group.dqkv);
+    }
+  }
+}
 #endif

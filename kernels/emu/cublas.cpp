@@ -1,6 +1,8 @@
 // The emulator's cuBLAS (kernels/emu/include/cublas_v2.h): OpenBLAS's column-major sgemm.
 #include <cblas.h>
 
+#include <atomic>
+#include <initializer_list>
 #include <vector>
 
 #include "kernels/emu/emu.h"
@@ -13,6 +15,8 @@ struct remat_emu_cublas_context {
 };
 
 namespace {
+
+std::atomic<uint64_t> g_gemm_calls{0};
 
 bool valid_op(cublasOperation_t op) { return op == CUBLAS_OP_N || op == CUBLAS_OP_T || op == CUBLAS_OP_C; }
 CBLAS_TRANSPOSE to_cblas(cublasOperation_t op) { return op == CUBLAS_OP_N ? CblasNoTrans : CblasTrans; }
@@ -91,7 +95,19 @@ void gemm_ex(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, fl
 
 size_t type_size(cudaDataType t) { return t == CUDA_R_16BF ? 2 : 4; }
 
+// The pointer arrays of the batched calls must be device memory (cuBLAS's kernels read
+// them; on a GPU a host array is an illegal address when the GEMM runs): the emulator
+// refuses a host array up front.
+bool device_arrays(int batch, std::initializer_list<const void*> arrays) {
+  if (batch == 0) return true;
+  for (const void* p : arrays)
+    if (!remat::emu::is_device_pointer(p)) return false;
+  return true;
+}
+
 }  // namespace
+
+uint64_t remat::emu::cublas_gemm_calls() { return g_gemm_calls.load(); }
 
 cublasStatus_t cublasCreate(cublasHandle_t* handle) {
   if (!handle) return CUBLAS_STATUS_INVALID_VALUE;
@@ -156,6 +172,7 @@ cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cubl
   if (st != CUBLAS_STATUS_SUCCESS) return st;
   if (!alpha || !beta) return CUBLAS_STATUS_INVALID_VALUE;
   remat::emu::note_stream(handle->stream);
+  g_gemm_calls.fetch_add(1);
   remat::emu::DeviceAccess open;  // the GEMM reads and writes device memory
   gemm(transa, transb, m, n, k, *alpha, A, lda, B, ldb, *beta, C, ldc);
   return CUBLAS_STATUS_SUCCESS;
@@ -169,6 +186,7 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
   if (st != CUBLAS_STATUS_SUCCESS) return st;
   if (!alpha || !beta || batchCount < 0) return CUBLAS_STATUS_INVALID_VALUE;
   remat::emu::note_stream(handle->stream);
+  g_gemm_calls.fetch_add(1);
   remat::emu::DeviceAccess open;
   for (int b = 0; b < batchCount; ++b)
     gemm(transa, transb, m, n, k, *alpha, A + b * strideA, lda, B + b * strideB, ldb, *beta, C + b * strideC, ldc);
@@ -185,6 +203,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
   if (!compute_32f(computeType) || !supported_types(Atype, Btype, Ctype)) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (algo != CUBLAS_GEMM_DEFAULT && algo != CUBLAS_GEMM_DEFAULT_TENSOR_OP) return CUBLAS_STATUS_INVALID_VALUE;
   remat::emu::note_stream(handle->stream);
+  g_gemm_calls.fetch_add(1);
   remat::emu::DeviceAccess open;
   gemm_ex(transa, transb, m, n, k, *static_cast<const float*>(alpha), A, Atype, lda, B, ldb,
           *static_cast<const float*>(beta), C, Ctype, ldc);
@@ -203,6 +222,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
   if (!compute_32f(computeType) || !supported_types(Atype, Btype, Ctype)) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (algo != CUBLAS_GEMM_DEFAULT && algo != CUBLAS_GEMM_DEFAULT_TENSOR_OP) return CUBLAS_STATUS_INVALID_VALUE;
   remat::emu::note_stream(handle->stream);
+  g_gemm_calls.fetch_add(1);
   remat::emu::DeviceAccess open;
   const size_t ea = type_size(Atype), ec = type_size(Ctype);
   for (int b = 0; b < batchCount; ++b)
@@ -211,5 +231,41 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
             static_cast<const char*>(B) + b * strideB * static_cast<long long>(ea), ldb,
             *static_cast<const float*>(beta), static_cast<char*>(C) + b * strideC * static_cast<long long>(ec), Ctype,
             ldc);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSgemmBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m,
+                                  int n, int k, const float* alpha, const float* const Aarray[], int lda,
+                                  const float* const Barray[], int ldb, const float* beta, float* const Carray[],
+                                  int ldc, int batchCount) {
+  const cublasStatus_t st = check_gemm(handle, transa, transb, m, n, k, lda, ldb, ldc);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  if (!alpha || !beta || batchCount < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  if (!device_arrays(batchCount, {Aarray, Barray, Carray})) return CUBLAS_STATUS_INVALID_VALUE;
+  remat::emu::note_stream(handle->stream);
+  g_gemm_calls.fetch_add(1);
+  remat::emu::DeviceAccess open;  // the arrays and the matrices are device memory
+  for (int b = 0; b < batchCount; ++b)
+    gemm(transa, transb, m, n, k, *alpha, Aarray[b], lda, Barray[b], ldb, *beta, Carray[b], ldc);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGemmBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m,
+                                   int n, int k, const void* alpha, const void* const Aarray[], cudaDataType Atype,
+                                   int lda, const void* const Barray[], cudaDataType Btype, int ldb, const void* beta,
+                                   void* const Carray[], cudaDataType Ctype, int ldc, int batchCount,
+                                   cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+  const cublasStatus_t st = check_gemm(handle, transa, transb, m, n, k, lda, ldb, ldc);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  if (!alpha || !beta || batchCount < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  if (!compute_32f(computeType) || !supported_types(Atype, Btype, Ctype)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (algo != CUBLAS_GEMM_DEFAULT && algo != CUBLAS_GEMM_DEFAULT_TENSOR_OP) return CUBLAS_STATUS_INVALID_VALUE;
+  if (!device_arrays(batchCount, {Aarray, Barray, Carray})) return CUBLAS_STATUS_INVALID_VALUE;
+  remat::emu::note_stream(handle->stream);
+  g_gemm_calls.fetch_add(1);
+  remat::emu::DeviceAccess open;
+  for (int b = 0; b < batchCount; ++b)
+    gemm_ex(transa, transb, m, n, k, *static_cast<const float*>(alpha), Aarray[b], Atype, lda, Barray[b], ldb,
+            *static_cast<const float*>(beta), Carray[b], Ctype, ldc);
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -679,6 +679,10 @@ cudaError_t func_set_attribute(const void* kernel, cudaFuncAttribute attr, int v
 // while that stream is a blocking one).
 void note_stream(cudaStream_t stream);
 uint64_t default_stream_uses();
+// GEMM calls made to the emulated cuBLAS (kernels/emu/cublas.cpp: cublasSgemm, cublasGemmEx
+// and their strided and pointer-array batched forms, each call one, whatever its batch),
+// counted process-wide, so that tests can count the calls an op makes.
+uint64_t cublas_gemm_calls();
 
 // Device memory (kernels/emu/device_memory.cpp): every cudaMalloc takes pages of one
 // reserved arena, followed by a guard page, inaccessible to host code except inside a

@@ -13,6 +13,9 @@
 #include <string>
 #include <vector>
 
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+
 #include "kernels/fill.cuh"
 #include "kernels/optim.cuh"
 #include "support/expect_error.h"
@@ -554,4 +557,137 @@ TEST(EmuRuntime, MemoryStreamsEventsAndErrors) {
   int count = 0;
   EXPECT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
   EXPECT_EQ(count, 1);
+}
+
+// The pointer-array GEMMs (cublasSgemmBatched, cublasGemmBatchedEx) are bitwise a loop of
+// the single calls over the arrays' matrices (placed at unrelated offsets, every
+// transpose pair, beta reading C), one call counted per batch; their argument checks are
+// the single calls' plus the arrays': device memory, a batch count >= 0.
+TEST(EmuCublas, PointerArrayBatchedCallsAreALoopOfSingleCalls) {
+  cublasHandle_t h = nullptr;
+  ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+  const int m = 5, n = 7, k = 6, batch = 4;
+  const size_t kSpan = 96;                       // elements between matrices, at least lda * cols + the offsets
+  const size_t offsets[batch] = {3, 40, 0, 17};  // where matrix i starts inside its span
+  const float alpha = 0.75f, beta = 0.5f;
+  for (cublasOperation_t ta : {CUBLAS_OP_N, CUBLAS_OP_T}) {
+    for (cublasOperation_t tb : {CUBLAS_OP_N, CUBLAS_OP_T}) {
+      SCOPED_TRACE(std::to_string(ta) + std::to_string(tb));
+      const int lda = (ta == CUBLAS_OP_N ? m : k) + 2, ldb = (tb == CUBLAS_OP_N ? k : n) + 1, ldc = m + 3;
+      const size_t total = kSpan * batch;
+      const std::vector<float> ha = random_floats(total, 1), hb = random_floats(total, 2), hc = random_floats(total, 3);
+      // Matrix i of A, B, C at span batch - 1 - i (the arrays need not follow memory order).
+      auto at = [&](auto* base, int i) { return base + kSpan * static_cast<size_t>(batch - 1 - i) + offsets[i]; };
+
+      // fp32: cublasSgemmBatched against cublasSgemm per matrix.
+      Dev<float> a(ha), b(hb), c(hc), c_ref(hc);
+      std::vector<const float*> pa, pb;
+      std::vector<float*> pc;
+      for (int i = 0; i < batch; ++i) {
+        pa.push_back(at(a.get(), i));
+        pb.push_back(at(b.get(), i));
+        pc.push_back(at(c.get(), i));
+        ASSERT_EQ(cublasSgemm(h, ta, tb, m, n, k, &alpha, at(a.get(), i), lda, at(b.get(), i), ldb, &beta,
+                              at(c_ref.get(), i), ldc),
+                  CUBLAS_STATUS_SUCCESS);
+      }
+      Dev<const float*> da(pa), db(pb);
+      Dev<float*> dc(pc);
+      const uint64_t calls = remat::emu::cublas_gemm_calls();
+      ASSERT_EQ(
+          cublasSgemmBatched(h, ta, tb, m, n, k, &alpha, da.get(), lda, db.get(), ldb, &beta, dc.get(), ldc, batch),
+          CUBLAS_STATUS_SUCCESS);
+      EXPECT_EQ(remat::emu::cublas_gemm_calls(), calls + 1);
+      const std::vector<float> got = c.host(), want = c_ref.host();
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << "cublasSgemmBatched";
+      EXPECT_NE(want, hc) << "the reference wrote nothing";
+
+      // bf16 factors into a bf16 and an fp32 C: cublasGemmBatchedEx against cublasGemmEx.
+      auto to_bf16 = [](const std::vector<float>& v) {
+        std::vector<__nv_bfloat16> r(v.size());
+        for (size_t i = 0; i < v.size(); ++i) r[i] = __float2bfloat16_rn(v[i]);
+        return r;
+      };
+      Dev<__nv_bfloat16> a16(to_bf16(ha)), b16(to_bf16(hb));
+      std::vector<const void*> qa, qb;
+      for (int i = 0; i < batch; ++i) {
+        qa.push_back(at(a16.get(), i));
+        qb.push_back(at(b16.get(), i));
+      }
+      Dev<const void*> ea(qa), eb(qb);
+      for (const cudaDataType ct : {CUDA_R_16BF, CUDA_R_32F}) {
+        SCOPED_TRACE(ct == CUDA_R_16BF ? "bf16 C" : "fp32 C");
+        Dev<__nv_bfloat16> c16(to_bf16(hc)), c16_ref(to_bf16(hc));
+        Dev<float> c32(hc), c32_ref(hc);
+        auto c_at = [&](bool ref, int i) -> void* {
+          if (ct == CUDA_R_16BF) return at((ref ? c16_ref : c16).get(), i);
+          return at((ref ? c32_ref : c32).get(), i);
+        };
+        std::vector<void*> qc;
+        for (int i = 0; i < batch; ++i) {
+          qc.push_back(c_at(false, i));
+          ASSERT_EQ(
+              cublasGemmEx(h, ta, tb, m, n, k, &alpha, at(a16.get(), i), CUDA_R_16BF, lda, at(b16.get(), i),
+                           CUDA_R_16BF, ldb, &beta, c_at(true, i), ct, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+              CUBLAS_STATUS_SUCCESS);
+        }
+        Dev<void*> ec(qc);
+        const uint64_t before = remat::emu::cublas_gemm_calls();
+        ASSERT_EQ(cublasGemmBatchedEx(h, ta, tb, m, n, k, &alpha, ea.get(), CUDA_R_16BF, lda, eb.get(), CUDA_R_16BF,
+                                      ldb, &beta, ec.get(), ct, ldc, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                  CUBLAS_STATUS_SUCCESS);
+        EXPECT_EQ(remat::emu::cublas_gemm_calls(), before + 1);
+        if (ct == CUDA_R_16BF) {
+          const std::vector<__nv_bfloat16> g = c16.host(), w = c16_ref.host();
+          EXPECT_EQ(std::memcmp(g.data(), w.data(), g.size() * sizeof(__nv_bfloat16)), 0) << "cublasGemmBatchedEx";
+        } else {
+          const std::vector<float> g = c32.host(), w = c32_ref.host();
+          EXPECT_EQ(std::memcmp(g.data(), w.data(), g.size() * sizeof(float)), 0) << "cublasGemmBatchedEx";
+          EXPECT_NE(w, hc);
+        }
+      }
+    }
+  }
+
+  // Argument checks.
+  Dev<float> x(64, 1.0f);
+  Dev<const float*> arr(std::vector<const float*>(2, x.get()));
+  Dev<float*> out(std::vector<float*>(2, x.get()));
+  Dev<const void*> varr(std::vector<const void*>(2, x.get()));
+  Dev<void*> vout(std::vector<void*>(2, x.get()));
+  const float one = 1.0f, zero = 0.0f;
+  const std::vector<const float*> host_arr(2, x.get());
+  const uint64_t calls = remat::emu::cublas_gemm_calls();
+  EXPECT_EQ(cublasSgemmBatched(nullptr, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, arr.get(), 2, arr.get(), 2, &zero,
+                               out.get(), 2, 2),
+            CUBLAS_STATUS_NOT_INITIALIZED);
+  EXPECT_EQ(cublasSgemmBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, arr.get(), 1, arr.get(), 2, &zero, out.get(),
+                               2, 2),
+            CUBLAS_STATUS_INVALID_VALUE);  // lda < m
+  EXPECT_EQ(cublasSgemmBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, arr.get(), 2, arr.get(), 2, &zero, out.get(),
+                               2, -1),
+            CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(cublasSgemmBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, nullptr, arr.get(), 2, arr.get(), 2, &zero,
+                               out.get(), 2, 2),
+            CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(cublasSgemmBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, host_arr.data(), 2, arr.get(), 2, &zero,
+                               out.get(), 2, 2),
+            CUBLAS_STATUS_INVALID_VALUE);  // a host array
+  EXPECT_EQ(
+      cublasSgemmBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, nullptr, 2, nullptr, 2, &zero, nullptr, 2, 0),
+      CUBLAS_STATUS_SUCCESS);  // nothing to do
+  EXPECT_EQ(
+      cublasGemmBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, varr.get(), CUDA_R_32F, 2, varr.get(),
+                          CUDA_R_16BF, 2, &zero, vout.get(), CUDA_R_32F, 2, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      CUBLAS_STATUS_NOT_SUPPORTED);  // mixed factor types
+  EXPECT_EQ(
+      cublasGemmBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, varr.get(), CUDA_R_32F, 2, varr.get(), CUDA_R_32F,
+                          2, &zero, vout.get(), CUDA_R_32F, 2, 2, CUBLAS_COMPUTE_32F, static_cast<cublasGemmAlgo_t>(5)),
+      CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(
+      cublasGemmBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, 2, 2, 3, &one, varr.get(), CUDA_R_32F, 2, varr.get(), CUDA_R_32F,
+                          3, &zero, vout.get(), CUDA_R_32F, 2, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      CUBLAS_STATUS_INVALID_VALUE);  // lda < k under op T
+  EXPECT_EQ(remat::emu::cublas_gemm_calls(), calls + 1) << "only the empty batch counts";
+  EXPECT_EQ(cublasDestroy(h), CUBLAS_STATUS_SUCCESS);
 }

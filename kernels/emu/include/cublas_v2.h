@@ -65,6 +65,13 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
                                          int m, int n, int k, const float* alpha, const float* A, int lda,
                                          long long int strideA, const float* B, int ldb, long long int strideB,
                                          const float* beta, float* C, int ldc, long long int strideC, int batchCount);
+// The pointer-array form: C[i] = alpha op(A[i]) op(B[i]) + beta C[i] for i < batchCount,
+// the three arrays in device memory (read inside the call, as cuBLAS's kernels read them;
+// a host array is CUBLAS_STATUS_INVALID_VALUE here, an illegal address on a GPU).
+cublasStatus_t cublasSgemmBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m,
+                                  int n, int k, const float* alpha, const float* const Aarray[], int lda,
+                                  const float* const Barray[], int ldb, const float* beta, float* const Carray[],
+                                  int ldc, int batchCount);
 
 // C = alpha op(A) op(B) + beta C with A and B of one type and C of the same or fp32: the
 // combinations (32F, 32F, 32F), (16BF, 16BF, 16BF), (16BF, 16BF, 32F) under a
@@ -81,3 +88,8 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
                                           long long int strideB, const void* beta, void* C, cudaDataType Ctype, int ldc,
                                           long long int strideC, int batchCount, cublasComputeType_t computeType,
                                           cublasGemmAlgo_t algo);
+cublasStatus_t cublasGemmBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m,
+                                   int n, int k, const void* alpha, const void* const Aarray[], cudaDataType Atype,
+                                   int lda, const void* const Barray[], cudaDataType Btype, int ldb, const void* beta,
+                                   void* const Carray[], cudaDataType Ctype, int ldc, int batchCount,
+                                   cublasComputeType_t computeType, cublasGemmAlgo_t algo);

@@ -3,11 +3,14 @@
 // columns h*hs .. (h+1)*hs of each; probs [B, H, T, T] saved before dropout; dropout mask
 // bits from Philox, element index = flat index in probs.
 //
-// The products run on cuBLAS as strided-batched GEMMs that read the heads in place through
-// their leading dimensions (row stride 3C in qkv, C in out): no permute copies. A head
-// (b, h) sits at b * stride_b + h * stride_h, two strides, so one call batches over
-// heads (or over the batch, whichever is longer) and a loop covers the other. The row
-// work (scaled causal softmax, dropout, softmax backward) is kernels/attention.cu.
+// The products run on cuBLAS as batched GEMMs that read the heads in place through their
+// leading dimensions (row stride 3C in qkv, C in out): no permute copies. A head (b, h)
+// sits at b * stride_b + h * stride_h, two strides, which no one strided-batched call
+// spans; so each product is one pointer-array call (cublasSgemmBatched,
+// cublasGemmBatchedEx) over all the group's B' * H heads, its arrays written on the stream
+// by a kernel into the backend's scratch (head_gemm_mixed); one strided-batched call where
+// B' or H is 1 (the heads then one stride apart). The row work (scaled causal softmax,
+// dropout, softmax backward) is kernels/attention.cu.
 //
 // Forward:  S = Q K^T / sqrt(hs) -> probs; softmax (+ dropout) in place -> probs
 //           (dropped copy in the workspace); out = Pd V.
@@ -83,27 +86,11 @@ template <typename T>
 struct HeadMatrices {
   T* data;
   int64_t ld, per_b, per_h;
-  T* at(int64_t b, int64_t h) const { return data + b * per_b + h * per_h; }
 };
 using HeadMatrix = HeadMatrices<const float>;
 using HeadOutput = HeadMatrices<float>;
 
-// C = alpha op(A) op(B) for the heads (b, h) of nb batch elements, row-major [m, n] results
-// (the row-major trick of cuda_backend.cpp: cuBLAS computes C^T = op(B)^T op(A)^T).
-void head_gemm(cublasHandle_t handle, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
-               const HeadMatrix& a, const HeadMatrix& b, const HeadOutput& c, int64_t nb, int64_t nh) {
-  const bool over_heads = nh >= nb;  // batch the longer of the two
-  const int64_t loops = over_heads ? nb : nh, batch = over_heads ? nh : nb;
-  for (int64_t l = 0; l < loops; ++l) {
-    const int64_t bi = over_heads ? l : 0, hi = over_heads ? 0 : l;
-    auto stride = [&](const auto& x) -> int64_t { return over_heads ? x.per_h : x.per_b; };
-    gemm_strided(handle, ta, tb, m, n, k, alpha, a.at(bi, hi), a.ld, stride(a), b.at(bi, hi), b.ld, stride(b), 0.0f,
-                 c.at(bi, hi), c.ld, stride(c), batch);
-  }
-}
-
-// bf16 (training.precision bf16): head matrices of f32 or bf16 elements, multiplied by
-// cublasGemmEx (gemm_strided_mixed: bf16 factors, fp32 accumulation).
+// bf16 (training.precision bf16): head matrices of f32 or bf16 elements.
 struct HeadBuf {
   void* data;
   bool bf16;
@@ -116,16 +103,99 @@ struct HeadBuf {
   }
 };
 
-void head_gemm_mixed(cublasHandle_t handle, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+template <typename T>
+HeadBuf head_buf(const HeadMatrices<T>& x) {
+  return {const_cast<float*>(x.data), false, x.ld, x.per_b, x.per_h};
+}
+
+// What the head GEMMs need of the backend: the handle, its stream (the pointer arrays are
+// written there) and where the arrays go. They go in the backend's scratch(): attention
+// uses it for nothing else, and each fill is followed on the one stream by the GEMM that
+// reads it, so the next fill (or the next op's use of scratch) comes after that GEMM.
+// tf32: cuBLAS's fast math, under which the alignment rule below applies to fp32 too.
+struct HeadGemm {
+  cublasHandle_t handle;
+  cudaStream_t stream;
+  void* arrays;
+  bool tf32;
+};
+
+// Heads per pointer-array call: three arrays of pointers in the 64 KiB scratch (2730). A
+// group has at most 16 Mi / T^2 heads at the default limit (kGroupBytes), so every group
+// with T >= 79 is one call; only groups of more heads than this take several.
+constexpr int64_t kArrayHeads = static_cast<int64_t>(CudaBackend::kScratchBytes / (3 * sizeof(void*)));
+
+size_t elem_bytes(const HeadBuf& x) { return x.bf16 ? 2 : 4; }
+
+// The alignment (bytes, at most 16) that every head's matrix of x has: the base's, and the
+// batch and head strides' where more than one is taken. Known on the host: no read of the
+// arrays.
+size_t head_alignment(const HeadBuf& x, int64_t nb, int64_t nh) {
+  uintptr_t bits = reinterpret_cast<uintptr_t>(x.data) | 16;
+  if (nb > 1) bits |= static_cast<uintptr_t>(x.per_b) * elem_bytes(x);
+  if (nh > 1) bits |= static_cast<uintptr_t>(x.per_h) * elem_bytes(x);
+  return bits & (~bits + 1);
+}
+
+// Whether the heads go through one pointer-array call. Not needed where the group is one
+// batch element or there is one head: then the heads are one stride apart, and one
+// strided-batched call covers them (no arrays to write). cuBLAS's types: fp32 factors into
+// an fp32 C (cublasSgemmBatched), bf16 factors into bf16 or fp32 (cublasGemmBatchedEx);
+// mixed factors stay on the strided loop (gemm_strided_mixed's own kernel). Alignment:
+// through pointer arrays cuBLAS cannot see the matrices' addresses, and its documentation
+// asks, for bf16 inputs or a fast math mode (TF32), that they be 16-byte aligned where a
+// factor's k elements are a multiple of 16 bytes (4 where of 4); heads that are not keep
+// the strided calls, which check their pointers themselves. GPT-2's heads (hs = 64,
+// T = 1024) are all 16-byte aligned.
+bool pointer_arrays_fit(const HeadGemm& g, int64_t k, const HeadBuf& a, const HeadBuf& b, const HeadBuf& c, int64_t nb,
+                        int64_t nh) {
+  if (nb < 2 || nh < 2 || a.bf16 != b.bf16 || (c.bf16 && !a.bf16)) return false;
+  if (!a.bf16 && !g.tf32) return true;
+  const int64_t k_bytes = k * static_cast<int64_t>(elem_bytes(a));
+  const size_t need = k_bytes % 16 == 0 ? 16 : k_bytes % 4 == 0 ? 4 : 1;
+  for (const HeadBuf* x : {&a, &b, &c})
+    if (head_alignment(*x, nb, nh) < need) return false;
+  return true;
+}
+
+// C = alpha op(A) op(B) for the heads (b, h) of nb batch elements, row-major [m, n] results
+// (the row-major trick of cuda_backend.cpp: cuBLAS computes C^T = op(B)^T op(A)^T). All the
+// nb * nh heads go through one pointer-array call (per kArrayHeads heads) when
+// pointer_arrays_fit: a kernel writes the arrays on the stream, then cublasSgemmBatched or
+// cublasGemmBatchedEx. Otherwise strided-batched calls: one call batches over heads (or
+// over the batch, whichever is longer) and a loop covers the other (one iteration where
+// nb or nh is 1). Either way each head is the same GEMM (the same bits on cuda-emu).
+void head_gemm_mixed(const HeadGemm& g, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                      const HeadBuf& a, const HeadBuf& b, const HeadBuf& c, int64_t nb, int64_t nh) {
+  if (pointer_arrays_fit(g, k, a, b, c, nb, nh)) {
+    void** ptrs = static_cast<void**>(g.arrays);
+    const auto byte_stride = [](const HeadBuf& x, int64_t s) { return s * static_cast<int64_t>(elem_bytes(x)); };
+    const kernels::HeadPointerArgs args{
+        {static_cast<char*>(a.data), static_cast<char*>(b.data), static_cast<char*>(c.data)},
+        {byte_stride(a, a.per_b), byte_stride(b, b.per_b), byte_stride(c, c.per_b)},
+        {byte_stride(a, a.per_h), byte_stride(b, b.per_h), byte_stride(c, c.per_h)}};
+    for (int64_t first = 0; first < nb * nh; first += kArrayHeads) {
+      const int64_t count = std::min(kArrayHeads, nb * nh - first);
+      kernels::attention_head_pointers(args, nh, first, count, ptrs, g.stream);
+      gemm_batched(g.handle, ta, tb, m, n, k, alpha, ptrs, a.ld, ptrs + count, b.ld, 0.0f, ptrs + 2 * count, c.ld,
+                   a.bf16, c.bf16, count);
+    }
+    return;
+  }
   const bool over_heads = nh >= nb;
   const int64_t loops = over_heads ? nb : nh, batch = over_heads ? nh : nb;
   for (int64_t l = 0; l < loops; ++l) {
     const int64_t bi = over_heads ? l : 0, hi = over_heads ? 0 : l;
     auto stride = [&](const HeadBuf& x) -> int64_t { return over_heads ? x.per_h : x.per_b; };
-    gemm_strided_mixed(handle, "attention", ta, tb, m, n, k, alpha, a.at(bi, hi), a.ld, stride(a), b.at(bi, hi), b.ld,
+    gemm_strided_mixed(g.handle, "attention", ta, tb, m, n, k, alpha, a.at(bi, hi), a.ld, stride(a), b.at(bi, hi), b.ld,
                        stride(b), 0.0f, c.at(bi, hi), c.ld, stride(c), batch);
   }
+}
+
+// The fp32 path: gemm_strided_mixed with three f32 operands is gemm_strided (as before).
+void head_gemm(const HeadGemm& g, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const HeadMatrix& a,
+               const HeadMatrix& b, const HeadOutput& c, int64_t nb, int64_t nh) {
+  head_gemm_mixed(g, ta, tb, m, n, k, alpha, head_buf(a), head_buf(b), head_buf(c), nb, nh);
 }
 
 bool bf16_mode() { return activation_dtype() == DType::bf16; }
@@ -185,6 +255,7 @@ void CudaBackend::attention_forward_impl(const Tensor& qkv, const AttentionParam
   kernels::AttentionDropout drop = dropout_args(p, rng);
   drop.on = drop.on && want_out;
   const int64_t G = group_batch(d, attn_group_bytes_);
+  const HeadGemm g{cublas_, stream_, scratch_, tf32_};
   if (!all_f32({&qkv, &out, &probs})) {
     REMAT_CHECK(bf16_mode() && all_bf16({&qkv, &out, &probs}), "attention_forward: qkv ", qkv.str(), ", probs ",
                 probs.str(), out.defined() ? ", out " + out.str() : std::string(), ": expected all f32 or all bf16");
@@ -200,12 +271,12 @@ void CudaBackend::attention_forward_impl(const Tensor& qkv, const AttentionParam
       const HeadBuf q{x, true, 3 * C, T * 3 * C, hs}, k{x + C, true, 3 * C, T * 3 * C, hs},
           v{x + 2 * C, true, 3 * C, T * 3 * C, hs};
       const HeadBuf s{scores, false, T, H * TT, TT};
-      head_gemm_mixed(cublas_, false, true, T, T, hs, scale, q, k, s, nb, H);  // S = Q K^T / sqrt(hs), fp32
+      head_gemm_mixed(g, false, true, T, T, hs, scale, q, k, s, nb, H);  // S = Q K^T / sqrt(hs), fp32
       kernels::attention_softmax_forward_bf16(scores, pr, dropped, nb * H * T, T, b0 * H * T, p.causal, drop, stream_);
       if (!want_out) continue;
       const HeadBuf o{static_cast<kernels::bf16*>(out.raw_data()) + b0 * T * C, true, C, T * C, hs};
       const HeadBuf pd{drop.on ? dropped : pr, true, T, H * TT, TT};
-      head_gemm_mixed(cublas_, false, false, T, hs, T, 1.0f, pd, v, o, nb, H);  // out = Pd V
+      head_gemm_mixed(g, false, false, T, hs, T, 1.0f, pd, v, o, nb, H);  // out = Pd V
     }
     return;
   }
@@ -217,12 +288,12 @@ void CudaBackend::attention_forward_impl(const Tensor& qkv, const AttentionParam
     float* pr = probs.f32() + b0 * H * TT;
     const HeadMatrix q{x, 3 * C, T * 3 * C, hs}, k{x + C, 3 * C, T * 3 * C, hs}, v{x + 2 * C, 3 * C, T * 3 * C, hs};
     const HeadOutput s{pr, T, H * TT, TT};
-    head_gemm(cublas_, false, true, T, T, hs, scale, q, k, s, nb, H);  // S = Q K^T / sqrt(hs)
+    head_gemm(g, false, true, T, T, hs, scale, q, k, s, nb, H);  // S = Q K^T / sqrt(hs)
     kernels::attention_softmax_forward(pr, dropped, nb * H * T, T, b0 * H * T, p.causal, drop, stream_);
     if (!want_out) continue;
     const HeadOutput o{out.f32() + b0 * T * C, C, T * C, hs};
     const HeadMatrix pd{drop.on ? dropped : pr, T, H * TT, TT};
-    head_gemm(cublas_, false, false, T, hs, T, 1.0f, pd, v, o, nb, H);  // out = Pd V
+    head_gemm(g, false, false, T, hs, T, 1.0f, pd, v, o, nb, H);  // out = Pd V
   }
 }
 
@@ -235,6 +306,7 @@ void CudaBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv,
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const kernels::AttentionDropout drop = dropout_args(p, rng);
   const int64_t G = group_batch(d, attn_group_bytes_);
+  const HeadGemm g{cublas_, stream_, scratch_, tf32_};
   if (!all_f32({&dout, &qkv, &probs, &dqkv})) {
     REMAT_CHECK(bf16_mode() && all_bf16({&dout, &qkv, &probs, &dqkv}), "attention_backward: qkv ", qkv.str(), ", dqkv ",
                 dqkv.str(), ", dout ", dout.str(), ", probs ", probs.str(), ": expected all f32 or all bf16");
@@ -254,12 +326,12 @@ void CudaBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv,
       const HeadBuf go{static_cast<kernels::bf16*>(dout.raw_data()) + b0 * T * C, true, C, T * C, hs};
       const HeadBuf dpd_m{dpd, false, T, H * TT, TT}, ds_m{dsh, true, T, H * TT, TT};
       const HeadBuf pd{drop.on ? dropped : pr, true, T, H * TT, TT};
-      head_gemm_mixed(cublas_, false, true, T, T, hs, 1.0f, go, v, dpd_m, nb, H);  // dPd = dO V^T (fp32)
+      head_gemm_mixed(g, false, true, T, T, hs, 1.0f, go, v, dpd_m, nb, H);  // dPd = dO V^T (fp32)
       kernels::attention_softmax_backward_bf16(dpd, pr, dropped, dsh, nb * H * T, T, b0 * H * T, p.causal, drop,
                                                stream_);
-      head_gemm_mixed(cublas_, true, false, T, hs, T, 1.0f, pd, go, dv, nb, H);     // dV = Pd^T dO
-      head_gemm_mixed(cublas_, false, false, T, hs, T, scale, ds_m, k, dq, nb, H);  // dQ = dS K / sqrt(hs)
-      head_gemm_mixed(cublas_, true, false, T, hs, T, scale, ds_m, q, dk, nb, H);   // dK = dS^T Q / sqrt(hs)
+      head_gemm_mixed(g, true, false, T, hs, T, 1.0f, pd, go, dv, nb, H);     // dV = Pd^T dO
+      head_gemm_mixed(g, false, false, T, hs, T, scale, ds_m, k, dq, nb, H);  // dQ = dS K / sqrt(hs)
+      head_gemm_mixed(g, true, false, T, hs, T, scale, ds_m, q, dk, nb, H);   // dK = dS^T Q / sqrt(hs)
     }
     return;
   }
@@ -278,11 +350,11 @@ void CudaBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv,
     const HeadOutput dpd{ds, T, H * TT, TT};
     const HeadMatrix dsm{ds, T, H * TT, TT};
     const HeadMatrix pd{drop.on ? dropped : pr, T, H * TT, TT};
-    head_gemm(cublas_, false, true, T, T, hs, 1.0f, go, v, dpd, nb, H);  // dPd = dO V^T
+    head_gemm(g, false, true, T, T, hs, 1.0f, go, v, dpd, nb, H);  // dPd = dO V^T
     kernels::attention_softmax_backward(ds, pr, dropped, nb * H * T, T, b0 * H * T, p.causal, drop, stream_);
-    head_gemm(cublas_, true, false, T, hs, T, 1.0f, pd, go, dv, nb, H);    // dV = Pd^T dO
-    head_gemm(cublas_, false, false, T, hs, T, scale, dsm, k, dq, nb, H);  // dQ = dS K / sqrt(hs)
-    head_gemm(cublas_, true, false, T, hs, T, scale, dsm, q, dk, nb, H);   // dK = dS^T Q / sqrt(hs)
+    head_gemm(g, true, false, T, hs, T, 1.0f, pd, go, dv, nb, H);    // dV = Pd^T dO
+    head_gemm(g, false, false, T, hs, T, scale, dsm, k, dq, nb, H);  // dQ = dS K / sqrt(hs)
+    head_gemm(g, true, false, T, hs, T, scale, dsm, q, dk, nb, H);   // dK = dS^T Q / sqrt(hs)
   }
 }
 

@@ -86,6 +86,26 @@ void gemm_strided_mixed(cublasHandle_t h, const char* op, bool ta, bool tb, int6
   }
 }
 
+void gemm_batched(cublasHandle_t h, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                  const void* const* a, int64_t lda, const void* const* b, int64_t ldb, float beta, void* const* c,
+                  int64_t ldc, bool bf16, bool c_bf16, int64_t batch) {
+  if (m == 0 || n == 0 || batch == 0) return;
+  const int M = to_int(m, "m"), N = to_int(n, "n"), K = to_int(k, "k");
+  const int LDA = to_int(lda, "lda"), LDB = to_int(ldb, "ldb"), LDC = to_int(ldc, "ldc");
+  const int count = to_int(batch, "batch");
+  const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (!bf16) {
+    REMAT_CHECK(!c_bf16, "gemm_batched: f32 factors into a bf16 c (no cuBLAS kernel)");
+    REMAT_CUBLAS_CHECK(cublasSgemmBatched(h, op_b, op_a, N, M, K, &alpha, reinterpret_cast<const float* const*>(b), LDB,
+                                          reinterpret_cast<const float* const*>(a), LDA, &beta,
+                                          reinterpret_cast<float* const*>(c), LDC, count));
+    return;
+  }
+  REMAT_CUBLAS_CHECK(cublasGemmBatchedEx(h, op_b, op_a, N, M, K, &alpha, b, CUDA_R_16BF, LDB, a, CUDA_R_16BF, LDA,
+                                         &beta, c, c_bf16 ? CUDA_R_16BF : CUDA_R_32F, LDC, count, CUBLAS_COMPUTE_32F,
+                                         CUBLAS_GEMM_DEFAULT));
+}
+
 CudaBackend::CudaBackend(Device device) : device_(device) {
   REMAT_CHECK(device.is_cuda() || device.is_cuda_emu(), "CudaBackend on ", device.str());
   activate();

@@ -32,5 +32,15 @@ void gemm_strided_mixed(cublasHandle_t h, const char* op, bool ta, bool tb, int6
                         float alpha, kernels::FloatBuf a, int64_t lda, int64_t sa, kernels::FloatBuf b, int64_t ldb,
                         int64_t sb, float beta, kernels::FloatBuf c, int64_t ldc, int64_t sc, int64_t batch);
 
+// The same over pointer arrays in device memory: c[i] = alpha * op(a[i]) @ op(b[i]) +
+// beta * c[i] for i < batch, one cuBLAS call. fp32 throughout (bf16 false) is
+// cublasSgemmBatched; bf16 factors into a bf16 (c_bf16) or f32 c is cublasGemmBatchedEx
+// with CUBLAS_COMPUTE_32F. The arrays hold the row-major operands' pointers (swapped for
+// cuBLAS here, as above). cuBLAS cannot see the matrices' alignment through the arrays:
+// the caller checks it (attention.cpp).
+void gemm_batched(cublasHandle_t h, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                  const void* const* a, int64_t lda, const void* const* b, int64_t ldb, float beta, void* const* c,
+                  int64_t ldc, bool bf16, bool c_bf16, int64_t batch);
+
 REMAT_KERNELS_ABI_END
 }  // namespace remat
