@@ -52,6 +52,21 @@ constexpr double kRtol = 1e-4;
 constexpr double kAtol = 1e-5;
 
 Backend& cpu() { return remat::backend_for(Device::cpu()); }
+
+// The flat h * W + w positions in their planes that max pooling's window offsets (u8,
+// r * kernel_w + c from each window's top-left corner in padded coordinates) name.
+std::vector<int32_t> flat_positions(const Tensor& indices, const Shape& x, const Pool2dParams& p) {
+  const auto off = indices.to_ints();
+  const int64_t pq = indices.size(2) * indices.size(3), q = indices.size(3);
+  std::vector<int32_t> out(off.size());
+  for (size_t e = 0; e < off.size(); ++e) {
+    const int64_t o = static_cast<int64_t>(e) % pq, pp = o / q, qq = o % q;
+    const int64_t hh = pp * p.stride_h - p.pad_h + off[e] / p.kernel_w;
+    const int64_t ww = qq * p.stride_w - p.pad_w + off[e] % p.kernel_w;
+    out[e] = static_cast<int32_t>(hh * x[3] + ww);
+  }
+  return out;
+}
 Backend& meta() { return remat::backend_for(Device::meta()); }
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
@@ -198,9 +213,10 @@ TEST(CnnGolden, MaxPool2d) {
     const auto r = ops::maxpool2d(cpu(), f.tensor("x"), p);
     // The max is one of the inputs: exact.
     EXPECT_TRUE(bitwise_equal(r.y, f.tensor("y")));
-    EXPECT_EQ(r.indices.to_ints(), f.tensor("indices").to_ints());  // ties: PyTorch's first maximum
+    // ties: PyTorch's first maximum (PyTorch saves flat positions; we save window offsets)
+    EXPECT_EQ(flat_positions(r.indices, f.tensor("x").shape(), p), f.tensor("indices").to_ints());
     const Tensor dx = filled(f.tensor("x").shape(), std::nanf(""));
-    cpu().maxpool2d_backward(f.tensor("dy"), r.indices, dx);
+    cpu().maxpool2d_backward(f.tensor("dy"), r.indices, p, dx);
     EXPECT_ALL_CLOSE(dx, f.tensor("dx"), kRtol, kAtol);
   }
 }
@@ -357,7 +373,7 @@ TEST(CnnGradCheck, Pooling) {
     const auto r = ops::maxpool2d(cpu(), x, c.p);
     const Tensor dy = random_tensor(r.y.shape(), seed++);
     const Tensor dx = ops::empty_like(cpu(), x);
-    cpu().maxpool2d_backward(dy, r.indices, dx);
+    cpu().maxpool2d_backward(dy, r.indices, c.p, dx);
     EXPECT_TRUE(check_gradient(
         "maxpool2d dx", x, dx, [&] { return dot(dy, ops::maxpool2d(cpu(), x, c.p).y); }, opt));
 
@@ -471,14 +487,14 @@ TEST(CnnPool, MaxPoolTiesPaddingAndNaN) {
   const Tensor x = Tensor::from_vector({1, 3, 3, 3, 2, 1}, Shape{1, 1, 2, 3});
   const auto r = ops::maxpool2d(cpu(), x, p);
   EXPECT_EQ(r.y.to_vector(), (std::vector<float>{3, 3}));
-  EXPECT_EQ(r.indices.to_ints(), (std::vector<int32_t>{1, 1}));
+  EXPECT_EQ(r.indices.to_ints(), (std::vector<int32_t>{1, 0}));  // window offsets of position 1
   // Padding never wins, even over negative inputs.
   p.kernel_h = p.kernel_w = 3;
   p.pad_h = p.pad_w = 1;
   const Tensor neg = Tensor::from_vector({-5, -4, -3, -2}, Shape{1, 1, 2, 2});
   const auto rn = ops::maxpool2d(cpu(), neg, p);
   EXPECT_EQ(rn.y.to_vector(), (std::vector<float>{-2, -2, -2, -2}));
-  EXPECT_EQ(rn.indices.to_ints(), (std::vector<int32_t>{3, 3, 3, 3}));
+  EXPECT_EQ(flat_positions(rn.indices, neg.shape(), p), (std::vector<int32_t>{3, 3, 3, 3}));
   // NaN wins, the last one in scan order; all -inf picks the window's first input element
   // (both as PyTorch 1.13's max_pool2d).
   p.kernel_h = p.kernel_w = 2;
@@ -486,16 +502,16 @@ TEST(CnnPool, MaxPoolTiesPaddingAndNaN) {
   const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
   const auto rnan = ops::maxpool2d(cpu(), Tensor::from_vector({1, nan, 3, nan, 2, 5}, Shape{1, 1, 2, 3}), p);
   EXPECT_TRUE(std::isnan(rnan.y.to_vector()[0]) && std::isnan(rnan.y.to_vector()[1]));
-  EXPECT_EQ(rnan.indices.to_ints(), (std::vector<int32_t>{3, 1}));
+  EXPECT_EQ(rnan.indices.to_ints(), (std::vector<int32_t>{2, 0}));  // positions 3 and 1
   p.kernel_h = p.kernel_w = 3;
   p.pad_h = p.pad_w = 1;
   const auto rinf = ops::maxpool2d(cpu(), filled(Shape{1, 1, 2, 2}, -inf), p);
   EXPECT_EQ(rinf.y.to_vector(), (std::vector<float>(4, -inf)));
-  EXPECT_EQ(rinf.indices.to_ints(), (std::vector<int32_t>{0, 0, 0, 0}));
+  EXPECT_EQ(flat_positions(rinf.indices, Shape{1, 1, 2, 2}, p), (std::vector<int32_t>{0, 0, 0, 0}));
   // Backward gathers every window's gradient at its maximum.
   const Tensor dy = Tensor::from_vector({1, 2, 3, 4}, Shape{1, 1, 2, 2});
   const Tensor dx = filled(neg.shape(), 99.0f);
-  cpu().maxpool2d_backward(dy, rn.indices, dx);
+  cpu().maxpool2d_backward(dy, rn.indices, p, dx);
   EXPECT_EQ(dx.to_vector(), (std::vector<float>{0, 0, 0, 10}));
 }
 
@@ -515,7 +531,7 @@ TEST(CnnPool, MaxPool2x2Stride2MatchesTheRule) {
     for (auto& e : v) e = pool[rng() % 8];
     const auto r = ops::maxpool2d(cpu(), Tensor::from_vector(v, s), p);
     const auto y = r.y.to_vector();
-    const auto idx = r.indices.to_ints();
+    const auto idx = flat_positions(r.indices, s, p);
     const int64_t h = s[2], w = s[3], ph = h / 2, pw = w / 2;
     for (int64_t pl = 0; pl < s[0] * s[1]; ++pl)
       for (int64_t i = 0; i < ph; ++i)
@@ -536,10 +552,22 @@ TEST(CnnPool, MaxPool2x2Stride2MatchesTheRule) {
 }
 
 TEST(CnnPool, MaxPoolBackwardRejectsBadIndices) {
+  Pool2dParams p;  // 2 x 2, stride 2
   const Tensor dy = Tensor::from_vector({1, 2}, Shape{1, 1, 1, 2});
-  const Tensor idx = Tensor::from_ints({0, 4}, Shape{1, 1, 1, 2});
-  const Tensor dx = Tensor::empty(Shape{1, 1, 2, 2});
-  EXPECT_REMAT_ERROR(cpu().maxpool2d_backward(dy, idx, dx), "maxpool2d_backward: indices");
+  const Tensor dx = Tensor::empty(Shape{1, 1, 2, 4});
+  // Offset 4 is outside a 2 x 2 window.
+  EXPECT_REMAT_ERROR(cpu().maxpool2d_backward(dy, Tensor::from_u8({0, 4}, Shape{1, 1, 1, 2}), p, dx),
+                     "maxpool2d_backward: indices u8[1, 1, 1, 2] on cpu hold 4 at flat position 1");
+  // Offset 0 of a padded 3 x 3 window is padding.
+  p.kernel_h = p.kernel_w = 3;
+  p.stride_h = p.stride_w = 1;
+  p.pad_h = p.pad_w = 1;
+  EXPECT_REMAT_ERROR(cpu().maxpool2d_backward(Tensor::zeros(Shape{1, 1, 2, 4}),
+                                              Tensor::from_u8(std::vector<uint8_t>(8, 0), Shape{1, 1, 2, 4}), p, dx),
+                     "maxpool2d_backward: indices u8[1, 1, 2, 4] on cpu hold 0 at flat position 0");
+  // dy must be the pool of dx.
+  EXPECT_REMAT_ERROR(cpu().maxpool2d_backward(dy, Tensor::from_u8({0, 0}, Shape{1, 1, 1, 2}), p, dx),
+                     "maxpool2d_backward: dy f32[1, 1, 1, 2] on cpu: expected shape [1, 1, 2, 4]");
 }
 
 // ---- Determinism ------------------------------------------------------------------------------
@@ -594,7 +622,7 @@ PoolRun run_pools(const Shape& s) {
   r.ymax = m.y, r.idx = m.indices;
   const Tensor dy = random_tensor(m.y.shape(), 101);
   r.dxmax = ops::empty_like(cpu(), x);
-  cpu().maxpool2d_backward(dy, m.indices, r.dxmax);
+  cpu().maxpool2d_backward(dy, m.indices, p, r.dxmax);
   r.yavg = ops::avgpool2d(cpu(), x, p);
   r.dxavg = ops::empty_like(cpu(), x);
   cpu().avgpool2d_backward(dy, p, r.dxavg);
@@ -851,7 +879,7 @@ TEST(CnnErrors, PoolingAndBatchNorm) {
   const Tensor xi = Tensor::empty(Shape{1, 2, 4, 4}, Device::cpu(), DType::i32);
   p.kernel_h = p.kernel_w = 2;
   EXPECT_REMAT_ERROR(be.maxpool2d_forward(xi, p, Tensor::empty(Shape{1, 2, 2, 2}),
-                                          Tensor::empty(Shape{1, 2, 2, 2}, Device::cpu(), DType::i32)),
+                                          Tensor::empty(Shape{1, 2, 2, 2}, Device::cpu(), DType::u8)),
                      "maxpool2d_forward: x i32[1, 2, 4, 4] on cpu: expected dtype f32");
   EXPECT_REMAT_ERROR(be.global_avgpool_forward(Tensor::zeros(Shape{2, 3, 4, 4}), Tensor::empty(Shape{2, 4})),
                      "global_avgpool_forward: y f32[2, 4] on cpu: expected shape [2, 3]");
