@@ -143,6 +143,9 @@ REMAT_OP_CASE(pool, maxpool_backward_shared_indices) {
   t.expect_equal(dx_few, "dx (three targets)");
 }
 
+// The largest window a one-byte offset can name: 16 x 16 (offsets up to 255), with padding.
+REMAT_OP_CASE(pool, maxpool_window_256) { check_maxpool(t, t.uniform({1, 3, 20, 18}), pool(16, 16, 3, 2, 8, 8)); }
+
 REMAT_OP_CASE(pool, avgpool) {
   check_avgpool(t, {2, 16, 28, 28}, pool(2, 2, 2, 2, 0, 0));
   check_avgpool(t, {2, 3, 9, 11}, pool(3, 3, 1, 1, 1, 1));  // overlapping, padded

@@ -551,6 +551,99 @@ TEST(CnnPool, MaxPool2x2Stride2MatchesTheRule) {
   }
 }
 
+// The saved index is the offset r * kernel_w + c of the maximum within its window, from the
+// window's top-left corner in padded coordinates; overlapping windows (stride < kernel)
+// that share a maximum name it by different offsets, and backward adds both gradients.
+TEST(CnnPool, MaxPoolIndexIsTheWindowOffset) {
+  Pool2dParams p;
+  p.kernel_h = p.kernel_w = 3;
+  p.stride_h = p.stride_w = 2;
+  p.pad_h = p.pad_w = 1;
+  const Tensor x = Tensor::from_vector({1, 5, 2, 0,  //
+                                        3, 4, 9, 6,  //
+                                        7, 8, 0, 1},
+                                       Shape{1, 1, 3, 4});
+  const auto r = ops::maxpool2d(cpu(), x, p);
+  EXPECT_EQ(r.indices.dtype(), DType::u8);
+  EXPECT_EQ(r.y.to_vector(), (std::vector<float>{5, 9, 8, 9}));
+  // Windows at padded (-1, -1), (-1, 1), (1, -1), (1, 1): the maxima (0, 1), (1, 2), (2, 1)
+  // and (1, 2) again.
+  EXPECT_EQ(r.indices.to_ints(), (std::vector<int32_t>{5, 7, 5, 1}));
+  const Tensor dx = filled(x.shape(), 99.0f);
+  cpu().maxpool2d_backward(Tensor::from_vector({1, 2, 3, 4}, Shape{1, 1, 2, 2}), r.indices, p, dx);
+  EXPECT_EQ(dx.to_vector(), (std::vector<float>{0, 1, 0, 0, 0, 0, 6, 0, 0, 3, 0, 0}));
+
+  // A 2 x 3 window (offsets r * 3 + c), stride 1 x 2, padding 1 x 1.
+  p.kernel_h = 2, p.stride_h = 1;
+  const auto r2 = ops::maxpool2d(cpu(), Tensor::from_vector({1, 2, 3, 6, 5, 4}, Shape{1, 1, 2, 3}), p);
+  EXPECT_EQ(r2.y.to_vector(), (std::vector<float>{2, 3, 6, 5, 6, 5}));
+  EXPECT_EQ(r2.indices.to_ints(), (std::vector<int32_t>{5, 4, 4, 3, 1, 0}));
+}
+
+// Backward against a direct loop: every window scanned for its first maximum, its gradient
+// added there, the outputs in order (the same float sums): bitwise, windows of up to 256.
+TEST(CnnPool, MaxPoolBackwardMatchesADirectLoop) {
+  struct PoolCase {
+    Shape x;
+    int kh, kw, sh, sw, ph, pw;
+  };
+  uint32_t seed = 70;
+  for (const PoolCase& c :
+       {PoolCase{Shape{2, 3, 8, 6}, 2, 2, 2, 2, 0, 0}, PoolCase{Shape{2, 2, 9, 7}, 3, 3, 2, 2, 1, 1},
+        PoolCase{Shape{1, 3, 7, 9}, 3, 2, 1, 2, 1, 1}, PoolCase{Shape{1, 2, 6, 5}, 4, 4, 1, 1, 2, 2},
+        PoolCase{Shape{1, 2, 20, 18}, 16, 16, 3, 2, 8, 8}}) {
+    SCOPED_TRACE(c.x.str() + " k" + std::to_string(c.kh) + "x" + std::to_string(c.kw));
+    Pool2dParams p;
+    p.kernel_h = c.kh, p.kernel_w = c.kw, p.stride_h = c.sh, p.stride_w = c.sw, p.pad_h = c.ph, p.pad_w = c.pw;
+    // Few distinct values: many ties and shared maxima.
+    std::vector<float> v(static_cast<size_t>(c.x.numel()));
+    std::mt19937 rng(seed++);
+    for (auto& e : v) e = static_cast<float>(rng() % 5);
+    const auto r = ops::maxpool2d(cpu(), Tensor::from_vector(v, c.x), p);
+    const Tensor dy = random_tensor(r.y.shape(), seed++);
+    const Tensor dx = filled(c.x, std::nanf(""));
+    cpu().maxpool2d_backward(dy, r.indices, p, dx);
+
+    const int64_t h = c.x[2], w = c.x[3], P = r.y.size(2), Q = r.y.size(3);
+    const auto g = dy.to_vector();
+    const auto off = r.indices.to_ints();
+    std::vector<float> want(v.size(), 0.0f);
+    for (int64_t pl = 0; pl < c.x[0] * c.x[1]; ++pl)
+      for (int64_t pp = 0; pp < P; ++pp)
+        for (int64_t qq = 0; qq < Q; ++qq) {
+          const int64_t h0 = pp * c.sh - c.ph, w0 = qq * c.sw - c.pw;
+          int64_t best = -1;
+          for (int64_t a = 0; a < c.kh; ++a)
+            for (int64_t b = 0; b < c.kw; ++b) {
+              const int64_t hh = h0 + a, ww = w0 + b;
+              if (hh < 0 || hh >= h || ww < 0 || ww >= w) continue;
+              if (best < 0 ||
+                  v[static_cast<size_t>(pl * h * w + hh * w + ww)] > v[static_cast<size_t>(pl * h * w + best)])
+                best = hh * w + ww;
+            }
+          const size_t o = static_cast<size_t>((pl * P + pp) * Q + qq);
+          ASSERT_EQ(off[o], (best / w - h0) * c.kw + (best % w - w0)) << "output " << o;
+          want[static_cast<size_t>(pl * h * w + best)] += g[o];
+        }
+    EXPECT_TRUE(bitwise_equal(dx, Tensor::from_vector(want, c.x)));
+  }
+}
+
+// kernel_h * kernel_w above 256 does not fit a one-byte offset: both validators say so.
+TEST(CnnPool, MaxPoolRejectsWindowsOver256) {
+  Pool2dParams p;
+  p.kernel_h = p.kernel_w = 17;
+  const Tensor x = Tensor::zeros(Shape{1, 1, 20, 20});
+  EXPECT_REMAT_ERROR(ops::maxpool2d(cpu(), x, p),
+                     "maxpool2d_forward: kernel 17x17 has 289 positions; at most 256 (the saved index is one byte");
+  EXPECT_REMAT_ERROR(
+      cpu().maxpool2d_backward(Tensor::zeros(Shape{1, 1, 2, 2}),
+                               Tensor::empty(Shape{1, 1, 2, 2}, Device::cpu(), DType::u8), p, Tensor::empty(x.shape())),
+      "maxpool2d_backward: kernel 17x17 has 289 positions");
+  p.kernel_w = 15;  // 255 positions
+  EXPECT_EQ(ops::maxpool2d(cpu(), x, p).indices.dtype(), DType::u8);
+}
+
 TEST(CnnPool, MaxPoolBackwardRejectsBadIndices) {
   Pool2dParams p;  // 2 x 2, stride 2
   const Tensor dy = Tensor::from_vector({1, 2}, Shape{1, 1, 1, 2});
