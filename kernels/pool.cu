@@ -23,7 +23,7 @@ __device__ REMAT_INLINE int64_t imin(int64_t a, int64_t b) { return a < b ? a : 
 // One thread per output element. The scan is the CPU's: the first strict maximum wins, so
 // ties keep the earliest position; a window holding a NaN is scanned again for its last NaN.
 template <typename PX, typename PY>
-__global__ void maxpool2d_forward_kernel(PX x, PoolShape g, PY y, int32_t* indices) {
+__global__ void maxpool2d_forward_kernel(PX x, PoolShape g, PY y, uint8_t* indices) {
   const int64_t out_plane = g.p * g.q, n = g.planes * out_plane;
   const int64_t stride = grid_stride();
   for (int64_t e = grid_start(); e < n; e += stride) {
@@ -50,8 +50,18 @@ __global__ void maxpool2d_forward_kernel(PX x, PoolShape g, PY y, int32_t* indic
           if (isnan(ld(src, hh * g.w + ww))) best = hh * g.w + ww;
     }
     st(y, e, ld(src, best));
-    indices[e] = static_cast<int32_t>(best);
+    const int64_t bh = best / g.w, bw = best - bh * g.w;
+    indices[e] = static_cast<uint8_t>((bh - h0) * g.kw + (bw - w0));  // the offset within the window
   }
+}
+
+// The flat position in its plane of output j's maximum, from its window offset; -1 for an
+// offset outside the window or on its padding.
+__device__ REMAT_INLINE int64_t maxpool_target(const PoolShape& g, int64_t j, int off) {
+  if (off >= g.kh * g.kw) return -1;
+  const int64_t pp = j / g.q, qq = j - pp * g.q;
+  const int64_t hh = pp * g.sh - g.ph + off / g.kw, ww = qq * g.sw - g.pw + off % g.kw;
+  return hh < 0 || hh >= g.h || ww < 0 || ww >= g.w ? -1 : hh * g.w + ww;
 }
 
 // The outputs j0 .. j0 + 31 of one plane (lane l takes j0 + l) added into acc[t - t0] for
@@ -60,15 +70,15 @@ __global__ void maxpool2d_forward_kernel(PX x, PoolShape g, PY y, int32_t* indic
 // adds the group's values in lane order. Either way every element receives its
 // contributions in the order of j, as on the CPU. Called by the whole warp.
 template <typename PDY>
-__device__ REMAT_INLINE void maxpool_backward_chunk(PDY grad, const int32_t* idx, int64_t out_plane, int64_t j0,
+__device__ REMAT_INLINE void maxpool_backward_chunk(PDY grad, const uint8_t* idx, const PoolShape& shape, int64_t j0,
                                                     int64_t t0, int64_t t1, float* acc) {
   const int lane = threadIdx.x % 32;
   const int64_t j = j0 + lane;
-  int32_t target = -1;  // -1: no output here, or an index outside [t0, t1) (skipped)
+  int32_t target = -1;  // -1: no output here, or a target outside [t0, t1) or the input (skipped)
   float g = 0.0f;
-  if (j < out_plane) {
-    const int32_t t = idx[j];
-    if (t >= t0 && t < t1) {
+  if (j < shape.p * shape.q) {
+    const int64_t t = maxpool_target(shape, j, idx[j]);
+    if (t >= 0 && t >= t0 && t < t1) {
       target = static_cast<int32_t>(t - t0);
       g = ld(grad, j);
     }
@@ -91,16 +101,16 @@ __device__ REMAT_INLINE void maxpool_backward_chunk(PDY grad, const int32_t* idx
 
 // One warp per plane: zero the plane of an f32 dx, then add the outputs 32 at a time into it.
 template <typename PDY>
-__global__ void maxpool2d_backward_kernel(PDY dy, const int32_t* indices, int64_t planes, int64_t in_plane,
-                                          int64_t out_plane, float* dx) {
+__global__ void maxpool2d_backward_kernel(PDY dy, const uint8_t* indices, PoolShape g, float* dx) {
   const int lane = threadIdx.x % 32;
+  const int64_t in_plane = g.h * g.w, out_plane = g.p * g.q;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t pl = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; pl < planes; pl += warps) {
+  for (int64_t pl = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; pl < g.planes; pl += warps) {
     float* dst = dx + pl * in_plane;
     for (int64_t i = lane; i < in_plane; i += 32) dst[i] = 0.0f;
     __syncwarp();
     for (int64_t j0 = 0; j0 < out_plane; j0 += 32)
-      maxpool_backward_chunk(dy + pl * out_plane, indices + pl * out_plane, out_plane, j0, 0, in_plane, dst);
+      maxpool_backward_chunk(dy + pl * out_plane, indices + pl * out_plane, g, j0, 0, in_plane, dst);
   }
 }
 
@@ -108,19 +118,19 @@ __global__ void maxpool2d_backward_kernel(PDY dy, const int32_t* indices, int64_
 // fp32 in shared memory (the warp's own tile), over all of the plane's outputs, then
 // rounded once into dx: the bits of the f32 kernel's dx, rounded.
 template <typename PDY>
-__global__ void maxpool2d_backward_tiled_kernel(PDY dy, const int32_t* indices, int64_t planes, int64_t in_plane,
-                                                int64_t out_plane, bf16* dx) {
+__global__ void maxpool2d_backward_tiled_kernel(PDY dy, const uint8_t* indices, PoolShape g, bf16* dx) {
   __shared__ float tiles[kWarpsPerBlock][kMaxPoolTile];
   const int lane = threadIdx.x % 32;
   float* acc = tiles[threadIdx.x / 32];
+  const int64_t in_plane = g.h * g.w, out_plane = g.p * g.q;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t pl = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; pl < planes; pl += warps) {
+  for (int64_t pl = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; pl < g.planes; pl += warps) {
     for (int64_t t0 = 0; t0 < in_plane; t0 += kMaxPoolTile) {
       const int64_t t1 = imin(t0 + kMaxPoolTile, in_plane);
       for (int64_t i = lane; i < t1 - t0; i += 32) acc[i] = 0.0f;
       __syncwarp();
       for (int64_t j0 = 0; j0 < out_plane; j0 += 32)
-        maxpool_backward_chunk(dy + pl * out_plane, indices + pl * out_plane, out_plane, j0, t0, t1, acc);
+        maxpool_backward_chunk(dy + pl * out_plane, indices + pl * out_plane, g, j0, t0, t1, acc);
       for (int64_t i = lane; i < t1 - t0; i += 32) dx[pl * in_plane + t0 + i] = __float2bfloat16_rn(acc[i]);
       __syncwarp();  // the tile is read before the next one is zeroed
     }
@@ -234,7 +244,7 @@ bool aligned_four(const FloatBuf& b) { return reinterpret_cast<uintptr_t>(b.p) %
 
 }  // namespace
 
-void maxpool2d_forward(FloatBuf x, const PoolShape& g, FloatBuf y, int32_t* indices, cudaStream_t stream) {
+void maxpool2d_forward(FloatBuf x, const PoolShape& g, FloatBuf y, uint8_t* indices, cudaStream_t stream) {
   const dim3 grid(grid_stride_blocks(g.planes * g.p * g.q, kBlock));
   with_types(
       [&](auto px, auto py) {
@@ -244,18 +254,17 @@ void maxpool2d_forward(FloatBuf x, const PoolShape& g, FloatBuf y, int32_t* indi
       x, y);
 }
 
-void maxpool2d_backward(FloatBuf dy, const int32_t* indices, int64_t planes, int64_t in_plane, int64_t out_plane,
-                        FloatBuf dx, cudaStream_t stream) {
-  const dim3 grid(grid_stride_blocks(planes, kWarpsPerBlock));
+void maxpool2d_backward(FloatBuf dy, const uint8_t* indices, const PoolShape& g, FloatBuf dx, cudaStream_t stream) {
+  const dim3 grid(grid_stride_blocks(g.planes, kWarpsPerBlock));
   with_types(
       [&](auto pdy) {
         using PDY = decltype(pdy);
         if (dx.bf16)
-          REMAT_LAUNCH(maxpool2d_backward_tiled_kernel<PDY>, grid, dim3(kBlock), 0, stream, pdy, indices, planes,
-                       in_plane, out_plane, static_cast<bf16*>(dx.p));
+          REMAT_LAUNCH(maxpool2d_backward_tiled_kernel<PDY>, grid, dim3(kBlock), 0, stream, pdy, indices, g,
+                       static_cast<bf16*>(dx.p));
         else
-          REMAT_LAUNCH(maxpool2d_backward_kernel<PDY>, grid, dim3(kBlock), 0, stream, pdy, indices, planes, in_plane,
-                       out_plane, static_cast<float*>(dx.p));
+          REMAT_LAUNCH(maxpool2d_backward_kernel<PDY>, grid, dim3(kBlock), 0, stream, pdy, indices, g,
+                       static_cast<float*>(dx.p));
       },
       dy);
 }

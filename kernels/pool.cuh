@@ -22,15 +22,16 @@ struct PoolShape {
   int64_t kh, kw, sh, sw, ph, pw;
 };
 
-// y = the first maximum of each window (a NaN wins: the last one), indices = its flat
-// h * W + w position in the plane.
-void maxpool2d_forward(FloatBuf x, const PoolShape& g, FloatBuf y, int32_t* indices, cudaStream_t stream);
+// y = the first maximum of each window (a NaN wins: the last one), indices = its offset
+// r * kw + c within the window (from the window's top-left corner in padded coordinates),
+// one byte each (kh * kw <= 256).
+void maxpool2d_forward(FloatBuf x, const PoolShape& g, FloatBuf y, uint8_t* indices, cudaStream_t stream);
 
-// dx = 0, then dx[plane][indices[j]] += dy[plane][j] in the order of j. One warp per plane;
-// an index outside the plane is skipped. A bf16 dx is summed in fp32 in shared memory, a
-// tile of the plane at a time (each tile reads all of the plane's indices), and rounded once.
-void maxpool2d_backward(FloatBuf dy, const int32_t* indices, int64_t planes, int64_t in_plane, int64_t out_plane,
-                        FloatBuf dx, cudaStream_t stream);
+// dx = 0, then dx[plane][t_j] += dy[plane][j] in the order of j, t_j the flat position that
+// output j's window offset names. One warp per plane; an offset outside the window or on its
+// padding is skipped. A bf16 dx is summed in fp32 in shared memory, a tile of the plane at a
+// time (each tile reads all of the plane's indices), and rounded once.
+void maxpool2d_backward(FloatBuf dy, const uint8_t* indices, const PoolShape& g, FloatBuf dx, cudaStream_t stream);
 
 // y = sum of the window's elements inside the input / (kh * kw).
 void avgpool2d_forward(FloatBuf x, const PoolShape& g, FloatBuf y, cudaStream_t stream);

@@ -237,6 +237,14 @@ TEST(Config, ErrorsNameFileAndPointer) {
       "/model/layers/0/inputs: no tensor named \"nowhere\"");
   bad("{" + in + R"("layers": [{"type": "conv2d", "out_channels": 4, "kernel": 7}]})",
       "models/x.json: /model/layers/0: layer \"conv2d0\" (conv2d): ");
+  // maxpool2d's saved index is one byte: at most 256 window positions.
+  const std::string big = R"("input": {"type": "image", "shape": [1, 20, 20]}, )";
+  bad("{" + big + R"("layers": [{"type": "maxpool2d", "kernel": 17}]})",
+      "models/x.json: /model/layers/0/kernel: maxpool2d kernel 17x17 has 289 positions; at most 256");
+  EXPECT_NO_THROW(remat::build_graph(
+      nlohmann::json::parse("{" + big + R"("layers": [{"type": "maxpool2d", "kernel": 16}, {"type": "flatten"},
+                                                 {"type": "linear", "out_features": 3}]})"),
+      2, "models/x.json"));
   bad("{" + in +
           R"("layers": [{"type": "repeat", "count": 2, "layers": [{"type": "relu", "name": "r"}], "extra": 1}]})",
       "/model/layers/0/extra: unknown key");

@@ -48,6 +48,10 @@ struct Pool2dParams {
   // count_include_pad=True).
 };
 
+// Max pooling saves, per output, the offset of its maximum within the window in one byte
+// (u8), so a max pool window holds at most this many positions (kernel_h * kernel_w).
+constexpr int64_t kMaxPoolWindow = 256;
+
 struct BatchNormParams {
   float momentum = 0.1f;  // running = (1 - momentum) * running + momentum * batch
   float eps = 1e-5f;

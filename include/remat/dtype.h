@@ -7,11 +7,13 @@
 
 namespace remat {
 
-enum class DType { f32, bf16, f16, i32 };  // i32: token ids, class targets, pooling indices
+// i32: token ids and class targets; u8: max pooling's saved indices (an offset within the
+// pooling window, include/remat/backend_ops.def).
+enum class DType { f32, bf16, f16, i32, u8 };
 
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);
-DType parse_dtype(const std::string& s);  // "f32" | "bf16" | "f16" | "i32"; throws otherwise
+DType parse_dtype(const std::string& s);  // "f32" | "bf16" | "f16" | "i32" | "u8"; throws otherwise
 
 // The storage dtype of the float activations that ops and layers allocate on the calling
 // thread: f32, or bf16 inside an ActivationDTypeScope (training.precision bf16, see

@@ -38,7 +38,7 @@ Tensor conv2d_backward(Backend& be, const Tensor& dy, const Tensor& x, const Ten
 
 struct MaxPool {
   Tensor y;
-  Tensor indices;  // i32
+  Tensor indices;  // u8: the offset of each maximum within its window
 };
 MaxPool maxpool2d(Backend& be, const Tensor& x, const Pool2dParams& p);
 Tensor avgpool2d(Backend& be, const Tensor& x, const Pool2dParams& p);

@@ -67,6 +67,7 @@ class Tensor {
   static Tensor full(const Shape& shape, float value, Device device = Device::cpu());
   static Tensor from_vector(const std::vector<float>& values, const Shape& shape, Device device = Device::cpu());
   static Tensor from_ints(const std::vector<int32_t>& values, const Shape& shape, Device device = Device::cpu());
+  static Tensor from_u8(const std::vector<uint8_t>& values, const Shape& shape, Device device = Device::cpu());
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -88,9 +89,10 @@ class Tensor {
   float* f32() const;
   int32_t* i32() const;
   uint16_t* bf16() const;  // the raw bits of bf16 elements (include/remat/bf16.h)
+  uint8_t* u8() const;
 
   std::vector<float> to_vector() const;  // copy to host (f32; bf16 widened exactly)
-  std::vector<int32_t> to_ints() const;  // copy to host (i32)
+  std::vector<int32_t> to_ints() const;  // copy to host (i32; u8 widened)
   Tensor to(Device device) const;        // copy to another device (same tag)
   Tensor clone() const { return to(device()); }
   void copy_from(const Tensor& src);  // same element count and dtype; any devices

@@ -117,6 +117,15 @@ void check_pool(const Check& c, const Shape& x, const Pool2dParams& p) {
            " is larger than the padded input " + x.str());
 }
 
+// Max pooling's one-byte window offsets (include/remat/backend_ops.def).
+void check_maxpool_window(const Check& c, const Pool2dParams& p) {
+  const int64_t window = int64_t{p.kernel_h} * p.kernel_w;
+  if (window > kMaxPoolWindow)
+    c.fail("kernel " + std::to_string(p.kernel_h) + "x" + std::to_string(p.kernel_w) + " has " +
+           std::to_string(window) + " positions; at most " + std::to_string(kMaxPoolWindow) +
+           " (the saved index is one byte, an offset within the window)");
+}
+
 void check_attention(const Check& c, const Shape& qkv, const AttentionParams& p) {
   if (qkv.rank() != 3) c.fail("qkv " + qkv.str() + ": expected rank 3 (B, T, 3C)");
   c.positive("n_head", p.n_head);
@@ -352,21 +361,23 @@ void check_maxpool2d_forward(const Check& ck, const Tensor& x, const Pool2dParam
                              const Tensor& indices) {
   ck.tensor("x", x);
   ck.tensor("y", y);
-  ck.tensor("indices", indices, DType::i32);
+  ck.tensor("indices", indices, DType::u8);
   check_pool(ck, x.shape(), p);
+  check_maxpool_window(ck, p);
   ck.shape("y", y, pool2d_output_shape(x.shape(), p));
   ck.same_shape("indices", indices, "y", y);
 }
 
-void check_maxpool2d_backward(const Check& ck, const Tensor& dy, const Tensor& indices, const Tensor& dx) {
+void check_maxpool2d_backward(const Check& ck, const Tensor& dy, const Tensor& indices, const Pool2dParams& p,
+                              const Tensor& dx) {
   ck.tensor("dy", dy);
-  ck.tensor("indices", indices, DType::i32);
+  ck.tensor("indices", indices, DType::u8);
   ck.tensor("dx", dx);
-  ck.rank("dy", dy, 4);
   ck.rank("dx", dx, 4);
+  check_pool(ck, dx.shape(), p);
+  check_maxpool_window(ck, p);
+  ck.shape("dy", dy, pool2d_output_shape(dx.shape(), p));
   ck.same_shape("indices", indices, "dy", dy);
-  if (dx.size(0) != dy.size(0) || dx.size(1) != dy.size(1))
-    ck.fail("dx " + dx.str() + " and dy " + dy.str() + ": batch and channels differ");
 }
 
 void check_avgpool2d_forward(const Check& ck, const Tensor& x, const Pool2dParams& p, const Tensor& y) {

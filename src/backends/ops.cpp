@@ -96,7 +96,7 @@ Tensor conv2d_backward(Backend& be, const Tensor& dy, const Tensor& x, const Ten
 
 MaxPool maxpool2d(Backend& be, const Tensor& x, const Pool2dParams& p) {
   const Shape s = pool2d_output_shape(x.shape(), p);
-  MaxPool r{out(be, s), out(be, s, DType::i32)};
+  MaxPool r{out(be, s), out(be, s, DType::u8)};
   be.maxpool2d_forward(x, p, r.y, r.indices);
   return r;
 }

@@ -10,6 +10,7 @@ size_t dtype_size(DType t) {
     case DType::bf16: return 2;
     case DType::f16: return 2;
     case DType::i32: return 4;
+    case DType::u8: return 1;
   }
   REMAT_THROW("unknown dtype ", static_cast<int>(t));
 }
@@ -20,6 +21,7 @@ const char* dtype_name(DType t) {
     case DType::bf16: return "bf16";
     case DType::f16: return "f16";
     case DType::i32: return "i32";
+    case DType::u8: return "u8";
   }
   return "?";
 }
@@ -29,7 +31,8 @@ DType parse_dtype(const std::string& s) {
   if (s == "bf16" || s == "bfloat16") return DType::bf16;
   if (s == "f16" || s == "float16") return DType::f16;
   if (s == "i32" || s == "int32") return DType::i32;
-  REMAT_THROW("unknown dtype \"", s, "\" (expected f32, bf16, f16 or i32)");
+  if (s == "u8" || s == "uint8") return DType::u8;
+  REMAT_THROW("unknown dtype \"", s, "\" (expected f32, bf16, f16, i32 or u8)");
 }
 
 namespace {

@@ -112,6 +112,18 @@ Tensor Tensor::from_vector(const std::vector<float>& values, const Shape& shape,
   return t;
 }
 
+Tensor Tensor::from_u8(const std::vector<uint8_t>& values, const Shape& shape, Device device) {
+  REMAT_CHECK(static_cast<int64_t>(values.size()) == shape.numel(), "from_u8: ", values.size(),
+              " values do not fill shape ", shape.str(), " (", shape.numel(), " elements)");
+  Tensor t = empty(shape, device, DType::u8);
+  if (device.host_memory()) {
+    std::copy(values.begin(), values.end(), t.u8());
+  } else if (t.storage_->has_data()) {
+    copy_bytes(t.raw_data(), device, values.data(), Device::cpu(), t.nbytes());
+  }
+  return t;
+}
+
 Tensor Tensor::from_ints(const std::vector<int32_t>& values, const Shape& shape, Device device) {
   REMAT_CHECK(static_cast<int64_t>(values.size()) == shape.numel(), "from_ints: ", values.size(),
               " values do not fill shape ", shape.str(), " (", shape.numel(), " elements)");
@@ -180,14 +192,28 @@ int32_t* Tensor::i32() const {
   return static_cast<int32_t*>(raw_data());
 }
 
+uint8_t* Tensor::u8() const {
+  REMAT_CHECK(dtype_ == DType::u8, "tensor ", str(), " is not u8");
+  return static_cast<uint8_t*>(raw_data());
+}
+
 uint16_t* Tensor::bf16() const {
   REMAT_CHECK(dtype_ == DType::bf16, "tensor ", str(), " is not bf16");
   return static_cast<uint16_t*>(raw_data());
 }
 
 std::vector<int32_t> Tensor::to_ints() const {
-  REMAT_CHECK(dtype_ == DType::i32, "to_ints of ", str(), ": not i32");
+  REMAT_CHECK(dtype_ == DType::i32 || dtype_ == DType::u8, "to_ints of ", str(), ": not i32 or u8");
   std::vector<int32_t> out(static_cast<size_t>(numel()));
+  if (dtype_ == DType::u8) {  // widened
+    std::vector<uint8_t> bytes(out.size());
+    if (device().host_memory())
+      std::copy(u8(), u8() + numel(), bytes.begin());
+    else
+      copy_bytes(bytes.data(), Device::cpu(), raw_data(), device(), nbytes());
+    std::copy(bytes.begin(), bytes.end(), out.begin());
+    return out;
+  }
   if (device().host_memory()) {
     std::copy(i32(), i32() + numel(), out.begin());
   } else {

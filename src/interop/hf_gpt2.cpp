@@ -176,7 +176,8 @@ void copy_entry(const SafetensorsFile& f, const SafetensorsEntry& e, bool transp
     case DType::f32: return copy_entry<DType::f32>(f, e, transpose, dst);
     case DType::bf16: return copy_entry<DType::bf16>(f, e, transpose, dst);
     case DType::f16: return copy_entry<DType::f16>(f, e, transpose, dst);
-    case DType::i32: break;
+    case DType::i32:
+    case DType::u8: break;
   }
   REMAT_THROW(f.source(), ": tensor \"", e.name, "\" is ", dtype_name(e.dtype), "; weights must be F32, F16 or BF16");
 }

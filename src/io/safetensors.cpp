@@ -19,6 +19,7 @@ const char* st_dtype(DType t) {
     case DType::bf16: return "BF16";
     case DType::f16: return "F16";
     case DType::i32: return "I32";
+    case DType::u8: return "U8";
   }
   return "?";
 }
@@ -91,6 +92,8 @@ void SafetensorsFile::parse_header(size_t size) {
       e.dtype = DType::bf16;
     else if (dt == "F16")
       e.dtype = DType::f16;
+    else if (dt == "U8")
+      e.dtype = DType::u8;
     else
       bad(where + ": unsupported dtype " + dt);
     const auto& sh = v["shape"];
@@ -146,8 +149,8 @@ const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
 
 Tensor SafetensorsFile::tensor(const std::string& name, Device device) const {
   const SafetensorsEntry& e = entry(name);
-  REMAT_CHECK(e.dtype == DType::f32 || e.dtype == DType::i32, source_, ": tensor \"", name, "\" has dtype ",
-              dtype_name(e.dtype), "; only f32 and i32 can be loaded");
+  REMAT_CHECK(e.dtype == DType::f32 || e.dtype == DType::i32 || e.dtype == DType::u8, source_, ": tensor \"", name,
+              "\" has dtype ", dtype_name(e.dtype), "; only f32, i32 and u8 can be loaded");
   Tensor host = Tensor::empty(e.shape, Device::cpu(), e.dtype);
   if (e.end > e.begin) std::memcpy(host.raw_data(), data(e), e.end - e.begin);
   return device.is_cpu() ? host : host.to(device);

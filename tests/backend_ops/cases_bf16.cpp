@@ -793,8 +793,8 @@ REMAT_OP_CASE(pool, bf16) {
     xv[5] = std::numeric_limits<float>::quiet_NaN();  // a NaN wins its windows
     xv[40] = xv[41];                                  // a tie keeps the first
     auto x = t.values_bf16(xv, c.x), xf = t.as_f32(x);
-    auto y = t.output(ys, DType::bf16), idx = t.output(ys, DType::i32), yf = t.output(ys);
-    auto idxf = t.output(ys, DType::i32);
+    auto y = t.output(ys, DType::bf16), idx = t.output(ys, DType::u8), yf = t.output(ys);
+    auto idxf = t.output(ys, DType::u8);
     t.run([&](Backend& be, Side s) {
       be.maxpool2d_forward(s(x), c.p, s(y), s(idx));
       be.maxpool2d_forward(s(xf), c.p, s(yf), s(idxf));
@@ -806,9 +806,9 @@ REMAT_OP_CASE(pool, bf16) {
     auto dy = t.uniform_bf16(ys), dyf = t.as_f32(dy);
     auto dx = t.output(c.x, DType::bf16), dx_f32 = t.output(c.x), dxf = t.output(c.x);
     t.run([&](Backend& be, Side s) {
-      be.maxpool2d_backward(s(dy), s(idx), s(dx));      // fp32 tiles in shared memory
-      be.maxpool2d_backward(s(dy), s(idx), s(dx_f32));  // a bf16 dy into an f32 dx
-      be.maxpool2d_backward(s(dyf), s(idx), s(dxf));
+      be.maxpool2d_backward(s(dy), s(idx), c.p, s(dx));      // fp32 tiles in shared memory
+      be.maxpool2d_backward(s(dy), s(idx), c.p, s(dx_f32));  // a bf16 dy into an f32 dx
+      be.maxpool2d_backward(s(dyf), s(idx), c.p, s(dxf));
     });
     t.expect_equal(dx, "maxpool dx" + what);
     t.expect_equal(dx_f32, "maxpool dx (f32) from a bf16 dy" + what);

@@ -153,12 +153,12 @@ REMAT_OP_CASE(grad, pooling) {
   const Shape ys = pool2d_output_shape(xs, p);
   auto x = distinct(t, xs), dy = t.uniform(ys);
   // Max pooling: the spacing of distinct values (2 / 252) exceeds 2 eps, so argmaxes hold.
-  auto y = t.output(ys), idx = t.output(ys, DType::i32), dx = t.output(xs);
+  auto y = t.output(ys), idx = t.output(ys, DType::u8), dx = t.output(xs);
   t.run([&](Backend& be, Side d) {
     be.maxpool2d_forward(d(x), p, d(y), d(idx));
-    be.maxpool2d_backward(d(dy), d(idx), d(dx));
+    be.maxpool2d_backward(d(dy), d(idx), p, d(dx));
   });
-  auto y2 = t.output(ys), idx2 = t.output(ys, DType::i32);
+  auto y2 = t.output(ys), idx2 = t.output(ys, DType::u8);
   OpCheck::GradOptions fine;
   fine.eps = 1e-3;
   t.expect_gradient(

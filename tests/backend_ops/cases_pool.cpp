@@ -28,19 +28,45 @@ Pool2dParams pool(int kh, int kw, int sh, int sw, int ph, int pw) {
   return p;
 }
 
-// Max pooling forward (values and indices) and backward through the indices.
+// Max pooling forward (values and window offsets) and backward through the offsets.
 void check_maxpool(OpCheck& t, const Pair& x, const Pool2dParams& p) {
   const Shape ys = pool2d_output_shape(x.ref.shape(), p);
   auto y = t.output(ys);
-  auto idx = t.output(ys, DType::i32);
+  auto idx = t.output(ys, DType::u8);
   t.run([&](Backend& be, Side s) { be.maxpool2d_forward(s(x), p, s(y), s(idx)); });
   t.expect_equal(y, "y");
   t.expect_equal(idx, "indices");
 
   auto dy = t.uniform(ys);
   auto dx = t.output(x.ref.shape());
-  t.run([&](Backend& be, Side s) { be.maxpool2d_backward(s(dy), s(idx), s(dx)); });
+  t.run([&](Backend& be, Side s) { be.maxpool2d_backward(s(dy), s(idx), p, s(dx)); });
   t.expect_equal(dx, "dx");
+}
+
+// Window offsets for every output of dy (the pool of dx by p), each naming an input element
+// of its window: one of `targets` (flat positions in the plane) where the window holds one,
+// else any, drawn at random.
+Pair window_offsets(OpCheck& t, const Shape& dxs, const Pool2dParams& p, const std::vector<int64_t>& targets) {
+  const Shape dys = pool2d_output_shape(dxs, p);
+  const int64_t h = dxs[2], w = dxs[3];
+  std::vector<uint8_t> v;
+  for (int64_t pl = 0; pl < dys[0] * dys[1]; ++pl)
+    for (int64_t pp = 0; pp < dys[2]; ++pp)
+      for (int64_t qq = 0; qq < dys[3]; ++qq) {
+        const int64_t h0 = pp * p.stride_h - p.pad_h, w0 = qq * p.stride_w - p.pad_w;
+        std::vector<int64_t> inside, wanted;  // window offsets
+        for (int64_t r = 0; r < p.kernel_h; ++r)
+          for (int64_t c = 0; c < p.kernel_w; ++c) {
+            const int64_t hh = h0 + r, ww = w0 + c;
+            if (hh < 0 || hh >= h || ww < 0 || ww >= w) continue;
+            inside.push_back(r * p.kernel_w + c);
+            for (int64_t at : targets)
+              if (at == hh * w + ww) wanted.push_back(r * p.kernel_w + c);
+          }
+        const auto& from = wanted.empty() ? inside : wanted;
+        v.push_back(static_cast<uint8_t>(from[t.rng()() % from.size()]));
+      }
+  return t.byte_values(v, dys);
 }
 
 void check_avgpool(OpCheck& t, const Shape& xs, const Pool2dParams& p) {
@@ -95,20 +121,30 @@ REMAT_OP_CASE(pool, maxpool_ties_nan_inf) {
   check_maxpool(t, x, pool(3, 2, 2, 1, 1, 0));
 }
 
-// Arbitrary indices into a plane, many of them shared: the backward's path for lanes of a
-// warp that add into the same element.
+// Arbitrary window offsets in heavily overlapping windows, many naming the same element:
+// the backward's path for lanes of a warp that add into the same element.
 REMAT_OP_CASE(pool, maxpool_backward_shared_indices) {
-  const Shape dys{2, 5, 13, 11}, dxs{2, 5, 6, 7};
-  auto dy = t.uniform(dys);
-  auto idx = t.ints(dys, 0, 6 * 7 - 1);
+  const Shape dxs{2, 5, 13, 11};
+  const Pool2dParams p = pool(5, 4, 1, 1, 2, 2);  // 13 x 12 windows of 20 positions
+  auto dy = t.uniform(pool2d_output_shape(dxs, p));
+  auto idx = window_offsets(t, dxs, p, {});
   auto dx = t.output(dxs);
-  t.run([&](Backend& be, Side s) { be.maxpool2d_backward(s(dy), s(idx), s(dx)); });
+  t.run([&](Backend& be, Side s) { be.maxpool2d_backward(s(dy), s(idx), p, s(dx)); });
   t.expect_equal(dx, "dx");
-  auto idx_few = t.ints(dys, 3, 5);  // every output onto one of three positions
-  auto dx_few = t.output(dxs);
-  t.run([&](Backend& be, Side s) { be.maxpool2d_backward(s(dy), s(idx_few), s(dx_few)); });
+
+  // Windows of 7 x 7 (stride 1, padding 3) over 6 x 7 planes each hold (2, 3) and (3, 3):
+  // every output onto one of three positions.
+  const Shape small{2, 5, 6, 7};
+  const Pool2dParams q = pool(7, 7, 1, 1, 3, 3);
+  auto dy_few = t.uniform(pool2d_output_shape(small, q));
+  auto idx_few = window_offsets(t, small, q, {2 * 7 + 3, 3 * 7 + 3, 3 * 7 + 4});
+  auto dx_few = t.output(small);
+  t.run([&](Backend& be, Side s) { be.maxpool2d_backward(s(dy_few), s(idx_few), q, s(dx_few)); });
   t.expect_equal(dx_few, "dx (three targets)");
 }
+
+// The largest window a one-byte offset can name: 16 x 16 (offsets up to 255), with padding.
+REMAT_OP_CASE(pool, maxpool_window_256) { check_maxpool(t, t.uniform({1, 3, 20, 18}), pool(16, 16, 3, 2, 8, 8)); }
 
 REMAT_OP_CASE(pool, avgpool) {
   check_avgpool(t, {2, 16, 28, 28}, pool(2, 2, 2, 2, 0, 0));

@@ -24,7 +24,12 @@ constexpr uint32_t kPoisonI32 = 0x7f7f7f7fu;
 constexpr uint16_t kGuardBitsBf16 = 0x7fa5u;  // the same for bf16 outputs
 constexpr uint16_t kPoisonBf16 = 0x7fc0u;     // a quiet NaN
 
-// The raw bits of every element (bf16: 16 bits each).
+constexpr uint8_t kGuardBitsU8 = 0xa5u;  // the same for u8 outputs (no window has 166 positions)
+constexpr uint8_t kPoisonU8 = 0xffu;
+
+uint32_t guard_bits(DType d) { return d == DType::bf16 ? kGuardBitsBf16 : d == DType::u8 ? kGuardBitsU8 : kGuardBits; }
+
+// The raw bits of every element (bf16: 16 bits each; u8: 8).
 std::vector<uint32_t> host_bits(const Tensor& t) {
   std::vector<uint32_t> out(static_cast<size_t>(t.numel()));
   if (t.dtype() == DType::bf16) {
@@ -51,6 +56,7 @@ Tensor from_bits(const std::vector<uint32_t>& bits, const Shape& s, DType dtype,
     std::memcpy(f.data(), bits.data(), bits.size() * 4);
     return Tensor::from_vector(f, s, d);
   }
+  if (dtype == DType::u8) return Tensor::from_u8(std::vector<uint8_t>(bits.begin(), bits.end()), s, d);
   std::vector<int32_t> i(bits.size());
   std::memcpy(i.data(), bits.data(), bits.size() * 4);
   return Tensor::from_ints(i, s, d);
@@ -111,11 +117,17 @@ Pair OpCheck::int_values(const std::vector<int32_t>& v, const Shape& s) {
   return {Tensor::from_ints(v, s, ref_.device()), Tensor::from_ints(v, s, dut_.device())};
 }
 
+Pair OpCheck::byte_values(const std::vector<uint8_t>& v, const Shape& s) {
+  return {Tensor::from_u8(v, s, ref_.device()), Tensor::from_u8(v, s, dut_.device())};
+}
+
 Pair OpCheck::guarded(const Shape& s, DType dtype) {
   const int64_t n = s.numel();
-  const bool half = dtype == DType::bf16;
-  std::vector<uint32_t> bits(static_cast<size_t>(n + 2 * kGuard), half ? kGuardBitsBf16 : kGuardBits);
-  const uint32_t poison = half ? kPoisonBf16 : dtype == DType::f32 ? 0x7fc00000u : kPoisonI32;
+  std::vector<uint32_t> bits(static_cast<size_t>(n + 2 * kGuard), guard_bits(dtype));
+  const uint32_t poison = dtype == DType::bf16  ? kPoisonBf16
+                          : dtype == DType::f32 ? 0x7fc00000u
+                          : dtype == DType::u8  ? kPoisonU8
+                                                : kPoisonI32;
   std::fill(bits.begin() + kGuard, bits.begin() + kGuard + n, poison);
   const Shape whole({n + 2 * kGuard});
   Guarded g;
@@ -168,7 +180,7 @@ void OpCheck::check_guards() {
   for (const auto& g : guarded_) {
     for (const Tensor* t : {&g.ref_storage, &g.dut_storage}) {
       const auto bits = host_bits(*t);
-      const uint32_t guard = g.dtype == DType::bf16 ? kGuardBitsBf16 : kGuardBits;
+      const uint32_t guard = guard_bits(g.dtype);
       for (int64_t i = 0; i < kGuard; ++i) {
         const int64_t lo = i, hi = kGuard + g.numel + i;
         ASSERT_EQ(bits[static_cast<size_t>(lo)], guard)
@@ -189,7 +201,7 @@ void OpCheck::expect_close(const Pair& p, double atol, double rtol, const std::s
   int64_t bad = 0, first = -1;
   double worst = 0.0;
   std::ostringstream first_msg;
-  if (p.ref.dtype() == DType::i32) {
+  if (p.ref.dtype() == DType::i32 || p.ref.dtype() == DType::u8) {
     const auto r = p.ref.to_ints(), d = p.dut.to_ints();
     for (int64_t i = 0; i < n; ++i) {
       if (r[static_cast<size_t>(i)] != d[static_cast<size_t>(i)]) {

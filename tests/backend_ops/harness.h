@@ -91,7 +91,9 @@ class OpCheck {
   Pair as_f32(const Pair& p);
   Pair ints(const Shape& s, int lo, int hi);
   Pair int_values(const std::vector<int32_t>& v, const Shape& s);
-  // An output: guarded on both sides, every element NaN (f32, bf16) or 0x7f7f7f7f (i32).
+  Pair byte_values(const std::vector<uint8_t>& v, const Shape& s);  // u8
+  // An output: guarded on both sides, every element NaN (f32, bf16), 0x7f7f7f7f (i32) or
+  // 0xff (u8).
   Pair output(const Shape& s, DType dtype = DType::f32);
   // An output that starts with given contents (for ops that accumulate, or update in
   // place): guarded, a copy of `init` on both sides.

@@ -52,6 +52,21 @@ constexpr double kRtol = 1e-4;
 constexpr double kAtol = 1e-5;
 
 Backend& cpu() { return remat::backend_for(Device::cpu()); }
+
+// The flat h * W + w positions in their planes that max pooling's window offsets (u8,
+// r * kernel_w + c from each window's top-left corner in padded coordinates) name.
+std::vector<int32_t> flat_positions(const Tensor& indices, const Shape& x, const Pool2dParams& p) {
+  const auto off = indices.to_ints();
+  const int64_t pq = indices.size(2) * indices.size(3), q = indices.size(3);
+  std::vector<int32_t> out(off.size());
+  for (size_t e = 0; e < off.size(); ++e) {
+    const int64_t o = static_cast<int64_t>(e) % pq, pp = o / q, qq = o % q;
+    const int64_t hh = pp * p.stride_h - p.pad_h + off[e] / p.kernel_w;
+    const int64_t ww = qq * p.stride_w - p.pad_w + off[e] % p.kernel_w;
+    out[e] = static_cast<int32_t>(hh * x[3] + ww);
+  }
+  return out;
+}
 Backend& meta() { return remat::backend_for(Device::meta()); }
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
@@ -198,9 +213,10 @@ TEST(CnnGolden, MaxPool2d) {
     const auto r = ops::maxpool2d(cpu(), f.tensor("x"), p);
     // The max is one of the inputs: exact.
     EXPECT_TRUE(bitwise_equal(r.y, f.tensor("y")));
-    EXPECT_EQ(r.indices.to_ints(), f.tensor("indices").to_ints());  // ties: PyTorch's first maximum
+    // ties: PyTorch's first maximum (PyTorch saves flat positions; we save window offsets)
+    EXPECT_EQ(flat_positions(r.indices, f.tensor("x").shape(), p), f.tensor("indices").to_ints());
     const Tensor dx = filled(f.tensor("x").shape(), std::nanf(""));
-    cpu().maxpool2d_backward(f.tensor("dy"), r.indices, dx);
+    cpu().maxpool2d_backward(f.tensor("dy"), r.indices, p, dx);
     EXPECT_ALL_CLOSE(dx, f.tensor("dx"), kRtol, kAtol);
   }
 }
@@ -357,7 +373,7 @@ TEST(CnnGradCheck, Pooling) {
     const auto r = ops::maxpool2d(cpu(), x, c.p);
     const Tensor dy = random_tensor(r.y.shape(), seed++);
     const Tensor dx = ops::empty_like(cpu(), x);
-    cpu().maxpool2d_backward(dy, r.indices, dx);
+    cpu().maxpool2d_backward(dy, r.indices, c.p, dx);
     EXPECT_TRUE(check_gradient(
         "maxpool2d dx", x, dx, [&] { return dot(dy, ops::maxpool2d(cpu(), x, c.p).y); }, opt));
 
@@ -471,14 +487,14 @@ TEST(CnnPool, MaxPoolTiesPaddingAndNaN) {
   const Tensor x = Tensor::from_vector({1, 3, 3, 3, 2, 1}, Shape{1, 1, 2, 3});
   const auto r = ops::maxpool2d(cpu(), x, p);
   EXPECT_EQ(r.y.to_vector(), (std::vector<float>{3, 3}));
-  EXPECT_EQ(r.indices.to_ints(), (std::vector<int32_t>{1, 1}));
+  EXPECT_EQ(r.indices.to_ints(), (std::vector<int32_t>{1, 0}));  // window offsets of position 1
   // Padding never wins, even over negative inputs.
   p.kernel_h = p.kernel_w = 3;
   p.pad_h = p.pad_w = 1;
   const Tensor neg = Tensor::from_vector({-5, -4, -3, -2}, Shape{1, 1, 2, 2});
   const auto rn = ops::maxpool2d(cpu(), neg, p);
   EXPECT_EQ(rn.y.to_vector(), (std::vector<float>{-2, -2, -2, -2}));
-  EXPECT_EQ(rn.indices.to_ints(), (std::vector<int32_t>{3, 3, 3, 3}));
+  EXPECT_EQ(flat_positions(rn.indices, neg.shape(), p), (std::vector<int32_t>{3, 3, 3, 3}));
   // NaN wins, the last one in scan order; all -inf picks the window's first input element
   // (both as PyTorch 1.13's max_pool2d).
   p.kernel_h = p.kernel_w = 2;
@@ -486,16 +502,16 @@ TEST(CnnPool, MaxPoolTiesPaddingAndNaN) {
   const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
   const auto rnan = ops::maxpool2d(cpu(), Tensor::from_vector({1, nan, 3, nan, 2, 5}, Shape{1, 1, 2, 3}), p);
   EXPECT_TRUE(std::isnan(rnan.y.to_vector()[0]) && std::isnan(rnan.y.to_vector()[1]));
-  EXPECT_EQ(rnan.indices.to_ints(), (std::vector<int32_t>{3, 1}));
+  EXPECT_EQ(rnan.indices.to_ints(), (std::vector<int32_t>{2, 0}));  // positions 3 and 1
   p.kernel_h = p.kernel_w = 3;
   p.pad_h = p.pad_w = 1;
   const auto rinf = ops::maxpool2d(cpu(), filled(Shape{1, 1, 2, 2}, -inf), p);
   EXPECT_EQ(rinf.y.to_vector(), (std::vector<float>(4, -inf)));
-  EXPECT_EQ(rinf.indices.to_ints(), (std::vector<int32_t>{0, 0, 0, 0}));
+  EXPECT_EQ(flat_positions(rinf.indices, Shape{1, 1, 2, 2}, p), (std::vector<int32_t>{0, 0, 0, 0}));
   // Backward gathers every window's gradient at its maximum.
   const Tensor dy = Tensor::from_vector({1, 2, 3, 4}, Shape{1, 1, 2, 2});
   const Tensor dx = filled(neg.shape(), 99.0f);
-  cpu().maxpool2d_backward(dy, rn.indices, dx);
+  cpu().maxpool2d_backward(dy, rn.indices, p, dx);
   EXPECT_EQ(dx.to_vector(), (std::vector<float>{0, 0, 0, 10}));
 }
 
@@ -515,7 +531,7 @@ TEST(CnnPool, MaxPool2x2Stride2MatchesTheRule) {
     for (auto& e : v) e = pool[rng() % 8];
     const auto r = ops::maxpool2d(cpu(), Tensor::from_vector(v, s), p);
     const auto y = r.y.to_vector();
-    const auto idx = r.indices.to_ints();
+    const auto idx = flat_positions(r.indices, s, p);
     const int64_t h = s[2], w = s[3], ph = h / 2, pw = w / 2;
     for (int64_t pl = 0; pl < s[0] * s[1]; ++pl)
       for (int64_t i = 0; i < ph; ++i)
@@ -535,11 +551,116 @@ TEST(CnnPool, MaxPool2x2Stride2MatchesTheRule) {
   }
 }
 
+// The saved index is the offset r * kernel_w + c of the maximum within its window, from the
+// window's top-left corner in padded coordinates; overlapping windows (stride < kernel)
+// that share a maximum name it by different offsets, and backward adds both gradients.
+TEST(CnnPool, MaxPoolIndexIsTheWindowOffset) {
+  Pool2dParams p;
+  p.kernel_h = p.kernel_w = 3;
+  p.stride_h = p.stride_w = 2;
+  p.pad_h = p.pad_w = 1;
+  const Tensor x = Tensor::from_vector({1, 5, 2, 0,  //
+                                        3, 4, 9, 6,  //
+                                        7, 8, 0, 1},
+                                       Shape{1, 1, 3, 4});
+  const auto r = ops::maxpool2d(cpu(), x, p);
+  EXPECT_EQ(r.indices.dtype(), DType::u8);
+  EXPECT_EQ(r.y.to_vector(), (std::vector<float>{5, 9, 8, 9}));
+  // Windows at padded (-1, -1), (-1, 1), (1, -1), (1, 1): the maxima (0, 1), (1, 2), (2, 1)
+  // and (1, 2) again.
+  EXPECT_EQ(r.indices.to_ints(), (std::vector<int32_t>{5, 7, 5, 1}));
+  const Tensor dx = filled(x.shape(), 99.0f);
+  cpu().maxpool2d_backward(Tensor::from_vector({1, 2, 3, 4}, Shape{1, 1, 2, 2}), r.indices, p, dx);
+  EXPECT_EQ(dx.to_vector(), (std::vector<float>{0, 1, 0, 0, 0, 0, 6, 0, 0, 3, 0, 0}));
+
+  // A 2 x 3 window (offsets r * 3 + c), stride 1 x 2, padding 1 x 1.
+  p.kernel_h = 2, p.stride_h = 1;
+  const auto r2 = ops::maxpool2d(cpu(), Tensor::from_vector({1, 2, 3, 6, 5, 4}, Shape{1, 1, 2, 3}), p);
+  EXPECT_EQ(r2.y.to_vector(), (std::vector<float>{2, 3, 6, 5, 6, 5}));
+  EXPECT_EQ(r2.indices.to_ints(), (std::vector<int32_t>{5, 4, 4, 3, 1, 0}));
+}
+
+// Backward against a direct loop: every window scanned for its first maximum, its gradient
+// added there, the outputs in order (the same float sums): bitwise, windows of up to 256.
+TEST(CnnPool, MaxPoolBackwardMatchesADirectLoop) {
+  struct PoolCase {
+    Shape x;
+    int kh, kw, sh, sw, ph, pw;
+  };
+  uint32_t seed = 70;
+  for (const PoolCase& c :
+       {PoolCase{Shape{2, 3, 8, 6}, 2, 2, 2, 2, 0, 0}, PoolCase{Shape{2, 2, 9, 7}, 3, 3, 2, 2, 1, 1},
+        PoolCase{Shape{1, 3, 7, 9}, 3, 2, 1, 2, 1, 1}, PoolCase{Shape{1, 2, 6, 5}, 4, 4, 1, 1, 2, 2},
+        PoolCase{Shape{1, 2, 20, 18}, 16, 16, 3, 2, 8, 8}}) {
+    SCOPED_TRACE(c.x.str() + " k" + std::to_string(c.kh) + "x" + std::to_string(c.kw));
+    Pool2dParams p;
+    p.kernel_h = c.kh, p.kernel_w = c.kw, p.stride_h = c.sh, p.stride_w = c.sw, p.pad_h = c.ph, p.pad_w = c.pw;
+    // Few distinct values: many ties and shared maxima.
+    std::vector<float> v(static_cast<size_t>(c.x.numel()));
+    std::mt19937 rng(seed++);
+    for (auto& e : v) e = static_cast<float>(rng() % 5);
+    const auto r = ops::maxpool2d(cpu(), Tensor::from_vector(v, c.x), p);
+    const Tensor dy = random_tensor(r.y.shape(), seed++);
+    const Tensor dx = filled(c.x, std::nanf(""));
+    cpu().maxpool2d_backward(dy, r.indices, p, dx);
+
+    const int64_t h = c.x[2], w = c.x[3], P = r.y.size(2), Q = r.y.size(3);
+    const auto g = dy.to_vector();
+    const auto off = r.indices.to_ints();
+    std::vector<float> want(v.size(), 0.0f);
+    for (int64_t pl = 0; pl < c.x[0] * c.x[1]; ++pl)
+      for (int64_t pp = 0; pp < P; ++pp)
+        for (int64_t qq = 0; qq < Q; ++qq) {
+          const int64_t h0 = pp * c.sh - c.ph, w0 = qq * c.sw - c.pw;
+          int64_t best = -1;
+          for (int64_t a = 0; a < c.kh; ++a)
+            for (int64_t b = 0; b < c.kw; ++b) {
+              const int64_t hh = h0 + a, ww = w0 + b;
+              if (hh < 0 || hh >= h || ww < 0 || ww >= w) continue;
+              if (best < 0 ||
+                  v[static_cast<size_t>(pl * h * w + hh * w + ww)] > v[static_cast<size_t>(pl * h * w + best)])
+                best = hh * w + ww;
+            }
+          const size_t o = static_cast<size_t>((pl * P + pp) * Q + qq);
+          ASSERT_EQ(off[o], (best / w - h0) * c.kw + (best % w - w0)) << "output " << o;
+          want[static_cast<size_t>(pl * h * w + best)] += g[o];
+        }
+    EXPECT_TRUE(bitwise_equal(dx, Tensor::from_vector(want, c.x)));
+  }
+}
+
+// kernel_h * kernel_w above 256 does not fit a one-byte offset: both validators say so.
+TEST(CnnPool, MaxPoolRejectsWindowsOver256) {
+  Pool2dParams p;
+  p.kernel_h = p.kernel_w = 17;
+  const Tensor x = Tensor::zeros(Shape{1, 1, 20, 20});
+  EXPECT_REMAT_ERROR(ops::maxpool2d(cpu(), x, p),
+                     "maxpool2d_forward: kernel 17x17 has 289 positions; at most 256 (the saved index is one byte");
+  EXPECT_REMAT_ERROR(
+      cpu().maxpool2d_backward(Tensor::zeros(Shape{1, 1, 2, 2}),
+                               Tensor::empty(Shape{1, 1, 2, 2}, Device::cpu(), DType::u8), p, Tensor::empty(x.shape())),
+      "maxpool2d_backward: kernel 17x17 has 289 positions");
+  p.kernel_w = 15;  // 255 positions
+  EXPECT_EQ(ops::maxpool2d(cpu(), x, p).indices.dtype(), DType::u8);
+}
+
 TEST(CnnPool, MaxPoolBackwardRejectsBadIndices) {
+  Pool2dParams p;  // 2 x 2, stride 2
   const Tensor dy = Tensor::from_vector({1, 2}, Shape{1, 1, 1, 2});
-  const Tensor idx = Tensor::from_ints({0, 4}, Shape{1, 1, 1, 2});
-  const Tensor dx = Tensor::empty(Shape{1, 1, 2, 2});
-  EXPECT_REMAT_ERROR(cpu().maxpool2d_backward(dy, idx, dx), "maxpool2d_backward: indices");
+  const Tensor dx = Tensor::empty(Shape{1, 1, 2, 4});
+  // Offset 4 is outside a 2 x 2 window.
+  EXPECT_REMAT_ERROR(cpu().maxpool2d_backward(dy, Tensor::from_u8({0, 4}, Shape{1, 1, 1, 2}), p, dx),
+                     "maxpool2d_backward: indices u8[1, 1, 1, 2] on cpu hold 4 at flat position 1");
+  // Offset 0 of a padded 3 x 3 window is padding.
+  p.kernel_h = p.kernel_w = 3;
+  p.stride_h = p.stride_w = 1;
+  p.pad_h = p.pad_w = 1;
+  EXPECT_REMAT_ERROR(cpu().maxpool2d_backward(Tensor::zeros(Shape{1, 1, 2, 4}),
+                                              Tensor::from_u8(std::vector<uint8_t>(8, 0), Shape{1, 1, 2, 4}), p, dx),
+                     "maxpool2d_backward: indices u8[1, 1, 2, 4] on cpu hold 0 at flat position 0");
+  // dy must be the pool of dx.
+  EXPECT_REMAT_ERROR(cpu().maxpool2d_backward(dy, Tensor::from_u8({0, 0}, Shape{1, 1, 1, 2}), p, dx),
+                     "maxpool2d_backward: dy f32[1, 1, 1, 2] on cpu: expected shape [1, 1, 2, 4]");
 }
 
 // ---- Determinism ------------------------------------------------------------------------------
@@ -594,7 +715,7 @@ PoolRun run_pools(const Shape& s) {
   r.ymax = m.y, r.idx = m.indices;
   const Tensor dy = random_tensor(m.y.shape(), 101);
   r.dxmax = ops::empty_like(cpu(), x);
-  cpu().maxpool2d_backward(dy, m.indices, r.dxmax);
+  cpu().maxpool2d_backward(dy, m.indices, p, r.dxmax);
   r.yavg = ops::avgpool2d(cpu(), x, p);
   r.dxavg = ops::empty_like(cpu(), x);
   cpu().avgpool2d_backward(dy, p, r.dxavg);
@@ -851,7 +972,7 @@ TEST(CnnErrors, PoolingAndBatchNorm) {
   const Tensor xi = Tensor::empty(Shape{1, 2, 4, 4}, Device::cpu(), DType::i32);
   p.kernel_h = p.kernel_w = 2;
   EXPECT_REMAT_ERROR(be.maxpool2d_forward(xi, p, Tensor::empty(Shape{1, 2, 2, 2}),
-                                          Tensor::empty(Shape{1, 2, 2, 2}, Device::cpu(), DType::i32)),
+                                          Tensor::empty(Shape{1, 2, 2, 2}, Device::cpu(), DType::u8)),
                      "maxpool2d_forward: x i32[1, 2, 4, 4] on cpu: expected dtype f32");
   EXPECT_REMAT_ERROR(be.global_avgpool_forward(Tensor::zeros(Shape{2, 3, 4, 4}), Tensor::empty(Shape{2, 4})),
                      "global_avgpool_forward: y f32[2, 4] on cpu: expected shape [2, 3]");

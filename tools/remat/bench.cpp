@@ -95,7 +95,7 @@ std::vector<Case> cases(Backend& be) {
                   return [&be, x] {
                     auto r = ops::maxpool2d(be, *x, Pool2dParams{});
                     Tensor dx = Tensor::empty(x->shape());
-                    be.maxpool2d_backward(r.y, r.indices, dx);
+                    be.maxpool2d_backward(r.y, r.indices, Pool2dParams{}, dx);
                   };
                 }});
   cs.push_back({"batchnorm_b64_64x32x32", 0, [&be] {

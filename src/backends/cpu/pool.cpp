@@ -39,21 +39,21 @@ using cpu::sum_f64;
 
 // Max pooling over 2 x 2 windows of stride 2 without padding (the usual pooling layer), a
 // row of outputs at a time: the same results as the general loop below (the first maximum
-// in scan order wins; a window holding a NaN gives its last NaN).
-void maxpool2x2_row(const float* r0, const float* r1, int64_t q, int32_t top, int32_t bottom, float* d, int32_t* o) {
+// in scan order wins; a window holding a NaN gives its last NaN). Window offsets: 0 and 1
+// on the top row, 2 and 3 on the bottom one.
+void maxpool2x2_row(const float* r0, const float* r1, int64_t q, float* d, uint8_t* o) {
   for (int64_t qq = 0; qq < q; ++qq) {
     const float a = r0[2 * qq], b = r0[2 * qq + 1], c = r1[2 * qq], e = r1[2 * qq + 1];
-    const auto col = static_cast<int32_t>(2 * qq);
     float best = a;
-    int32_t at = top + col;
-    if (b > best) best = b, at = top + col + 1;
-    if (c > best) best = c, at = bottom + col;
-    if (e > best) best = e, at = bottom + col + 1;
+    uint8_t at = 0;
+    if (b > best) best = b, at = 1;
+    if (c > best) best = c, at = 2;
+    if (e > best) best = e, at = 3;
     if (a != a || b != b || c != c || e != e) {  // the last NaN
-      if (a != a) best = a, at = top + col;
-      if (b != b) best = b, at = top + col + 1;
-      if (c != c) best = c, at = bottom + col;
-      if (e != e) best = e, at = bottom + col + 1;
+      if (a != a) best = a, at = 0;
+      if (b != b) best = b, at = 1;
+      if (c != c) best = c, at = 2;
+      if (e != e) best = e, at = 3;
     }
     d[qq] = best;
     o[qq] = at;
@@ -64,13 +64,12 @@ void maxpool2x2_row(const float* r0, const float* r1, int64_t q, int32_t top, in
 #define REMAT_POOL_AVX512 1
 // The same, 16 outputs per step: even and odd columns of both rows deinterleaved, then the
 // scalar version's comparisons as masks.
-__attribute__((target("avx512f"))) void maxpool2x2_row_avx512(const float* r0, const float* r1, int64_t q, int32_t top,
-                                                              int32_t bottom, float* d, int32_t* o) {
+__attribute__((target("avx512f"))) void maxpool2x2_row_avx512(const float* r0, const float* r1, int64_t q, float* d,
+                                                              uint8_t* o) {
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-  const __m512i top0 = _mm512_add_epi32(_mm512_set1_epi32(top), even);
-  const __m512i bottom0 = _mm512_add_epi32(_mm512_set1_epi32(bottom), even);
-  const __m512i one = _mm512_set1_epi32(1);
+  const __m512i ia = _mm512_setzero_si512(), ib = _mm512_set1_epi32(1);
+  const __m512i ic = _mm512_set1_epi32(2), ie = _mm512_set1_epi32(3);
   for (int64_t q0 = 0; q0 < q; q0 += 16) {
     const int64_t m = std::min<int64_t>(16, q - q0), in = 2 * m;
     const auto lo = static_cast<__mmask16>(in >= 16 ? 0xFFFF : (1u << in) - 1);
@@ -82,9 +81,6 @@ __attribute__((target("avx512f"))) void maxpool2x2_row_avx512(const float* r0, c
     const __m512 u0 = _mm512_maskz_loadu_ps(lo, p1), u1 = _mm512_maskz_loadu_ps(hi, p1 + 16);
     const __m512 a = _mm512_permutex2var_ps(t0, even, t1), b = _mm512_permutex2var_ps(t0, odd, t1);
     const __m512 c = _mm512_permutex2var_ps(u0, even, u1), e = _mm512_permutex2var_ps(u0, odd, u1);
-    const __m512i shift = _mm512_set1_epi32(static_cast<int32_t>(2 * q0));
-    const __m512i ia = _mm512_add_epi32(top0, shift), ib = _mm512_add_epi32(ia, one);
-    const __m512i ic = _mm512_add_epi32(bottom0, shift), ie = _mm512_add_epi32(ic, one);
     __m512 best = a;
     __m512i at = ia;
     __mmask16 k = _mm512_cmp_ps_mask(b, best, _CMP_GT_OQ);
@@ -102,13 +98,13 @@ __attribute__((target("avx512f"))) void maxpool2x2_row_avx512(const float* r0, c
     k = _mm512_cmp_ps_mask(e, e, _CMP_UNORD_Q);
     best = _mm512_mask_mov_ps(best, k, e), at = _mm512_mask_mov_epi32(at, k, ie);
     _mm512_mask_storeu_ps(d + q0, out, best);
-    _mm512_mask_storeu_epi32(o + q0, out, at);
+    _mm512_mask_cvtepi32_storeu_epi8(o + q0, out, at);  // each offset narrowed to its byte
   }
 }
 #endif
 
-// One plane: src [h, w] -> dst [p, q] and its indices.
-void maxpool2x2_plane(const PoolGeom& g, const float* src, float* dst, int32_t* idx) {
+// One plane: src [h, w] -> dst [p, q] and its window offsets.
+void maxpool2x2_plane(const PoolGeom& g, const float* src, float* dst, uint8_t* idx) {
 #ifdef REMAT_POOL_AVX512
   auto* row = cpu::simd() == cpu::Simd::avx512 ? &maxpool2x2_row_avx512 : &maxpool2x2_row;
 #else
@@ -116,13 +112,12 @@ void maxpool2x2_plane(const PoolGeom& g, const float* src, float* dst, int32_t* 
 #endif
   for (int64_t pp = 0; pp < g.p; ++pp) {
     const float* r0 = src + 2 * pp * g.w;
-    row(r0, r0 + g.w, g.q, static_cast<int32_t>(2 * pp * g.w), static_cast<int32_t>((2 * pp + 1) * g.w), dst + pp * g.q,
-        idx + pp * g.q);
+    row(r0, r0 + g.w, g.q, dst + pp * g.q, idx + pp * g.q);
   }
 }
 
 // The general window scan of one plane.
-void maxpool_plane(const PoolGeom& g, const float* src, float* dst, int32_t* idx) {
+void maxpool_plane(const PoolGeom& g, const float* src, float* dst, uint8_t* idx) {
   for (int64_t pp = 0; pp < g.p; ++pp) {
     const int64_t h0 = pp * g.sh - g.ph;
     const int64_t hs = std::max<int64_t>(h0, 0), he = std::min(h0 + g.kh, g.h);
@@ -151,7 +146,9 @@ void maxpool_plane(const PoolGeom& g, const float* src, float* dst, int32_t* idx
             if (std::isnan(src[hh * g.w + ww])) best = hh * g.w + ww;
       }
       dst[pp * g.q + qq] = src[best];
-      idx[pp * g.q + qq] = static_cast<int32_t>(best);
+      // The offset within the window, from its top-left corner in padded coordinates.
+      const int64_t bh = best / g.w, bw = best - bh * g.w;
+      idx[pp * g.q + qq] = static_cast<uint8_t>((bh - h0) * g.kw + (bw - w0));
     }
   }
 }
@@ -161,9 +158,7 @@ void maxpool_plane(const PoolGeom& g, const float* src, float* dst, int32_t* idx
 void CpuBackend::maxpool2d_forward_impl(const Tensor& x, const Pool2dParams& prm, const Tensor& y,
                                         const Tensor& indices) {
   const PoolGeom g(x.shape(), y.shape(), prm);
-  int32_t* ip = indices.i32();
-  REMAT_CHECK(g.h * g.w <= std::numeric_limits<int32_t>::max(), "maxpool2d_forward: x ", x.str(),
-              ": a plane is too large for i32 indices");
+  uint8_t* ip = indices.u8();
   const bool two = g.kh == 2 && g.kw == 2 && g.sh == 2 && g.sw == 2 && g.ph == 0 && g.pw == 0;
   const int64_t window = two ? 4 : g.kh * g.kw, in_plane = g.h * g.w, out_plane = g.p * g.q;
 #pragma omp parallel for schedule(static) if (g.planes * out_plane * window >= cpu::kParallelMinWork)
@@ -180,36 +175,42 @@ void CpuBackend::maxpool2d_forward_impl(const Tensor& x, const Pool2dParams& prm
   }
 }
 
-void CpuBackend::maxpool2d_backward_impl(const Tensor& dy, const Tensor& indices, const Tensor& dx) {
-  const int64_t planes = dx.size(0) * dx.size(1), in_plane = dx.size(2) * dx.size(3);
-  const int64_t out_plane = dy.size(2) * dy.size(3);
-  const int32_t* ip = indices.i32();
-  std::atomic<int64_t> bad{-1};  // the first flat position of an out-of-range index, if any
-#pragma omp parallel for schedule(static) if (planes * (in_plane + out_plane) >= cpu::kParallelMinWork)
-  for (int64_t pl = 0; pl < planes; ++pl) {
+void CpuBackend::maxpool2d_backward_impl(const Tensor& dy, const Tensor& indices, const Pool2dParams& prm,
+                                         const Tensor& dx) {
+  const PoolGeom g(dx.shape(), dy.shape(), prm);
+  const int64_t in_plane = g.h * g.w, out_plane = g.p * g.q, window = g.kh * g.kw;
+  const uint8_t* ip = indices.u8();
+  std::atomic<int64_t> bad{-1};  // the first flat position of an offset outside the input, if any
+#pragma omp parallel for schedule(static) if (g.planes * (in_plane + out_plane) >= cpu::kParallelMinWork)
+  for (int64_t pl = 0; pl < g.planes; ++pl) {
     cpu::F32Reader rdy(dy, 0);
     cpu::F32Writer wdx(dx, 2);
     float* dst = wdx.get(pl * in_plane, in_plane);
-    const float* g = rdy.get(pl * out_plane, out_plane);
-    const int32_t* idx = ip + pl * out_plane;
+    const float* grad = rdy.get(pl * out_plane, out_plane);
+    const uint8_t* idx = ip + pl * out_plane;
     std::fill(dst, dst + in_plane, 0.0f);
-    for (int64_t j = 0; j < out_plane; ++j) {
-      const int64_t i = idx[j];
-      if (i < 0 || i >= in_plane) {
-        const int64_t at = pl * out_plane + j;
-        int64_t seen = bad.load();
-        while ((seen < 0 || at < seen) && !bad.compare_exchange_weak(seen, at)) {
+    // In the order of the outputs, as the flat indices were added before: the same sums.
+    for (int64_t pp = 0; pp < g.p; ++pp) {
+      for (int64_t qq = 0; qq < g.q; ++qq) {
+        const int64_t j = pp * g.q + qq, off = idx[j];
+        const int64_t hh = pp * g.sh - g.ph + off / g.kw, ww = qq * g.sw - g.pw + off % g.kw;
+        if (off >= window || hh < 0 || hh >= g.h || ww < 0 || ww >= g.w) {
+          const int64_t at = pl * out_plane + j;
+          int64_t seen = bad.load();
+          while ((seen < 0 || at < seen) && !bad.compare_exchange_weak(seen, at)) {
+          }
+          continue;
         }
-        continue;
+        dst[hh * g.w + ww] += grad[j];
       }
-      dst[i] += g[j];
     }
     wdx.put();
   }
   const int64_t at = bad.load();
   if (at >= 0)
-    REMAT_THROW("maxpool2d_backward: indices ", indices.str(), " hold ", ip[at], " at flat position ", at,
-                ", outside the input plane of dx ", dx.str(), " (", in_plane, " elements)");
+    REMAT_THROW("maxpool2d_backward: indices ", indices.str(), " hold ", int{ip[at]}, " at flat position ", at,
+                ", not an input element of its ", g.kh, "x", g.kw, " window (stride ", g.sh, "x", g.sw, ", padding ",
+                g.ph, "x", g.pw, ") in dx ", dx.str());
 }
 
 void CpuBackend::avgpool2d_forward_impl(const Tensor& x, const Pool2dParams& prm, const Tensor& y) {

@@ -1,6 +1,7 @@
 // Pooling on the CUDA backend (kernels/pool.cu): max, average (count_include_pad) and
 // global average pooling, NCHW. Max and average pooling reproduce the CPU backend's bits,
-// on f32 and on bf16 tensors (fbuf: fp32 math, bf16 outputs rounded once); indices are i32.
+// on f32 and on bf16 tensors (fbuf: fp32 math, bf16 outputs rounded once); indices are u8
+// window offsets.
 #include <limits>
 
 #include "backends/cuda/cuda_backend.h"
@@ -21,17 +22,18 @@ kernels::PoolShape pool_shape(const Shape& x, const Shape& y, const Pool2dParams
 
 void CudaBackend::maxpool2d_forward_impl(const Tensor& x, const Pool2dParams& p, const Tensor& y,
                                          const Tensor& indices) {
-  REMAT_CHECK(x.size(2) * x.size(3) <= std::numeric_limits<int32_t>::max(), "maxpool2d_forward: x ", x.str(),
-              ": a plane is too large for i32 indices");
-  indices.storage()->clear_int_range();  // written on the device: no longer host-known values
-  kernels::maxpool2d_forward(fbuf(x), pool_shape(x.shape(), y.shape(), p), fbuf(y), indices.i32(), stream_);
+  kernels::maxpool2d_forward(fbuf(x), pool_shape(x.shape(), y.shape(), p), fbuf(y), indices.u8(), stream_);
 }
 
-// Indices outside the plane are skipped here (the CPU backend reports them): checking
-// them would cost a synchronisation per call, and maxpool2d_forward never writes one.
-void CudaBackend::maxpool2d_backward_impl(const Tensor& dy, const Tensor& indices, const Tensor& dx) {
-  kernels::maxpool2d_backward(fbuf(dy), indices.i32(), dx.size(0) * dx.size(1), dx.size(2) * dx.size(3),
-                              dy.size(2) * dy.size(3), fbuf(dx), stream_);
+// Offsets outside the window or on its padding are skipped here (the CPU backend reports
+// them): checking them would cost a synchronisation per call, and maxpool2d_forward never
+// writes one.
+void CudaBackend::maxpool2d_backward_impl(const Tensor& dy, const Tensor& indices, const Pool2dParams& p,
+                                          const Tensor& dx) {
+  // The kernel's per-lane targets are i32 positions in the plane.
+  REMAT_CHECK(dx.size(2) * dx.size(3) <= std::numeric_limits<int32_t>::max(), "maxpool2d_backward: dx ", dx.str(),
+              ": a plane is too large");
+  kernels::maxpool2d_backward(fbuf(dy), indices.u8(), pool_shape(dx.shape(), dy.shape(), p), fbuf(dx), stream_);
 }
 
 void CudaBackend::avgpool2d_forward_impl(const Tensor& x, const Pool2dParams& p, const Tensor& y) {

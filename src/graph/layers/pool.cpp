@@ -16,7 +16,14 @@ Pool2dParams read_pool(ConfigReader& r) {
 class MaxPool2d final : public Layer {
  public:
   bool runs_in_bf16() const override { return true; }
-  explicit MaxPool2d(ConfigReader& r) : p_(read_pool(r)) {}
+  explicit MaxPool2d(ConfigReader& r) : p_(read_pool(r)) {
+    // The saved indices are one byte: an offset within the window (backend_ops.def).
+    const int64_t window = int64_t{p_.kernel_h} * p_.kernel_w;
+    if (window > kMaxPoolWindow)
+      r.fail("kernel", "maxpool2d kernel " + std::to_string(p_.kernel_h) + "x" + std::to_string(p_.kernel_w) + " has " +
+                           std::to_string(window) + " positions; at most " + std::to_string(kMaxPoolWindow) +
+                           " (its saved index is one byte)");
+  }
   LayerKind kind() const override { return LayerKind::pool; }
   Shape infer(const std::vector<Shape>& in) override {
     expect_inputs(in, 1);
@@ -33,7 +40,7 @@ class MaxPool2d final : public Layer {
   }
   void backward(BackwardContext& c) const override {
     Tensor dx = Tensor::empty(in_, c.be.device(), activation_dtype());
-    c.be.maxpool2d_backward(c.dout, c.extras[0], dx);
+    c.be.maxpool2d_backward(c.dout, c.extras[0], p_, dx);
     c.din = {dx};
   }
   std::vector<std::string> extra_names() const override { return {"indices"}; }
