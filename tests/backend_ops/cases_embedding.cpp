@@ -7,6 +7,7 @@
 
 #include "backend_ops/harness.h"
 #include "remat/error.h"
+#include "remat/ops.h"
 
 namespace remat::test {
 
@@ -63,7 +64,7 @@ REMAT_OP_CASE(embedding, backward_repeated_ids) {
     auto dy = t.uniform({s.b, s.t, s.c});
     auto dtable = t.output_like(t.uniform({s.v, s.c}));  // accumulated into
     auto dpos = t.output_like(t.uniform({s.tmax, s.c}));
-    t.run([&](Backend& be, Side sd) { be.embedding_backward(sd(dy), sd(ids), sd(dtable), sd(dpos)); });
+    t.run([&](Backend& be, Side sd) { ops::embedding_backward(be, sd(dy), sd(ids), sd(dtable), sd(dpos)); });
     t.expect_equal(dtable, "dtable " + label(s));
     t.expect_equal(dpos, "dpos_table " + label(s));
   }
@@ -78,7 +79,7 @@ REMAT_OP_CASE(embedding, backward_one_id_and_late_first) {
     auto ids = t.int_values(*v, {2, 150});
     auto dy = t.uniform({2, 150, 40});
     auto dtable = t.output_like(t.uniform({6, 40}));
-    t.run([&](Backend& be, Side s) { be.embedding_backward(s(dy), s(ids), s(dtable), Tensor()); });
+    t.run([&](Backend& be, Side s) { ops::embedding_backward(be, s(dy), s(ids), s(dtable), Tensor()); });
     t.expect_equal(dtable, v == &same ? "dtable (one id)" : "dtable (late first occurrences)");
   }
 }
@@ -90,9 +91,9 @@ REMAT_OP_CASE(embedding, backward_pos_only_aligned) {
     auto dy = t.uniform({3, 9, c});
     auto dpos = t.uniform({12, c});  // unguarded: aligned; accumulated into
     auto dtable = t.output_like(t.uniform({5, c}));
-    t.run([&](Backend& be, Side s) { be.embedding_backward(s(dy), s(ids), Tensor(), s(dpos)); });
+    t.run([&](Backend& be, Side s) { ops::embedding_backward(be, s(dy), s(ids), Tensor(), s(dpos)); });
     t.expect_equal(dpos, "dpos_table C=" + std::to_string(c));
-    t.run([&](Backend& be, Side s) { be.embedding_backward(s(dy), s(ids), s(dtable), Tensor()); });
+    t.run([&](Backend& be, Side s) { ops::embedding_backward(be, s(dy), s(ids), s(dtable), Tensor()); });
     t.expect_equal(dtable, "dtable C=" + std::to_string(c));
   }
 }
@@ -112,7 +113,7 @@ REMAT_OP_CASE(embedding, out_of_range_ids) {
           if (op == 0)
             be.embedding_forward(s(ids), s(table), Tensor(), s(y));
           else
-            be.embedding_backward(s(dy), s(ids), s(dtable), Tensor());
+            ops::embedding_backward(be, s(dy), s(ids), s(dtable), Tensor());
           ADD_FAILURE() << "no error on " << be.name();
         } catch (const Error& e) {
           // Without the source location at the end, and with the device named alike.

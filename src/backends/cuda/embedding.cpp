@@ -49,8 +49,10 @@ void CudaBackend::embedding_forward_impl(const Tensor& ids, const Tensor& table,
                              stream_);
 }
 
+size_t CudaBackend::embedding_backward_workspace_impl(const Shape&) { return 0; }
+
 void CudaBackend::embedding_backward_impl(const Tensor& dy, const Tensor& ids, const Tensor& dtable,
-                                          const Tensor& dpos_table) {
+                                          const Tensor& dpos_table, const Tensor& /*workspace: none yet*/) {
   if (ids.numel() == 0) return;
   const int64_t c = dy.size(2);
   if (dtable.defined()) {
