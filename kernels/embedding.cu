@@ -86,19 +86,26 @@ __global__ void embedding_forward_typed_kernel(const int32_t* ids, int64_t n, in
   }
 }
 
-// Table gradient: one warp per (position i, chunk of kChunk channels). The warp of i
-// returns unless i is the first position holding its id; that warp then owns the id's row
-// of dtable (for its channels) and adds the dy rows of every position j >= i with the same
-// id, in order of j. Lane l handles channels c0 + l, c0 + l + 32, ... (coalesced). Ids are
-// scanned kScanTiles tiles of 32 at a time (independent loads in flight). The op has no
-// workspace to sort positions by id in, so the scans cost O(n * distinct ids) reads of the
-// (cache-resident) ids; dy is read once. A warp that owns a very frequent id adds its rows
-// alone (all n rows in the worst case, one id everywhere).
+// Table gradient, in three launches without atomics or host waits (S = kEmbeddingSegment):
+// 1. rank[i] = the number of positions j < i with ids[j] == ids[i] (a warp per position
+//    scans the ids before it, kScanTiles tiles of 32 at a time: O(n^2) reads of the
+//    cache-resident ids, no sort).
+// 2. A warp per (position i with rank[i] % S == 0, chunk of kChunk channels) sums the rows
+//    of its segment: the S (or fewer) positions j >= i with the id, in order of j. Segment 0
+//    adds them to the id's row of dtable; segment k >= 1 stores its sum in the workspace
+//    slot numbered by the segment starts of rank >= S before i (so slots follow position
+//    order, and an id's slots follow its segment order).
+// 3. A warp per (slot of a segment 1, chunk) adds its id's slot sums to the id's row of
+//    dtable in slot order.
+// An id at m positions is summed by ceil(m / S) warps in parallel, then ceil(m / S) - 1
+// segment sums in order (the warp of its first position used to add all m rows alone).
+// Lane l handles channels c0 + l, c0 + l + 32, ... (coalesced).
 constexpr int kWarpsPerBlock = 4;
 constexpr int kPerLane = 8;
 constexpr int64_t kChunk = 32 * kPerLane;
 constexpr int kScanTiles = 4;
 constexpr int64_t kScanStep = 32 * kScanTiles;
+constexpr int32_t kSeg = static_cast<int32_t>(kEmbeddingSegment);
 
 // match[q]: ballot of the positions j0 + 32 q + lane below `end` that hold `id`.
 __device__ REMAT_INLINE void match_tiles(const int32_t* ids, int64_t j0, int64_t end, int32_t id, int lane,
@@ -111,20 +118,81 @@ __device__ REMAT_INLINE void match_tiles(const int32_t* ids, int64_t j0, int64_t
   for (int q = 0; q < kScanTiles; ++q) match[q] = __ballot_sync(kFullMask, v[q] == id);
 }
 
-template <typename PDY>
-__global__ void embedding_backward_table_kernel(PDY dy, const int32_t* ids, int64_t n, int64_t c, float* dtable) {
+// Launch 1; also marks every slot unused (slot_pos = -1) before launch 2 numbers them.
+__global__ void embedding_rank_kernel(const int32_t* ids, int64_t n, int64_t slots, int32_t* rank, int32_t* slot_pos) {
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (i >= n) return;  // the whole warp
   const int32_t id = ids[i];
   unsigned match[kScanTiles];
-  // An earlier position with this id owns the row.
+  int32_t count = 0;
   for (int64_t j0 = 0; j0 < i; j0 += kScanStep) {
     match_tiles(ids, j0, i, id, lane, match);
-    unsigned any = 0;
-    for (int q = 0; q < kScanTiles; ++q) any |= match[q];
-    if (any) return;
+    for (int q = 0; q < kScanTiles; ++q) count += __popc(match[q]);
   }
+  if (lane == 0) {
+    rank[i] = count;
+    if (i < slots) slot_pos[i] = -1;
+  }
+}
+
+// Launch 2.
+template <typename PDY>
+__global__ void embedding_segment_kernel(PDY dy, const int32_t* ids, const int32_t* rank, int64_t n, int64_t c,
+                                         float* dtable, float* sums, int32_t* slot_pos) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (i >= n) return;
+  const int32_t r = rank[i];
+  if (r % kSeg != 0) return;  // inside a segment
+  const int32_t id = ids[i];
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kChunk;
+  float* dst = dtable + static_cast<int64_t>(id) * c;
+  if (r > 0) {  // a further segment: its slot is the number of such starts before i
+    int64_t slot = 0;
+    for (int64_t j0 = 0; j0 < i; j0 += 32) {
+      const int64_t j = j0 + lane;
+      const int32_t rj = j < i ? rank[j] : 0;
+      slot += __popc(__ballot_sync(kFullMask, rj >= kSeg && rj % kSeg == 0));
+    }
+    dst = sums + slot * c;
+    if (blockIdx.y == 0 && lane == 0) slot_pos[slot] = static_cast<int32_t>(i);
+  }
+  float acc[kPerLane];
+  for (int k = 0; k < kPerLane; ++k) {
+    const int64_t col = c0 + k * 32 + lane;
+    acc[k] = r == 0 && col < c ? dst[col] : 0.0f;
+  }
+  unsigned match[kScanTiles];
+  int32_t left = kSeg;  // rows still to add (the same in every lane: ballots)
+  for (int64_t j0 = i; j0 < n && left > 0; j0 += kScanStep) {
+    match_tiles(ids, j0, n, id, lane, match);
+    for (int q = 0; q < kScanTiles; ++q) {
+      for (unsigned m = match[q]; m != 0 && left > 0; m &= m - 1, --left) {  // in order of position
+        const auto src = dy + (j0 + 32 * q + __ffs(static_cast<int>(m)) - 1) * c;
+        for (int k = 0; k < kPerLane; ++k) {
+          const int64_t col = c0 + k * 32 + lane;
+          if (col < c) acc[k] += ld(src, col);
+        }
+      }
+    }
+  }
+  for (int k = 0; k < kPerLane; ++k) {
+    const int64_t col = c0 + k * 32 + lane;
+    if (col < c) dst[col] = acc[k];
+  }
+}
+
+// Launch 3: the warp of slot s returns unless s holds its id's segment 1; then it adds the
+// sums of the slots s' >= s of the same id, in slot order. Unused slots have slot_pos -1.
+__global__ void embedding_add_segments_kernel(const int32_t* ids, const int32_t* rank, const int32_t* slot_pos,
+                                              const float* sums, int64_t slots, int64_t c, float* dtable) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t s = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (s >= slots) return;
+  const int32_t p = slot_pos[s];
+  if (p < 0 || rank[p] != kSeg) return;
+  const int32_t id = ids[p];
   const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kChunk;
   float* dst = dtable + static_cast<int64_t>(id) * c;
   float acc[kPerLane];
@@ -132,15 +200,14 @@ __global__ void embedding_backward_table_kernel(PDY dy, const int32_t* ids, int6
     const int64_t col = c0 + k * 32 + lane;
     acc[k] = col < c ? dst[col] : 0.0f;
   }
-  for (int64_t j0 = i; j0 < n; j0 += kScanStep) {
-    match_tiles(ids, j0, n, id, lane, match);
-    for (int q = 0; q < kScanTiles; ++q) {
-      for (unsigned m = match[q]; m != 0; m &= m - 1) {  // in order of position
-        const auto src = dy + (j0 + 32 * q + __ffs(static_cast<int>(m)) - 1) * c;
-        for (int k = 0; k < kPerLane; ++k) {
-          const int64_t col = c0 + k * 32 + lane;
-          if (col < c) acc[k] += ld(src, col);
-        }
+  for (int64_t s0 = s; s0 < slots; s0 += 32) {
+    const int64_t t = s0 + lane;
+    const int32_t q = t < slots ? slot_pos[t] : -1;
+    for (unsigned m = __ballot_sync(kFullMask, q >= 0 && ids[q] == id); m != 0; m &= m - 1) {  // in slot order
+      const float* src = sums + (s0 + __ffs(static_cast<int>(m)) - 1) * c;
+      for (int k = 0; k < kPerLane; ++k) {
+        const int64_t col = c0 + k * 32 + lane;
+        if (col < c) acc[k] += src[col];
       }
     }
   }
@@ -226,16 +293,26 @@ void embedding_forward(const int32_t* ids, int64_t n, int64_t t, FloatBuf table_
       table_buf, pos_buf, y_buf);
 }
 
-void embedding_backward_table(FloatBuf dy, const int32_t* ids, int64_t n, int64_t c, float* dtable,
+void embedding_backward_table(FloatBuf dy, const int32_t* ids, int64_t n, int64_t c, float* dtable, void* workspace,
                               cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(n, kWarpsPerBlock)),
-                  static_cast<unsigned>(ceil_div<int64_t>(c, kChunk)));
+  if (n == 0 || c == 0) return;
+  const int64_t slots = embedding_segment_slots(n);
+  auto* sums = static_cast<float*>(workspace);  // [slots, c], then rank [n], slot_pos [slots]
+  auto* rank = reinterpret_cast<int32_t*>(sums + slots * c);
+  int32_t* slot_pos = rank + n;
+  const auto warps_for = [](int64_t units) { return static_cast<unsigned>(ceil_div<int64_t>(units, kWarpsPerBlock)); };
+  const auto chunks = static_cast<unsigned>(ceil_div<int64_t>(c, kChunk));
+  REMAT_LAUNCH(embedding_rank_kernel, dim3(warps_for(n)), dim3(32 * kWarpsPerBlock), 0, stream, ids, n, slots, rank,
+               slot_pos);
   with_types(
       [&](auto pdy) {
-        REMAT_LAUNCH(embedding_backward_table_kernel<decltype(pdy)>, grid, dim3(32 * kWarpsPerBlock), 0, stream, pdy,
-                     ids, n, c, dtable);
+        REMAT_LAUNCH(embedding_segment_kernel<decltype(pdy)>, dim3(warps_for(n), chunks), dim3(32 * kWarpsPerBlock), 0,
+                     stream, pdy, ids, rank, n, c, dtable, sums, slot_pos);
       },
       dy);
+  if (slots > 0)
+    REMAT_LAUNCH(embedding_add_segments_kernel, dim3(warps_for(slots), chunks), dim3(32 * kWarpsPerBlock), 0, stream,
+                 ids, rank, slot_pos, sums, slots, c, dtable);
 }
 
 void embedding_backward_pos(FloatBuf dy_buf, int64_t batch, int64_t t, int64_t c, float* dpos, cudaStream_t stream) {

@@ -170,14 +170,10 @@ void layernorm_forward(FloatBuf x, FloatBuf gamma, FloatBuf beta, int64_t rows, 
 }
 
 void layernorm_param_grads(FloatBuf dy, FloatBuf x, const float* mean, const float* rstd, int64_t rows, int64_t c,
-                           float* dgamma, float* dbeta, double* partial, size_t partial_bytes, cudaStream_t stream) {
+                           float* dgamma, float* dbeta, double* partial, cudaStream_t stream) {
   if (rows == 0 || c == 0 || (!dgamma && !dbeta)) return;
-  // Enough chunks of rows to give the GPU a few blocks per column tile, as the buffer allows.
-  constexpr int64_t kMinChunkRows = 64, kMaxChunks = 1024;
-  const auto fits = static_cast<int64_t>(partial_bytes / (2 * static_cast<size_t>(c) * sizeof(double)));
-  const int64_t want = std::min(ceil_div<int64_t>(rows, kMinChunkRows), kMaxChunks);
-  const int64_t chunk_rows = ceil_div<int64_t>(rows, std::max<int64_t>(1, std::min(want, fits)));
-  const int64_t chunks = ceil_div<int64_t>(rows, chunk_rows);
+  const int64_t chunks = layernorm_param_grad_chunks(rows, c);
+  const int64_t chunk_rows = ceil_div<int64_t>(rows, chunks);
   const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(c, kColumns)), static_cast<unsigned>(chunks));
   with_types(
       [&](auto pdy, auto px) {

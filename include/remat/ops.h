@@ -53,8 +53,14 @@ Normalized batchnorm2d_train(Backend& be, const Tensor& x, const Tensor& gamma, 
                              const Tensor& running_mean, const Tensor& running_var, const BatchNormParams& p,
                              bool update_running = true);
 Normalized layernorm(Backend& be, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps = 1e-5f);
+// Backend::layernorm_backward with its workspace (when dgamma or dbeta is defined).
+void layernorm_backward(Backend& be, const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                        const Tensor& rstd, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta);
 
 Tensor embedding(Backend& be, const Tensor& ids, const Tensor& table, const Tensor& pos_table);
+// Backend::embedding_backward with its workspace (when dtable is defined).
+void embedding_backward(Backend& be, const Tensor& dy, const Tensor& ids, const Tensor& dtable,
+                        const Tensor& dpos_table);
 
 struct Attention {
   Tensor out;    // [B, T, C]

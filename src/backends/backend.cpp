@@ -477,9 +477,13 @@ void check_layernorm_forward(const Check& ck, const Tensor& x, const Tensor& gam
   if (!(eps > 0.0f)) ck.fail("eps must be positive");
 }
 
+void check_layernorm_backward_workspace(const Check& ck, const Shape& x) {
+  if (x.rank() < 1) ck.fail("x " + x.str() + " must have rank >= 1");
+}
+
 void check_layernorm_backward(const Check& ck, const Tensor& dy, const Tensor& x, const Tensor& gamma,
                               const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
-                              const Tensor& dbeta) {
+                              const Tensor& dbeta, const Tensor& workspace) {
   ck.tensor("x", x);
   ck.min_rank("x", x, 1);
   const int64_t c = x.size(-1), n = rows_of(x.shape());
@@ -494,6 +498,7 @@ void check_layernorm_backward(const Check& ck, const Tensor& dy, const Tensor& x
   ck.optional("dx", dx, x.shape());
   ck.optional("dgamma", dgamma, Shape{c});
   ck.optional("dbeta", dbeta, Shape{c});
+  if (dgamma.defined() || dbeta.defined()) ck.workspace(workspace, ck.be->layernorm_backward_workspace(x.shape()));
 }
 
 void check_rmsnorm_forward(const Check& ck, const Tensor& x, const Tensor& gamma, float eps, const Tensor& y,
@@ -542,8 +547,12 @@ void check_embedding_forward(const Check& ck, const Tensor& ids, const Tensor& t
   }
 }
 
+void check_embedding_backward_workspace(const Check& ck, const Shape& dy) {
+  if (dy.rank() != 3) ck.fail("dy " + dy.str() + " must be [B, T, C]");
+}
+
 void check_embedding_backward(const Check& ck, const Tensor& dy, const Tensor& ids, const Tensor& dtable,
-                              const Tensor& dpos_table) {
+                              const Tensor& dpos_table, const Tensor& workspace) {
   ck.tensor("ids", ids, DType::i32);
   ck.rank("ids", ids, 2);
   ck.tensor("dy", dy);
@@ -554,6 +563,7 @@ void check_embedding_backward(const Check& ck, const Tensor& dy, const Tensor& i
     ck.tensor("dtable", dtable);
     ck.rank("dtable", dtable, 2);
     if (dtable.size(1) != dy.size(2)) ck.fail("dtable " + dtable.str() + " and dy " + dy.str() + ": widths differ");
+    ck.workspace(workspace, ck.be->embedding_backward_workspace(dy.shape()));
   }
   if (dpos_table.defined()) {
     ck.tensor("dpos_table", dpos_table);

@@ -131,11 +131,24 @@ Normalized layernorm(Backend& be, const Tensor& x, const Tensor& gamma, const Te
   return r;
 }
 
+void layernorm_backward(Backend& be, const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                        const Tensor& rstd, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
+  const bool params = dgamma.defined() || dbeta.defined();
+  Tensor ws = params ? workspace(be, be.layernorm_backward_workspace(x.shape())) : Tensor();
+  be.layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, ws);
+}
+
 Tensor embedding(Backend& be, const Tensor& ids, const Tensor& table, const Tensor& pos_table) {
   REMAT_CHECK(ids.rank() == 2 && table.rank() == 2, "embedding: ids ", ids.str(), " and table ", table.str());
   Tensor y = out(be, Shape{ids.size(0), ids.size(1), table.size(1)});
   be.embedding_forward(ids, table, pos_table, y);
   return y;
+}
+
+void embedding_backward(Backend& be, const Tensor& dy, const Tensor& ids, const Tensor& dtable,
+                        const Tensor& dpos_table) {
+  Tensor ws = dtable.defined() ? workspace(be, be.embedding_backward_workspace(dy.shape())) : Tensor();
+  be.embedding_backward(dy, ids, dtable, dpos_table, ws);
 }
 
 Attention attention(Backend& be, const Tensor& qkv, const AttentionParams& p, RngState rng) {

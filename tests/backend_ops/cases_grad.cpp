@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend_ops/harness.h"
+#include "remat/ops.h"
 
 namespace remat::test {
 
@@ -191,7 +192,7 @@ REMAT_OP_CASE(grad, norms) {
     auto dg = zeros(24), db = zeros(24);
     t.run([&](Backend& be, Side d) {
       be.layernorm_forward(d(x), d(gamma), d(beta), 1e-5f, d(y), d(mean), d(rstd));
-      be.layernorm_backward(d(dy), d(x), d(gamma), d(mean), d(rstd), d(dx), d(dg), d(db));
+      ops::layernorm_backward(be, d(dy), d(x), d(gamma), d(mean), d(rstd), d(dx), d(dg), d(db));
     });
     auto loss = [&](Backend& be) {
       be.layernorm_forward(x.dut, gamma.dut, beta.dut, 1e-5f, y.dut, mean.dut, rstd.dut);
@@ -263,7 +264,7 @@ REMAT_OP_CASE(grad, attention_and_embedding) {
   auto table = t.uniform({4, 5}), pos = t.uniform({3, 5}), dy = t.uniform({2, 3, 5});
   auto zeros = [&](const Shape& s) { return t.output_like(t.values(std::vector<float>(s.numel(), 0.0f), s)); };
   auto dtable = zeros({4, 5}), dpos = zeros({3, 5});
-  t.run([&](Backend& be, Side d) { be.embedding_backward(d(dy), d(ids), d(dtable), d(dpos)); });
+  t.run([&](Backend& be, Side d) { ops::embedding_backward(be, d(dy), d(ids), d(dtable), d(dpos)); });
   auto y = t.output({2, 3, 5});
   auto loss = [&](Backend& be) {
     be.embedding_forward(ids.dut, table.dut, pos.dut, y.dut);

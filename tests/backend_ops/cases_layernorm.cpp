@@ -9,6 +9,8 @@
 #include <string>
 
 #include "backend_ops/harness.h"
+#include "remat/error.h"
+#include "remat/ops.h"
 
 namespace remat::test {
 
@@ -90,8 +92,8 @@ Backward run_backward(OpCheck& t, const Shape& s, bool aligned_dx) {
   Backward b{aligned_dx ? aligned_output(t, s) : t.output(s), t.output_like(t.uniform({c})),
              t.output_like(t.uniform({c}))};
   t.run([&](Backend& be, Side side) {
-    be.layernorm_backward(side(dy), side(x), side(gamma), side(f.mean), side(f.rstd), side(b.dx), side(b.dgamma),
-                          side(b.dbeta));
+    ops::layernorm_backward(be, side(dy), side(x), side(gamma), side(f.mean), side(f.rstd), side(b.dx), side(b.dgamma),
+                            side(b.dbeta));
   });
   return b;
 }
@@ -115,11 +117,43 @@ REMAT_OP_CASE(layernorm, backward_shapes) {
 REMAT_OP_CASE(layernorm, backward_vectorised_and_many_rows) {
   expect_backward(t, run_backward(t, {5, 768}, true), "layernorm backward aligned [5, 768]");
   expect_backward(t, run_backward(t, {3, 2048}, true), "layernorm backward aligned [3, 2048]");
-  // dgamma/dbeta over rows split into chunks: 47 chunks of 64 rows; 5 chunks (as many as
-  // the scratch buffer holds for C = 768) of 200 rows; one chunk for C = 5003.
+  // dgamma/dbeta over rows split into chunks (the device's workspace; enough chunks of at
+  // least 64 rows for 512 blocks of 32 columns): 47 chunks of 64 rows (C = 45, 2 column
+  // blocks: 256 wanted); 16 chunks of 63 rows (C = 768); 22 chunks of 91 rows (C = 768,
+  // 24 x 22 = 528 blocks; the 64 KiB scratch held 5); 2 and 4 chunks for C = 5003 (157
+  // column blocks).
   expect_backward(t, run_backward(t, {3000, 45}, false), "layernorm backward [3000, 45]");
   expect_backward(t, run_backward(t, {1000, 768}, false), "layernorm backward [1000, 768]");
+  expect_backward(t, run_backward(t, {2000, 768}, false), "layernorm backward [2000, 768]");
   expect_backward(t, run_backward(t, {70, 5003}, false), "layernorm backward [70, 5003]");
+  expect_backward(t, run_backward(t, {300, 5003}, false), "layernorm backward [300, 5003]");
+}
+
+REMAT_OP_CASE(layernorm, backward_workspace) {
+  // The device asks for chunks x 2 C doubles (none with one chunk); the cpu for nothing.
+  // A missing workspace is an error when dgamma or dbeta is wanted.
+  t.run([&](Backend& be, Side s) {
+    const auto bytes = [&](const Shape& x) { return be.layernorm_backward_workspace(x); };
+    EXPECT_EQ(bytes({2000, 768}), s.ref ? 0u : 22u * 2 * 768 * 8) << be.name();
+    EXPECT_EQ(bytes({8, 1024, 768}), s.ref ? 0u : 22u * 2 * 768 * 8) << "GPT-2 124M, batch 8";
+    EXPECT_EQ(bytes({3000, 45}), s.ref ? 0u : 47u * 2 * 45 * 8);
+    EXPECT_EQ(bytes({64, 768}), 0u) << "one chunk";
+    EXPECT_EQ(bytes({300, 5003}), s.ref ? 0u : 4u * 2 * 5003 * 8);
+  });
+  const int64_t rows = 200, c = 96;
+  auto x = t.uniform({rows, c}, -2.0f, 3.0f), dy = t.uniform({rows, c});
+  auto gamma = t.uniform({c}, 0.5f, 1.5f), beta = t.uniform({c}, -0.5f, 0.5f);
+  const Forward f = run_forward(t, x, gamma, beta, 1e-5f, false);
+  auto dgamma = t.output_like(t.uniform({c})), dx = t.output({rows, c});
+  t.run([&](Backend& be, Side s) {
+    if (!s.ref) {
+      EXPECT_THROW(
+          be.layernorm_backward(s(dy), s(x), s(gamma), s(f.mean), s(f.rstd), Tensor(), s(dgamma), Tensor(), Tensor()),
+          Error);
+    }
+    be.layernorm_backward(s(dy), s(x), s(gamma), s(f.mean), s(f.rstd), s(dx), Tensor(), Tensor(), Tensor());
+  });
+  t.expect_close(dx, 1e-5, 1e-5, "dx without a workspace");
 }
 
 REMAT_OP_CASE(layernorm, backward_optional_grads_and_in_place) {
@@ -133,9 +167,9 @@ REMAT_OP_CASE(layernorm, backward_optional_grads_and_in_place) {
   auto dgamma = t.output_like(t.uniform({c})), dbeta = t.output_like(t.uniform({c}));
   auto dx = t.output({rows, c});
   t.run([&](Backend& be, Side s) {
-    be.layernorm_backward(s(dy), s(x), s(gamma), s(f.mean), s(f.rstd), Tensor(), s(dgamma), Tensor());
-    be.layernorm_backward(s(dy), s(x), s(gamma), s(f.mean), s(f.rstd), Tensor(), Tensor(), s(dbeta));
-    be.layernorm_backward(s(dy), s(x), s(gamma), s(f.mean), s(f.rstd), s(dx), Tensor(), Tensor());
+    ops::layernorm_backward(be, s(dy), s(x), s(gamma), s(f.mean), s(f.rstd), Tensor(), s(dgamma), Tensor());
+    ops::layernorm_backward(be, s(dy), s(x), s(gamma), s(f.mean), s(f.rstd), Tensor(), Tensor(), s(dbeta));
+    ops::layernorm_backward(be, s(dy), s(x), s(gamma), s(f.mean), s(f.rstd), s(dx), Tensor(), Tensor());
   });
   t.expect_close(dgamma, 1e-6, 1e-6, "dgamma alone");
   t.expect_close(dbeta, 1e-6, 1e-6, "dbeta alone");
@@ -145,7 +179,7 @@ REMAT_OP_CASE(layernorm, backward_optional_grads_and_in_place) {
   auto dy_dx = t.output_like(dy);
   auto dgamma2 = t.output_like(t.uniform({c})), dbeta2 = t.output_like(t.uniform({c}));
   t.run([&](Backend& be, Side s) {
-    be.layernorm_backward(s(dy_dx), s(x), s(gamma), s(f.mean), s(f.rstd), s(dy_dx), s(dgamma2), s(dbeta2));
+    ops::layernorm_backward(be, s(dy_dx), s(x), s(gamma), s(f.mean), s(f.rstd), s(dy_dx), s(dgamma2), s(dbeta2));
   });
   t.expect_close(dy_dx, 1e-5, 1e-5, "dx over dy");
   t.expect_close(dgamma2, 1e-6, 1e-6, "dgamma (dx over dy)");
@@ -154,21 +188,23 @@ REMAT_OP_CASE(layernorm, backward_optional_grads_and_in_place) {
 
 REMAT_OP_CASE(layernorm, deterministic) {
   // The device gives the same bits run to run: dgamma/dbeta over many rows (chunked
-  // column sums), dx and y.
-  const Shape s{3000, 96};
-  auto x = t.uniform(s, -2.0f, 3.0f), dy = t.uniform(s);
-  auto gamma = t.uniform({96}, 0.5f, 1.5f), beta = t.uniform({96}, -0.5f, 0.5f);
-  auto start = t.uniform({96});
-  Forward f[2] = {run_forward(t, x, gamma, beta, 1e-5f, false), run_forward(t, x, gamma, beta, 1e-5f, false)};
-  Pair dx[2] = {t.output(s), t.output(s)}, dgamma[2] = {t.output_like(start), t.output_like(start)};
-  t.run([&](Backend& be, Side side) {
-    for (int k = 0; k < 2; ++k)
-      be.layernorm_backward(side(dy), side(x), side(gamma), side(f[k].mean), side(f[k].rstd), side(dx[k]),
-                            side(dgamma[k]), Tensor());
-  });
-  t.expect_equal({f[0].y.dut, f[1].y.dut}, "y run to run");
-  t.expect_equal({dx[0].dut, dx[1].dut}, "dx run to run");
-  t.expect_equal({dgamma[0].dut, dgamma[1].dut}, "dgamma run to run");
+  // column sums: 47 chunks for C = 96, 22 for C = 768), dx and y.
+  for (const Shape& s : {Shape{3000, 96}, Shape{2000, 768}}) {
+    const int64_t c = s[-1];
+    auto x = t.uniform(s, -2.0f, 3.0f), dy = t.uniform(s);
+    auto gamma = t.uniform({c}, 0.5f, 1.5f), beta = t.uniform({c}, -0.5f, 0.5f);
+    auto start = t.uniform({c});
+    Forward f[2] = {run_forward(t, x, gamma, beta, 1e-5f, false), run_forward(t, x, gamma, beta, 1e-5f, false)};
+    Pair dx[2] = {t.output(s), t.output(s)}, dgamma[2] = {t.output_like(start), t.output_like(start)};
+    t.run([&](Backend& be, Side side) {
+      for (int k = 0; k < 2; ++k)
+        ops::layernorm_backward(be, side(dy), side(x), side(gamma), side(f[k].mean), side(f[k].rstd), side(dx[k]),
+                                side(dgamma[k]), Tensor());
+    });
+    t.expect_equal({f[0].y.dut, f[1].y.dut}, "y run to run");
+    t.expect_equal({dx[0].dut, dx[1].dut}, "dx run to run");
+    t.expect_equal({dgamma[0].dut, dgamma[1].dut}, "dgamma run to run " + s.str());
+  }
 }
 
 }  // namespace remat::test

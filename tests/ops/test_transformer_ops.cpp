@@ -94,17 +94,17 @@ TEST(LayerNorm, MatchesPyTorch) {
     const Tensor dx = Tensor::full(x.shape(), kNaN);
     const Tensor g0 = random_tensor(gamma.shape(), 11), b0 = random_tensor(gamma.shape(), 12);
     const Tensor dgamma = g0.clone(), dbeta = b0.clone();
-    cpu().layernorm_backward(dy, x, gamma, r.mean, r.invstd, dx, dgamma, dbeta);
+    ops::layernorm_backward(cpu(), dy, x, gamma, r.mean, r.invstd, dx, dgamma, dbeta);
     EXPECT_ALL_CLOSE(dx, f.tensor("dx"), 1e-5, 1e-6);
     EXPECT_ALL_CLOSE(dgamma, plus(g0, f.tensor("dgamma")), 1e-5, 1e-6);
     EXPECT_ALL_CLOSE(dbeta, plus(b0, f.tensor("dbeta")), 1e-5, 1e-6);
 
     // Undefined gradients are skipped; the others are unchanged by the omission.
     const Tensor dx2 = Tensor::full(x.shape(), kNaN);
-    cpu().layernorm_backward(dy, x, gamma, r.mean, r.invstd, dx2, Tensor(), Tensor());
+    ops::layernorm_backward(cpu(), dy, x, gamma, r.mean, r.invstd, dx2, Tensor(), Tensor());
     EXPECT_TRUE(bitwise_equal(dx2, dx));
     const Tensor dgamma2 = g0.clone();
-    cpu().layernorm_backward(dy, x, gamma, r.mean, r.invstd, Tensor(), dgamma2, Tensor());
+    ops::layernorm_backward(cpu(), dy, x, gamma, r.mean, r.invstd, Tensor(), dgamma2, Tensor());
     EXPECT_TRUE(bitwise_equal(dgamma2, dgamma));
   }
 }
@@ -115,9 +115,9 @@ TEST(LayerNorm, BackwardMayWriteDxOverDy) {
                dy = random_tensor(x.shape(), 8);
   const auto r = ops::layernorm(cpu(), x, gamma, beta);
   const Tensor dx = ops::empty_like(cpu(), x), dg = Tensor::zeros(gamma.shape()), db = Tensor::zeros(beta.shape());
-  cpu().layernorm_backward(dy, x, gamma, r.mean, r.invstd, dx, dg, db);
+  ops::layernorm_backward(cpu(), dy, x, gamma, r.mean, r.invstd, dx, dg, db);
   const Tensor inplace = dy.clone(), dg2 = Tensor::zeros(gamma.shape()), db2 = Tensor::zeros(beta.shape());
-  cpu().layernorm_backward(inplace, x, gamma, r.mean, r.invstd, inplace, dg2, db2);
+  ops::layernorm_backward(cpu(), inplace, x, gamma, r.mean, r.invstd, inplace, dg2, db2);
   EXPECT_TRUE(bitwise_equal(inplace, dx));
   EXPECT_TRUE(bitwise_equal(dg2, dg));
   EXPECT_TRUE(bitwise_equal(db2, db));
@@ -130,7 +130,7 @@ TEST(LayerNorm, GradientsMatchFiniteDifferences) {
   const auto r = ops::layernorm(cpu(), x, gamma, beta);
   const Tensor dx = ops::empty_like(cpu(), x), dgamma = Tensor::zeros(gamma.shape()),
                dbeta = Tensor::zeros(beta.shape());
-  cpu().layernorm_backward(dy, x, gamma, r.mean, r.invstd, dx, dgamma, dbeta);
+  ops::layernorm_backward(cpu(), dy, x, gamma, r.mean, r.invstd, dx, dgamma, dbeta);
   auto loss = [&] { return dot(dy, ops::layernorm(cpu(), x, gamma, beta).y); };
   EXPECT_TRUE(check_gradient("layernorm dx", x, dx, loss));
   EXPECT_TRUE(check_gradient("layernorm dgamma", gamma, dgamma, loss));
@@ -156,7 +156,7 @@ TEST(Embedding, MatchesPyTorch) {
       p0 = random_tensor(pos.shape(), 22);
       dpos = p0.clone();
     }
-    cpu().embedding_backward(dy, ids, dtable, dpos);
+    ops::embedding_backward(cpu(), dy, ids, dtable, dpos);
     EXPECT_ALL_CLOSE(dtable, plus(t0, f.tensor("dtable")), 1e-6, 1e-6);
     if (with_pos) {
       EXPECT_ALL_CLOSE(dpos, plus(p0, f.tensor("dpos_table")), 1e-6, 1e-6);
@@ -173,7 +173,7 @@ TEST(Embedding, GradientsMatchFiniteDifferences) {
   const Tensor table = random_tensor(Shape{4, 18}, 32), pos = random_tensor(Shape{7, 18}, 33);
   const Tensor dy = random_tensor(Shape{3, 5, 18}, 34);
   const Tensor dtable = Tensor::zeros(table.shape()), dpos = Tensor::zeros(pos.shape());
-  cpu().embedding_backward(dy, ids, dtable, dpos);
+  ops::embedding_backward(cpu(), dy, ids, dtable, dpos);
   auto loss = [&] { return dot(dy, ops::embedding(cpu(), ids, table, pos)); };
   test::GradCheckOptions opt;
   opt.max_elements = 1000;  // every element (the op is linear, so this is cheap and exact)
@@ -182,10 +182,10 @@ TEST(Embedding, GradientsMatchFiniteDifferences) {
 
   // Without positions, and with only the position gradient requested.
   const Tensor dtable2 = Tensor::zeros(table.shape());
-  cpu().embedding_backward(dy, ids, dtable2, Tensor());
+  ops::embedding_backward(cpu(), dy, ids, dtable2, Tensor());
   EXPECT_TRUE(bitwise_equal(dtable2, dtable));
   const Tensor dpos2 = Tensor::zeros(pos.shape());
-  cpu().embedding_backward(dy, ids, Tensor(), dpos2);
+  ops::embedding_backward(cpu(), dy, ids, Tensor(), dpos2);
   EXPECT_TRUE(bitwise_equal(dpos2, dpos));
 }
 
@@ -198,8 +198,8 @@ TEST(Embedding, OutOfRangeIdsAreErrors) {
                      "ids[0, 1] = -1 is out of range [0, 5)");
   // Backward checks the ids against dtable before touching it.
   const Tensor dtable = Tensor::zeros(Shape{5, 4});
-  EXPECT_REMAT_ERROR(cpu().embedding_backward(random_tensor(Shape{2, 3, 4}, 42),
-                                              Tensor::from_ints({0, 1, 7, 3, 4, 0}, Shape{2, 3}), dtable, Tensor()),
+  EXPECT_REMAT_ERROR(ops::embedding_backward(cpu(), random_tensor(Shape{2, 3, 4}, 42),
+                                             Tensor::from_ints({0, 1, 7, 3, 4, 0}, Shape{2, 3}), dtable, Tensor()),
                      "embedding_backward: ids[0, 2] = 7 is out of range [0, 5)");
   for (float v : dtable.to_vector()) ASSERT_EQ(v, 0.0f);
 }
@@ -405,7 +405,7 @@ std::vector<Tensor> run_family() {
                  beta = random_tensor(Shape{53}, 83), dy = random_tensor(Shape{400, 53}, 84);
     auto r = ops::layernorm(be, x, gamma, beta);
     const Tensor dx = ops::empty_like(be, x), dg = random_tensor(Shape{53}, 85), db = random_tensor(Shape{53}, 86);
-    be.layernorm_backward(dy, x, gamma, r.mean, r.invstd, dx, dg, db);
+    ops::layernorm_backward(be, dy, x, gamma, r.mean, r.invstd, dx, dg, db);
     out.insert(out.end(), {r.y, r.mean, r.invstd, dx, dg, db});
   }
   {
@@ -413,7 +413,7 @@ std::vector<Tensor> run_family() {
                  pos = random_tensor(Shape{80, 72}, 93), dy = random_tensor(Shape{4, 64, 72}, 94);
     const Tensor dtable = random_tensor(Shape{10, 72}, 95), dpos = random_tensor(Shape{80, 72}, 96);
     out.push_back(ops::embedding(be, ids, table, pos));
-    be.embedding_backward(dy, ids, dtable, dpos);
+    ops::embedding_backward(be, dy, ids, dtable, dpos);
     out.insert(out.end(), {dtable, dpos});
   }
   for (int64_t t : {33, 70})  // rows on one thread, and in parallel

@@ -17,6 +17,8 @@ size_t conv2d_forward_workspace(const Shape& x, const Shape& w, const Conv2dPara
 size_t conv2d_backward_workspace(const Shape& x, const Shape& w, const Conv2dParams& p);
 size_t attention_forward_workspace(const Shape& qkv, const AttentionParams& p);  // attention.cpp
 size_t attention_backward_workspace(const Shape& qkv, const AttentionParams& p);
+size_t layernorm_backward_workspace(const Shape& x);   // layernorm.cpp: 0 (sums in place)
+size_t embedding_backward_workspace(const Shape& dy);  // embedding.cpp: 0 (channel blocks in place)
 }  // namespace cpu
 
 class CpuBackend final : public Backend {

@@ -56,8 +56,12 @@ void CpuBackend::embedding_forward_impl(const Tensor& ids, const Tensor& table, 
   }
 }
 
+size_t cpu::embedding_backward_workspace(const Shape&) { return 0; }
+
+size_t CpuBackend::embedding_backward_workspace_impl(const Shape& dy) { return cpu::embedding_backward_workspace(dy); }
+
 void CpuBackend::embedding_backward_impl(const Tensor& dy, const Tensor& ids, const Tensor& dtable,
-                                         const Tensor& dpos_table) {
+                                         const Tensor& dpos_table, const Tensor& /*workspace: none needed*/) {
   const int64_t bsz = ids.size(0), t = ids.size(1), n = ids.numel(), c = dy.size(2);
   // dy may be bf16 (staged in fp32, mixed.h); dtable and dpos_table are f32 gradients.
   if (dtable.defined()) {

@@ -102,9 +102,13 @@ void CpuBackend::layernorm_forward_impl(const Tensor& x, const Tensor& gamma, co
   }
 }
 
+size_t cpu::layernorm_backward_workspace(const Shape&) { return 0; }
+
+size_t CpuBackend::layernorm_backward_workspace_impl(const Shape& x) { return cpu::layernorm_backward_workspace(x); }
+
 void CpuBackend::layernorm_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                                          const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
-                                         const Tensor& dbeta) {
+                                         const Tensor& dbeta, const Tensor& /*workspace: none needed*/) {
   const int64_t c = x.size(-1);
   const int64_t n = mean.numel();
   const float* g = cpu::f32_all(gamma, 6);

@@ -6,7 +6,9 @@
 // the device, or a range that fails) a kernel flags the first out-of-range position in
 // the backend's scratch; the op reads the flag back (one synchronisation) and throws the
 // CPU backend's error before it writes anything. The table gradient is a deterministic scatter: no
-// floating-point atomics, the same additions in the same order as the CPU backend.
+// floating-point atomics; each id's positions are summed by segments of at most 32 in
+// parallel, the segment sums (in the op's workspace) then added in segment order
+// (kernels/embedding.cuh): an order fixed by the ids, not the CPU backend's.
 #include <cstdint>
 
 #include "backends/cuda/cuda_backend.h"
@@ -49,13 +51,20 @@ void CudaBackend::embedding_forward_impl(const Tensor& ids, const Tensor& table,
                              stream_);
 }
 
+size_t CudaBackend::embedding_backward_workspace_impl(const Shape& dy) {
+  return kernels::embedding_backward_table_workspace(dy[0] * dy[1], dy[2]);
+}
+
 void CudaBackend::embedding_backward_impl(const Tensor& dy, const Tensor& ids, const Tensor& dtable,
-                                          const Tensor& dpos_table) {
+                                          const Tensor& dpos_table, const Tensor& workspace) {
   if (ids.numel() == 0) return;
   const int64_t c = dy.size(2);
   if (dtable.defined()) {
     check_ids(*this, "embedding_backward", ids, dtable.size(0), "dtable", dtable);
-    kernels::embedding_backward_table(fbuf(dy), ids.i32(), ids.numel(), c, dtable.f32(), stream_);
+    // The kernels keep positions and ranks in int32.
+    REMAT_CHECK(ids.numel() <= INT32_MAX, "embedding_backward: ", ids.numel(), " positions (at most ", INT32_MAX,
+                " on the GPU)");
+    kernels::embedding_backward_table(fbuf(dy), ids.i32(), ids.numel(), c, dtable.f32(), workspace.raw_data(), stream_);
   }
   if (dpos_table.defined())
     kernels::embedding_backward_pos(fbuf(dy), ids.size(0), ids.size(1), c, dpos_table.f32(), stream_);

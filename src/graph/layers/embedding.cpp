@@ -36,7 +36,7 @@ class Embedding final : public Layer {
     c.out = ops::embedding(c.be, c.in[0], c.params[0], max_seq_ > 0 ? c.params[1] : Tensor());
   }
   void backward(BackwardContext& c) const override {
-    c.be.embedding_backward(c.dout, c.in[0], c.grads[0], max_seq_ > 0 ? c.grads[1] : Tensor());
+    ops::embedding_backward(c.be, c.dout, c.in[0], c.grads[0], max_seq_ > 0 ? c.grads[1] : Tensor());
     c.din = {Tensor()};
   }
   std::vector<int> backward_inputs() const override { return {0}; }

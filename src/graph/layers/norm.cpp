@@ -74,7 +74,7 @@ class LayerNorm final : public Layer {
   void backward(BackwardContext& c) const override {
     // layernorm_backward's dx may alias dy (remat/backend_ops.def).
     Tensor dx = c.need_din[0] ? reuse_dout(c, c.in[0].shape()) : Tensor();
-    c.be.layernorm_backward(c.dout, c.in[0], c.params[0], c.extras[0], c.extras[1], dx, c.grads[0], c.grads[1]);
+    ops::layernorm_backward(c.be, c.dout, c.in[0], c.params[0], c.extras[0], c.extras[1], dx, c.grads[0], c.grads[1]);
     c.din = {dx};
   }
   std::vector<int> backward_inputs() const override { return {0}; }
