@@ -6,6 +6,7 @@
 // cases with a one-hot V (forward) or a one-hot dout (backward) copy the dropped
 // probabilities into out / dV, whose zeros are then compared exactly.
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <string>
 #include <vector>
@@ -61,6 +62,26 @@ const AttnShape kShapes[] = {{2, 1, 8, 1}, {2, 5, 8, 2}, {2, 16, 24, 4}, {2, 33,
 
 constexpr double kProbsAtol = 2e-6, kProbsRtol = 2e-5;
 constexpr double kSumAtol = 2e-5, kSumRtol = 1e-4;
+
+// Forward and backward of one shape for each dropout probability, against the cpu: the
+// probabilities within the softmax tolerance, out and dqkv within (sum_atol, sum_rtol).
+void forward_and_backward(OpCheck& t, const AttnShape& s, RngState rng, std::initializer_list<float> dropouts,
+                          double sum_atol, double sum_rtol) {
+  for (float dropout : dropouts) {
+    const AttentionParams p{s.n_head, true, dropout};
+    auto qkv = t.uniform({s.b, s.t, 3 * s.c});
+    auto dout = t.uniform({s.b, s.t, s.c});
+    auto out = t.output({s.b, s.t, s.c}), probs = t.output({s.b, s.n_head, s.t, s.t});
+    auto dqkv = t.output({s.b, s.t, 3 * s.c});
+    t.run([&](Backend& be, Side sd) {
+      forward(be, sd, qkv, p, rng, out, probs);
+      backward(be, sd, dout, qkv, probs, p, rng, dqkv);
+    });
+    t.expect_close(probs, kProbsAtol, kProbsRtol, "probs " + label(s, p));
+    t.expect_close(out, sum_atol, sum_rtol, "out " + label(s, p));
+    t.expect_close(dqkv, sum_atol, sum_rtol, "dqkv " + label(s, p));
+  }
+}
 
 }  // namespace
 
@@ -237,46 +258,15 @@ REMAT_OP_CASE(attention, many_heads) {
   // More heads in one group (B * H = 2800 at T = 2) than one pointer-array call of the CUDA
   // backend takes (2730: three arrays in its 64 KiB scratch): two calls per product, the
   // second from head 2730 on.
-  const AttnShape s{700, 2, 8, 4};
-  for (float dropout : {0.0f, 0.25f}) {
-    const AttentionParams p{s.n_head, true, dropout};
-    const RngState rng{41, 2};
-    auto qkv = t.uniform({s.b, s.t, 3 * s.c});
-    auto dout = t.uniform({s.b, s.t, s.c});
-    auto out = t.output({s.b, s.t, s.c}), probs = t.output({s.b, s.n_head, s.t, s.t});
-    auto dqkv = t.output({s.b, s.t, 3 * s.c});
-    t.run([&](Backend& be, Side sd) {
-      forward(be, sd, qkv, p, rng, out, probs);
-      backward(be, sd, dout, qkv, probs, p, rng, dqkv);
-    });
-    t.expect_close(probs, kProbsAtol, kProbsRtol, "probs " + label(s, p));
-    t.expect_close(out, kSumAtol, kSumRtol, "out " + label(s, p));
-    t.expect_close(dqkv, kSumAtol, kSumRtol, "dqkv " + label(s, p));
-  }
+  forward_and_backward(t, AttnShape{700, 2, 8, 4}, RngState{41, 2}, {0.0f, 0.25f}, kSumAtol, kSumRtol);
 }
 
 #ifndef REMAT_TEST_EMU
 REMAT_OP_CASE(attention, several_groups_gpu) {
   // More scratch than one group holds at the default limit (64 MiB per buffer): three
   // groups of one batch element each. Too slow emulated; only in the GPU build (the
-  // emulated build runs several_groups, the limit shrunk).
-  const AttnShape s{3, 1100, 28, 14};
-  for (float dropout : {0.0f, 0.1f}) {
-    const AttentionParams p{s.n_head, true, dropout};
-    const RngState rng{77, 16};
-    auto qkv = t.uniform({s.b, s.t, 3 * s.c});
-    auto dout = t.uniform({s.b, s.t, s.c});
-    auto out = t.output({s.b, s.t, s.c}), probs = t.output({s.b, s.n_head, s.t, s.t});
-    auto dqkv = t.output({s.b, s.t, 3 * s.c});
-    t.run([&](Backend& be, Side sd) {
-      forward(be, sd, qkv, p, rng, out, probs);
-      backward(be, sd, dout, qkv, probs, p, rng, dqkv);
-    });
-    // Sums over up to 1100 positions.
-    t.expect_close(probs, kProbsAtol, kProbsRtol, "probs " + label(s, p));
-    t.expect_close(out, 1e-4, 1e-3, "out " + label(s, p));
-    t.expect_close(dqkv, 1e-4, 1e-3, "dqkv " + label(s, p));
-  }
+  // emulated build runs several_groups, the limit shrunk). Sums over up to 1100 positions.
+  forward_and_backward(t, AttnShape{3, 1100, 28, 14}, RngState{77, 16}, {0.0f, 0.1f}, 1e-4, 1e-3);
 }
 #endif
 

@@ -274,12 +274,9 @@ struct GemmCase {
 };
 
 std::vector<GemmCase> gemm_cases(int64_t size) {
-  return {{"gemm_fp32", size, size, size, false, false},
-          {"gemm_tf32", size, size, size, false, true},
-          {"gemm_bf16", size, size, size, true, false},
-          {"gpt2_qkv_bf16", size, 3 * 768, 768, true, false},
-          {"gpt2_fc_bf16", size, 4 * 768, 768, true, false},
-          {"gpt2_proj_bf16", size, 768, 4 * 768, true, false},
+  return {{"gemm_fp32", size, size, size, false, false},       {"gemm_tf32", size, size, size, false, true},
+          {"gemm_bf16", size, size, size, true, false},        {"gpt2_qkv_bf16", size, 3 * 768, 768, true, false},
+          {"gpt2_fc_bf16", size, 4 * 768, 768, true, false},   {"gpt2_proj_bf16", size, 768, 4 * 768, true, false},
           {"gpt2_lm_head_bf16", size, 50304, 768, true, false}};
 }
 
@@ -435,8 +432,8 @@ int run_kernels(const Options& o) {
     for (const GemmCase& g : gemm_cases(o.gemm)) {
       const double flops = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
       const std::string shape = std::to_string(g.m) + "x" + std::to_string(g.n) + "x" + std::to_string(g.k);
-      nlohmann::json rec = {{"name", g.name}, {"m", g.m},           {"n", g.n},
-                            {"k", g.k},       {"dtype", g.bf16 ? "bf16" : "f32"}, {"flops", flops}};
+      nlohmann::json rec = {{"name", g.name}, {"m", g.m}, {"n", g.n}, {"k", g.k}, {"dtype", g.bf16 ? "bf16" : "f32"},
+                            {"flops", flops}};
       std::printf("%-20s %-18s %10.1f ", g.name.c_str(), shape.c_str(), flops / 1e9);
       std::fflush(stdout);
       if (g.tf32 && !timer.gpu()) {
