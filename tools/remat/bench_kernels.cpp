@@ -264,20 +264,25 @@ double median(const std::vector<double>& sorted) {
   return n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
 }
 
-// The GEMM lines: a square fp32 and TF32 GEMM of side `size`, the same in bf16, and the
-// bf16 GEMMs of a GPT-2 124M step at `size` tokens (8192: batch 8 of 1024): the attention
-// input projection, the MLP's two, the LM head (vocabulary padded to 50304, as llm.c does).
+// The GEMM lines: a square fp32 and TF32 GEMM of side `size` (A B, both row-major: the
+// layout of the earlier figures), the same in bf16, and the bf16 GEMMs of a GPT-2 124M step
+// at `size` tokens (8192: batch 8 of 1024) as a linear layer runs them, y = x wᵀ (weights
+// [out, in]): the attention input projection, the MLP's two, the LM head (vocabulary
+// padded to 50304, as llm.c does).
 struct GemmCase {
   std::string name;
   int64_t m, n, k;
-  bool bf16, tf32;
+  bool bf16, tf32, trans_b;
 };
 
 std::vector<GemmCase> gemm_cases(int64_t size) {
-  return {{"gemm_fp32", size, size, size, false, false},       {"gemm_tf32", size, size, size, false, true},
-          {"gemm_bf16", size, size, size, true, false},        {"gpt2_qkv_bf16", size, 3 * 768, 768, true, false},
-          {"gpt2_fc_bf16", size, 4 * 768, 768, true, false},   {"gpt2_proj_bf16", size, 768, 4 * 768, true, false},
-          {"gpt2_lm_head_bf16", size, 50304, 768, true, false}};
+  return {{"gemm_fp32", size, size, size, false, false, false},
+          {"gemm_tf32", size, size, size, false, true, false},
+          {"gemm_bf16", size, size, size, true, false, false},
+          {"gpt2_qkv_bf16", size, 3 * 768, 768, true, false, true},
+          {"gpt2_fc_bf16", size, 4 * 768, 768, true, false, true},
+          {"gpt2_proj_bf16", size, 768, 4 * 768, true, false, true},
+          {"gpt2_lm_head_bf16", size, 50304, 768, true, false, true}};
 }
 
 // A GEMM operand: uniform(-1, 1) values, rounded to bf16 where asked.
@@ -295,10 +300,9 @@ Tensor operand(const Shape& s, uint32_t seed, bool bf16, Device dev) {
 // 0 for the others (give --peak-bf16-tflops).
 double datasheet_bf16_tflops(const std::string& name) {
   auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
-  if (has("H200")) return 989.4;
+  if ((has("H100") || has("H200")) && has("NVL")) return 835.0;  // before the SXM parts' figure
   if (has("H100") && has("PCIe")) return 756.0;
-  if (has("H100") && has("NVL")) return 835.0;
-  if (has("H100")) return 989.4;
+  if (has("H100") || has("H200")) return 989.4;
   if (has("A100")) return 312.0;
   return 0;
 }
@@ -432,7 +436,12 @@ int run_kernels(const Options& o) {
     for (const GemmCase& g : gemm_cases(o.gemm)) {
       const double flops = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
       const std::string shape = std::to_string(g.m) + "x" + std::to_string(g.n) + "x" + std::to_string(g.k);
-      nlohmann::json rec = {{"name", g.name}, {"m", g.m}, {"n", g.n}, {"k", g.k}, {"dtype", g.bf16 ? "bf16" : "f32"},
+      nlohmann::json rec = {{"name", g.name},
+                            {"m", g.m},
+                            {"n", g.n},
+                            {"k", g.k},
+                            {"dtype", g.bf16 ? "bf16" : "f32"},
+                            {"layout", g.trans_b ? "A B^T" : "A B"},
                             {"flops", flops}};
       std::printf("%-20s %-18s %10.1f ", g.name.c_str(), shape.c_str(), flops / 1e9);
       std::fflush(stdout);
@@ -446,12 +455,11 @@ int run_kernels(const Options& o) {
       std::optional<ActivationDTypeScope> bf16_scope;  // the ops take bf16 inside it (training.precision bf16)
       if (g.bf16) bf16_scope.emplace(DType::bf16);
       try {
-        // y[m, n] = x[m, k] . w[n, k]^T: a linear layer's forward (weights stored [out, in]).
         auto a = std::make_shared<Tensor>(operand(Shape{g.m, g.k}, 1, g.bf16, dev));
-        auto b = std::make_shared<Tensor>(operand(Shape{g.n, g.k}, 2, g.bf16, dev));
+        auto b = std::make_shared<Tensor>(operand(g.trans_b ? Shape{g.n, g.k} : Shape{g.k, g.n}, 2, g.bf16, dev));
         auto cc = std::make_shared<Tensor>(Tensor::empty(Shape{g.m, g.n}, dev, a->dtype()));
         GemmParams gp;
-        gp.trans_b = true;
+        gp.trans_b = g.trans_b;
         const auto ms = time_runs(
             timer, [&] { be.gemm(*a, *b, *cc, gp); }, o);
         const double med = median(ms), tflops = flops / (med * 1e-3) / 1e12;
