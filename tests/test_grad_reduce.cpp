@@ -7,20 +7,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <mutex>
-#include <random>
 #include <thread>
 
 #include "remat/dist.h"
 #include "remat/profile.h"
+#include "support/dist_fixtures.h"
 #include "support/expect_error.h"
 #include "train/grad_reduce.h"
 
-namespace fs = std::filesystem;
 using remat::Device;
 using remat::FlatLayout;
 using remat::GradReducer;
@@ -30,67 +25,14 @@ using remat::Tensor;
 
 namespace {
 
-// Parameters of awkward sizes (a bias of 7, weights of 7x15 and 33x7), so that shards and
-// buckets cut tensors and each other.
-remat::Graph tiny_graph() {
-  const fs::path dir = fs::temp_directory_path() / ("remat_reduce_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  const std::string path = (dir / "tiny.json").string();
-  std::ofstream(path) << R"({
-    "name": "tiny",
-    "model": {
-      "input": {"type": "image", "shape": [1, 5, 3]},
-      "layers": [
-        {"type": "flatten"},
-        {"type": "linear", "name": "a", "out_features": 7},
-        {"type": "layernorm", "name": "ln"},
-        {"type": "linear", "name": "b", "out_features": 33},
-        {"type": "gelu", "name": "act"},
-        {"type": "linear", "name": "head", "out_features": 3}
-      ]
-    },
-    "data": {"dataset": "synthetic_images", "image_shape": [1, 5, 3], "classes": 3, "synthetic_size": 16},
-    "training": {"batch": 4, "steps": 1}
-  })";
-  remat::Config cfg = remat::load_config(path);
-  fs::remove_all(dir);
-  return remat::build_config_graph(cfg, 4, 0);
-}
+remat::Graph tiny_graph() { return remat::test::tiny_dist_graph(); }
 
 // Micro-batch m's gradient: normal values from seed 1000 + m, per parameter.
 std::vector<std::vector<float>> micro_grads(const ParamStore& ps, int64_t m) {
-  std::mt19937 rng(static_cast<uint32_t>(1000 + m));
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<std::vector<float>> out(ps.grads.size());
-  for (size_t p = 0; p < ps.grads.size(); ++p) {
-    if (!ps.grads[p].defined()) continue;
-    out[p].resize(static_cast<size_t>(ps.grads[p].numel()));
-    for (float& x : out[p]) x = nd(rng);
-  }
-  return out;
+  return remat::test::seeded_grads(ps, static_cast<uint32_t>(1000 + m));
 }
 
-// A reusable barrier (C++17 has none).
-class Barrier {
- public:
-  explicit Barrier(int n) : n_(n) {}
-  void wait() {
-    std::unique_lock<std::mutex> lk(m_);
-    const int gen = gen_;
-    if (++count_ == n_) {
-      count_ = 0;
-      ++gen_;
-      cv_.notify_all();
-    } else {
-      cv_.wait(lk, [&] { return gen != gen_; });
-    }
-  }
-
- private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  int n_, count_ = 0, gen_ = 0;
-};
+using remat::test::Barrier;
 
 // What the ranks of a ThreadComm share: each posts its buffers, all meet at a barrier,
 // each copies what it receives, all meet again before a buffer may change.

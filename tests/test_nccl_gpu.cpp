@@ -8,16 +8,13 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <random>
 
 #include "remat/device.h"
 #include "remat/dist.h"
 #include "remat/profile.h"
+#include "support/dist_fixtures.h"
 #include "train/grad_reduce.h"
 
-namespace fs = std::filesystem;
 using remat::Device;
 using remat::GradReducer;
 using remat::ParamStore;
@@ -37,41 +34,10 @@ using remat::Tensor;
 
 namespace {
 
-remat::Graph tiny_graph() {
-  const fs::path dir = fs::temp_directory_path() / ("remat_nccl_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  const std::string path = (dir / "tiny.json").string();
-  std::ofstream(path) << R"({
-    "name": "tiny",
-    "model": {
-      "input": {"type": "image", "shape": [1, 5, 3]},
-      "layers": [
-        {"type": "flatten"},
-        {"type": "linear", "name": "a", "out_features": 7},
-        {"type": "layernorm", "name": "ln"},
-        {"type": "linear", "name": "b", "out_features": 33},
-        {"type": "gelu", "name": "act"},
-        {"type": "linear", "name": "head", "out_features": 3}
-      ]
-    },
-    "data": {"dataset": "synthetic_images", "image_shape": [1, 5, 3], "classes": 3, "synthetic_size": 16},
-    "training": {"batch": 4, "steps": 1}
-  })";
-  remat::Config cfg = remat::load_config(path);
-  fs::remove_all(dir);
-  return remat::build_config_graph(cfg, 4, 0);
-}
+remat::Graph tiny_graph() { return remat::test::tiny_dist_graph(); }
 
 std::vector<std::vector<float>> micro_grads(const ParamStore& ps, int64_t m) {
-  std::mt19937 rng(static_cast<uint32_t>(2000 + m));
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<std::vector<float>> out(ps.grads.size());
-  for (size_t p = 0; p < ps.grads.size(); ++p) {
-    if (!ps.grads[p].defined()) continue;
-    out[p].resize(static_cast<size_t>(ps.grads[p].numel()));
-    for (float& x : out[p]) x = nd(rng);
-  }
-  return out;
+  return remat::test::seeded_grads(ps, static_cast<uint32_t>(2000 + m));
 }
 
 // K micro-batches through a reducer on cuda:0 (with NCCL or the local fold); the gradients.

@@ -6,19 +6,15 @@
 // The ranks are threads here; tests/test_mpi.sh runs the same over MPI.
 #include <gtest/gtest.h>
 
-#include <condition_variable>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <mutex>
 #include <random>
 #include <thread>
 
 #include "remat/optim.h"
 #include "remat/profile.h"
 #include "remat/train.h"
+#include "support/dist_fixtures.h"
 
-namespace fs = std::filesystem;
 using remat::Device;
 using remat::FlatLayout;
 using remat::Optimizer;
@@ -27,32 +23,8 @@ using remat::Tensor;
 
 namespace {
 
-// Parameters of awkward sizes (a bias of 7, a table of 5x3), so shards cut tensors.
 remat::Config tiny_config(const std::string& optimizer) {
-  const fs::path dir = fs::temp_directory_path() / ("remat_shard_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  const std::string path = (dir / "tiny.json").string();
-  std::ofstream(path) << R"({
-    "name": "tiny",
-    "model": {
-      "input": {"type": "image", "shape": [1, 5, 3]},
-      "layers": [
-        {"type": "flatten"},
-        {"type": "linear", "name": "a", "out_features": 7},
-        {"type": "layernorm", "name": "ln"},
-        {"type": "linear", "name": "b", "out_features": 33},
-        {"type": "gelu", "name": "act"},
-        {"type": "linear", "name": "head", "out_features": 3}
-      ]
-    },
-    "data": {"dataset": "synthetic_images", "image_shape": [1, 5, 3], "classes": 3, "synthetic_size": 16},
-    "optimizer": )" << optimizer
-                      << R"(,
-    "training": {"batch": 4, "steps": 1}
-  })";
-  remat::Config cfg = remat::load_config(path);
-  fs::remove_all(dir);
-  return cfg;
+  return remat::test::tiny_dist_config(nlohmann::json::parse(optimizer));
 }
 
 std::vector<uint8_t> bytes(const Tensor& t) {
@@ -62,27 +34,7 @@ std::vector<uint8_t> bytes(const Tensor& t) {
   return b;
 }
 
-// A reusable barrier for the thread ranks (C++17 has none).
-class Barrier {
- public:
-  explicit Barrier(int n) : n_(n) {}
-  void wait() {
-    std::unique_lock<std::mutex> lk(m_);
-    const int gen = gen_;
-    if (++count_ == n_) {
-      count_ = 0;
-      ++gen_;
-      cv_.notify_all();
-    } else {
-      cv_.wait(lk, [&] { return gen != gen_; });
-    }
-  }
-
- private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  int n_, count_ = 0, gen_ = 0;
-};
+using remat::test::Barrier;
 
 // An allgather among `n` thread ranks: recv = the ranks' blocks of `count` floats in order.
 struct ThreadAllGather {
