@@ -378,19 +378,19 @@ TEST(Batches, ImageBatchCopiesRowsAndIsTaggedInput) {
   const int64_t before = alloc.stats().by_category[remat::MemoryCategory::input];
   {
     remat::Batch b = remat::image_batch(d, {7, 0, 7}, Device::cpu());
-    EXPECT_EQ(b.input.shape(), (remat::Shape{3, 2, 3, 4}));
-    EXPECT_EQ(b.targets.shape(), (remat::Shape{3}));
-    const auto all = d.images.to_vector(), in = b.input.to_vector();
+    EXPECT_EQ(b.input().shape(), (remat::Shape{3, 2, 3, 4}));
+    EXPECT_EQ(b.targets().shape(), (remat::Shape{3}));
+    const auto all = d.images.to_vector(), in = b.input().to_vector();
     const auto labels = d.labels.to_ints();
     for (int i = 0; i < 3; ++i) {
       const int k = i == 1 ? 0 : 7;
       EXPECT_TRUE(std::equal(in.begin() + i * 24, in.begin() + (i + 1) * 24, all.begin() + k * 24)) << i;
-      EXPECT_EQ(b.targets.to_ints()[static_cast<size_t>(i)], labels[static_cast<size_t>(k)]);
+      EXPECT_EQ(b.targets().to_ints()[static_cast<size_t>(i)], labels[static_cast<size_t>(k)]);
     }
-    EXPECT_EQ(b.input.storage()->block().category, remat::MemoryCategory::input);
-    EXPECT_EQ(b.targets.storage()->block().category, remat::MemoryCategory::input);
+    EXPECT_EQ(b.input().storage()->block().category, remat::MemoryCategory::input);
+    EXPECT_EQ(b.targets().storage()->block().category, remat::MemoryCategory::input);
     EXPECT_GE(alloc.stats().by_category[remat::MemoryCategory::input] - before,
-              static_cast<int64_t>(b.input.nbytes() + b.targets.nbytes()));
+              static_cast<int64_t>(b.input().nbytes() + b.targets().nbytes()));
   }
   EXPECT_EQ(alloc.stats().by_category[remat::MemoryCategory::input], before);
   EXPECT_REMAT_ERROR(remat::image_batch(d, {3, 10}, Device::cpu()), "index 10 at position 1 is outside [0, 10)");
@@ -398,8 +398,8 @@ TEST(Batches, ImageBatchCopiesRowsAndIsTaggedInput) {
   EXPECT_REMAT_ERROR(remat::image_batch(d, {}, Device::cpu()), "no indices");
   // meta: shapes and accounting, no data.
   remat::Batch m = remat::image_batch(d, {1, 2}, Device::meta());
-  EXPECT_EQ(m.input.shape(), (remat::Shape{2, 2, 3, 4}));
-  EXPECT_EQ(m.input.storage()->block().category, remat::MemoryCategory::input);
+  EXPECT_EQ(m.input().shape(), (remat::Shape{2, 2, 3, 4}));
+  EXPECT_EQ(m.input().storage()->block().category, remat::MemoryCategory::input);
 }
 
 TEST(Batches, HflipMirrorsEveryRowOfTheFlaggedSamples) {
@@ -407,8 +407,8 @@ TEST(Batches, HflipMirrorsEveryRowOfTheFlaggedSamples) {
   const std::vector<int64_t> idx{4, 9, 4};
   const remat::Batch plain = remat::image_batch(d, idx, Device::cpu());
   const remat::Batch flipped = remat::image_batch(d, idx, Device::cpu(), {1, 0, 1});
-  EXPECT_EQ(flipped.targets.to_ints(), plain.targets.to_ints());  // labels are unchanged
-  const auto p = plain.input.to_vector(), f = flipped.input.to_vector();
+  EXPECT_EQ(flipped.targets().to_ints(), plain.targets().to_ints());  // labels are unchanged
+  const auto p = plain.input().to_vector(), f = flipped.input().to_vector();
   const int64_t c = 2, h = 3, w = 5;
   for (int64_t i = 0; i < 3; ++i)
     for (int64_t ch = 0; ch < c; ++ch)
@@ -419,10 +419,10 @@ TEST(Batches, HflipMirrorsEveryRowOfTheFlaggedSamples) {
         }
   // Mirroring twice gives the image back: a mirror, not some other permutation.
   ImageDataset once;
-  once.images = flipped.input;
-  once.labels = flipped.targets;
+  once.images = flipped.input();
+  once.labels = flipped.targets();
   once.source = "flipped";
-  EXPECT_EQ(remat::image_batch(once, {0, 1, 2}, Device::cpu(), {1, 0, 1}).input.to_vector(), p);
+  EXPECT_EQ(remat::image_batch(once, {0, 1, 2}, Device::cpu(), {1, 0, 1}).input().to_vector(), p);
   EXPECT_REMAT_ERROR(remat::image_batch(d, idx, Device::cpu(), {1, 0}), "2 flip flags for 3 indices");
 }
 
@@ -466,10 +466,10 @@ TEST(Batches, ImageBatchOnCudaMatchesCpu) {
   const ImageDataset d = remat::synthetic_images(6, 1, 4, 4, 3, 2);
   const remat::Batch c = remat::image_batch(d, {5, 1}, Device::cpu());
   const remat::Batch g = remat::image_batch(d, {5, 1}, Device::cuda());
-  EXPECT_TRUE(g.input.device().is_cuda());
-  EXPECT_EQ(g.input.storage()->block().category, remat::MemoryCategory::input);
-  EXPECT_EQ(g.input.to_vector(), c.input.to_vector());
-  EXPECT_EQ(g.targets.to_ints(), c.targets.to_ints());
+  EXPECT_TRUE(g.input().device().is_cuda());
+  EXPECT_EQ(g.input().storage()->block().category, remat::MemoryCategory::input);
+  EXPECT_EQ(g.input().to_vector(), c.input().to_vector());
+  EXPECT_EQ(g.targets().to_ints(), c.targets().to_ints());
 }
 
 TEST(Batches, TextBatchShiftsTargets) {
@@ -478,11 +478,11 @@ TEST(Batches, TextBatchShiftsTargets) {
   EXPECT_EQ(remat::text_windows(t, 9), 1);
   EXPECT_EQ(remat::text_windows(t, 10), 0);
   remat::Batch b = remat::text_batch(t, {0, 6}, 3, Device::cpu());
-  EXPECT_EQ(b.input.shape(), (remat::Shape{2, 3}));
-  EXPECT_EQ(b.targets.shape(), (remat::Shape{6}));
-  EXPECT_EQ(t.decode(b.input.to_ints()), "abcghi");
-  EXPECT_EQ(t.decode(b.targets.to_ints()), "bcdhij");
-  EXPECT_EQ(b.input.storage()->block().category, remat::MemoryCategory::input);
+  EXPECT_EQ(b.input().shape(), (remat::Shape{2, 3}));
+  EXPECT_EQ(b.targets().shape(), (remat::Shape{2, 3}));
+  EXPECT_EQ(t.decode(b.input().to_ints()), "abcghi");
+  EXPECT_EQ(t.decode(b.targets().to_ints()), "bcdhij");
+  EXPECT_EQ(b.input().storage()->block().category, remat::MemoryCategory::input);
   EXPECT_REMAT_ERROR(remat::text_batch(t, {7}, 3, Device::cpu()), "start 7 at position 0 is outside [0, 6]");
   EXPECT_REMAT_ERROR(remat::text_batch(t, {-2}, 3, Device::cpu()), "start -2");
   EXPECT_REMAT_ERROR(remat::text_batch(t, {0}, 0, Device::cpu()), "seq_len 0 must be positive");

@@ -44,28 +44,7 @@ Device dut() { return Device::parse(REMAT_TEST_DEVICE); }
 
 bool skip_without_device() { return dut().is_cuda() && !remat::cuda_status().available; }
 
-// Deterministic inputs for any graph (token ids or images, and targets), built on the host.
-Batch batch_for(const remat::Graph& g, uint32_t seed, Device d) {
-  const remat::Layer& in = g.layer(g.input_id);
-  const remat::Layer& tg = g.layer(g.targets_id);
-  Batch b;
-  int64_t vocab = 0;
-  for (int i = 0; i < g.size(); ++i)
-    if (g.layer(i).type == "embedding")
-      vocab = g.params[static_cast<size_t>(g.layer_params[static_cast<size_t>(i)][0])].spec.shape[0];
-  const int64_t classes = g.layer(g.logits_id).out_shape[-1];
-  if (in.out_dtype == remat::DType::i32) {
-    std::vector<int32_t> ids(static_cast<size_t>(in.out_shape.numel()));
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 5 + seed) % static_cast<size_t>(vocab));
-    b.input = Tensor::from_ints(ids, in.out_shape, d);
-  } else {
-    b.input = remat::test::random_tensor(in.out_shape, seed).to(d);
-  }
-  std::vector<int32_t> t(static_cast<size_t>(tg.out_shape.numel()));
-  for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<int32_t>((i * 3 + seed) % static_cast<size_t>(classes));
-  b.targets = Tensor::from_ints(t, tg.out_shape, d);
-  return b;
-}
+using remat::test::batch_for;
 
 struct StepRun {
   std::vector<float> losses;
@@ -402,11 +381,12 @@ TEST(DeviceExec, StreamDrainsPerStep) {
       }
       // The same batch with ids and targets copied on the device: their range is unknown.
       const Batch host = batch_for(g, 7, dut());
-      Batch on_device{host.input.clone(), host.targets.clone()};
+      Batch on_device;
+      for (const auto& [name, t] : host.items()) on_device.set(name, t.clone());
       const int64_t before = be.stream_drains();
       params.zero_grads(be);
       ex.train_step(on_device, gen);
-      const int64_t checks = (on_device.input.dtype() == remat::DType::i32 ? 2 : 0) + 1;  // embedding fwd + bwd, loss
+      const int64_t checks = (on_device.input().dtype() == remat::DType::i32 ? 2 : 0) + 1;  // embedding fwd + bwd, loss
       EXPECT_GE(be.stream_drains() - before, checks);
     }
   }

@@ -44,7 +44,7 @@ TEST(Eval, AccuracySkipsTheTargetsTheLossIgnores) {
   for (int64_t k = 0; k < windows; ++k) {
     const remat::Batch b = remat::text_batch(ev, {k * t}, t, Device::cpu());
     const std::vector<float> logits = ex.evaluate(b, nullptr).to_vector();
-    const int32_t* target = b.targets.i32();
+    const int32_t* target = b.targets().i32();
     for (int64_t i = 0; i < t; ++i) {
       int64_t best = 0;
       for (int64_t j = 1; j < 10; ++j)

@@ -46,12 +46,9 @@ nlohmann::json chain_model(int blocks, int width, double dropout) {
 }
 
 Batch image_batch(int64_t b, uint32_t seed) {
-  Batch batch;
-  batch.input = random_tensor({b, 1, 4, 4}, seed);
   std::vector<int32_t> t(static_cast<size_t>(b));
   for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<int32_t>((i * 7 + seed) % 5);
-  batch.targets = Tensor::from_ints(t, {b});
-  return batch;
+  return Batch(random_tensor({b, 1, 4, 4}, seed), Tensor::from_ints(t, {b}));
 }
 
 struct RunResult {
@@ -298,27 +295,7 @@ TEST(Config, EveryShippedModelBuilds) {
 
 namespace {
 
-Batch batch_for(const remat::Graph& g, uint32_t seed) {
-  const remat::Layer& in = g.layer(g.input_id);
-  const remat::Layer& tg = g.layer(g.targets_id);
-  Batch b;
-  int64_t vocab = 0;
-  for (int i = 0; i < g.size(); ++i)
-    if (g.layer(i).type == "embedding")
-      vocab = g.params[static_cast<size_t>(g.layer_params[static_cast<size_t>(i)][0])].spec.shape[0];
-  const int64_t classes = g.layer(g.logits_id).out_shape[-1];
-  if (in.out_dtype == remat::DType::i32) {
-    std::vector<int32_t> ids(static_cast<size_t>(in.out_shape.numel()));
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 5 + seed) % static_cast<size_t>(vocab));
-    b.input = Tensor::from_ints(ids, in.out_shape);
-  } else {
-    b.input = random_tensor(in.out_shape, seed);
-  }
-  std::vector<int32_t> t(static_cast<size_t>(tg.out_shape.numel()));
-  for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<int32_t>((i * 3 + seed) % static_cast<size_t>(classes));
-  b.targets = Tensor::from_ints(t, tg.out_shape);
-  return b;
-}
+using remat::test::batch_for;
 
 }  // namespace
 

@@ -122,11 +122,11 @@ TEST(TokenShards, WindowsStayInsideAFileAndShiftTargetsByOne) {
   EXPECT_EQ(s.windows(1), 10 + 8 + 3);
   EXPECT_EQ(s.files().size(), 3u);
   const remat::Batch b = s.batch({3, 0, 2, 1}, 4, 65536, remat::Device::cpu());
-  EXPECT_EQ(b.input.shape(), (Shape{4, 4}));
-  EXPECT_EQ(b.targets.shape(), (Shape{16}));
-  EXPECT_EQ(b.input.to_ints(),
+  EXPECT_EQ(b.input().shape(), (Shape{4, 4}));
+  EXPECT_EQ(b.targets().shape(), (Shape{4, 4}));
+  EXPECT_EQ(b.input().to_ints(),
             (std::vector<int32_t>{1004, 1005, 1006, 1007, 0, 1, 2, 3, 1000, 1001, 1002, 1003, 4, 5, 6, 7}));
-  EXPECT_EQ(b.targets.to_ints(),
+  EXPECT_EQ(b.targets().to_ints(),
             (std::vector<int32_t>{1005, 1006, 1007, 1008, 1, 2, 3, 4, 1001, 1002, 1003, 1004, 5, 6, 7, 8}));
   EXPECT_REMAT_ERROR(s.batch({4}, 4, 65536, remat::Device::cpu()), "window 4 at position 0 is outside [0, 4)");
   EXPECT_REMAT_ERROR(s.batch({-1}, 4, 65536, remat::Device::cpu()), "window -1");
@@ -135,7 +135,7 @@ TEST(TokenShards, WindowsStayInsideAFileAndShiftTargetsByOne) {
                      d / "s_train_000002.bin" + ": token 8 is 1008, outside the model's vocabulary of 1008");
   EXPECT_NO_THROW(s.batch({0, 3}, 4, 1009, remat::Device::cpu()));
   // Meta batches are shapes only.
-  EXPECT_EQ(s.batch({0}, 4, 10, remat::Device::meta()).input.shape(), (Shape{1, 4}));
+  EXPECT_EQ(s.batch({0}, 4, 10, remat::Device::meta()).input().shape(), (Shape{1, 4}));
 }
 
 TEST(TokenShards, FindSplitAndHoldOut) {
@@ -170,7 +170,7 @@ TEST(TokenShards, FindSplitAndHoldOut) {
   EXPECT_EQ(tail.eval.tokens(), 40);
   EXPECT_EQ(tail.train.files().size(), 2u);
   const remat::Batch e = tail.eval.batch({0}, 3, 65536, remat::Device::cpu());
-  EXPECT_EQ(e.input.to_ints(), (std::vector<int32_t>{920, 921, 922}));  // token 20 of the second file
+  EXPECT_EQ(e.input().to_ints(), (std::vector<int32_t>{920, 921, 922}));  // token 20 of the second file
   EXPECT_REMAT_ERROR(tail.eval.batch({0}, 3, 920, remat::Device::cpu()), "fineweb_train_000002.bin: token 20 is 920");
   EXPECT_REMAT_ERROR(remat::load_token_shard_data(d / "*val*", 0.1), "are validation shards");
   // remat eval: one file whatever its name; of a set, its val shards.

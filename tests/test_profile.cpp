@@ -95,7 +95,8 @@ TEST(Memprof, MeasuredPeakEqualsPredictedForEveryShippedConfigAndPolicy) {
     if (entry.path().extension() != ".json") continue;
     remat::Config cfg = remat::load_config(entry.path().string());
     cfg.model = remat::test::shrink_model(cfg.model);
-    cfg.data.dataset = cfg.model["input"].value("type", "image") == "tokens" ? "synthetic_text" : "synthetic_images";
+    cfg.data.dataset =
+        remat::declared_input_type(cfg.model, remat::kInputName) == "tokens" ? "synthetic_text" : "synthetic_images";
     cfg.data.vocab = 11;
     remat::Graph g = remat::build_config_graph(cfg, 3, 0);
     for (const char* precision : {"fp32", "bf16"})
@@ -174,7 +175,7 @@ TEST(Memprof, SizesAndBadInput) {
   EXPECT_REMAT_ERROR(remat::resolve_policy(cfg, g, "budget:1"), "no plan fits the budget of 1 B");
   EXPECT_REMAT_ERROR(remat::resolve_policy(cfg, g, "sometimes"), "unknown checkpoint policy");
   EXPECT_REMAT_ERROR(remat::build_config_graph(cfg, 0, 0), "batch size must be positive");
-  EXPECT_REMAT_ERROR(remat::build_config_graph(cfg, 4, 16), "--seq applies to token models only");
+  EXPECT_REMAT_ERROR(remat::build_config_graph(cfg, 4, 16), "--seq applies to models with token inputs only");
   const remat::CheckpointPlan fits = remat::resolve_policy(cfg, g, "budget:1GiB");
   EXPECT_EQ(fits.recomputed_layers(), 0);  // everything fits: nothing recomputed
 }

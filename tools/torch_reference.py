@@ -83,10 +83,32 @@ SECTION_DEFAULTS = {
 }
 
 
+def shorthand_model(model, source):
+    """The twin reads models in the shorthand form (model.input, model.loss). A model written
+    with named inputs (model.inputs) whose inputs are the built-in data sets' "input" and
+    "targets" and whose last layer is a cross_entropy on the layer before it and "targets" is
+    the same model: rewritten here. Any other explicit model has no twin."""
+    if "inputs" not in model:
+        return model
+    inputs = {i.get("name"): i for i in model["inputs"]}
+    layers = list(model["layers"])
+    loss = layers[-1] if layers else {}
+    prev = layers[-2].get("name", f"{layers[-2]['type']}{len(layers) - 2}") if len(layers) > 1 else None
+    if (set(inputs) != {"input", "targets"} or loss.get("type") != "cross_entropy"
+            or loss.get("inputs") != [prev, "targets"] or inputs["input"].get("type") not in ("image", "tokens")):
+        raise ConfigError(f"{source}: /model/inputs: the twin handles models whose inputs are input and targets and "
+                          "whose last layer is a cross_entropy on the layer before it and targets")
+    out = {k: v for k, v in model.items() if k not in ("inputs", "layers")}
+    out["input"] = {k: v for k, v in inputs["input"].items() if k != "name"}
+    out["layers"] = layers[:-1]
+    out["loss"] = {k: v for k, v in loss.items() if k not in ("name", "inputs")}
+    return out
+
+
 def load_config(path):
     with open(path) as f:
         raw = json.load(f)
-    cfg = {"name": raw.get("name", ""), "model": raw["model"], "source": path}
+    cfg = {"name": raw.get("name", ""), "model": shorthand_model(raw["model"], path), "source": path}
     for sec, defaults in SECTION_DEFAULTS.items():
         given = raw.get(sec, {})
         unknown = set(given) - set(defaults)

@@ -102,11 +102,28 @@ class BatchSampler {
   std::vector<int64_t> order_;
 };
 
-// A batch on a device. Images: input [B, C, H, W] f32, targets [B] i32.
-// Text: input [B, T] i32 tokens, targets [B * T] i32 (the next token of each position).
-struct Batch {
-  Tensor input;
-  Tensor targets;
+// A batch on a device: one tensor per model input, by the names the model declares
+// (Graph::input_ids; model.inputs in the config). The built-in data sets give two:
+// images: "input" [B, C, H, W] f32 and "targets" [B] i32 (class labels);
+// text: "input" [B, T] i32 tokens and "targets" [B, T] i32 (the next token of each position).
+class Batch {
+ public:
+  Batch() = default;
+  // The built-in data sets' pair, "input" and "targets".
+  Batch(Tensor input, Tensor targets);
+  // Adds the tensor of `name`, or replaces it.
+  Batch& set(const std::string& name, Tensor t);
+  bool has(const std::string& name) const;
+  // The tensor of `name`; throws naming the tensors the batch has when it has none.
+  const Tensor& at(const std::string& name) const;
+  // Every (name, tensor), in the order they were set.
+  const std::vector<std::pair<std::string, Tensor>>& items() const { return items_; }
+  // The built-in data sets' tensors: at("input"), at("targets").
+  const Tensor& input() const;
+  const Tensor& targets() const;
+
+ private:
+  std::vector<std::pair<std::string, Tensor>> items_;
 };
 // Row i of the batch is image indices[i]; with `hflip` (one entry per index), rows whose
 // entry is nonzero are mirrored left-right (x -> W-1-x in every channel and row).

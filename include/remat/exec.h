@@ -166,7 +166,7 @@ class Executor {
   // Forward and backward of one batch in training mode. Random layers reserve their
   // ranges from `gen`. Parameter gradients accumulate into params.grads.
   StepStats train_step(const Batch& batch, RngGenerator& gen);
-  // Forward in evaluation mode; returns the logits (the loss layer's input) and the loss.
+  // Forward in evaluation mode; returns the logits (the loss layer's first input) and the loss.
   Tensor evaluate(const Batch& batch, float* loss);
 
   const CheckpointPlan& plan() const { return plan_; }
@@ -194,6 +194,7 @@ class Executor {
   };
 
   void begin_step(const Batch& batch);
+  void bind_inputs(const Batch& batch);
   void forward_pass(RngGenerator& gen, StepStats& st);
   void release_after_forward(int j);
   void backward_pass(StepStats& st);

@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -134,6 +135,9 @@ class Layer {
   virtual std::vector<std::string> extra_names() const { return {}; }
   // Inputs that never receive a gradient (token ids, targets).
   virtual bool input_differentiable(int /*i*/) const { return true; }
+  // A loss over class ids: the target value whose rows it leaves out (accuracy leaves them
+  // out too). Empty for every other layer.
+  virtual std::optional<int> ignore_index() const { return std::nullopt; }
   // Whether this layer's ops compute on bf16 activations and working weights
   // (training.precision bf16, docs/memory.md "Mixed precision"). Off by default, so a new
   // layer must opt in; a bf16 run of a graph with a layer that does not is refused up
@@ -163,12 +167,23 @@ class Graph {
   std::vector<GraphParam> params;              // tied parameters appear once
   // For each layer, indices into params for its param_specs (ties resolved).
   std::vector<std::vector<int>> layer_params;
-  int input_id = -1, targets_id = -1, loss_id = -1, logits_id = -1;
+  // The model's inputs (layers of kind input, named as the config declares them: a Batch
+  // maps those names to tensors), in the order declared.
+  std::vector<int> input_ids;
+  // The loss: the one layer of kind loss, the graph's last layer (backward starts there).
+  int loss_id = -1;
+  // The loss layer's first input (the logits, what evaluation returns) and, when it is a
+  // model input, its second (the targets accuracy is counted against; -1 otherwise).
+  int logits_id = -1, targets_id = -1;
   int num_units = 0;  // repeated-block instances
   int64_t batch = 0;
 
   const Layer& layer(int i) const { return *layers[static_cast<size_t>(i)]; }
   int size() const { return static_cast<int>(layers.size()); }
+  // The id of the model input called `name`, or -1.
+  int input(const std::string& name) const;
+  // The id of the model input called `name`; throws naming the inputs the model declares.
+  int require_input(const std::string& name, const std::string& why) const;
   int64_t parameter_count(bool trainable_only = true) const;
   std::string summary() const;  // a table: name, type, output shape, params, FLOPs
 };
@@ -176,8 +191,29 @@ class Graph {
 // Builds the graph for `model` (the config's "model" object) at batch size `batch`.
 // `source` names the file in error messages, which carry JSON pointers. `vars` supplies
 // values for "$name" integers (e.g. "$vocab" from the data set).
+//
+// Inputs: `model.inputs` declares them by name ([{"name": "input", "type": "tokens",
+// "seq_len": 128}, ...]) and the loss is a layer of `model.layers` (the last one, e.g.
+// {"type": "cross_entropy", "inputs": ["head", "targets"]}); or the shorthand
+// `model.input` ({"type": "image" | "tokens", ...}) declares the two inputs the built-in
+// data sets give, "input" and "targets", and appends the loss layer "loss" of `model.loss`
+// (cross-entropy by default) on the last layer's output (docs/config.md).
 Graph build_graph(const nlohmann::json& model, int64_t batch, const std::string& source,
                   const std::map<std::string, int64_t>& vars = {});
+
+// The names of the built-in data sets' two inputs: images or token windows, and their
+// class labels or next tokens.
+inline constexpr const char* kInputName = "input";
+inline constexpr const char* kTargetsName = "targets";
+
+// The type a model config declares for its input `name` ("image", "tokens", "labels",
+// "tensor"), read from model.inputs or the shorthand model.input without building the
+// graph; "" when the model declares no such input (or the config is malformed: build_graph
+// says how).
+std::string declared_input_type(const nlohmann::json& model, const std::string& name);
+// Sets seq_len of every "tokens" input of `model` (the --seq option of memprof and plan);
+// returns how many it set.
+int set_token_seq_len(nlohmann::json& model, int64_t seq_len);
 
 // training.precision bf16 for g: empty when every layer runs in bf16 (Layer::runs_in_bf16),
 // else an error naming the first layer that does not, and its type.

@@ -59,12 +59,44 @@ void BatchSampler::seek(int64_t epoch, int64_t position) {
   if (reshuffle) shuffle_epoch();
 }
 
+Batch::Batch(Tensor input, Tensor targets) {
+  set("input", std::move(input));
+  set("targets", std::move(targets));
+}
+
+Batch& Batch::set(const std::string& name, Tensor t) {
+  for (auto& [n, v] : items_)
+    if (n == name) {
+      v = std::move(t);
+      return *this;
+    }
+  items_.emplace_back(name, std::move(t));
+  return *this;
+}
+
+bool Batch::has(const std::string& name) const {
+  for (const auto& item : items_)
+    if (item.first == name) return true;
+  return false;
+}
+
+const Tensor& Batch::at(const std::string& name) const {
+  for (const auto& item : items_)
+    if (item.first == name) return item.second;
+  std::string names;
+  for (const auto& item : items_) names += (names.empty() ? "" : ", ") + item.first;
+  REMAT_THROW("the batch has no tensor \"", name, "\" (it has: ", names.empty() ? "none" : names, ")");
+}
+
+const Tensor& Batch::input() const { return at("input"); }
+const Tensor& Batch::targets() const { return at("targets"); }
+
 namespace data_detail {
 
 Tensor to_device(const Tensor& host, Device device) { return device.is_cpu() ? host : host.to(device); }
 
 Batch empty_token_batch(int64_t b, int64_t seq_len, Device on) {
-  return {Tensor::empty(Shape{b, seq_len}, on, DType::i32), Tensor::empty(Shape{b * seq_len}, on, DType::i32)};
+  return {Tensor::empty(Shape{b, seq_len}, on, DType::i32), Tensor::empty(Shape{b, seq_len}, on, DType::i32)};
 }
 
 }  // namespace data_detail
@@ -149,7 +181,8 @@ Batch text_batch(const TextDataset& d, const std::vector<int64_t>& starts, int64
 
   TagScope scope(MemoryCategory::input, "data", Phase::setup);
   if (device.is_meta()) return data_detail::empty_token_batch(b, seq_len, device);
-  auto [input, targets] = data_detail::empty_token_batch(b, seq_len, Device::cpu());
+  const Batch host = data_detail::empty_token_batch(b, seq_len, Device::cpu());
+  Tensor input = host.input(), targets = host.targets();
   int32_t* in = input.i32();
   int32_t* tg = targets.i32();
   const auto bytes = static_cast<size_t>(seq_len) * sizeof(int32_t);

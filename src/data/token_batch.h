@@ -12,7 +12,7 @@ namespace remat::data_detail {
 // meta only allocated (meta holds no data). No copy for cpu.
 Tensor to_device(const Tensor& host, Device device);
 
-// An unfilled token batch on `on`: input [b, seq_len] and targets [b * seq_len], i32.
+// An unfilled token batch on `on`: input and targets [b, seq_len], i32.
 Batch empty_token_batch(int64_t b, int64_t seq_len, Device on);
 
 }  // namespace remat::data_detail

@@ -142,7 +142,8 @@ Batch TokenShards::batch(const std::vector<int64_t>& indices, int64_t seq_len, i
 
   TagScope scope(MemoryCategory::input, "data", Phase::setup);
   if (device.is_meta()) return data_detail::empty_token_batch(b, seq_len, device);
-  auto [input, targets] = data_detail::empty_token_batch(b, seq_len, Device::cpu());
+  const Batch host = data_detail::empty_token_batch(b, seq_len, Device::cpu());
+  Tensor input = host.input(), targets = host.targets();
   int32_t* in = input.i32();
   int32_t* tg = targets.i32();
   for (int64_t i = 0; i < b; ++i) {

@@ -138,12 +138,22 @@ void Executor::begin_step(const Batch& batch) {
   live_ = PerLayer<Live>(g_.size());
   recomputed_.assign(plan_.segments.size(), false);
   hashes_.clear();
-  live_[g_.input_id].out = batch.input;
-  live_[g_.targets_id].out = batch.targets;
-  REMAT_CHECK(batch.input.shape() == g_.layer(g_.input_id).out_shape, "batch input ", batch.input.str(),
-              " does not match the model input ", g_.layer(g_.input_id).out_shape.str());
-  REMAT_CHECK(batch.targets.numel() == g_.layer(g_.targets_id).out_shape.numel(), "batch targets ", batch.targets.str(),
-              " do not match the model's ", g_.layer(g_.targets_id).out_shape.str());
+  bind_inputs(batch);
+}
+
+// Each model input takes the batch's tensor of its name, of exactly its shape and dtype.
+void Executor::bind_inputs(const Batch& batch) {
+  for (int id : g_.input_ids) {
+    const Layer& in = g_.layer(id);
+    REMAT_CHECK(batch.has(in.name), "the batch has no tensor for the model input \"", in.name, "\" ",
+                in.out_shape.str(), " ", dtype_name(in.out_dtype));
+    const Tensor& t = batch.at(in.name);
+    REMAT_CHECK(t.shape() == in.out_shape && t.dtype() == in.out_dtype, "batch tensor \"", in.name, "\" ", t.str(),
+                " does not match the model input ", in.out_shape.str(), " ", dtype_name(in.out_dtype));
+    live_[id].out = t;
+  }
+  for (const auto& item : batch.items())
+    REMAT_CHECK(g_.input(item.first) >= 0, "batch tensor \"", item.first, "\" is no input of the model");
 }
 
 void Executor::end_step() {
@@ -298,8 +308,7 @@ Tensor Executor::evaluate(const Batch& batch, float* loss) {
   ActivationDTypeScope precision(params_.precision());
   params_.refresh_working(be_);
   live_ = PerLayer<Live>(g_.size());
-  live_[g_.input_id].out = batch.input;
-  live_[g_.targets_id].out = batch.targets;
+  bind_inputs(batch);
   for (int i = 0; i < g_.size(); ++i) {
     const Layer& l = g_.layer(i);
     if (l.kind() == LayerKind::input) continue;

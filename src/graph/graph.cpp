@@ -1,6 +1,7 @@
 // Building a Graph from the model section of a config: name scopes, repeated blocks,
 // shape inference and parameter resolution (ties), with errors that carry the file and
 // the JSON pointer of the layer at fault.
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -135,6 +136,121 @@ struct Builder {
 
 }  // namespace
 
+namespace {
+
+const std::vector<std::string> kInputTypes{"image", "tokens", "labels", "tensor"};
+
+// One model input from its declaration `in` (an element of model.inputs, or the shorthand
+// model.input): [batch, ...] of the type's dtype. The first token input's length is the
+// variable $seq_len.
+int add_input(Builder& b, ConfigReader& in, const std::string& name, const std::string& type, int64_t batch) {
+  Shape shape;
+  DType dtype = DType::f32;
+  if (type == "image") {
+    auto s = in.shape("shape");
+    if (s.size() != 3) in.fail("shape", "expected [C, H, W]");
+    shape = Shape{batch, s[0], s[1], s[2]};
+  } else if (type == "tokens") {
+    const int64_t t = in.positive_int("seq_len");
+    shape = Shape{batch, t};
+    dtype = DType::i32;
+    if (!b.vars.count("seq_len")) b.vars["seq_len"] = t;
+  } else if (type == "labels") {
+    shape = Shape{batch};
+    dtype = DType::i32;
+  } else {  // tensor
+    const auto s = in.shape("shape");
+    if (s.empty() || s.size() > 4) in.fail("shape", "expected 1 to 4 dimensions per sample");
+    std::vector<int64_t> dims{batch};
+    dims.insert(dims.end(), s.begin(), s.end());
+    shape = Shape(dims);
+    dtype = in.one_of("dtype", {"f32", "i32"}, "f32") == "i32" ? DType::i32 : DType::f32;
+  }
+  auto layer = std::make_unique<InputLayer>(shape, dtype);
+  layer->name = name;
+  layer->type = "input";
+  const int id = b.add(std::move(layer), {}, nullptr);
+  b.g.input_ids.push_back(id);
+  return id;
+}
+
+// model.inputs: named inputs, in order.
+std::map<std::string, int> read_inputs(Builder& b, ConfigReader& r, int64_t batch) {
+  std::map<std::string, int> scope;
+  const size_t n = r.array_size("inputs");
+  if (n == 0) r.fail("inputs", "expected at least one input");
+  for (size_t i = 0; i < n; ++i) {
+    ConfigReader in = r.child("inputs", i);
+    const std::string name = in.string("name");
+    if (name.empty() || name.find_first_of(". \t") != std::string::npos)
+      in.fail("name", "expected a name without dots or spaces, got \"" + name + "\"");
+    if (scope.count(name)) in.fail("name", "duplicate input name \"" + name + "\"");
+    const std::string type = in.string("type");
+    if (std::find(kInputTypes.begin(), kInputTypes.end(), type) == kInputTypes.end())
+      in.fail("type", "expected one of image, tokens, labels, tensor, got \"" + type + "\"");
+    scope[name] = add_input(b, in, name, type, batch);
+    in.finish();
+  }
+  return scope;
+}
+
+// The shorthand model.input: the built-in data sets' "input" (images or tokens) and
+// "targets" (class labels, or the next token of each position).
+std::map<std::string, int> read_shorthand_input(Builder& b, ConfigReader& r, int64_t batch) {
+  ConfigReader in = r.child("input");
+  const std::string type = in.one_of("type", {"image", "tokens"}, "image");
+  const int input = add_input(b, in, kInputName, type, batch);
+  in.finish();
+  const Shape& s = b.g.layer(input).out_shape;
+  auto targets = std::make_unique<InputLayer>(type == "image" ? Shape{batch} : s, DType::i32);
+  targets->name = kTargetsName;
+  targets->type = "input";
+  const int t = b.add(std::move(targets), {}, nullptr);
+  b.g.input_ids.push_back(t);
+  return {{kInputName, input}, {kTargetsName, t}};
+}
+
+// The shorthand's loss: model.loss (cross-entropy by default) on the logits and "targets".
+void append_shorthand_loss(Builder& b, ConfigReader& r, int logits) {
+  static const nlohmann::json kNoKeys = nlohmann::json::object();
+  std::optional<ConfigReader> lr;
+  if (r.has("loss"))
+    lr.emplace(r.child("loss"));
+  else
+    lr.emplace(kNoKeys, r.pointer() + "/loss", r.source(), &b.vars);
+  const std::string type = lr->one_of("type", {"cross_entropy"}, "cross_entropy");
+  std::unique_ptr<Layer> loss = find_layer_factory(type)(*lr);
+  lr->finish();
+  loss->name = "loss";
+  loss->type = type;
+  b.add(std::move(loss), {logits, b.g.input(kTargetsName)}, &*lr);
+}
+
+// Exactly one loss layer, the last one, with a scalar output.
+void check_loss(const Graph& g, const ConfigReader& r) {
+  int loss = -1;
+  for (int i = 0; i < g.size(); ++i) {
+    if (g.layer(i).kind() != LayerKind::loss) continue;
+    if (loss >= 0)
+      r.fail("layers",
+             "two loss layers, \"" + g.layer(loss).name + "\" and \"" + g.layer(i).name + "\": a model has one loss");
+    loss = i;
+  }
+  const Layer& last = g.layer(g.size() - 1);
+  if (loss < 0)
+    r.fail("layers",
+           "no loss layer: with \"inputs\", the last layer is the loss (e.g. {\"type\": \"cross_entropy\", "
+           "\"inputs\": [\"" +
+               last.name + "\", \"targets\"]})");
+  if (loss != g.size() - 1)
+    r.fail("layers",
+           "the loss \"" + g.layer(loss).name + "\" must be the last layer, but \"" + last.name + "\" comes after it");
+  if (last.out_shape != Shape{1})
+    r.fail("layers", "the loss \"" + last.name + "\" gives " + last.out_shape.str() + ", expected a scalar [1]");
+}
+
+}  // namespace
+
 Graph build_graph(const nlohmann::json& model, int64_t batch, const std::string& source,
                   const std::map<std::string, int64_t>& vars) {
   REMAT_CHECK(batch > 0, "batch size must be positive, got ", batch);
@@ -147,48 +263,71 @@ Graph build_graph(const nlohmann::json& model, int64_t batch, const std::string&
     for (auto it = model["vars"].begin(); it != model["vars"].end(); ++it) b.vars[it.key()] = v.positive_int(it.key());
     v.finish();
   }
-  ConfigReader in = r.child("input");
-  const std::string kind = in.one_of("type", {"image", "tokens"}, "image");
-  Shape xs, ts;
-  DType xdt = DType::f32;
-  if (kind == "image") {
-    auto s = in.shape("shape");
-    if (s.size() != 3) in.fail("shape", "expected [C, H, W]");
-    xs = Shape{batch, s[0], s[1], s[2]};
-    ts = Shape{batch};
-  } else {
-    const int64_t t = in.positive_int("seq_len");
-    xs = Shape{batch, t};
-    ts = Shape{batch, t};
-    xdt = DType::i32;
-    b.vars["seq_len"] = t;
+  const bool shorthand = !r.has("inputs");
+  if (!shorthand && r.has("input")) r.fail("input", "give either \"input\" (the shorthand) or \"inputs\", not both");
+  if (!shorthand && r.has("loss"))
+    r.fail("loss",
+           "with \"inputs\", the loss is the last layer of \"layers\" (e.g. {\"type\": \"cross_entropy\", "
+           "\"inputs\": [\"head\", \"targets\"]})");
+  const std::map<std::string, int> scope = shorthand ? read_shorthand_input(b, r, batch) : read_inputs(b, r, batch);
+  const int last = b.build_list(r, scope, g.input_ids.front(), "", -1, false);
+  if (shorthand) {
+    if (g.layer(last).kind() == LayerKind::loss)
+      r.fail("layers",
+             "the shorthand \"input\" appends the loss itself (\"loss\"): declare \"inputs\" to give "
+             "the loss as a layer");
+    append_shorthand_loss(b, r, last);
   }
-  in.finish();
-  auto input = std::make_unique<InputLayer>(xs, xdt);
-  input->name = "input";
-  input->type = "input";
-  g.input_id = b.add(std::move(input), {}, nullptr);
-  auto targets = std::make_unique<InputLayer>(ts, DType::i32);
-  targets->name = "targets";
-  targets->type = "input";
-  g.targets_id = b.add(std::move(targets), {}, nullptr);
-
-  std::map<std::string, int> scope{{"input", g.input_id}};
-  g.logits_id = b.build_list(r, scope, g.input_id, "", -1, false);
-  int ignore = -100;
-  std::optional<ConfigReader> loss_reader;
-  if (r.has("loss")) {
-    loss_reader.emplace(r.child("loss"));
-    loss_reader->one_of("type", {"cross_entropy"}, "cross_entropy");
-    ignore = static_cast<int>(loss_reader->int_or("ignore_index", -100, -(int64_t{1} << 31), (int64_t{1} << 31) - 1));
-    loss_reader->finish();
-  }
-  auto loss = make_cross_entropy(ignore);
-  loss->name = "loss";
-  loss->type = "cross_entropy";
-  g.loss_id = b.add(std::move(loss), {g.logits_id, g.targets_id}, loss_reader ? &*loss_reader : &r);
+  check_loss(g, r);
+  g.loss_id = g.size() - 1;
+  const Layer& loss = g.layer(g.loss_id);
+  g.logits_id = loss.inputs.empty() ? -1 : loss.inputs[0];
+  if (loss.inputs.size() > 1 && g.layer(loss.inputs[1]).kind() == LayerKind::input) g.targets_id = loss.inputs[1];
   r.finish();
   return g;
+}
+
+int Graph::input(const std::string& name) const {
+  for (int id : input_ids)
+    if (layer(id).name == name) return id;
+  return -1;
+}
+
+int Graph::require_input(const std::string& name, const std::string& why) const {
+  const int id = input(name);
+  if (id >= 0) return id;
+  std::string names;
+  for (int i : input_ids) names += (names.empty() ? "" : ", ") + layer(i).name;
+  REMAT_THROW(why, " needs a model input \"", name, "\"; the model declares ", names);
+}
+
+std::string declared_input_type(const nlohmann::json& model, const std::string& name) {
+  if (!model.is_object()) return "";
+  if (model.contains("inputs")) {
+    if (!model["inputs"].is_array()) return "";
+    for (const auto& in : model["inputs"])
+      if (in.is_object() && in.value("name", std::string()) == name && in.contains("type") && in["type"].is_string())
+        return in["type"].get<std::string>();
+    return "";
+  }
+  if (!model.contains("input") || !model["input"].is_object()) return "";
+  const nlohmann::json& in = model["input"];
+  const std::string type = in.contains("type") && in["type"].is_string() ? in["type"].get<std::string>() : "image";
+  if (name == kInputName) return type;
+  if (name == kTargetsName) return type == "tokens" ? "tokens" : "labels";
+  return "";
+}
+
+int set_token_seq_len(nlohmann::json& model, int64_t seq_len) {
+  int set = 0;
+  auto set_in = [&](nlohmann::json& in) {
+    if (in.is_object() && in.contains("type") && in["type"] == "tokens") in["seq_len"] = seq_len, ++set;
+  };
+  if (model.contains("inputs") && model["inputs"].is_array())
+    for (auto& in : model["inputs"]) set_in(in);
+  else if (model.contains("input"))
+    set_in(model["input"]);
+  return set;
 }
 
 int64_t Graph::parameter_count(bool trainable_only) const {

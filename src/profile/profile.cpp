@@ -16,12 +16,8 @@ namespace remat {
 
 Graph build_config_graph(const Config& cfg, int64_t batch, int64_t seq) {
   nlohmann::json model = cfg.model;
-  if (seq > 0) {
-    REMAT_CHECK(
-        model.contains("input") && model["input"].is_object() && model["input"].value("type", "image") == "tokens",
-        cfg.source, ": --seq applies to token models only");
-    model["input"]["seq_len"] = seq;
-  }
+  if (seq > 0)
+    REMAT_CHECK(set_token_seq_len(model, seq) > 0, cfg.source, ": --seq applies to models with token inputs only");
   std::map<std::string, int64_t> vars;
   if (cfg.data.dataset == "synthetic_text") vars["vocab"] = cfg.data.vocab;
   if (cfg.data.dataset == "text" && model.dump().find("\"$vocab\"") != std::string::npos) {
@@ -39,35 +35,36 @@ Graph build_config_graph(const Config& cfg, int64_t batch, int64_t seq) {
 
 namespace {
 
+// A batch of random values for every model input, drawn in the order the model declares
+// them: f32 inputs uniform in [-1, 1), i32 inputs ids below the smallest bound their
+// readers state (Layer::input_id_range: an embedding's vocabulary, a loss's classes).
 Batch synthetic_batch(const Graph& g, Device d, uint64_t seed) {
   TagScope scope(MemoryCategory::input, "data", Phase::setup);
-  const Layer& in = g.layer(g.input_id);
-  const Layer& tg = g.layer(g.targets_id);
-  int64_t vocab = 1;  // the ids the input's readers accept
-  for (int i = 0; i < g.size(); ++i)
-    for (size_t k = 0; k < g.layer(i).inputs.size(); ++k)
-      if (g.layer(i).inputs[k] == g.input_id) vocab = std::max(vocab, g.layer(i).input_id_range(static_cast<int>(k)));
-  const int64_t classes = g.layer(g.logits_id).out_shape[-1];
   Batch b;
-  if (d.is_meta()) {
-    b.input = Tensor::empty(in.out_shape, d, in.out_dtype);
-    b.targets = Tensor::empty(tg.out_shape, d, DType::i32);
-    return b;
-  }
   std::mt19937_64 rng(seed);
-  if (in.out_dtype == DType::i32) {
-    std::vector<int32_t> ids(static_cast<size_t>(in.out_shape.numel()));
-    for (auto& x : ids) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
-    b.input = Tensor::from_ints(ids, in.out_shape, d);
-  } else {
-    std::vector<float> v(static_cast<size_t>(in.out_shape.numel()));
-    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    for (auto& x : v) x = u(rng);
-    b.input = Tensor::from_vector(v, in.out_shape, d);
+  for (int id : g.input_ids) {
+    const Layer& in = g.layer(id);
+    if (d.is_meta()) {
+      b.set(in.name, Tensor::empty(in.out_shape, d, in.out_dtype));
+      continue;
+    }
+    if (in.out_dtype == DType::i32) {
+      int64_t range = 0;  // the ids every reader of the input accepts (0: no bound stated)
+      for (int i = 0; i < g.size(); ++i)
+        for (size_t k = 0; k < g.layer(i).inputs.size(); ++k)
+          if (const int64_t r = g.layer(i).input_id_range(static_cast<int>(k)); g.layer(i).inputs[k] == id && r > 0)
+            range = range > 0 ? std::min(range, r) : r;
+      range = std::max<int64_t>(range, 1);
+      std::vector<int32_t> ids(static_cast<size_t>(in.out_shape.numel()));
+      for (auto& x : ids) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(range));
+      b.set(in.name, Tensor::from_ints(ids, in.out_shape, d));
+    } else {
+      std::vector<float> v(static_cast<size_t>(in.out_shape.numel()));
+      std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+      for (auto& x : v) x = u(rng);
+      b.set(in.name, Tensor::from_vector(v, in.out_shape, d));
+    }
   }
-  std::vector<int32_t> t(static_cast<size_t>(tg.out_shape.numel()));
-  for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(classes));
-  b.targets = Tensor::from_ints(t, tg.out_shape, d);
   return b;
 }
 

@@ -25,9 +25,8 @@ EvalResult evaluate_lm(const EvalOptions& o) {
     REMAT_THROW(o.config,
                 ": remat eval reads token shards: pass --data (a shard file, folder or pattern) or use a "
                 "config with data.dataset \"token_shards\" and data.path");
-  const bool tokens_in = cfg.model.contains("input") && cfg.model["input"].is_object() &&
-                         cfg.model["input"].value("type", "image") == "tokens";
-  REMAT_CHECK(tokens_in, o.config, ": /model/input: remat eval needs a model of tokens (input type \"tokens\")");
+  REMAT_CHECK(declared_input_type(cfg.model, kInputName) == "tokens", o.config,
+              ": /model: remat eval needs a model of tokens (an input \"input\" of type \"tokens\")");
 
   Device dev =
       o.device == "auto" ? (cuda_status().available ? Device::cuda(0) : Device::cpu()) : Device::parse(o.device);
@@ -40,7 +39,7 @@ EvalResult evaluate_lm(const EvalOptions& o) {
   // $vocab: the shards' vocabulary (data.vocab; GPT-2's unless the config says otherwise).
   const std::map<std::string, int64_t> vars{{"vocab", shards_config ? cfg.data.vocab : kGpt2Vocab}};
   Graph g = build_graph(cfg.model, batch, cfg.source, vars);
-  const int64_t seq_len = g.layer(g.input_id).out_shape[1];
+  const int64_t seq_len = g.layer(g.require_input(kInputName, "remat eval")).out_shape[1];
   const int64_t vocab = g.layer(g.logits_id).out_shape[-1];
   ParamStore params(g, dev, seed, /*initialise=*/o.init_from.empty());  // init_from sets them
   if (!o.init_from.empty()) {
@@ -74,7 +73,7 @@ EvalResult evaluate_lm(const EvalOptions& o) {
       Tensor logits = ex.evaluate(bt, &loss);
       if (!std::isfinite(loss)) REMAT_THROW("eval: the loss of windows ", done, "..", done + b - 1, " is ", loss);
       if (done == 0 && !o.save_logits.empty())
-        save_safetensors(o.save_logits, {{"input_ids", bt.input}, {"targets", bt.targets}, {"logits", logits}},
+        save_safetensors(o.save_logits, {{"input_ids", bt.input()}, {"targets", bt.targets()}, {"logits", logits}},
                          {{"format", "remat"}, {"config", cfg.name}});
       loss_sum += static_cast<double>(loss) * static_cast<double>(b * seq_len);
       done += b;

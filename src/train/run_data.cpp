@@ -1,8 +1,10 @@
 #include "train/run_data.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "remat/error.h"
+#include "remat/graph.h"
 #include "remat/memory.h"
 
 namespace fs = std::filesystem;
@@ -34,8 +36,7 @@ RunData load_run_data(const Config& cfg, const nlohmann::json& model) {
   const DataConfig& dc = cfg.data;
   d.hflip = dc.augment.hflip;
   d.seed = cfg.training.seed;
-  const bool tokens =
-      model.contains("input") && model["input"].is_object() && model["input"].value("type", "image") == "tokens";
+  const bool tokens = declared_input_type(model, kInputName) == "tokens";
   if (dc.dataset == "fashion_mnist" || dc.dataset == "synthetic_images") {
     if (tokens) REMAT_THROW(cfg.source, ": /data/dataset: ", dc.dataset, " gives images but the model takes tokens");
     if (dc.dataset == "fashion_mnist") {
@@ -97,6 +98,39 @@ RunData load_run_data(const Config& cfg, const nlohmann::json& model) {
   d.train_text.tokens.assign(all.tokens.begin(), all.tokens.end() - n_eval);
   d.eval_text.tokens.assign(all.tokens.end() - n_eval, all.tokens.end());
   return d;
+}
+
+void fit_data_to_model(RunData& data, const Graph& g, const Config& cfg) {
+  const std::string what = cfg.source + ": data.dataset " + cfg.data.dataset;
+  const Layer& input = g.layer(g.require_input(kInputName, what));
+  const Layer& targets = g.layer(g.require_input(kTargetsName, what));
+  for (int id : g.input_ids)
+    if (id != input.id && id != targets.id)
+      REMAT_THROW(what, " gives the model inputs \"input\" and \"targets\"; the model also declares \"",
+                  g.layer(id).name, "\", which no built-in data set fills");
+  const int64_t b = g.batch;
+  auto expect = [&](const Layer& in, const Shape& shape, DType dtype, const std::string& gives) {
+    if (in.out_shape != shape || in.out_dtype != dtype)
+      REMAT_THROW(what, " gives ", gives, " ", shape.str(), " ", dtype_name(dtype), " for \"", in.name,
+                  "\", but the model declares ", in.out_shape.str(), " ", dtype_name(in.out_dtype));
+  };
+  if (!data.text) {
+    const Tensor& images = data.train_images.images;
+    expect(input, Shape{b, images.size(1), images.size(2), images.size(3)}, DType::f32, "images");
+    expect(targets, Shape{b}, DType::i32, "class labels");
+    const int64_t classes = g.logits_id >= 0 ? g.layer(g.logits_id).out_shape[-1] : 0;
+    const int data_classes = std::max(data.train_images.num_classes, data.eval_images.num_classes);
+    if (g.layer(g.loss_id).ignore_index() && data_classes > classes)
+      REMAT_THROW(what, " has ", data_classes, " classes, but the loss \"", g.layer(g.loss_id).name, "\" reads ",
+                  classes, " logits per sample");
+    return;
+  }
+  if (input.out_shape.rank() != 2 || input.out_dtype != DType::i32)
+    REMAT_THROW(what, " gives token windows [B, T] i32 for \"input\", but the model declares ", input.out_shape.str(),
+                " ", dtype_name(input.out_dtype));
+  data.seq_len = input.out_shape[1];
+  expect(targets, input.out_shape, DType::i32, "next tokens");
+  if (data.shards) data.vocab = g.layer(g.logits_id).out_shape[-1];
 }
 
 }  // namespace remat

@@ -10,6 +10,7 @@
 
 #include "remat/config.h"
 #include "remat/data.h"
+#include "remat/graph.h"
 #include "remat/token_shards.h"
 
 namespace remat {
@@ -45,5 +46,12 @@ struct RunData {
 
 // Loads the data sets of `cfg` (checked against the model's input: images or tokens).
 RunData load_run_data(const Config& cfg, const nlohmann::json& model);
+
+// Checks that the data gives what model `g` takes, before any step: the built-in data sets
+// feed the model inputs "input" and "targets" (images of the data's [C, H, W] and their
+// labels, below the loss's classes; or token windows and their next tokens), and the
+// model declares no other input. Sets the text windows' length (seq_len) and the shards'
+// vocabulary from the model. Errors name the config, the input and both shapes.
+void fit_data_to_model(RunData& data, const Graph& g, const Config& cfg);
 
 }  // namespace remat

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <omp.h>
@@ -144,7 +145,9 @@ struct Trainer::State {
   Executor executor;
   RngGenerator gen;
   Graph eval_graph;
-  int ignore_index = -100;
+  // The loss's ignored class (accuracy leaves those rows out); empty for a loss without
+  // classes, which has no accuracy.
+  std::optional<int> ignore_index;
   int64_t micro = 0;                     // samples per micro-batch
   int64_t micros = 1;                    // micro-batches per step (all ranks)
   uint64_t rng_words = 0;                // Philox words per micro-batch
@@ -180,8 +183,7 @@ struct Trainer::State {
             cfg.model,
             largest_divisor_at_most(std::max<int64_t>(data.eval_size(), 1), data.text ? cfg.training.batch : 500),
             cfg.source, vars)),
-        // build_graph has validated the loss section.
-        ignore_index(cfg.model.contains("loss") ? cfg.model["loss"].value("ignore_index", -100) : -100),
+        ignore_index(graph.layer(graph.loss_id).ignore_index()),
         micro(cfg.training.micro()),
         micros(cfg.training.micro_batches()),
         rng_words(rng_words_per_micro_batch(graph)) {
@@ -284,16 +286,12 @@ std::unique_ptr<Trainer::State> set_up(TrainOptions o) {
                 "--precision ", cfg.training.precision, "`)");
   RunData data = load_run_data(cfg, cfg.model);
   std::map<std::string, int64_t> vars;
-  if (data.text) {
-    vars["vocab"] = data.shards ? cfg.data.vocab : data.train_text.vocab_size();
-    data.seq_len = cfg.model["input"].value("seq_len", int64_t{0});
-  }
+  if (data.text) vars["vocab"] = data.shards ? cfg.data.vocab : data.train_text.vocab_size();
   Graph g = build_graph(cfg.model, cfg.training.micro(), cfg.source, vars);  // one micro-batch
   if (cfg.training.precision == "bf16")
     if (const std::string e = bf16_layer_error(g); !e.empty())
       REMAT_THROW(cfg.source, ": training.precision bf16: ", e);
-  if (data.text) data.seq_len = g.layer(g.input_id).out_shape[1];
-  if (data.shards) data.vocab = g.layer(g.logits_id).out_shape[-1];
+  fit_data_to_model(data, g, cfg);  // before any step: a mismatch is named here, not mid-step
   // The parameters' working copies are made under the run's precision (ParamStore).
   ActivationDTypeScope precision(precision_dtype(cfg.training.precision));
   return std::make_unique<Trainer::State>(comm, o, std::move(cfg), dev, std::move(data), std::move(vars), std::move(g));
@@ -508,7 +506,8 @@ void Trainer::log_step(const StepStats& st, double lr, double ms, int64_t peak) 
 }
 
 // Loss and accuracy over (up to eval_batches of) the eval set, in evaluation mode.
-// Accuracy skips the rows the loss ignores (the model's loss.ignore_index).
+// Accuracy skips the rows the loss ignores (its ignore_index); a loss without classes has
+// no accuracy (NaN).
 std::pair<double, double> Trainer::evaluate() {
   State& s = *s_;
   ActivationDTypeScope precision(s.params.precision());  // accuracy reads the logits in the run's precision
@@ -525,11 +524,14 @@ std::pair<double, double> Trainer::evaluate() {
     Batch batch = s.data.eval_batch(idx, s.be.device());
     float loss = 0;
     Tensor logits = ex.evaluate(batch, &loss);
-    const int64_t v = logits.size(-1);
-    int64_t n = 0;
-    correct += s.be.accuracy(logits.view(Shape{logits.numel() / v, v}),
-                             batch.targets.view(Shape{batch.targets.numel()}), s.ignore_index, &n);
-    counted += n;
+    if (s.ignore_index && s.eval_graph.targets_id >= 0) {
+      const Tensor& targets = batch.at(s.eval_graph.layer(s.eval_graph.targets_id).name);
+      const int64_t v = logits.size(-1);
+      int64_t n = 0;
+      correct += s.be.accuracy(logits.view(Shape{logits.numel() / v, v}), targets.view(Shape{targets.numel()}),
+                               *s.ignore_index, &n);
+      counted += n;
+    }
     loss_sum += loss;
   }
   double loss = NAN, accuracy = NAN;

@@ -61,7 +61,7 @@ inline int run_idx_input(const uint8_t* data, size_t size) {
     REMAT_FUZZ_ASSERT(d.labels.numel() == n && d.images.numel() == static_cast<int64_t>(images->data.size()));
     for (int32_t l : d.labels.to_ints()) REMAT_FUZZ_ASSERT(l >= 0 && l < d.num_classes);
     Batch b = image_batch(d, {n - 1, 0}, Device::cpu());
-    REMAT_FUZZ_ASSERT(b.input.size(0) == 2 && b.targets.numel() == 2);
+    REMAT_FUZZ_ASSERT(b.input().size(0) == 2 && b.targets().numel() == 2);
     return 1;
   } catch (const Error&) {
     return 0;
@@ -118,7 +118,7 @@ inline int run_token_shard_input(const uint8_t* data, size_t size) {
     const std::vector<int64_t> idx{w - 1, 0};
     try {
       const Batch b = s.batch(idx, t, 65536, Device::cpu());
-      const std::vector<int32_t> in = b.input.to_ints(), tg = b.targets.to_ints();
+      const std::vector<int32_t> in = b.input().to_ints(), tg = b.targets().to_ints();
       for (size_t k = 0; k < idx.size(); ++k)
         for (int64_t j = 0; j < t; ++j) {
           REMAT_FUZZ_ASSERT(in[k * t + j] == token(idx[k] * t + j));

@@ -1,15 +1,51 @@
-// Shipped configs scaled down for tests that run every model.
+// Shipped configs scaled down for tests that run every model, and deterministic batches
+// for any graph.
 #pragma once
+
+#include <algorithm>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "remat/data.h"
+#include "remat/graph.h"
+#include "support/golden.h"
+
 namespace remat::test {
+
+// Deterministic values for every input of `g`, built on the host and moved to `d`: f32
+// inputs random_tensor(seed); i32 inputs (i * m + seed) mod the smallest id range their
+// readers state (Layer::input_id_range: an embedding's vocabulary, a loss's classes), with
+// m = 3 for the loss's targets and 5 for the others.
+inline Batch batch_for(const Graph& g, uint32_t seed, Device d = Device::cpu()) {
+  Batch b;
+  for (int id : g.input_ids) {
+    const Layer& in = g.layer(id);
+    if (in.out_dtype != DType::i32) {
+      const Tensor host = random_tensor(in.out_shape, seed);
+      b.set(in.name, d.is_cpu() ? host : host.to(d));
+      continue;
+    }
+    int64_t range = 0;
+    for (int i = 0; i < g.size(); ++i)
+      for (size_t k = 0; k < g.layer(i).inputs.size(); ++k)
+        if (const int64_t r = g.layer(i).input_id_range(static_cast<int>(k)); g.layer(i).inputs[k] == id && r > 0)
+          range = range > 0 ? std::min(range, r) : r;
+    range = std::max<int64_t>(range, 1);
+    const size_t m = id == g.targets_id ? 3 : 5;
+    std::vector<int32_t> ids(static_cast<size_t>(in.out_shape.numel()));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * m + seed) % static_cast<size_t>(range));
+    b.set(in.name, Tensor::from_ints(ids, in.out_shape, d));
+  }
+  return b;
+}
 
 // A shipped config scaled down: transformer widths scaled so that model width D becomes
 // 12 (3 heads of 4; qkv 3D -> 36, MLP 4D -> 48), other widths and counts clamped.
 inline int64_t model_dim(const nlohmann::json& j) {
   if (j.is_object()) {
-    if (j.value("type", "") == "embedding" && j.contains("dim")) return j["dim"].get<int64_t>();
+    if (j.value("type", "") == "embedding" && j.contains("dim") && j["dim"].is_number_integer())
+      return j["dim"].get<int64_t>();
     for (const auto& v : j)
       if (int64_t d = model_dim(v)) return d;
   } else if (j.is_array()) {

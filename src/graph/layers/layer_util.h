@@ -29,11 +29,6 @@ bool register_builtin(const char* type, LayerFactory factory);
 
 }  // namespace remat::layers
 
-namespace remat {
-// The loss layer build_graph appends (loss.cpp).
-std::unique_ptr<Layer> make_cross_entropy(int ignore_index);
-}  // namespace remat
-
 // REMAT_REGISTER_LAYER("linear", Linear): layer type "linear" is built by Linear(ConfigReader&).
 #define REMAT_REGISTER_LAYER(type, L)                                                                \
   [[maybe_unused]] static const bool remat_layer_registered_##L = ::remat::layers::register_builtin( \

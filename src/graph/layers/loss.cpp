@@ -1,5 +1,6 @@
-// The loss layer: cross-entropy over logits and i32 targets (built by build_graph from the
-// model's "loss" section, not by a layer type).
+// Loss layers: the last layer of a model, a scalar [1] that backward starts from.
+// cross_entropy: the mean over non-ignored rows of -log softmax(logits)[target], over logits
+// [..., classes] and i32 targets (class ids) of the same number of rows.
 #include "graph/layers/layer_util.h"
 
 namespace remat {
@@ -11,10 +12,14 @@ using layers::expect_inputs;
 class CrossEntropyLoss final : public Layer {
  public:
   bool runs_in_bf16() const override { return true; }
-  explicit CrossEntropyLoss(int ignore_index) : ignore_(ignore_index) {}
+  explicit CrossEntropyLoss(ConfigReader& r)
+      : ignore_(static_cast<int>(r.int_or("ignore_index", -100, -(int64_t{1} << 31), (int64_t{1} << 31) - 1))) {}
   LayerKind kind() const override { return LayerKind::loss; }
   bool input_differentiable(int i) const override { return i == 0; }
   DType input_dtype(int k) const override { return k == 1 ? DType::i32 : DType::f32; }
+  // Targets are class ids below the logits' last dimension (synthetic data draws them so).
+  int64_t input_id_range(int k) const override { return k == 1 ? v_ : 0; }
+  std::optional<int> ignore_index() const override { return ignore_; }
   Shape infer(const std::vector<Shape>& in) override {
     expect_inputs(in, 2);
     REMAT_CHECK(in[0].rank() >= 2, "cross_entropy: logits ", in[0].str(), " must have rank >= 2");
@@ -46,6 +51,6 @@ class CrossEntropyLoss final : public Layer {
 
 }  // namespace
 
-std::unique_ptr<Layer> make_cross_entropy(int ignore_index) { return std::make_unique<CrossEntropyLoss>(ignore_index); }
+REMAT_REGISTER_LAYER("cross_entropy", CrossEntropyLoss);
 
 }  // namespace remat
