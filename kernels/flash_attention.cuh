@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "kernels/attention.cuh"  // AttentionDropout
+#include "kernels/common.cuh"
 
 namespace remat::kernels {
 
@@ -44,8 +45,11 @@ void flash_attention_forward(const FlashProblem& p, const FlashOperand& q, const
                              const FlashOperand& v, const FlashOutput& out, float* lse, cudaStream_t stream);
 
 // Bytes of device workspace backward needs (delta [B, h, tq] = rowsum(dout * out), and any
-// partial sums the kernels keep).
+// partial sums the kernels keep). (No cudaStream_t in its signature: its own namespace in
+// the emulated build, kernels/common.cuh.)
+REMAT_KERNELS_ABI_BEGIN
 size_t flash_attention_backward_workspace(const FlashProblem& p);
+REMAT_KERNELS_ABI_END
 
 // dq, dk, dv written (=) in their columns; nothing else of those tensors is touched.
 void flash_attention_backward(const FlashProblem& p, const FlashOperand& q, const FlashOperand& k,
