@@ -374,13 +374,22 @@ TEST(Executor, RecomputeSkipsLayersBackwardNeverReads) {
   EXPECT_EQ(plan.recomputed_layers(), 4);
 }
 
-TEST(Executor, SelectiveKeepsAttentionOutputAndRebuildsOnlyItsProbabilities) {
-  // Attention's output is its P V GEMM's product: selective keeps it (the projection's
-  // backward reads it) and re-runs the layer for its probabilities (a softmax) only,
-  // without dropout or P V; recompute FLOPs count that.
-  remat::Config c = remat::load_config(std::string(REMAT_SOURCE_DIR) + "/models/gpt_char.json");
-  remat::Graph g = remat::build_graph(remat::test::shrink_model(c.model), 3, "gpt_char", {{"vocab", 11}});
-  const auto plan = remat::make_plan(g, "selective");
+namespace {
+
+// Every attention layer of a model config set to the given "impl".
+nlohmann::json with_attention_impl(nlohmann::json j, const std::string& impl) {
+  if (j.is_object()) {
+    if (j.value("type", "") == "attention") j["impl"] = impl;
+    for (auto& v : j) v = with_attention_impl(v, impl);
+  } else if (j.is_array()) {
+    for (auto& v : j) v = with_attention_impl(v, impl);
+  }
+  return j;
+}
+
+// The recompute FLOPs a step under `plan` must count, after checking that each layer kind
+// keeps what selective keeps (attention per `attention_keeps`: output and extras).
+double checked_selective_flops(const remat::Graph& g, const remat::CheckpointPlan& plan, bool keep_attention_extras) {
   double expected_flops = 0.0;
   int attention_layers = 0;
   for (int i = 0; i < g.size(); ++i) {
@@ -390,9 +399,8 @@ TEST(Executor, SelectiveKeepsAttentionOutputAndRebuildsOnlyItsProbabilities) {
     if (l.kind() == remat::LayerKind::attention) {
       ++attention_layers;
       EXPECT_TRUE(plan.keep[k]) << l.name;
-      EXPECT_FALSE(plan.keep_extras[k]) << l.name;
-      EXPECT_TRUE(plan.rerun[k]) << l.name;
-      EXPECT_LT(l.extras_flops(), l.forward_flops());
+      EXPECT_EQ(plan.keep_extras[k], keep_attention_extras) << l.name;
+      EXPECT_EQ(plan.rerun[k], !keep_attention_extras) << l.name;
     } else if (l.kind() == remat::LayerKind::gemm) {
       EXPECT_TRUE(plan.keep[k] && plan.keep_extras[k] && !plan.rerun[k]) << l.name;
     } else if (l.kind() == remat::LayerKind::norm) {
@@ -401,19 +409,72 @@ TEST(Executor, SelectiveKeepsAttentionOutputAndRebuildsOnlyItsProbabilities) {
     if (plan.rerun[k]) expected_flops += plan.keep[k] ? l.extras_flops() : l.forward_flops();
   }
   EXPECT_GT(attention_layers, 0);
-  remat::Backend& be = remat::backend_for(Device::cpu());
-  remat::ParamStore params(g, Device::cpu(), 5);
-  remat::Executor ex(g, params, be, plan, remat::ExecOptions{/*verify=*/true});
-  remat::RngGenerator gen(9);
-  const auto st = ex.train_step(batch_for(g, 1), gen);
-  EXPECT_EQ(st.recomputed_layers, plan.recomputed_layers());
-  EXPECT_DOUBLE_EQ(st.recompute_flops, expected_flops);
-  // The other policies re-run attention in full.
-  const auto all = remat::make_plan(g, "all");
-  for (int i = 0; i < g.size(); ++i)
-    if (g.layer(i).kind() == remat::LayerKind::attention) {
-      EXPECT_FALSE(all.keep[static_cast<size_t>(i)] || all.keep_extras[static_cast<size_t>(i)]);
+  return expected_flops;
+}
+
+}  // namespace
+
+TEST(Executor, SelectiveKeepsAttentionOutputAndRebuildsOnlyItsProbabilities) {
+  // Materialised attention: its output is its P V GEMM's product: selective keeps it (the
+  // projection's backward reads it) and re-runs the layer for its probabilities (a softmax)
+  // only, without dropout or P V; recompute FLOPs count that. Fused attention has nothing
+  // [T, T] to rebuild: selective keeps it whole (output and one log-sum-exp per row).
+  remat::Config c = remat::load_config(std::string(REMAT_SOURCE_DIR) + "/models/gpt_char.json");
+  for (const char* impl : {"materialized", "fused"}) {
+    SCOPED_TRACE(impl);
+    const bool fused = std::string(impl) == "fused";
+    remat::Graph g = remat::build_graph(with_attention_impl(remat::test::shrink_model(c.model), impl), 3, "gpt_char",
+                                        {{"vocab", 11}});
+    const auto plan = remat::make_plan(g, "selective");
+    const double expected_flops = checked_selective_flops(g, plan, fused);
+    for (int i = 0; i < g.size(); ++i)
+      if (g.layer(i).kind() == remat::LayerKind::attention) {
+        EXPECT_EQ(g.layer(i).extras_flops() < g.layer(i).forward_flops(), !fused);
+        EXPECT_EQ(g.layer(i).backward_uses_output(), fused);
+      }
+    remat::Backend& be = remat::backend_for(Device::cpu());
+    remat::ParamStore params(g, Device::cpu(), 5);
+    remat::Executor ex(g, params, be, plan, remat::ExecOptions{/*verify=*/true});
+    remat::RngGenerator gen(9);
+    const auto st = ex.train_step(batch_for(g, 1), gen);
+    EXPECT_EQ(st.recomputed_layers, plan.recomputed_layers());
+    EXPECT_DOUBLE_EQ(st.recompute_flops, expected_flops);
+    // The other policies re-run attention in full.
+    const auto all = remat::make_plan(g, "all");
+    for (int i = 0; i < g.size(); ++i)
+      if (g.layer(i).kind() == remat::LayerKind::attention) {
+        EXPECT_FALSE(all.keep[static_cast<size_t>(i)] || all.keep_extras[static_cast<size_t>(i)]);
+      }
+  }
+}
+
+// The fused and the materialised attention train the same model to the same losses and
+// gradients (to rounding), dropout included: one mask, drawn by element index.
+TEST(Executor, FusedAttentionTrainsAsTheMaterialisedPath) {
+  remat::Config c = remat::load_config(std::string(REMAT_SOURCE_DIR) + "/models/gpt_char.json");
+  std::vector<float> losses[2];
+  std::vector<std::vector<float>> grads[2];
+  int k = 0;
+  for (const char* impl : {"materialized", "fused"}) {
+    remat::Graph g = remat::build_graph(with_attention_impl(remat::test::shrink_model(c.model), impl), 3, "gpt_char",
+                                        {{"vocab", 11}});
+    remat::Backend& be = remat::backend_for(Device::cpu());
+    remat::ParamStore params(g, Device::cpu(), 5);
+    remat::Executor ex(g, params, be, remat::make_plan(g, "sqrt"));
+    remat::RngGenerator gen(9);
+    for (uint32_t step = 0; step < 2; ++step) {
+      params.zero_grads(be);
+      losses[k].push_back(ex.train_step(batch_for(g, step), gen).loss);
     }
+    for (const Tensor& t : params.grads)
+      if (t.defined()) grads[k].push_back(t.to_vector());
+    ++k;
+  }
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  for (size_t s = 0; s < losses[0].size(); ++s) EXPECT_NEAR(losses[1][s], losses[0][s], 2e-5 * std::abs(losses[0][s]));
+  for (size_t p = 0; p < grads[0].size(); ++p)
+    for (size_t e = 0; e < grads[0][p].size(); ++e)
+      ASSERT_NEAR(grads[1][p][e], grads[0][p][e], 1e-4 + 1e-3 * std::abs(grads[0][p][e])) << "parameter " << p;
 }
 
 TEST(Executor, GradsFinalHookNamesEachParameterOnceWithItsFinalGradient) {

@@ -69,6 +69,43 @@ struct AttentionParams {
   bool applies_dropout() const { return 1.0f - dropout < 1.0f; }
 };
 
+// The fused attention (flash_attention_*): query head n < n_head reads the columns
+// [q_col + n head_dim, q_col + (n + 1) head_dim) of xq [B, tq, Wq]; key/value head g <
+// kv_heads() reads [k_col + g head_dim, ...) and [v_col + g head_dim, ...) of xkv [B, tk,
+// Wkv]; query head n attends with key/value head n / (n_head / kv_heads()) (grouped-query
+// attention). The operands tile their tensors exactly: xq holds the q columns alone and xkv
+// the k and v columns, or xq and xkv are one tensor [q | k | v] (packed self-attention).
+struct FlashAttentionParams {
+  int n_head = 1;
+  int n_kv_head = 0;     // 0: n_head (one key/value head per query head)
+  int64_t head_dim = 0;  // 1 .. 256
+  bool causal = true;    // query i sees keys j <= i (tq == tk)
+  float dropout = 0.0f;  // on the probabilities
+  int64_t q_col = 0, k_col = 0, v_col = 0;
+  int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  // As AttentionParams::applies_dropout: a keep probability that rounds to 1 keeps all.
+  bool applies_dropout() const { return 1.0f - dropout < 1.0f; }
+  // Packed self-attention over [B, T, (n_head + 2 kv_heads) head_dim]: q, then k, then v.
+  static FlashAttentionParams packed(int n_head, int n_kv_head, int64_t head_dim, bool causal, float dropout) {
+    FlashAttentionParams p;
+    p.n_head = n_head;
+    p.n_kv_head = n_kv_head;
+    p.head_dim = head_dim;
+    p.causal = causal;
+    p.dropout = dropout;
+    p.k_col = n_head * head_dim;
+    p.v_col = p.k_col + p.kv_heads() * head_dim;
+    return p;
+  }
+  // Cross-attention: q [B, tq, n_head head_dim] alone, kv [B, tk, 2 kv_heads head_dim] (k, then v).
+  static FlashAttentionParams cross(int n_head, int n_kv_head, int64_t head_dim, float dropout) {
+    FlashAttentionParams p = packed(n_head, n_kv_head, head_dim, false, dropout);
+    p.k_col = 0;
+    p.v_col = p.kv_heads() * head_dim;
+    return p;
+  }
+};
+
 // Optimizer hyperparameters are doubles, like the Python floats torch.optim computes its
 // coefficients (1 - beta, lr * weight_decay, ...) from before applying them in fp32.
 struct SgdParams {

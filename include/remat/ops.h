@@ -74,4 +74,19 @@ Tensor attention_backward(Backend& be, const Tensor& dout, const Tensor& qkv, co
                           const AttentionParams& p, RngState rng);
 Tensor permute_0213(Backend& be, const Tensor& x);
 
+// Fused attention (Backend::flash_attention_*): xkv is xq for packed self-attention.
+struct FlashAttention {
+  Tensor out;  // [B, tq, n_head head_dim]
+  Tensor lse;  // [B, n_head, tq] f32
+};
+FlashAttention flash_attention(Backend& be, const Tensor& xq, const Tensor& xkv, const Tensor& kv_lens,
+                               const FlashAttentionParams& p, RngState rng);
+struct FlashAttentionGrads {
+  Tensor dxq;
+  Tensor dxkv;  // the same tensor as dxq when xkv is xq
+};
+FlashAttentionGrads flash_attention_backward(Backend& be, const Tensor& dout, const Tensor& xq, const Tensor& xkv,
+                                             const Tensor& kv_lens, const Tensor& out, const Tensor& lse,
+                                             const FlashAttentionParams& p, RngState rng);
+
 }  // namespace remat::ops

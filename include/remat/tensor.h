@@ -100,6 +100,11 @@ class Tensor {
   void zero_() { fill_(0.0f); }
 
   bool shares_storage(const Tensor& o) const { return storage_ && storage_ == o.storage_; }
+  // The same elements: one storage, offset, shape and dtype (a copy of this Tensor or an
+  // equal view), as an op whose operands may be one tensor asks.
+  bool same_view(const Tensor& o) const {
+    return shares_storage(o) && offset_ == o.offset_ && shape_ == o.shape_ && dtype_ == o.dtype_;
+  }
   long storage_use_count() const { return storage_.use_count(); }
   const Storage* storage() const { return storage_.get(); }
 

@@ -178,6 +178,26 @@ Tensor attention_backward(Backend& be, const Tensor& dout, const Tensor& qkv, co
   return dqkv;
 }
 
+FlashAttention flash_attention(Backend& be, const Tensor& xq, const Tensor& xkv, const Tensor& kv_lens,
+                               const FlashAttentionParams& p, RngState rng) {
+  REMAT_CHECK(xq.rank() == 3, "flash_attention: xq ", xq.str(), ": expected rank 3");
+  const int64_t b = xq.size(0), tq = xq.size(1);
+  FlashAttention r{out(be, Shape{b, tq, p.n_head * p.head_dim}), out(be, Shape{b, p.n_head, tq}, DType::f32)};
+  be.flash_attention_forward(xq, xkv, kv_lens, p, rng, r.out, r.lse);
+  return r;
+}
+
+FlashAttentionGrads flash_attention_backward(Backend& be, const Tensor& dout, const Tensor& xq, const Tensor& xkv,
+                                             const Tensor& kv_lens, const Tensor& out, const Tensor& lse,
+                                             const FlashAttentionParams& p, RngState rng) {
+  FlashAttentionGrads g;
+  g.dxq = ops::out(be, xq.shape());
+  g.dxkv = xkv.same_view(xq) ? g.dxq : ops::out(be, xkv.shape());
+  Tensor ws = workspace(be, be.flash_attention_backward_workspace(xq.shape(), xkv.shape(), p));
+  be.flash_attention_backward(dout, xq, xkv, kv_lens, out, lse, p, rng, g.dxq, g.dxkv, ws);
+  return g;
+}
+
 Tensor permute_0213(Backend& be, const Tensor& x) {
   REMAT_CHECK(x.rank() == 4, "permute_0213: x ", x.str(), ": expected rank 4");
   Tensor y = out(be, Shape{x.size(0), x.size(2), x.size(1), x.size(3)});

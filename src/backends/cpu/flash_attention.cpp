@@ -40,10 +40,13 @@
 #define REMAT_FLASH_X86 1
 #endif
 
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/mixed.h"
 #include "backends/cpu/philox_cpu.h"
 #include "backends/cpu/simd.h"
 #include "backends/cpu/softmax_exp.h"
 #include "remat/bf16.h"
+#include "remat/error.h"
 
 namespace remat::cpu::flash {
 
@@ -262,6 +265,9 @@ struct Dropout {
 };
 
 int64_t kv_len(const Problem& p, int64_t b) { return p.kv_lens ? p.kv_lens[b] : p.tk; }
+// The columns of a score tile the products compute: the tile's keys rounded up to 16 (a
+// vector), at most bk. The columns past the keys hold exact zeros, which add nothing.
+int64_t score_cols(int64_t nk, int64_t bk) { return std::min(bk, (nk + 15) / 16 * 16); }
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // ---- Forward --------------------------------------------------------------------------------
@@ -286,15 +292,15 @@ void forward_tile(const Problem& p, const Tiles& t, GemmFn gemm, const Operand& 
   std::fill(w.m, w.m + nq, -std::numeric_limits<float>::infinity());
   std::fill(w.l, w.l + nq, 0.0f);
   for (int64_t j0 = 0; j0 < kend; j0 += bk) {
-    const int64_t nk = std::min(bk, kend - j0);
+    const int64_t nk = std::min(bk, kend - j0), nc = score_cols(nk, bk);
     load_rows_transposed(k, p.tk, b, j0, nk, bk, kvh, d, w.kt);
-    load_rows(v, p.tk, b, j0, nk, bk, kvh, d, w.v);
-    gemm(nq, bk, d, w.q, d, w.kt, bk, w.s, bk, false);
+    load_rows(v, p.tk, b, j0, nk, nc, kvh, d, w.v);
+    gemm(nq, nc, d, w.q, d, w.kt, bk, w.s, bk, false);
     for (int64_t r = 0; r < nq; ++r) {
       float* row = w.s + r * bk;
       const int64_t vis = visible(p, i0 + r, j0, nk);
       if (vis == 0) {
-        std::fill(row, row + bk, 0.0f);
+        std::fill(row, row + nc, 0.0f);
         continue;
       }
       float mx = -std::numeric_limits<float>::infinity();
@@ -305,7 +311,7 @@ void forward_tile(const Problem& p, const Tiles& t, GemmFn gemm, const Operand& 
       const float m_new = w.m[r] < mx ? mx : w.m[r];
       const float alpha = exp_nonpositive(w.m[r] - m_new);  // ~1e-38 at the first tile: acc and l are 0
       for (int64_t j = 0; j < vis; ++j) row[j] = exp_nonpositive(row[j] - m_new);
-      std::fill(row + vis, row + bk, 0.0f);
+      std::fill(row + vis, row + nc, 0.0f);
       w.l[r] = w.l[r] * alpha + lane_sum(row, vis);
       w.m[r] = m_new;
       float* acc = w.acc + r * d;
@@ -315,7 +321,7 @@ void forward_tile(const Problem& p, const Tiles& t, GemmFn gemm, const Operand& 
         for (int64_t j = 0; j < vis; ++j) row[j] *= w.factor[j];
       }
     }
-    gemm(nq, d, bk, w.s, bk, w.v, d, w.acc, d, true);
+    gemm(nq, d, nc, w.s, bk, w.v, d, w.acc, d, true);
   }
   for (int64_t r = 0; r < nq; ++r) {
     store_row(out, p.tq, b, i0 + r, h, d, w.acc + r * d, 1.0f / w.l[r]);
@@ -334,23 +340,24 @@ struct RowGrads {
   const float* lse;    // of the tile's first row
   const float* delta;  // likewise
   float* factor;
-  void probabilities(float* s, int64_t nq, int64_t bk, int64_t i0, int64_t j0, int64_t nk) const {
+  // Rows of stride bk, nc columns computed.
+  void probabilities(float* s, int64_t nq, int64_t bk, int64_t nc, int64_t i0, int64_t j0, int64_t nk) const {
     for (int64_t r = 0; r < nq; ++r) {
       float* row = s + r * bk;
       const int64_t vis = visible(p, i0 + r, j0, nk);
       for (int64_t j = 0; j < vis; ++j) row[j] = exp_nonpositive(row[j] * p.scale - lse[r]);
-      std::fill(row + vis, row + bk, 0.0f);
+      std::fill(row + vis, row + nc, 0.0f);
     }
   }
   // s holds P; dp holds dO V^T on entry and dS on return; pd (when given) P o Z.
-  void score_grads(const float* s, float* dp, float* pd, int64_t nq, int64_t bk, int64_t b, int64_t h, int64_t i0,
-                   int64_t j0, int64_t nk) const {
+  void score_grads(const float* s, float* dp, float* pd, int64_t nq, int64_t bk, int64_t nc, int64_t b, int64_t h,
+                   int64_t i0, int64_t j0, int64_t nk) const {
     for (int64_t r = 0; r < nq; ++r) {
       const float* pr = s + r * bk;
       float* dr = dp + r * bk;
       const int64_t vis = visible(p, i0 + r, j0, nk);
       if (drop.on && vis > 0) drop.factors(p, b, h, i0 + r, j0, vis, factor);
-      for (int64_t j = 0; j < bk; ++j) {
+      for (int64_t j = 0; j < nc; ++j) {
         const float f = j < vis ? (drop.on ? factor[j] : 1.0f) : 0.0f;
         dr[j] = pr[j] * (dr[j] * f - delta[r]);
         if (pd) pd[r * bk + j] = pr[j] * f;
@@ -359,10 +366,10 @@ struct RowGrads {
   }
 };
 
-// dst[c, r] = src[r, c] for r < rows, c < cols (row strides: src cols, dst ld).
-void transpose(const float* src, int64_t rows, int64_t cols, float* dst, int64_t ld) {
+// dst[c, r] = src[r, c] for r < rows, c < cols (row strides: src ls, dst ld).
+void transpose(const float* src, int64_t ls, int64_t rows, int64_t cols, float* dst, int64_t ld) {
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) dst[c * ld + r] = src[r * cols + c];
+    for (int64_t c = 0; c < cols; ++c) dst[c * ld + r] = src[r * ls + c];
 }
 
 struct KeyPassScratch {
@@ -391,6 +398,7 @@ void key_tile(const Problem& p, const Tiles& t, GemmFn gemm, const Operand& q, c
   std::fill(w.dk, w.dk + bk * d, 0.0f);
   std::fill(w.dv, w.dv + bk * d, 0.0f);
   if (nk > 0) {
+    const int64_t nc = score_cols(nk, bk);
     load_rows_transposed(k, p.tk, b, j0, nk, bk, g, d, w.kt);
     load_rows_transposed(v, p.tk, b, j0, nk, bk, g, d, w.vt);
     for (int64_t h = g * group; h < (g + 1) * group; ++h) {
@@ -401,14 +409,14 @@ void key_tile(const Problem& p, const Tiles& t, GemmFn gemm, const Operand& q, c
         const RowGrads rg{p, drop, lse_h + i0, delta_h + i0, w.factor};
         load_rows(q, p.tq, b, i0, nq, nq, h, d, w.q);
         load_rows(dout, p.tq, b, i0, nq, nq, h, d, w.dout);
-        gemm(nq, bk, d, w.q, d, w.kt, bk, w.s, bk, false);
-        rg.probabilities(w.s, nq, bk, i0, j0, nk);
-        gemm(nq, bk, d, w.dout, d, w.vt, bk, w.dp, bk, false);
-        rg.score_grads(w.s, w.dp, w.pd, nq, bk, b, h, i0, j0, nk);
-        transpose(w.pd, nq, bk, w.t, bq);  // (P o Z)^T [bk, nq]
-        gemm(bk, d, nq, w.t, bq, w.dout, d, w.dv, d, true);
-        transpose(w.dp, nq, bk, w.t, bq);  // dS^T
-        gemm(bk, d, nq, w.t, bq, w.q, d, w.dk, d, true);
+        gemm(nq, nc, d, w.q, d, w.kt, bk, w.s, bk, false);
+        rg.probabilities(w.s, nq, bk, nc, i0, j0, nk);
+        gemm(nq, nc, d, w.dout, d, w.vt, bk, w.dp, bk, false);
+        rg.score_grads(w.s, w.dp, w.pd, nq, bk, nc, b, h, i0, j0, nk);
+        transpose(w.pd, bk, nq, nk, w.t, bq);  // (P o Z)^T [nk, nq]
+        gemm(nk, d, nq, w.t, bq, w.dout, d, w.dv, d, true);
+        transpose(w.dp, bk, nq, nk, w.t, bq);  // dS^T
+        gemm(nk, d, nq, w.t, bq, w.q, d, w.dk, d, true);
       }
     }
   }
@@ -443,15 +451,15 @@ void query_tile(const Problem& p, const Tiles& t, GemmFn gemm, const Operand& q,
   load_rows(dout, p.tq, b, i0, nq, nq, h, d, w.dout);
   std::fill(w.dq, w.dq + nq * d, 0.0f);
   for (int64_t j0 = 0; j0 < kend; j0 += bk) {
-    const int64_t nk = std::min(bk, kend - j0);
+    const int64_t nk = std::min(bk, kend - j0), nc = score_cols(nk, bk);
     load_rows_transposed(k, p.tk, b, j0, nk, bk, kvh, d, w.kt);
     load_rows_transposed(v, p.tk, b, j0, nk, bk, kvh, d, w.vt);
-    load_rows(k, p.tk, b, j0, nk, bk, kvh, d, w.kr);
-    gemm(nq, bk, d, w.q, d, w.kt, bk, w.s, bk, false);
-    rg.probabilities(w.s, nq, bk, i0, j0, nk);
-    gemm(nq, bk, d, w.dout, d, w.vt, bk, w.dp, bk, false);
-    rg.score_grads(w.s, w.dp, nullptr, nq, bk, b, h, i0, j0, nk);
-    gemm(nq, d, bk, w.dp, bk, w.kr, d, w.dq, d, true);
+    load_rows(k, p.tk, b, j0, nk, nc, kvh, d, w.kr);
+    gemm(nq, nc, d, w.q, d, w.kt, bk, w.s, bk, false);
+    rg.probabilities(w.s, nq, bk, nc, i0, j0, nk);
+    gemm(nq, nc, d, w.dout, d, w.vt, bk, w.dp, bk, false);
+    rg.score_grads(w.s, w.dp, nullptr, nq, bk, nc, b, h, i0, j0, nk);
+    gemm(nq, d, nc, w.dp, bk, w.kr, d, w.dq, d, true);
   }
   for (int64_t r = 0; r < nq; ++r) store_row(dq, p.tq, b, i0 + r, h, d, w.dq + r * d, p.scale);
 }
@@ -497,3 +505,69 @@ void backward(const Problem& p, const Operand& q, const Operand& k, const Operan
 }
 
 }  // namespace remat::cpu::flash
+
+// ---- The CPU backend's ops ----------------------------------------------------------------
+
+namespace remat {
+
+namespace {
+
+// The problem of one call; kv_lens are read on the host and checked against tk.
+cpu::flash::Problem flash_problem(const Tensor& xq, const Tensor& xkv, const Tensor& kv_lens,
+                                  const FlashAttentionParams& p, RngState rng) {
+  cpu::flash::Problem q;
+  q.b = xq.size(0);
+  q.tq = xq.size(1);
+  q.tk = xkv.size(1);
+  q.h = p.n_head;
+  q.hkv = p.kv_heads();
+  q.d = p.head_dim;
+  q.causal = p.causal;
+  q.dropout = p.dropout;
+  q.rng = rng;
+  q.scale = 1.0f / std::sqrt(static_cast<float>(p.head_dim));
+  if (kv_lens.defined()) {
+    q.kv_lens = kv_lens.i32();
+    for (int64_t b = 0; b < q.b; ++b)
+      REMAT_CHECK(q.kv_lens[b] >= 1 && q.kv_lens[b] <= q.tk, "flash_attention: kv_lens[", b, "] = ", q.kv_lens[b],
+                  " is outside [1, ", q.tk, "] (the keys of xkv ", xkv.str(), ")");
+  }
+  return q;
+}
+
+cpu::flash::Operand flash_operand(const Tensor& x, int64_t col) {
+  return cpu::flash::Operand{x.raw_data(), cpu::is_bf16(x), x.size(2), col};
+}
+cpu::flash::Output flash_output(const Tensor& x, int64_t col) {
+  return cpu::flash::Output{x.raw_data(), cpu::is_bf16(x), x.size(2), col};
+}
+
+}  // namespace
+
+size_t cpu::flash_attention_backward_workspace(const Shape& xq, const Shape&, const FlashAttentionParams& p) {
+  return static_cast<size_t>(xq[0] * p.n_head * xq[1]) * sizeof(float);  // delta
+}
+
+void CpuBackend::flash_attention_forward_impl(const Tensor& xq, const Tensor& xkv, const Tensor& kv_lens,
+                                              const FlashAttentionParams& p, RngState rng, const Tensor& out,
+                                              const Tensor& lse) {
+  cpu::flash::forward(flash_problem(xq, xkv, kv_lens, p, rng), flash_operand(xq, p.q_col), flash_operand(xkv, p.k_col),
+                      flash_operand(xkv, p.v_col), flash_output(out, 0), lse.f32());
+}
+
+size_t CpuBackend::flash_attention_backward_workspace_impl(const Shape& xq, const Shape& xkv,
+                                                           const FlashAttentionParams& p) {
+  return cpu::flash_attention_backward_workspace(xq, xkv, p);
+}
+
+void CpuBackend::flash_attention_backward_impl(const Tensor& dout, const Tensor& xq, const Tensor& xkv,
+                                               const Tensor& kv_lens, const Tensor& out, const Tensor& lse,
+                                               const FlashAttentionParams& p, RngState rng, const Tensor& dxq,
+                                               const Tensor& dxkv, const Tensor& workspace) {
+  cpu::flash::backward(flash_problem(xq, xkv, kv_lens, p, rng), flash_operand(xq, p.q_col), flash_operand(xkv, p.k_col),
+                       flash_operand(xkv, p.v_col), flash_operand(out, 0), flash_operand(dout, 0), lse.f32(),
+                       static_cast<float*>(workspace.raw_data()), flash_output(dxq, p.q_col),
+                       flash_output(dxkv, p.k_col), flash_output(dxkv, p.v_col));
+}
+
+}  // namespace remat

@@ -34,6 +34,9 @@ struct CpuWorkspaces {
   static size_t attention_backward_workspace(const Shape& qkv, const AttentionParams& p) {
     return cpu::attention_backward_workspace(qkv, p);
   }
+  static size_t flash_attention_backward_workspace(const Shape& xq, const Shape& xkv, const FlashAttentionParams& p) {
+    return cpu::flash_attention_backward_workspace(xq, xkv, p);
+  }
   static size_t layernorm_backward_workspace(const Shape& x) { return cpu::layernorm_backward_workspace(x); }
   static size_t embedding_backward_workspace(const Shape& dy) { return cpu::embedding_backward_workspace(dy); }
 };
