@@ -60,6 +60,7 @@ const std::map<std::string, std::string> kHeaders = {
     {"tensor.h", "tensor"},
     {"io.h", "io"},
     {"backend.h", "backends"},
+    {"backend_tuning.h", "backends"},
     {"backend_ops.def", "backends"},
     {"ops.h", "backends"},
     {"data.h", "data"},

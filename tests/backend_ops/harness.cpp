@@ -167,7 +167,7 @@ void OpCheck::run(const std::function<void(Backend&, Side)>& f) {
     for (const Tensor* t : touched)
       if (t->defined() && seen.insert(t->raw_data()).second) perf_.bytes += static_cast<double>(t->nbytes());
     double ms = 0.0;
-    for (int i = 0; i < iters; ++i) ms += dut_.time_ms([&] { f(dut_, Side{false}); });
+    for (int i = 0; i < iters; ++i) ms += dut_.tuning().time_ms([&] { f(dut_, Side{false}); });
     perf_.ms += ms / iters;
     perf_.runs++;
     return;

@@ -10,7 +10,7 @@
 // Elsewhere (cuda-emu, cpu) ops are synchronous and host clocks time them; there is no
 // L2 flush and no peak.
 //
-// On cuda-emu, one more run of each op is counted by the emulator (Backend::take_traffic):
+// On cuda-emu, one more run of each op is counted by the emulator (BackendTuning::take_traffic):
 // per kernel, its warp accesses' requested bytes and 32-byte sectors, so the table shows
 // each op's coalescing efficiency (requested / sector bytes) and the time an H200 would
 // take to move those sector bytes at 4.8 TB/s (docs/kernels.md, "Coalescing").
@@ -27,6 +27,7 @@
 
 #include "commands.h"
 #include "remat/backend.h"
+#include "remat/backend_tuning.h"
 #include "remat/bf16.h"
 #include "remat/error.h"
 #include "remat/io.h"
@@ -55,35 +56,35 @@ struct Peak {
   std::string device_name;
 };
 
-// Times a body on the backend's device (Backend::time_ms: CUDA events on a GPU, host
+// Times a body on the backend's device (BackendTuning::time_ms: CUDA events on a GPU, host
 // clocks elsewhere), evicting the device's caches before each run.
 class Timer {
  public:
-  explicit Timer(Backend& be) : be_(be), props_(be.properties()) {}
+  explicit Timer(Backend& be) : tuning_(be.tuning()), props_(tuning_.properties()) {}
 
   bool gpu() const { return props_.device_clock; }
   int64_t l2_bytes() const { return props_.cache_bytes; }
-  const Backend::Properties& properties() const { return props_; }
+  const BackendTuning::Properties& properties() const { return props_; }
 
   // Milliseconds of one run of `body`.
   double time_ms(const std::function<void()>& body) {
-    be_.flush_caches();
-    return be_.time_ms(body);
+    tuning_.flush_caches();
+    return tuning_.time_ms(body);
   }
 
   // TF32 GEMMs on a GPU; false (nothing changed) elsewhere.
-  bool set_tf32(bool on) { return be_.set_tf32(on); }
-  bool tf32() const { return be_.tf32(); }
+  bool set_tf32(bool on) { return tuning_.set_tf32(on); }
+  bool tf32() const { return tuning_.tf32(); }
 
  private:
-  Backend& be_;
-  Backend::Properties props_;
+  BackendTuning& tuning_;
+  BackendTuning::Properties props_;
 };
 
 Peak device_peak(Device d, double override_gbps, const Timer& timer) {
   Peak p;
   p.l2_bytes = timer.l2_bytes();
-  const Backend::Properties& props = timer.properties();
+  const BackendTuning::Properties& props = timer.properties();
   p.device_name = props.name.empty() ? d.str() : props.name;
   if (props.memory_gbps > 0) {
     p.gbps = props.memory_gbps;
@@ -103,18 +104,19 @@ Peak device_peak(Device d, double override_gbps, const Timer& timer) {
 constexpr double kH200BytesPerSecond = 4.8e12;
 
 // Global-memory traffic of one run of `body`, per kernel (empty where it cannot be counted).
-std::vector<Backend::KernelTraffic> count_traffic(Backend& be, const std::function<void()>& body) {
-  be.take_traffic();  // nothing left over
-  if (!be.count_traffic(true)) return {};
+std::vector<BackendTuning::KernelTraffic> count_traffic(Backend& be, const std::function<void()>& body) {
+  BackendTuning& tuning = be.tuning();
+  tuning.take_traffic();  // nothing left over
+  if (!tuning.count_traffic(true)) return {};
   try {
     body();
     be.synchronize();
   } catch (...) {
-    be.count_traffic(false);
+    tuning.count_traffic(false);
     throw;
   }
-  be.count_traffic(false);
-  return be.take_traffic();
+  tuning.count_traffic(false);
+  return tuning.take_traffic();
 }
 
 double h200_us(int64_t sectors) { return 32.0 * static_cast<double>(sectors) / kH200BytesPerSecond * 1e6; }
@@ -328,7 +330,7 @@ int run_kernels(const Options& o) {
     std::printf("peak bandwidth unknown: %s\n", peak.source.c_str());
   if (dev.is_cuda_emu() && o.elements > (int64_t{1} << 20))
     std::printf("note: the emulator runs every CUDA thread on the host; use --elements <= 1M for a smoke test\n");
-  const bool traffic = be.count_traffic(false);
+  const bool traffic = be.tuning().count_traffic(false);
   if (traffic)
     std::printf(
         "coalescing: one more run of each op counted by the emulator (requested / 32-byte sector bytes of every "
@@ -382,8 +384,8 @@ int run_kernels(const Options& o) {
         std::printf("%7.1f%%", 100.0 * gbps / peak.gbps);
       else
         std::printf("%8s", "-");
-      const std::vector<Backend::KernelTraffic> ts =
-          traffic ? count_traffic(be, body) : std::vector<Backend::KernelTraffic>{};
+      const std::vector<BackendTuning::KernelTraffic> ts =
+          traffic ? count_traffic(be, body) : std::vector<BackendTuning::KernelTraffic>{};
       int64_t requested = 0, sectors = 0;
       nlohmann::json kernels = nlohmann::json::array();
       for (const auto& t : ts) {

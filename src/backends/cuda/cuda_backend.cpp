@@ -160,9 +160,9 @@ void CudaBackend::synchronize() {
 // On the emulator launches are synchronous and events would time the host anyway: the
 // generic host-clock timer, no cache to flush, no device attributes.
 #if defined(REMAT_EMULATE)
-double CudaBackend::time_ms(const std::function<void()>& body) { return Backend::time_ms(body); }
+double CudaBackend::time_ms(const std::function<void()>& body) { return HostTuning(*this).time_ms(body); }
 void CudaBackend::flush_caches() {}
-Backend::Properties CudaBackend::properties() const { return Backend::properties(); }
+BackendTuning::Properties CudaBackend::properties() const { return HostTuning::properties_of(*this); }
 #else
 double CudaBackend::time_ms(const std::function<void()>& body) {
   activate();
@@ -192,8 +192,8 @@ void CudaBackend::flush_caches() {
   REMAT_CUDA_CHECK(cudaMemsetAsync(flush_, ++flushes_ & 0xff, flush_bytes_, stream_));
 }
 
-Backend::Properties CudaBackend::properties() const {
-  Properties p = Backend::properties();
+BackendTuning::Properties CudaBackend::properties() const {
+  Properties p = HostTuning::properties_of(*this);
   activate();
   cudaDeviceProp prop{};
   REMAT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_.index));
@@ -261,7 +261,7 @@ bool CudaBackend::count_traffic(bool on) {
   return true;
 }
 
-std::vector<Backend::KernelTraffic> CudaBackend::take_traffic() {
+std::vector<BackendTuning::KernelTraffic> CudaBackend::take_traffic() {
   std::vector<KernelTraffic> out;
   for (const emu::KernelTraffic& t : emu::take_traffic()) {
     KernelTraffic k;
