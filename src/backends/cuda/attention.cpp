@@ -177,8 +177,9 @@ void head_gemm_mixed(const HeadGemm& g, bool ta, bool tb, int64_t m, int64_t n, 
     for (int64_t first = 0; first < nb * nh; first += kArrayHeads) {
       const int64_t count = std::min(kArrayHeads, nb * nh - first);
       kernels::attention_head_pointers(args, nh, first, count, ptrs, g.stream);
-      gemm_batched(g.handle, ta, tb, m, n, k, alpha, ptrs, a.ld, ptrs + count, b.ld, 0.0f, ptrs + 2 * count, c.ld,
-                   a.bf16, c.bf16, count);
+      gemm_batched(g.handle, GemmSize{m, n, k, count}, alpha, GemmPointers{ptrs, a.bf16, a.ld, ta},
+                   GemmPointers{ptrs + count, b.bf16, b.ld, tb}, 0.0f,
+                   GemmPointers{ptrs + 2 * count, c.bf16, c.ld, false});
     }
     return;
   }
@@ -187,8 +188,9 @@ void head_gemm_mixed(const HeadGemm& g, bool ta, bool tb, int64_t m, int64_t n, 
   for (int64_t l = 0; l < loops; ++l) {
     const int64_t bi = over_heads ? l : 0, hi = over_heads ? 0 : l;
     auto stride = [&](const HeadBuf& x) -> int64_t { return over_heads ? x.per_h : x.per_b; };
-    gemm_strided_mixed(g.handle, "attention", ta, tb, m, n, k, alpha, a.at(bi, hi), a.ld, stride(a), b.at(bi, hi), b.ld,
-                       stride(b), 0.0f, c.at(bi, hi), c.ld, stride(c), batch);
+    gemm_strided_mixed(g.handle, "attention", GemmSize{m, n, k, batch}, alpha,
+                       GemmOperand{a.at(bi, hi), a.ld, stride(a), ta}, GemmOperand{b.at(bi, hi), b.ld, stride(b), tb},
+                       0.0f, matrix(c.at(bi, hi), c.ld, stride(c)));
   }
 }
 
