@@ -309,13 +309,27 @@ double datasheet_bf16_tflops(const std::string& name) {
   return 0;
 }
 
-int run_kernels(const Options& o) {
-  const Device dev = Device::parse(o.device);
-  REMAT_CHECK(!dev.is_meta(), "bench kernels: meta holds no data; use cuda, cuda-emu or cpu");
-  Backend& be = backend_for(dev);
-  Timer timer(be);
-  const Peak peak = device_peak(dev, o.peak_gbps, timer);
+// What the runs came to: a failure prints its reason under its row; a skip (a case the
+// device cannot run) only counts. Both go into the row's JSON record.
+struct Tally {
+  int failed = 0, skipped = 0;
+  void fail(nlohmann::json& rec, const std::string& what) {
+    rec["status"] = "failed";
+    rec["reason"] = what;
+    std::printf("  failed: %s\n", what.c_str());
+    ++failed;
+  }
+  void skip(nlohmann::json& rec, const std::string& what) {
+    rec["status"] = "skipped";
+    rec["reason"] = what;
+    ++skipped;
+  }
+};
 
+// The lines above the kernel table: the backend and device, the timer, the L2 flush, the
+// peak and where it came from.
+void print_preamble(const Backend& be, const Device& dev, const Options& o, const Timer& timer, const Peak& peak,
+                    bool traffic) {
   std::printf("remat bench kernels: %s backend on %s, median of %d runs after %d warm-up(s), %s\n", be.name().c_str(),
               peak.device_name.c_str(), o.iters, o.warmup,
               timer.gpu() ? "timed with CUDA events" : "timed with host clocks");
@@ -330,165 +344,183 @@ int run_kernels(const Options& o) {
     std::printf("peak bandwidth unknown: %s\n", peak.source.c_str());
   if (dev.is_cuda_emu() && o.elements > (int64_t{1} << 20))
     std::printf("note: the emulator runs every CUDA thread on the host; use --elements <= 1M for a smoke test\n");
-  const bool traffic = be.tuning().count_traffic(false);
   if (traffic)
     std::printf(
         "coalescing: one more run of each op counted by the emulator (requested / 32-byte sector bytes of every "
         "warp access); H200 us: its sector bytes at 4.8 TB/s; a line per kernel where an op has several\n");
+}
+
+// The --json report's header fields (its "kernels" and "gemm" rows come later).
+nlohmann::json report_header(const Backend& be, const Device& dev, const Options& o, const Timer& timer,
+                             const Peak& peak, bool traffic) {
+  return {{"device", dev.str()},
+          {"device_name", peak.device_name},
+          {"backend", be.name()},
+          {"timing", timer.gpu() ? "cudaEvent" : "host clock"},
+          {"iters", o.iters},
+          {"warmup", o.warmup},
+          {"elements", o.elements},
+          {"l2_bytes", peak.l2_bytes},
+          {"l2_flush", peak.l2_bytes > 0},
+          {"peak_gbps", peak.gbps},
+          {"peak_source", peak.source},
+          {"traffic_counted", traffic},
+          {"h200_bytes_per_second", kH200BytesPerSecond},
+          {"kernels", nlohmann::json::array()},
+          {"gemm", nlohmann::json::array()}};
+}
+
+// The coalescing columns of a kernel row from the kernels one run launched: the op's
+// efficiency and H200 time, and a line per kernel where it launched several.
+void report_traffic(const std::vector<BackendTuning::KernelTraffic>& ts, nlohmann::json& rec) {
+  int64_t requested = 0, sectors = 0;
+  nlohmann::json kernels = nlohmann::json::array();
+  for (const auto& t : ts) {
+    requested += t.requested_bytes;
+    sectors += t.sectors;
+    kernels.push_back({{"kernel", t.kernel},
+                       {"launches", t.launches},
+                       {"warp_accesses", t.warp_accesses},
+                       {"requested_bytes", t.requested_bytes},
+                       {"sector_bytes", 32 * t.sectors},
+                       {"efficiency", t.efficiency()},
+                       {"h200_us", h200_us(t.sectors)},
+                       {"worst_site", t.worst_site},
+                       {"worst_site_efficiency", t.worst_site_efficiency}});
+  }
+  if (sectors == 0) {
+    std::printf(" %9s %9s\n", "-", "-");
+    return;
+  }
+  const double eff = static_cast<double>(requested) / (32.0 * static_cast<double>(sectors));
+  rec.update({{"traffic", kernels},
+              {"coalescing_efficiency", eff},
+              {"sector_bytes", 32 * sectors},
+              {"h200_us", h200_us(sectors)}});
+  std::printf(" %8.1f%% %9.2f\n", 100.0 * eff, h200_us(sectors));
+  if (ts.size() > 1) {
+    for (const auto& t : ts)
+      std::printf("  . %-77s %8.1f%% %9.2f\n", t.kernel.c_str(), 100.0 * t.efficiency(), h200_us(t.sectors));
+  }
+}
+
+// One memory-bound case: its row of the table and its JSON record.
+nlohmann::json run_kernel_case(Backend& be, Timer& timer, const KernelCase& c, const Options& o, const Peak& peak,
+                               bool traffic, Tally& tally) {
+  nlohmann::json rec = {
+      {"name", c.name}, {"shape", c.shape}, {"elements", c.elements}, {"bytes", c.bytes}, {"bytes_formula", c.formula}};
+  std::printf("%-20s %-18s %10.1f ", c.name.c_str(), c.shape.c_str(), c.bytes / 1e6);
+  std::fflush(stdout);
+  try {
+    auto body = c.setup();
+    const auto ms = time_runs(timer, body, o);
+    const double med = median(ms), gbps = c.bytes / (med * 1e-3) / 1e9;
+    rec.update({{"status", "ok"}, {"median_ms", med}, {"min_ms", ms.front()}, {"gbps", gbps}});
+    if (peak.gbps > 0) rec["pct_peak"] = 100.0 * gbps / peak.gbps;
+    std::printf("%10.4f %10.1f ", med, gbps);
+    if (peak.gbps > 0)
+      std::printf("%7.1f%%", 100.0 * gbps / peak.gbps);
+    else
+      std::printf("%8s", "-");
+    report_traffic(traffic ? count_traffic(be, body) : std::vector<BackendTuning::KernelTraffic>{}, rec);
+  } catch (const Error& e) {
+    std::printf("%10s %10s %8s\n", "FAILED", "-", "-");
+    tally.fail(rec, e.what());
+  }
+  std::fflush(stdout);
+  return rec;
+}
+
+// One GEMM case: its row of the GEMM table and its JSON record (bf16_peak: TFLOP/s, 0:
+// unknown).
+nlohmann::json run_gemm_case(Backend& be, Timer& timer, const GemmCase& g, const Options& o, double bf16_peak,
+                             Tally& tally) {
+  const Device dev = be.device();
+  const double flops = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
+  const std::string shape = std::to_string(g.m) + "x" + std::to_string(g.n) + "x" + std::to_string(g.k);
+  nlohmann::json rec = {{"name", g.name},
+                        {"m", g.m},
+                        {"n", g.n},
+                        {"k", g.k},
+                        {"dtype", g.bf16 ? "bf16" : "f32"},
+                        {"layout", g.trans_b ? "A B^T" : "A B"},
+                        {"flops", flops}};
+  std::printf("%-20s %-18s %10.1f ", g.name.c_str(), shape.c_str(), flops / 1e9);
+  std::fflush(stdout);
+  if (g.tf32 && !timer.gpu()) {
+    std::printf("%10s %10s\n", "skipped", "-");
+    tally.skip(rec, "TF32 needs the CUDA backend on a GPU");
+    return rec;
+  }
+  timer.set_tf32(g.tf32);
+  std::optional<ActivationDTypeScope> bf16_scope;  // the ops take bf16 inside it (training.precision bf16)
+  if (g.bf16) bf16_scope.emplace(DType::bf16);
+  try {
+    auto a = std::make_shared<Tensor>(operand(Shape{g.m, g.k}, 1, g.bf16, dev));
+    auto b = std::make_shared<Tensor>(operand(g.trans_b ? Shape{g.n, g.k} : Shape{g.k, g.n}, 2, g.bf16, dev));
+    auto cc = std::make_shared<Tensor>(Tensor::empty(Shape{g.m, g.n}, dev, a->dtype()));
+    GemmParams gp;
+    gp.trans_b = g.trans_b;
+    const auto ms = time_runs(
+        timer, [&] { be.gemm(*a, *b, *cc, gp); }, o);
+    const double med = median(ms), tflops = flops / (med * 1e-3) / 1e12;
+    rec.update({{"status", "ok"}, {"median_ms", med}, {"min_ms", ms.front()}, {"tflops", tflops}});
+    std::printf("%10.3f %10.2f", med, tflops);
+    if (g.bf16 && bf16_peak > 0) {
+      rec["pct_bf16_peak"] = 100.0 * tflops / bf16_peak;
+      std::printf(" %7.1f%%", 100.0 * tflops / bf16_peak);
+    }
+    std::printf("\n");
+  } catch (const Error& e) {
+    std::printf("%10s %10s\n", "FAILED", "-");
+    tally.fail(rec, e.what());
+  }
+  std::fflush(stdout);
+  return rec;
+}
+
+// The GEMM table, against the dense bf16 peak (--peak-bf16-tflops, else the datasheet's);
+// TF32 as it was afterwards.
+void run_gemm_cases(Backend& be, Timer& timer, const Options& o, const Peak& peak, nlohmann::json& out, Tally& tally) {
+  const double bf16_peak = o.peak_bf16_tflops > 0 ? o.peak_bf16_tflops : datasheet_bf16_tflops(peak.device_name);
+  const std::string bf16_peak_source = o.peak_bf16_tflops > 0 ? "--peak-bf16-tflops"
+                                       : bf16_peak > 0        ? "datasheet of " + peak.device_name
+                                                              : "unknown (give --peak-bf16-tflops)";
+  out["peak_bf16_tflops"] = bf16_peak;
+  out["peak_bf16_source"] = bf16_peak_source;
+  std::printf("\n%-20s %-18s %10s %10s %10s %8s\n", "gemm", "m x n x k", "GFLOP", "ms", "TFLOP/s", "% bf16");
+  if (bf16_peak > 0)
+    std::printf("(%% bf16: of the dense bf16 peak, %.0f TFLOP/s, %s)\n", bf16_peak, bf16_peak_source.c_str());
+  const bool tf32_before = timer.tf32();
+  for (const GemmCase& g : gemm_cases(o.gemm)) out["gemm"].push_back(run_gemm_case(be, timer, g, o, bf16_peak, tally));
+  timer.set_tf32(tf32_before);
+}
+
+int run_kernels(const Options& o) {
+  const Device dev = Device::parse(o.device);
+  REMAT_CHECK(!dev.is_meta(), "bench kernels: meta holds no data; use cuda, cuda-emu or cpu");
+  Backend& be = backend_for(dev);
+  Timer timer(be);
+  const Peak peak = device_peak(dev, o.peak_gbps, timer);
+  const bool traffic = be.tuning().count_traffic(false);
+  print_preamble(be, dev, o, timer, peak, traffic);
   std::printf("\n%-20s %-18s %10s %10s %10s %8s %9s %9s\n", "kernel", "shape", "MB moved", "ms", "GB/s", "% peak",
               "coalesced", "H200 us");
-
-  nlohmann::json out = {{"device", dev.str()},
-                        {"device_name", peak.device_name},
-                        {"backend", be.name()},
-                        {"timing", timer.gpu() ? "cudaEvent" : "host clock"},
-                        {"iters", o.iters},
-                        {"warmup", o.warmup},
-                        {"elements", o.elements},
-                        {"l2_bytes", peak.l2_bytes},
-                        {"l2_flush", peak.l2_bytes > 0},
-                        {"peak_gbps", peak.gbps},
-                        {"peak_source", peak.source},
-                        {"traffic_counted", traffic},
-                        {"h200_bytes_per_second", kH200BytesPerSecond},
-                        {"kernels", nlohmann::json::array()},
-                        {"gemm", nlohmann::json::array()}};
-  int failed = 0, skipped = 0;
-  // Failures print their reason under the row; skips (a case the device cannot run) only count.
-  auto report_error = [&](nlohmann::json& rec, const char* status, const std::string& what) {
-    rec["status"] = status;
-    rec["reason"] = what;
-    if (rec["status"] == "failed")
-      std::printf("  failed: %s\n", what.c_str());
-    else
-      ++skipped;
-  };
-
+  nlohmann::json out = report_header(be, dev, o, timer, peak, traffic);
+  Tally tally;
   for (const auto& c : kernel_cases(be, o.elements)) {
     if (!o.filter.empty() && c.name.find(o.filter) == std::string::npos) continue;
-    nlohmann::json rec = {{"name", c.name},
-                          {"shape", c.shape},
-                          {"elements", c.elements},
-                          {"bytes", c.bytes},
-                          {"bytes_formula", c.formula}};
-    std::printf("%-20s %-18s %10.1f ", c.name.c_str(), c.shape.c_str(), c.bytes / 1e6);
-    std::fflush(stdout);
-    try {
-      auto body = c.setup();
-      const auto ms = time_runs(timer, body, o);
-      const double med = median(ms), gbps = c.bytes / (med * 1e-3) / 1e9;
-      rec.update({{"status", "ok"}, {"median_ms", med}, {"min_ms", ms.front()}, {"gbps", gbps}});
-      if (peak.gbps > 0) rec["pct_peak"] = 100.0 * gbps / peak.gbps;
-      std::printf("%10.4f %10.1f ", med, gbps);
-      if (peak.gbps > 0)
-        std::printf("%7.1f%%", 100.0 * gbps / peak.gbps);
-      else
-        std::printf("%8s", "-");
-      const std::vector<BackendTuning::KernelTraffic> ts =
-          traffic ? count_traffic(be, body) : std::vector<BackendTuning::KernelTraffic>{};
-      int64_t requested = 0, sectors = 0;
-      nlohmann::json kernels = nlohmann::json::array();
-      for (const auto& t : ts) {
-        requested += t.requested_bytes;
-        sectors += t.sectors;
-        kernels.push_back({{"kernel", t.kernel},
-                           {"launches", t.launches},
-                           {"warp_accesses", t.warp_accesses},
-                           {"requested_bytes", t.requested_bytes},
-                           {"sector_bytes", 32 * t.sectors},
-                           {"efficiency", t.efficiency()},
-                           {"h200_us", h200_us(t.sectors)},
-                           {"worst_site", t.worst_site},
-                           {"worst_site_efficiency", t.worst_site_efficiency}});
-      }
-      if (sectors > 0) {
-        const double eff = static_cast<double>(requested) / (32.0 * static_cast<double>(sectors));
-        rec.update({{"traffic", kernels},
-                    {"coalescing_efficiency", eff},
-                    {"sector_bytes", 32 * sectors},
-                    {"h200_us", h200_us(sectors)}});
-        std::printf(" %8.1f%% %9.2f\n", 100.0 * eff, h200_us(sectors));
-        if (ts.size() > 1) {
-          for (const auto& t : ts)
-            std::printf("  . %-77s %8.1f%% %9.2f\n", t.kernel.c_str(), 100.0 * t.efficiency(), h200_us(t.sectors));
-        }
-      } else {
-        std::printf(" %9s %9s\n", "-", "-");
-      }
-    } catch (const Error& e) {
-      std::printf("%10s %10s %8s\n", "FAILED", "-", "-");
-      report_error(rec, "failed", e.what());
-      ++failed;
-    }
-    std::fflush(stdout);
-    out["kernels"].push_back(rec);
+    out["kernels"].push_back(run_kernel_case(be, timer, c, o, peak, traffic, tally));
   }
-
-  if (o.gemm > 0 && (o.filter.empty() || std::string("gemm").find(o.filter) != std::string::npos)) {
-    const double bf16_peak = o.peak_bf16_tflops > 0 ? o.peak_bf16_tflops : datasheet_bf16_tflops(peak.device_name);
-    const std::string bf16_peak_source = o.peak_bf16_tflops > 0 ? "--peak-bf16-tflops"
-                                         : bf16_peak > 0        ? "datasheet of " + peak.device_name
-                                                                : "unknown (give --peak-bf16-tflops)";
-    out["peak_bf16_tflops"] = bf16_peak;
-    out["peak_bf16_source"] = bf16_peak_source;
-    std::printf("\n%-20s %-18s %10s %10s %10s %8s\n", "gemm", "m x n x k", "GFLOP", "ms", "TFLOP/s", "% bf16");
-    if (bf16_peak > 0)
-      std::printf("(%% bf16: of the dense bf16 peak, %.0f TFLOP/s, %s)\n", bf16_peak, bf16_peak_source.c_str());
-    const bool tf32_before = timer.tf32();
-    for (const GemmCase& g : gemm_cases(o.gemm)) {
-      const double flops = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
-      const std::string shape = std::to_string(g.m) + "x" + std::to_string(g.n) + "x" + std::to_string(g.k);
-      nlohmann::json rec = {{"name", g.name},
-                            {"m", g.m},
-                            {"n", g.n},
-                            {"k", g.k},
-                            {"dtype", g.bf16 ? "bf16" : "f32"},
-                            {"layout", g.trans_b ? "A B^T" : "A B"},
-                            {"flops", flops}};
-      std::printf("%-20s %-18s %10.1f ", g.name.c_str(), shape.c_str(), flops / 1e9);
-      std::fflush(stdout);
-      if (g.tf32 && !timer.gpu()) {
-        std::printf("%10s %10s\n", "skipped", "-");
-        report_error(rec, "skipped", "TF32 needs the CUDA backend on a GPU");
-        out["gemm"].push_back(rec);
-        continue;
-      }
-      timer.set_tf32(g.tf32);
-      std::optional<ActivationDTypeScope> bf16_scope;  // the ops take bf16 inside it (training.precision bf16)
-      if (g.bf16) bf16_scope.emplace(DType::bf16);
-      try {
-        auto a = std::make_shared<Tensor>(operand(Shape{g.m, g.k}, 1, g.bf16, dev));
-        auto b = std::make_shared<Tensor>(operand(g.trans_b ? Shape{g.n, g.k} : Shape{g.k, g.n}, 2, g.bf16, dev));
-        auto cc = std::make_shared<Tensor>(Tensor::empty(Shape{g.m, g.n}, dev, a->dtype()));
-        GemmParams gp;
-        gp.trans_b = g.trans_b;
-        const auto ms = time_runs(
-            timer, [&] { be.gemm(*a, *b, *cc, gp); }, o);
-        const double med = median(ms), tflops = flops / (med * 1e-3) / 1e12;
-        rec.update({{"status", "ok"}, {"median_ms", med}, {"min_ms", ms.front()}, {"tflops", tflops}});
-        std::printf("%10.3f %10.2f", med, tflops);
-        if (g.bf16 && bf16_peak > 0) {
-          rec["pct_bf16_peak"] = 100.0 * tflops / bf16_peak;
-          std::printf(" %7.1f%%", 100.0 * tflops / bf16_peak);
-        }
-        std::printf("\n");
-      } catch (const Error& e) {
-        std::printf("%10s %10s\n", "FAILED", "-");
-        report_error(rec, "failed", e.what());
-        ++failed;
-      }
-      std::fflush(stdout);
-      out["gemm"].push_back(rec);
-    }
-    timer.set_tf32(tf32_before);
-  }
+  if (o.gemm > 0 && (o.filter.empty() || std::string("gemm").find(o.filter) != std::string::npos))
+    run_gemm_cases(be, timer, o, peak, out, tally);
 
   if (!o.json.empty()) write_file_atomic(o.json, out.dump(2) + "\n");
-  if (skipped)
-    std::printf("\n%d benchmark(s) skipped: not supported by the %s backend (reasons in --json)\n", skipped,
+  if (tally.skipped)
+    std::printf("\n%d benchmark(s) skipped: not supported by the %s backend (reasons in --json)\n", tally.skipped,
                 be.name().c_str());
-  if (failed) std::printf("\n%d benchmark(s) failed\n", failed);
-  return failed ? 1 : 0;
+  if (tally.failed) std::printf("\n%d benchmark(s) failed\n", tally.failed);
+  return tally.failed ? 1 : 0;
 }
 
 }  // namespace
