@@ -61,6 +61,7 @@ const std::map<std::string, std::string> kHeaders = {
     {"io.h", "io"},
     {"backend.h", "backends"},
     {"backend_tuning.h", "backends"},
+    {"bench_cases.h", "backends"},
     {"backend_ops.def", "backends"},
     {"ops.h", "backends"},
     {"data.h", "data"},

@@ -146,7 +146,7 @@ class OpCheck {
 struct OpCase {
   std::string family;
   std::string name;
-  void (*fn)(OpCheck&);
+  std::function<void(OpCheck&)> fn;
 };
 
 std::vector<const OpCase*>& op_cases();
@@ -171,6 +171,8 @@ void expect_same_dut_f32(const Pair& a, const Pair& b, const std::string& what);
 struct OpCaseRegistrar {
   OpCaseRegistrar(const char* family, const char* name, void (*fn)(OpCheck&));
 };
+// Registers a case made at run time (a list of cases written elsewhere: cases_bench.cpp).
+void register_op_case(const std::string& family, const std::string& name, std::function<void(OpCheck&)> fn);
 
 }  // namespace remat::test
 
