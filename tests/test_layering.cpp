@@ -56,6 +56,7 @@ const std::map<std::string, std::string> kHeaders = {
     {"philox.h", "core"},
     {"hd.h", "core"},
     {"bf16.h", "core"},
+    {"gelu.h", "core"},
     {"memory.h", "memory"},
     {"tensor.h", "tensor"},
     {"io.h", "io"},
