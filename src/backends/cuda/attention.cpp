@@ -35,6 +35,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "backends/attention_dims.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/gemm.h"
 #include "kernels/attention.cuh"
@@ -46,17 +47,6 @@ namespace remat {
 REMAT_KERNELS_ABI_BEGIN
 
 namespace {
-
-struct AttnDims {
-  int64_t b, t, c, h, hs;
-};
-
-AttnDims attn_dims(const Shape& qkv, const AttentionParams& p) {
-  AttnDims d{qkv[0], qkv[1], qkv[2] / 3, p.n_head, 0};
-  d.hs = d.c / d.h;
-  REMAT_CHECK(d.t <= INT_MAX && qkv[2] <= INT_MAX, "attention: qkv ", qkv.str(), " is too large for cuBLAS");
-  return d;
-}
 
 kernels::AttentionDropout dropout_args(const AttentionParams& p, RngState rng) {
   kernels::AttentionDropout d;
@@ -235,20 +225,20 @@ int64_t CudaBackend::set_attention_group_bytes(int64_t bytes) {
 }
 
 size_t CudaBackend::attention_forward_workspace_impl(const Shape& qkv, const AttentionParams& p) {
-  const AttnDims d = attn_dims(qkv, p);
+  const AttnDims d = attn_dims(qkv, p, "cuBLAS");
   if (bf16_mode()) return bf16_forward_bytes(d, attn_group_bytes_, p.applies_dropout());
   return p.applies_dropout() ? group_floats(d, attn_group_bytes_) * sizeof(float) : 0;
 }
 
 size_t CudaBackend::attention_backward_workspace_impl(const Shape& qkv, const AttentionParams& p) {
-  const AttnDims d = attn_dims(qkv, p);
+  const AttnDims d = attn_dims(qkv, p, "cuBLAS");
   if (bf16_mode()) return bf16_backward_bytes(d, attn_group_bytes_, p.applies_dropout());
   return group_floats(d, attn_group_bytes_) * (p.applies_dropout() ? 2 : 1) * sizeof(float);
 }
 
 void CudaBackend::attention_forward_impl(const Tensor& qkv, const AttentionParams& p, RngState rng, const Tensor& out,
                                          const Tensor& probs, const Tensor& workspace) {
-  const AttnDims d = attn_dims(qkv.shape(), p);
+  const AttnDims d = attn_dims(qkv.shape(), p, "cuBLAS");
   if (d.b == 0 || d.t == 0) return;
   const int64_t T = d.t, C = d.c, H = d.h, hs = d.hs, TT = T * T;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -302,7 +292,7 @@ void CudaBackend::attention_forward_impl(const Tensor& qkv, const AttentionParam
 void CudaBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv, const Tensor& probs,
                                           const AttentionParams& p, RngState rng, const Tensor& dqkv,
                                           const Tensor& workspace) {
-  const AttnDims d = attn_dims(qkv.shape(), p);
+  const AttnDims d = attn_dims(qkv.shape(), p, "cuBLAS");
   if (d.b == 0 || d.t == 0) return;
   const int64_t T = d.t, C = d.c, H = d.h, hs = d.hs, TT = T * T;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
