@@ -3,6 +3,7 @@
 #include "kernels/bf16.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/vec4.cuh"
+#include "remat/gelu.h"
 
 namespace remat::kernels {
 
@@ -10,10 +11,11 @@ namespace {
 
 constexpr int kBlock = 256;
 
-constexpr float kSqrt1_2 = 0.70710678118654752440f;      // 1 / sqrt(2)
-constexpr float kInvSqrt2Pi = 0.39894228040143267794f;   // 1 / sqrt(2 pi)
-constexpr float kSqrt2OverPi = 0.79788456080286535588f;  // sqrt(2 / pi)
-constexpr float kKappa = 0.044715f;
+// GELU's constants (remat/gelu.h).
+using gelu::kInvSqrt2Pi;
+using gelu::kKappa;
+using gelu::kSqrt1_2;
+using gelu::kSqrt2OverPi;
 
 // ---- The per-element functions --------------------------------------------------------
 

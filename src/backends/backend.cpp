@@ -4,7 +4,6 @@
 // Messages name the op, the argument and the shapes involved.
 #include "remat/backend.h"
 
-#include <chrono>
 #include <cmath>
 #include <string_view>
 
@@ -709,23 +708,6 @@ void check_clip_grad_norm(const Check& ck, const std::vector<Tensor>& tensors, d
 #pragma GCC diagnostic pop
 
 }  // namespace
-
-// ---- Timers --------------------------------------------------------------------------------
-
-double Backend::time_ms(const std::function<void()>& body) {
-  synchronize();
-  const auto t0 = std::chrono::steady_clock::now();
-  body();
-  synchronize();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
-Backend::Properties Backend::properties() const {
-  Properties p;
-  p.name = device().str();
-  p.gbps_source = "unknown on " + device().str();
-  return p;
-}
 
 // ---- The public ops: validate, enter the backend, run --------------------------------------
 

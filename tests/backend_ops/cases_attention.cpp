@@ -222,7 +222,7 @@ REMAT_OP_CASE(attention, several_groups) {
       auto out = t.output({s.b, s.t, s.c}), probs = t.output({s.b, s.n_head, s.t, s.t});
       auto dqkv = t.output({s.b, s.t, 3 * s.c});
       t.run([&](Backend& be, Side sd) {
-        const int64_t old = be.set_attention_group_bytes(per_group * per_b);
+        const int64_t old = be.tuning().set_attention_group_bytes(per_group * per_b);
         // The device's scratch shrank to one group's (dP/dS, plus the dropped copy).
         if (!sd.ref) {
           EXPECT_EQ(be.attention_backward_workspace(sd(qkv).shape(), p),
@@ -230,7 +230,7 @@ REMAT_OP_CASE(attention, several_groups) {
         }
         forward(be, sd, qkv, p, rng, out, probs);
         backward(be, sd, dout, qkv, probs, p, rng, dqkv);
-        be.set_attention_group_bytes(old);
+        be.tuning().set_attention_group_bytes(old);
       });
       const std::string what = label(s, p) + " groups of " + std::to_string(per_group);
       t.expect_close(probs, kProbsAtol, kProbsRtol, "probs " + what);

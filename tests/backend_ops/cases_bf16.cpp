@@ -630,23 +630,23 @@ REMAT_OP_CASE(attention, bf16) {
       auto dqkv = t.output({B, T, 3 * C}, DType::bf16);
       Pair probs_same;
       t.run([&](Backend& be, Side s) {
-        const int64_t old = be.set_attention_group_bytes(group_batch * H * T * T * 4);
+        const int64_t old = be.tuning().set_attention_group_bytes(group_batch * H * T * T * 4);
         auto ws = [&](size_t bytes) { return Tensor::empty(Shape{static_cast<int64_t>(bytes / 4 + 1)}, be.device()); };
         Tensor wf = ws(be.attention_forward_workspace(s(qkv).shape(), sh.p));
         be.attention_forward(s(qkv), sh.p, rng, s(out), s(probs), wf);
         be.attention_forward(s(qkv), sh.p, rng, Tensor(), s(probs_only), wf);
-        be.set_attention_group_bytes(old);
+        be.tuning().set_attention_group_bytes(old);
       });
       t.expect_close(probs, 2e-6, kBf16Rel, "probs" + what);
       t.expect_close(probs_only, 2e-6, kBf16Rel, "probs only" + what);
       t.expect_close(out, max_abs(out) / 64, 1.0 / 64, "out" + what);
       probs_same = t.output_like(probs);  // the cpu's probabilities on both sides
       t.run([&](Backend& be, Side s) {
-        const int64_t old = be.set_attention_group_bytes(group_batch * H * T * T * 4);
+        const int64_t old = be.tuning().set_attention_group_bytes(group_batch * H * T * T * 4);
         Tensor wb = Tensor::empty(
             Shape{static_cast<int64_t>(be.attention_backward_workspace(s(qkv).shape(), sh.p) / 4 + 1)}, be.device());
         be.attention_backward(s(dout), s(qkv), s(probs_same), sh.p, rng, s(dqkv), wb);
-        be.set_attention_group_bytes(old);
+        be.tuning().set_attention_group_bytes(old);
       });
       t.expect_close(dqkv, max_abs(dqkv) / 64, 1.0 / 64, "dqkv" + what);
     }

@@ -13,7 +13,7 @@
 //
 // - Perf mode (ggml's `test-backend-ops perf`): with REMAT_OP_PERF=<iterations> in the
 //   environment, every run() times the device under test instead (one warm-up, then the
-//   iterations, by Backend::time_ms: CUDA events on a GPU) and nothing is compared; the
+//   iterations, by BackendTuning::time_ms: CUDA events on a GPU) and nothing is compared; the
 //   test prints each case's device time per run and the bytes of the tensors the runs
 //   touched (an op's minimum traffic for memory-bound ops), e.g.
 //     REMAT_OP_PERF=20 build/default/tests/test_backend_ops_gpu --gtest_filter='*layernorm*'
@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "remat/backend.h"
+#include "remat/backend_tuning.h"  // perf mode's timer, the knobs some cases turn
 #include "remat/tensor.h"
 
 namespace remat::test {
@@ -145,7 +146,7 @@ class OpCheck {
 struct OpCase {
   std::string family;
   std::string name;
-  void (*fn)(OpCheck&);
+  std::function<void(OpCheck&)> fn;
 };
 
 std::vector<const OpCase*>& op_cases();
@@ -170,6 +171,8 @@ void expect_same_dut_f32(const Pair& a, const Pair& b, const std::string& what);
 struct OpCaseRegistrar {
   OpCaseRegistrar(const char* family, const char* name, void (*fn)(OpCheck&));
 };
+// Registers a case made at run time (a list of cases written elsewhere: cases_bench.cpp).
+void register_op_case(const std::string& family, const std::string& name, std::function<void(OpCheck&)> fn);
 
 }  // namespace remat::test
 

@@ -10,6 +10,7 @@
 #include "backends/cpu/philox_cpu.h"
 #include "backends/cpu/simd.h"
 #include "backends/cpu/vmath.h"
+#include "remat/gelu.h"
 
 namespace remat {
 
@@ -130,10 +131,11 @@ void map2(const Tensor& a, const Tensor& a2, const Tensor& y, F f) {
   });
 }
 
-constexpr float kSqrt1_2 = 0.70710678118654752440f;      // 1 / sqrt(2)
-constexpr float kInvSqrt2Pi = 0.39894228040143267794f;   // 1 / sqrt(2 pi)
-constexpr float kSqrt2OverPi = 0.79788456080286535588f;  // sqrt(2 / pi)
-constexpr float kKappa = 0.044715f;
+// GELU's constants (remat/gelu.h).
+using gelu::kInvSqrt2Pi;
+using gelu::kKappa;
+using gelu::kSqrt1_2;
+using gelu::kSqrt2OverPi;
 
 }  // namespace
 
