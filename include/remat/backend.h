@@ -4,7 +4,7 @@
 // that list into Backend's methods.
 //
 // - The public methods validate shapes, dtypes and devices, throwing remat::Error that
-//   names the op and the shapes (src/backends/backend.cpp), then call enter_op() and the
+//   names the op and the shapes (src/backends/validate/<family>.cpp), then call enter_op() and the
 //   backend's *_impl.
 // - The caller allocates every output, and the workspace an op asks for through its
 //   *_workspace query; ops never allocate. That keeps the allocation sequence in one
