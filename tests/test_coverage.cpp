@@ -5,6 +5,8 @@
 // - every registered layer type has a row in docs/config.md's table (and every row is a
 //   type), and appears in a model config (models/*.json, tests/configs/*.json), which the
 //   executor tests run under every checkpoint policy on cpu and cuda-emu;
+// - the op index at the end of include/remat/backend.h names every op and the files of its
+//   validator, cpu and cuda implementations;
 // - every CUDA kernel file (kernels/*.cu) is described in docs/kernels.md;
 // - every repository path the docs name exists.
 #include <gtest/gtest.h>
@@ -16,6 +18,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "remat/graph.h"
 
@@ -94,6 +97,89 @@ TEST(Coverage, EveryBackendOpIsTestedOnTheCpuAndOnTheDevices) {
         << op << " is not called by any CPU op test in tests/ops";
     EXPECT_TRUE(calls(device_cases, op) || calls(device_cases, wrapper))
         << op << " is not called by any case in tests/backend_ops";
+  }
+}
+
+bool contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+// The op list's names in its order.
+std::vector<std::string> backend_ops_in_order() {
+  std::vector<std::string> ops;
+  std::istringstream def(read(kRoot / "include/remat/backend_ops.def"));
+  for (std::string line; std::getline(def, line);) {
+    if (!starts_with(line, "REMAT_OP(")) continue;
+    const size_t second = line.find(", ", line.find(',') + 1);
+    if (second == std::string::npos) continue;
+    const size_t begin = second + 2, end = line.find(',', begin);
+    ops.push_back(line.substr(begin, end - begin));
+  }
+  return ops;
+}
+
+// One line of the op index at the end of include/remat/backend.h:
+//   "//   Backend::<op>   validate/<family>.cpp cpu/<file>.cpp cuda/<file>.cpp"
+struct IndexLine {
+  std::string op, validator, cpu, cuda;  // the files relative to src/backends/
+};
+
+std::vector<IndexLine> op_index() {
+  std::vector<IndexLine> index;
+  std::istringstream header(read(kRoot / "include/remat/backend.h"));
+  for (std::string line; std::getline(header, line);) {
+    if (!starts_with(line, "//   Backend::")) continue;
+    std::istringstream words(line.substr(14));
+    IndexLine l;
+    words >> l.op >> l.validator >> l.cpu >> l.cuda;
+    index.push_back(l);
+  }
+  return index;
+}
+
+// The generated entry points cannot be found by grep, so backend.h keeps an index of them:
+// every op once, in the op list's order, each naming the files that define its validator
+// and its cpu and cuda implementations.
+TEST(Coverage, TheOpIndexNamesEveryOpAndItsFiles) {
+  const std::vector<std::string> ops = backend_ops_in_order();
+  const std::vector<IndexLine> index = op_index();
+  ASSERT_GE(ops.size(), 40u) << "the op list was not parsed";
+  const std::string where = "include/remat/backend.h's op index (\"Where each op lives\")";
+  std::vector<std::string> listed;
+  for (const IndexLine& l : index) listed.push_back(l.op);
+  for (const std::string& op : ops)
+    EXPECT_TRUE(contains(listed, op))
+        << where << " has no line for " << op << ": add `//   Backend::" << op
+        << "  validate/<family>.cpp cpu/<family>.cpp cuda/<family>.cpp`, in the op list's order";
+  for (const std::string& op : listed)
+    EXPECT_TRUE(contains(ops, op)) << where << " names " << op
+                                   << ", which is not in include/remat/backend_ops.def: remove its line";
+  std::vector<std::string> in_list_order;  // the index's ops, in the op list's order
+  for (const std::string& op : ops)
+    if (contains(listed, op)) in_list_order.push_back(op);
+  std::vector<std::string> known;
+  for (const std::string& op : listed)
+    if (contains(ops, op)) known.push_back(op);
+  EXPECT_EQ(known, in_list_order) << where << " lists its ops in another order than include/remat/backend_ops.def";
+
+  const fs::path backends = kRoot / "src/backends";
+  for (const IndexLine& l : index) {
+    SCOPED_TRACE("Backend::" + l.op);
+    struct Defines {
+      std::string file, dir, what;
+    };
+    for (const Defines& d :
+         {Defines{l.validator, "validate/", "check_" + l.op}, Defines{l.cpu, "cpu/", "CpuBackend::" + l.op + "_impl"},
+          Defines{l.cuda, "cuda/", "CudaBackend::" + l.op + "_impl"}}) {
+      if (!starts_with(d.file, d.dir) || !ends_with(d.file, ".cpp") || !fs::exists(backends / d.file)) {
+        ADD_FAILURE() << where << ": the line of " << l.op << " names \"" << d.file
+                      << "\" where it needs a file src/backends/" << d.dir << "<name>.cpp";
+        continue;
+      }
+      EXPECT_TRUE(calls(read(backends / d.file), d.what))
+          << "src/backends/" << d.file << " does not define " << d.what << " (named by " << where
+          << "): define it there, or name the file that does";
+    }
   }
 }
 

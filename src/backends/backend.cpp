@@ -30,6 +30,8 @@ Backend::Properties Backend::properties() const {
 }
 
 // ---- The public ops: validate, enter the backend, run --------------------------------------
+// Backend::gemm, Backend::linear_forward, ...: one per op of the op list (the index at the end
+// of remat/backend.h names each one with the files of its validator and implementations).
 
 #define REMAT_ARGS(...) __VA_ARGS__
 // The name errors give: the op's, or for a workspace query the op it sizes.
