@@ -117,6 +117,24 @@ TEST_P(Aliasing, LayerNormBackwardIntoDy) {
   }
 }
 
+TEST_P(Aliasing, RmsNormBackwardIntoDy) {
+  for (const Shape& s : {Shape{3, 7}, Shape{5, 768}, Shape{2, 1025}, Shape{2, 3, 36}}) {
+    const Shape c{s[-1]}, rows{s.numel() / s[-1]};
+    Tensor x = rand_on(s, 12, dev(), -2.0f, 2.0f), dy = rand_on(s, 13, dev());
+    Tensor gamma = rand_on(c, 14, dev(), 0.5f, 1.5f);
+    Tensor y = Tensor::empty(s, dev()), rstd = Tensor::empty(rows, dev());
+    be().rmsnorm_forward(x, gamma, 1e-6f, y, rstd);
+    Tensor dg[2];
+    int run = 0;
+    expect_alias_safe(dev(), "rmsnorm_backward " + s.str(), dy, [&](const Tensor& g, const Tensor& dx) {
+      dg[run] = Tensor::zeros(c, dev());
+      be().rmsnorm_backward(g, x, gamma, rstd, dx, dg[run]);
+      ++run;
+    });
+    EXPECT_TRUE(bitwise_equal(dg[1].to(Device::cpu()), dg[0].to(Device::cpu()))) << "dgamma " << s.str();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Aliasing, ::testing::ValuesIn(backends_under_test()),
                          [](const ::testing::TestParamInfo<Device>& i) {
                            std::string n = i.param.str();

@@ -109,6 +109,33 @@ TEST(Gemm, BadArgumentsNameTheOpAndShapes) {
 
 // ---- bf16 ----------------------------------------------------------------------------------
 
+// gemm on bf16 factors into a bf16 C: the fp32 product of the same (bf16) values rounded, within
+// one bf16 rounding step (the CPU sums k in 512-wide panels: another order than one sgemm, so
+// a product a few fp32 ulps away may round to the neighbouring bf16), with and without alpha
+// and beta, every transpose; k = 1100 spans three panels.
+TEST(Gemm, Bf16GemmWithinOneRoundingOfFp32) {
+  ActivationDTypeScope bf16_activations(DType::bf16);
+  const int64_t m = 37, n = 29, k = 1100;
+  uint32_t seed = 60;
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      SCOPED_TRACE("ta=" + std::to_string(ta) + " tb=" + std::to_string(tb));
+      Bf16Pair a = random_pair(ta ? Shape{k, m} : Shape{m, k}, seed++);
+      Bf16Pair b = random_pair(tb ? Shape{n, k} : Shape{k, n}, seed++);
+      Bf16Pair c = empty_pair(Shape{m, n});
+      const GemmParams p{ta != 0, tb != 0, 1.0f, 0.0f};
+      cpu().gemm(a.f, b.f, c.f, p);
+      cpu().gemm(a.h, b.h, c.h, p);
+      expect_close_to_fp32(c, 1.0 / 128, "gemm");
+      Bf16Pair c_beta = random_pair(Shape{m, n}, seed++);  // C read back (beta = 2)
+      const GemmParams q{ta != 0, tb != 0, 0.5f, 2.0f};
+      cpu().gemm(a.f, b.f, c_beta.f, q);
+      cpu().gemm(a.h, b.h, c_beta.h, q);
+      expect_close_to_fp32(c_beta, 1.0 / 128, "gemm (alpha, beta)");
+    }
+  }
+}
+
 TEST(Gemm, Bf16LinearMatchesPyTorch) {
   ActivationDTypeScope bf16_activations(DType::bf16);
   auto f = load_golden("bf16_ops/linear");
