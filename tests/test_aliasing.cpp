@@ -103,7 +103,7 @@ TEST_P(Aliasing, LayerNormBackwardIntoDy) {
     Tensor x = rand_on(s, 8, dev(), -2.0f, 2.0f), dy = rand_on(s, 9, dev());
     Tensor gamma = rand_on(c, 10, dev(), 0.5f, 1.5f), beta = rand_on(c, 11, dev());
     Tensor y = Tensor::empty(s, dev()), mean = Tensor::empty(rows, dev()), rstd = Tensor::empty(rows, dev());
-    be().layernorm_forward(x, gamma, beta, 1e-5f, y, mean, rstd);
+    be().layernorm_forward(x, gamma, beta, LayerNormParams{1e-5f}, y, mean, rstd);
     Tensor dg[2], db[2];
     int run = 0;
     expect_alias_safe(dev(), "layernorm_backward " + s.str(), dy, [&](const Tensor& g, const Tensor& dx) {
@@ -123,7 +123,7 @@ TEST_P(Aliasing, RmsNormBackwardIntoDy) {
     Tensor x = rand_on(s, 12, dev(), -2.0f, 2.0f), dy = rand_on(s, 13, dev());
     Tensor gamma = rand_on(c, 14, dev(), 0.5f, 1.5f);
     Tensor y = Tensor::empty(s, dev()), rstd = Tensor::empty(rows, dev());
-    be().rmsnorm_forward(x, gamma, 1e-6f, y, rstd);
+    be().rmsnorm_forward(x, gamma, RmsNormParams{1e-6f}, y, rstd);
     Tensor dg[2];
     int run = 0;
     expect_alias_safe(dev(), "rmsnorm_backward " + s.str(), dy, [&](const Tensor& g, const Tensor& dx) {

@@ -57,6 +57,14 @@ struct BatchNormParams {
   float eps = 1e-5f;
 };
 
+// Layer and RMS normalisation over the last dimension (eps inside the square root).
+struct LayerNormParams {
+  float eps = 1e-5f;  // PyTorch's nn.LayerNorm
+};
+struct RmsNormParams {
+  float eps = 1e-6f;  // LLaMA's RMSNorm
+};
+
 enum class GeluApprox { none, tanh };  // exact erf form, or PyTorch's approximate="tanh"
 
 struct AttentionParams {

@@ -37,7 +37,7 @@ Forward run_forward(OpCheck& t, const Pair& x, const Pair& gamma, const Pair& be
   const int64_t n = s.numel() / s[-1];
   Forward f{aligned_y ? aligned_output(t, s) : t.output(s), t.output({n}), t.output({n})};
   t.run([&](Backend& be, Side side) {
-    be.layernorm_forward(side(x), side(gamma), side(beta), eps, side(f.y), side(f.mean), side(f.rstd));
+    be.layernorm_forward(side(x), side(gamma), side(beta), LayerNormParams{eps}, side(f.y), side(f.mean), side(f.rstd));
   });
   return f;
 }
@@ -221,10 +221,10 @@ REMAT_OP_CASE(layernorm, bf16) {
          yf_aligned = t.values(std::vector<float>(static_cast<size_t>(rows * c)), {rows, c});
     auto mean = t.output({rows}), rstd = t.output({rows}), meanf = t.output({rows}), rstdf = t.output({rows});
     t.run([&](Backend& be, Side s) {
-      be.layernorm_forward(s(x), s(gamma), s(beta), 1e-5f, s(y), s(mean), s(rstd));
-      be.layernorm_forward(s(x), s(gamma), s(beta), 1e-5f, s(y_aligned), s(mean), s(rstd));
-      be.layernorm_forward(s(xf), s(gf), s(bf), 1e-5f, s(yf), s(meanf), s(rstdf));
-      be.layernorm_forward(s(xf), s(gf), s(bf), 1e-5f, s(yf_aligned), s(meanf), s(rstdf));
+      be.layernorm_forward(s(x), s(gamma), s(beta), LayerNormParams{1e-5f}, s(y), s(mean), s(rstd));
+      be.layernorm_forward(s(x), s(gamma), s(beta), LayerNormParams{1e-5f}, s(y_aligned), s(mean), s(rstd));
+      be.layernorm_forward(s(xf), s(gf), s(bf), LayerNormParams{1e-5f}, s(yf), s(meanf), s(rstdf));
+      be.layernorm_forward(s(xf), s(gf), s(bf), LayerNormParams{1e-5f}, s(yf_aligned), s(meanf), s(rstdf));
     });
     t.expect_close(mean, 1e-7, 1e-6, "layernorm mean" + what);
     t.expect_close(rstd, 0, 1e-6, "layernorm rstd" + what);
@@ -265,11 +265,11 @@ REMAT_OP_CASE(layernorm, grad) {
   auto y = t.output(s), mean = t.output({5}), rstd = t.output({5}), dx = t.output(s);
   auto dg = zeros(24), db = zeros(24);
   t.run([&](Backend& be, Side d) {
-    be.layernorm_forward(d(x), d(gamma), d(beta), 1e-5f, d(y), d(mean), d(rstd));
+    be.layernorm_forward(d(x), d(gamma), d(beta), LayerNormParams{1e-5f}, d(y), d(mean), d(rstd));
     ops::layernorm_backward(be, d(dy), d(x), d(gamma), d(mean), d(rstd), d(dx), d(dg), d(db));
   });
   auto loss = [&](Backend& be) {
-    be.layernorm_forward(x.dut, gamma.dut, beta.dut, 1e-5f, y.dut, mean.dut, rstd.dut);
+    be.layernorm_forward(x.dut, gamma.dut, beta.dut, LayerNormParams{1e-5f}, y.dut, mean.dut, rstd.dut);
     return dot(dy.dut, y.dut);
   };
   t.expect_gradient("layernorm dx", x, dx, loss);

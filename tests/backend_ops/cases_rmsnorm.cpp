@@ -27,7 +27,9 @@ struct Forward {
 Forward run_forward(OpCheck& t, const Pair& x, const Pair& gamma, float eps, bool aligned_y) {
   const Shape& s = x.ref.shape();
   Forward f{aligned_y ? aligned_output(t, s) : t.output(s), t.output({s.numel() / s[-1]})};
-  t.run([&](Backend& be, Side side) { be.rmsnorm_forward(side(x), side(gamma), eps, side(f.y), side(f.rstd)); });
+  t.run([&](Backend& be, Side side) {
+    be.rmsnorm_forward(side(x), side(gamma), RmsNormParams{eps}, side(f.y), side(f.rstd));
+  });
   return f;
 }
 
@@ -85,10 +87,10 @@ REMAT_OP_CASE(rmsnorm, bf16) {
          yf_aligned = t.values(std::vector<float>(static_cast<size_t>(rows * c)), {rows, c});
     auto rstd = t.output({rows}), rstdf = t.output({rows});
     t.run([&](Backend& be, Side s) {
-      be.rmsnorm_forward(s(x), s(gamma), 1e-6f, s(y), s(rstd));
-      be.rmsnorm_forward(s(x), s(gamma), 1e-6f, s(y_aligned), s(rstd));
-      be.rmsnorm_forward(s(xf), s(gf), 1e-6f, s(yf), s(rstdf));
-      be.rmsnorm_forward(s(xf), s(gf), 1e-6f, s(yf_aligned), s(rstdf));
+      be.rmsnorm_forward(s(x), s(gamma), RmsNormParams{1e-6f}, s(y), s(rstd));
+      be.rmsnorm_forward(s(x), s(gamma), RmsNormParams{1e-6f}, s(y_aligned), s(rstd));
+      be.rmsnorm_forward(s(xf), s(gf), RmsNormParams{1e-6f}, s(yf), s(rstdf));
+      be.rmsnorm_forward(s(xf), s(gf), RmsNormParams{1e-6f}, s(yf_aligned), s(rstdf));
     });
     t.expect_close(rstd, 0, 1e-6, "rmsnorm rstd" + what);
     t.expect_close(y, 1e-6, kBf16Rel, "rmsnorm y" + what);
@@ -129,11 +131,11 @@ REMAT_OP_CASE(rmsnorm, grad) {
   auto zeros = [&](int64_t c) { return t.output_like(t.values(std::vector<float>(c, 0.0f), {c})); };
   auto y = t.output(s), rstd = t.output({5}), dx = t.output(s), dg = zeros(24);
   t.run([&](Backend& be, Side d) {
-    be.rmsnorm_forward(d(x), d(gamma), 1e-6f, d(y), d(rstd));
+    be.rmsnorm_forward(d(x), d(gamma), RmsNormParams{1e-6f}, d(y), d(rstd));
     be.rmsnorm_backward(d(dy), d(x), d(gamma), d(rstd), d(dx), d(dg));
   });
   auto loss = [&](Backend& be) {
-    be.rmsnorm_forward(x.dut, gamma.dut, 1e-6f, y.dut, rstd.dut);
+    be.rmsnorm_forward(x.dut, gamma.dut, RmsNormParams{1e-6f}, y.dut, rstd.dut);
     return dot(dy.dut, y.dut);
   };
   t.expect_gradient("rmsnorm dx", x, dx, loss);

@@ -36,7 +36,7 @@ TEST(LayerNorm, MatchesPyTorch) {
     const auto f = test::load_golden(name);
     const Tensor x = f.tensor("x"), gamma = f.tensor("gamma"), beta = f.tensor("beta"), dy = f.tensor("dy");
     const float eps = static_cast<float>(test::meta_float(f, "eps"));
-    const auto r = ops::layernorm(cpu(), x, gamma, beta, eps);
+    const auto r = ops::layernorm(cpu(), x, gamma, beta, LayerNormParams{eps});
     EXPECT_ALL_CLOSE(r.y, f.tensor("y"), 1e-5, 1e-6);
     EXPECT_ALL_CLOSE(r.mean, f.tensor("mean"), 1e-5, 1e-6);
     EXPECT_ALL_CLOSE(r.invstd, f.tensor("rstd"), 1e-5, 1e-6);
@@ -126,8 +126,8 @@ TEST(LayerNorm, Bf16MatchesPyTorch) {
   const int64_t n = x.size(0), c = x.size(1);
   Tensor y = bf16_empty(x.shape()), dx = bf16_empty(x.shape());
   Tensor mean = Tensor::empty(Shape{n}), rstd = Tensor::empty(Shape{n});
-  cpu().layernorm_forward(x, gamma, bf16_in(f, "beta"), static_cast<float>(remat::test::meta_float(f, "eps")), y, mean,
-                          rstd);
+  cpu().layernorm_forward(x, gamma, bf16_in(f, "beta"),
+                          LayerNormParams{static_cast<float>(remat::test::meta_float(f, "eps"))}, y, mean, rstd);
   // PyTorch's bf16 layer norm rounds the normalised values (and its backward's partial
   // products) to bf16 before applying gamma and beta.
   expect_bf16_golden(f, "y", y, 0, 24);
@@ -145,8 +145,8 @@ TEST(LayerNorm, Bf16IsTheRoundedFp32Op) {
   Bf16Pair y = empty_pair(Shape{n, c});
   Tensor mf = Tensor::empty(Shape{n}), rf = Tensor::empty(Shape{n}), mh = Tensor::empty(Shape{n}),
          rh = Tensor::empty(Shape{n});
-  cpu().layernorm_forward(x.f, gamma.f, beta.f, 1e-5f, y.f, mf, rf);
-  cpu().layernorm_forward(x.h, gamma.h, beta.h, 1e-5f, y.h, mh, rh);
+  cpu().layernorm_forward(x.f, gamma.f, beta.f, LayerNormParams{1e-5f}, y.f, mf, rf);
+  cpu().layernorm_forward(x.h, gamma.h, beta.h, LayerNormParams{1e-5f}, y.h, mh, rh);
   expect_rounded(y, "layernorm_forward");
   EXPECT_EQ(mf.to_vector(), mh.to_vector());
   EXPECT_EQ(rf.to_vector(), rh.to_vector());
@@ -168,14 +168,16 @@ TEST(LayerNorm, Bf16StatisticsMustBeF32) {
   const Shape s{4, 8};
   Bf16Pair x = random_pair(s, 30), g = random_pair(Shape{8}, 31), y = empty_pair(s);
   Tensor st32 = Tensor::empty(Shape{4}), st16 = Tensor::empty(Shape{4}, Device::cpu(), DType::bf16);
-  expect_statistics_error(error_of([&] { cpu().layernorm_forward(x.h, g.h, g.h, 1e-5f, y.h, st16, st32); }),
-                          "layernorm_forward", "mean");
-  expect_statistics_error(error_of([&] { cpu().layernorm_forward(x.h, g.h, g.h, 1e-5f, y.h, st32, st16); }),
-                          "layernorm_forward", "rstd");
+  expect_statistics_error(
+      error_of([&] { cpu().layernorm_forward(x.h, g.h, g.h, LayerNormParams{1e-5f}, y.h, st16, st32); }),
+      "layernorm_forward", "mean");
+  expect_statistics_error(
+      error_of([&] { cpu().layernorm_forward(x.h, g.h, g.h, LayerNormParams{1e-5f}, y.h, st32, st16); }),
+      "layernorm_forward", "rstd");
   expect_statistics_error(
       error_of([&] { ops::layernorm_backward(cpu(), x.h, x.h, g.h, st32, st16, y.h, Tensor(), Tensor()); }),
       "layernorm_backward", "rstd");
-  EXPECT_EQ(error_of([&] { cpu().layernorm_forward(x.h, g.h, g.h, 1e-5f, y.h, st32, st32); }), "");
+  EXPECT_EQ(error_of([&] { cpu().layernorm_forward(x.h, g.h, g.h, LayerNormParams{1e-5f}, y.h, st32, st32); }), "");
 }
 
 }  // namespace

@@ -26,7 +26,7 @@ struct Forward {
 
 Forward forward(const Tensor& x, const Tensor& gamma, float eps) {
   Forward f{Tensor::empty(x.shape()), Tensor::empty(Shape{x.numel() / x.size(-1)})};
-  cpu().rmsnorm_forward(x, gamma, eps, f.y, f.rstd);
+  cpu().rmsnorm_forward(x, gamma, RmsNormParams{eps}, f.y, f.rstd);
   return f;
 }
 
@@ -78,11 +78,13 @@ TEST(RmsNorm, GradientsMatchFiniteDifferences) {
 
 TEST(RmsNorm, BadArgumentsNameTheOpAndShapes) {
   const Tensor x = random_tensor(Shape{4, 8}, 1), y = Tensor::empty(Shape{4, 8}), rstd = Tensor::empty(Shape{4});
-  EXPECT_REMAT_ERROR(cpu().rmsnorm_forward(x, random_tensor(Shape{7}, 2), 1e-6f, y, rstd),
+  EXPECT_REMAT_ERROR(cpu().rmsnorm_forward(x, random_tensor(Shape{7}, 2), RmsNormParams{1e-6f}, y, rstd),
                      "rmsnorm_forward: gamma f32[7] on cpu: expected shape [8]");
-  EXPECT_REMAT_ERROR(cpu().rmsnorm_forward(x, random_tensor(Shape{8}, 2), 1e-6f, y, Tensor::empty(Shape{5})),
-                     "rmsnorm_forward: rstd f32[5] on cpu: expected shape [4]");
-  EXPECT_REMAT_ERROR(cpu().rmsnorm_forward(x, random_tensor(Shape{8}, 2), 0.0f, y, rstd), "eps must be positive");
+  EXPECT_REMAT_ERROR(
+      cpu().rmsnorm_forward(x, random_tensor(Shape{8}, 2), RmsNormParams{1e-6f}, y, Tensor::empty(Shape{5})),
+      "rmsnorm_forward: rstd f32[5] on cpu: expected shape [4]");
+  EXPECT_REMAT_ERROR(cpu().rmsnorm_forward(x, random_tensor(Shape{8}, 2), RmsNormParams{0.0f}, y, rstd),
+                     "eps must be positive");
   EXPECT_REMAT_ERROR(
       cpu().rmsnorm_backward(random_tensor(Shape{4, 9}, 3), x, random_tensor(Shape{8}, 2), rstd, Tensor(), Tensor()),
       "rmsnorm_backward: dy f32[4, 9] on cpu and x f32[4, 8] on cpu must have the same shape");
@@ -97,8 +99,8 @@ TEST(RmsNorm, Bf16MatchesPyTorch) {
   const int64_t n = x.size(0), c = x.size(1);
   Tensor y = bf16_empty(x.shape()), dx = bf16_empty(x.shape());
   Tensor rs = Tensor::empty(Shape{n}), dg = Tensor::zeros(Shape{c});
-  cpu().rmsnorm_forward(bf16_in(r, "x"), bf16_in(r, "gamma"), static_cast<float>(remat::test::meta_float(r, "eps")), y,
-                        rs);
+  cpu().rmsnorm_forward(bf16_in(r, "x"), bf16_in(r, "gamma"),
+                        RmsNormParams{static_cast<float>(remat::test::meta_float(r, "eps"))}, y, rs);
   expect_bf16_golden(r, "y", y, 0, 0);  // written out in fp32 inside for both references
   cpu().rmsnorm_backward(bf16_in(r, "dy"), bf16_in(r, "x"), bf16_in(r, "gamma"), rs, dx, dg);
   expect_bf16_golden(r, "dx", dx, 0, 0);
@@ -110,8 +112,8 @@ TEST(RmsNorm, Bf16IsTheRoundedFp32Op) {
   const int64_t n = 29, c = 72;
   Bf16Pair x = random_pair(Shape{n, c}, 17), gamma = random_pair(Shape{c}, 18), y = empty_pair(Shape{n, c});
   Tensor rf = Tensor::empty(Shape{n}), rh = Tensor::empty(Shape{n});
-  cpu().rmsnorm_forward(x.f, gamma.f, 1e-6f, y.f, rf);
-  cpu().rmsnorm_forward(x.h, gamma.h, 1e-6f, y.h, rh);
+  cpu().rmsnorm_forward(x.f, gamma.f, RmsNormParams{1e-6f}, y.f, rf);
+  cpu().rmsnorm_forward(x.h, gamma.h, RmsNormParams{1e-6f}, y.h, rh);
   expect_rounded(y, "rmsnorm_forward");
   EXPECT_EQ(rf.to_vector(), rh.to_vector());
   Bf16Pair dy = random_pair(Shape{n, c}, 19), dx = empty_pair(Shape{n, c});
@@ -129,8 +131,8 @@ TEST(RmsNorm, Bf16StatisticsMustBeF32) {
   const Shape s{4, 8};
   Bf16Pair x = random_pair(s, 30), g = random_pair(Shape{8}, 31), y = empty_pair(s);
   Tensor st32 = Tensor::empty(Shape{4}), st16 = Tensor::empty(Shape{4}, Device::cpu(), DType::bf16);
-  expect_statistics_error(error_of([&] { cpu().rmsnorm_forward(x.h, g.h, 1e-6f, y.h, st16); }), "rmsnorm_forward",
-                          "rstd");
+  expect_statistics_error(error_of([&] { cpu().rmsnorm_forward(x.h, g.h, RmsNormParams{1e-6f}, y.h, st16); }),
+                          "rmsnorm_forward", "rstd");
   expect_statistics_error(error_of([&] { cpu().rmsnorm_backward(x.h, x.h, g.h, st16, y.h, Tensor()); }),
                           "rmsnorm_backward", "rstd");
 }

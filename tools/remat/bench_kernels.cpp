@@ -183,7 +183,9 @@ std::vector<KernelCase> kernel_cases(Backend& be, int64_t n) {
                     auto y = std::make_shared<Tensor>(Tensor::empty(Shape{r, c}, d));
                     auto mean = std::make_shared<Tensor>(Tensor::empty(Shape{r}, d));
                     auto rstd = std::make_shared<Tensor>(Tensor::empty(Shape{r}, d));
-                    return [&be, x, g, b, y, mean, rstd] { be.layernorm_forward(*x, *g, *b, 1e-5f, *y, *mean, *rstd); };
+                    return [&be, x, g, b, y, mean, rstd] {
+                      be.layernorm_forward(*x, *g, *b, LayerNormParams{1e-5f}, *y, *mean, *rstd);
+                    };
                   }});
   }
   {

@@ -3,8 +3,8 @@
 
 namespace remat::validate {
 
-void check_layernorm_forward(const Check& ck, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
-                             const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+void check_layernorm_forward(const Check& ck, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                             const LayerNormParams& p, const Tensor& y, const Tensor& mean, const Tensor& rstd) {
   ck.tensor("x", x);
   ck.min_rank("x", x, 1);
   const int64_t c = x.size(-1), n = rows_of(x.shape());
@@ -18,7 +18,7 @@ void check_layernorm_forward(const Check& ck, const Tensor& x, const Tensor& gam
   ck.shape("mean", mean, Shape{n});
   ck.statistics("rstd", rstd);
   ck.shape("rstd", rstd, Shape{n});
-  if (!(eps > 0.0f)) ck.fail("eps must be positive");
+  if (!(p.eps > 0.0f)) ck.fail("eps must be positive, got " + std::to_string(p.eps));
 }
 
 void check_layernorm_backward_workspace(const Check& ck, const Shape& x) {

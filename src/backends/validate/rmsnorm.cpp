@@ -3,8 +3,8 @@
 
 namespace remat::validate {
 
-void check_rmsnorm_forward(const Check& ck, const Tensor& x, const Tensor& gamma, float eps, const Tensor& y,
-                           const Tensor& rstd) {
+void check_rmsnorm_forward(const Check& ck, const Tensor& x, const Tensor& gamma, const RmsNormParams& p,
+                           const Tensor& y, const Tensor& rstd) {
   ck.tensor("x", x);
   ck.min_rank("x", x, 1);
   ck.tensor("gamma", gamma);
@@ -13,7 +13,7 @@ void check_rmsnorm_forward(const Check& ck, const Tensor& x, const Tensor& gamma
   ck.same_shape("x", x, "y", y);
   ck.statistics("rstd", rstd);
   ck.shape("rstd", rstd, Shape{rows_of(x.shape())});
-  if (!(eps > 0.0f)) ck.fail("eps must be positive");
+  if (!(p.eps > 0.0f)) ck.fail("eps must be positive, got " + std::to_string(p.eps));
 }
 
 void check_rmsnorm_backward(const Check& ck, const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,
