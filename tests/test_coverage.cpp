@@ -1,6 +1,6 @@
 // The project's lists agree with each other, so that adding an op or a layer cannot
 // silently skip a step (docs/adding-an-op.md):
-// - the op index at the end of include/remat/backend.h names every op and the files of its
+// - the op index at the end of include/remat/backend_ops.def names every op and the files of its
 //   validator, cpu and cuda implementations; the validator's file names the op's family;
 // - every op is called by a CPU test of its family (tests/ops/test_<family>.cpp) and by a
 //   device case of its family (tests/backend_ops/cases_<family>.cpp, cuda-emu and cuda
@@ -74,7 +74,7 @@ std::vector<std::string> backend_ops_in_order() {
   return ops;
 }
 
-// One line of the op index at the end of include/remat/backend.h:
+// One line of the op index at the end of include/remat/backend_ops.def:
 //   "//   Backend::<op>   validate/<family>.cpp cpu/<file>.cpp cuda/<file>.cpp"
 struct IndexLine {
   std::string op, validator, cpu, cuda;  // the files relative to src/backends/
@@ -82,7 +82,7 @@ struct IndexLine {
 
 std::vector<IndexLine> op_index() {
   std::vector<IndexLine> index;
-  std::istringstream header(read(kRoot / "include/remat/backend.h"));
+  std::istringstream header(read(kRoot / "include/remat/backend_ops.def"));
   for (std::string line; std::getline(header, line);) {
     if (!starts_with(line, "//   Backend::")) continue;
     std::istringstream words(line.substr(14));
@@ -93,14 +93,14 @@ std::vector<IndexLine> op_index() {
   return index;
 }
 
-// The generated entry points cannot be found by grep, so backend.h keeps an index of them:
+// The generated entry points cannot be found by grep, so the op list ends with an index of them:
 // every op once, in the op list's order, each naming the files that define its validator
 // and its cpu and cuda implementations.
 TEST(Coverage, TheOpIndexNamesEveryOpAndItsFiles) {
   const std::vector<std::string> ops = backend_ops_in_order();
   const std::vector<IndexLine> index = op_index();
   ASSERT_GE(ops.size(), 40u) << "the op list was not parsed";
-  const std::string where = "include/remat/backend.h's op index (\"Where each op lives\")";
+  const std::string where = "the op index at the end of include/remat/backend_ops.def (\"Where each op lives\")";
   std::vector<std::string> listed;
   for (const IndexLine& l : index) listed.push_back(l.op);
   for (const std::string& op : ops)
@@ -141,7 +141,7 @@ TEST(Coverage, TheOpIndexNamesEveryOpAndItsFiles) {
 
 // ---- Every touch of an op, named by its family --------------------------------------------------
 // An op's family is the name of its validator's file (src/backends/validate/<family>.cpp, as
-// the index at the end of include/remat/backend.h says). Its tests live in the family's files:
+// the index at the end of include/remat/backend_ops.def says). Its tests live in the family's files:
 // tests/ops/test_<family>.cpp (the cpu backend: fp32 and bf16 goldens, finite differences,
 // bad arguments) and tests/backend_ops/cases_<family>.cpp (the devices against the cpu, the
 // `bf16*` cases and the `grad*` cases). docs/adding-an-op.md walks through them.

@@ -107,7 +107,7 @@ class Backend {
 
   // The ops of remat/backend_ops.def, e.g.
   //   void gemm(const Tensor& a, const Tensor& b, const Tensor& c, const GemmParams& p);
-  // (where each one's validator and implementations live: the index at the end of this file).
+  // (where each one's validator and implementations live: the index at the end of the op list).
 #define REMAT_OP(kind, R, name, params, args) R name params;
 #include "remat/backend_ops.def"
 #undef REMAT_OP
@@ -209,68 +209,5 @@ std::unique_ptr<Backend> make_meta_backend(Backend* workspace_model = nullptr);
 // the tests call at startup).
 bool backend_registered(DeviceType type);
 void register_cuda_emu_backend();
-
-// ---- Where each op lives -------------------------------------------------------------------
-// The ops' entry points are generated (above, from remat/backend_ops.def), so a grep for
-// `Backend::<op>` lands here: one line per op of the op list, in its order, naming the files
-// under src/backends/ of its validator (`validate::check_<op>`), its cpu `<op>_impl` (the
-// reference) and its cuda `<op>_impl` (which calls the kernels of kernels/). The public
-// `Backend::<op>` itself is generated in src/backends/backend.cpp (validate, enter_op(),
-// `<op>_impl`), the meta backend's `<op>_impl` in src/backends/meta/meta_backend.cpp, and the
-// validators' declarations in src/backends/validate/check.h (docs/adding-an-op.md).
-// tests/test_coverage.cpp (Coverage.TheOpIndexNamesEveryOpAndItsFiles) fails when a line is
-// missing, out of order or names a file that does not define what it says.
-//
-//   entry point                           validator, cpu, cuda (under src/backends/)
-//   Backend::gemm                         validate/gemm.cpp cpu/gemm.cpp cuda/cuda_backend.cpp
-//   Backend::linear_forward               validate/gemm.cpp cpu/gemm.cpp cuda/cuda_backend.cpp
-//   Backend::linear_backward              validate/gemm.cpp cpu/gemm.cpp cuda/cuda_backend.cpp
-//   Backend::add                          validate/elementwise.cpp cpu/elementwise.cpp cuda/elementwise.cpp
-//   Backend::accumulate                   validate/elementwise.cpp cpu/elementwise.cpp cuda/elementwise.cpp
-//   Backend::scale                        validate/elementwise.cpp cpu/elementwise.cpp cuda/elementwise.cpp
-//   Backend::relu_forward                 validate/elementwise.cpp cpu/elementwise.cpp cuda/elementwise.cpp
-//   Backend::relu_backward                validate/elementwise.cpp cpu/elementwise.cpp cuda/elementwise.cpp
-//   Backend::gelu_forward                 validate/elementwise.cpp cpu/elementwise.cpp cuda/elementwise.cpp
-//   Backend::gelu_backward                validate/elementwise.cpp cpu/elementwise.cpp cuda/elementwise.cpp
-//   Backend::cast_multi                   validate/elementwise.cpp cpu/elementwise.cpp cuda/elementwise.cpp
-//   Backend::dropout_forward              validate/elementwise.cpp cpu/elementwise.cpp cuda/elementwise.cpp
-//   Backend::dropout_backward             validate/elementwise.cpp cpu/elementwise.cpp cuda/elementwise.cpp
-//   Backend::softmax_forward              validate/softmax_loss.cpp cpu/softmax_loss.cpp cuda/softmax_loss.cpp
-//   Backend::softmax_backward             validate/softmax_loss.cpp cpu/softmax_loss.cpp cuda/softmax_loss.cpp
-//   Backend::cross_entropy_forward        validate/softmax_loss.cpp cpu/softmax_loss.cpp cuda/softmax_loss.cpp
-//   Backend::cross_entropy_backward       validate/softmax_loss.cpp cpu/softmax_loss.cpp cuda/softmax_loss.cpp
-//   Backend::accuracy                     validate/softmax_loss.cpp cpu/softmax_loss.cpp cuda/softmax_loss.cpp
-//   Backend::conv2d_forward_workspace     validate/conv.cpp cpu/conv.cpp cuda/conv.cpp
-//   Backend::conv2d_forward               validate/conv.cpp cpu/conv.cpp cuda/conv.cpp
-//   Backend::conv2d_backward_workspace    validate/conv.cpp cpu/conv.cpp cuda/conv.cpp
-//   Backend::conv2d_backward              validate/conv.cpp cpu/conv.cpp cuda/conv.cpp
-//   Backend::maxpool2d_forward            validate/pool.cpp cpu/pool.cpp cuda/pool.cpp
-//   Backend::maxpool2d_backward           validate/pool.cpp cpu/pool.cpp cuda/pool.cpp
-//   Backend::avgpool2d_forward            validate/pool.cpp cpu/pool.cpp cuda/pool.cpp
-//   Backend::avgpool2d_backward           validate/pool.cpp cpu/pool.cpp cuda/pool.cpp
-//   Backend::global_avgpool_forward       validate/pool.cpp cpu/pool.cpp cuda/pool.cpp
-//   Backend::global_avgpool_backward      validate/pool.cpp cpu/pool.cpp cuda/pool.cpp
-//   Backend::batchnorm2d_forward_train    validate/batchnorm.cpp cpu/batchnorm.cpp cuda/batchnorm.cpp
-//   Backend::batchnorm2d_forward_eval     validate/batchnorm.cpp cpu/batchnorm.cpp cuda/batchnorm.cpp
-//   Backend::batchnorm2d_backward         validate/batchnorm.cpp cpu/batchnorm.cpp cuda/batchnorm.cpp
-//   Backend::layernorm_forward            validate/layernorm.cpp cpu/layernorm.cpp cuda/layernorm.cpp
-//   Backend::layernorm_backward_workspace validate/layernorm.cpp cpu/layernorm.cpp cuda/layernorm.cpp
-//   Backend::layernorm_backward           validate/layernorm.cpp cpu/layernorm.cpp cuda/layernorm.cpp
-//   Backend::rmsnorm_forward              validate/rmsnorm.cpp cpu/rmsnorm.cpp cuda/rmsnorm.cpp
-//   Backend::rmsnorm_backward             validate/rmsnorm.cpp cpu/rmsnorm.cpp cuda/rmsnorm.cpp
-//   Backend::embedding_forward            validate/embedding.cpp cpu/embedding.cpp cuda/embedding.cpp
-//   Backend::embedding_backward_workspace validate/embedding.cpp cpu/embedding.cpp cuda/embedding.cpp
-//   Backend::embedding_backward           validate/embedding.cpp cpu/embedding.cpp cuda/embedding.cpp
-//   Backend::attention_forward_workspace  validate/attention.cpp cpu/attention.cpp cuda/attention.cpp
-//   Backend::attention_forward            validate/attention.cpp cpu/attention.cpp cuda/attention.cpp
-//   Backend::attention_backward_workspace validate/attention.cpp cpu/attention.cpp cuda/attention.cpp
-//   Backend::attention_backward           validate/attention.cpp cpu/attention.cpp cuda/attention.cpp
-//   Backend::permute_0213                 validate/attention.cpp cpu/attention.cpp cuda/attention.cpp
-//   Backend::sgd_step                     validate/optim.cpp cpu/optim.cpp cuda/optim.cpp
-//   Backend::sgd_step_multi               validate/optim.cpp cpu/optim.cpp cuda/optim.cpp
-//   Backend::adamw_step                   validate/optim.cpp cpu/optim.cpp cuda/optim.cpp
-//   Backend::adamw_step_multi             validate/optim.cpp cpu/optim.cpp cuda/optim.cpp
-//   Backend::global_norm                  validate/optim.cpp cpu/optim.cpp cuda/optim.cpp
-//   Backend::clip_grad_norm               validate/optim.cpp cpu/optim.cpp cuda/optim.cpp
 
 }  // namespace remat
