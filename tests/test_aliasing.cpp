@@ -69,6 +69,8 @@ TEST_P(Aliasing, PointwiseBackwardIntoDy) {
     for (GeluApprox a : {GeluApprox::none, GeluApprox::tanh})
       expect_alias_safe(dev(), "gelu_backward " + s.str(), dy,
                         [&](const Tensor& g, const Tensor& dx) { be().gelu_backward(g, x, a, dx); });
+    expect_alias_safe(dev(), "silu_backward " + s.str(), dy,
+                      [&](const Tensor& g, const Tensor& dx) { be().silu_backward(g, x, dx); });
     for (float p : {0.1f, 0.5f})
       expect_alias_safe(dev(), "dropout_backward " + s.str(), dy, [&](const Tensor& g, const Tensor& dx) {
         be().dropout_backward(g, p, RngState{1234, 99}, dx);

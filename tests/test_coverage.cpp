@@ -9,7 +9,8 @@
 // - every aliasing rule of the op list is tested in tests/test_aliasing.cpp;
 // - every registered layer type has a row in docs/config.md's table (and every row is a
 //   type), and appears in a model config (models/*.json, tests/configs/*.json), which the
-//   executor tests run under every checkpoint policy on cpu and cuda-emu;
+//   executor tests run under every checkpoint policy on cpu, and in a config the device
+//   executor tests (tests/test_device_exec.cpp) run on cuda-emu;
 // - every CUDA kernel file (kernels/*.cu) is described in docs/kernels.md;
 // - every repository path the docs name exists.
 // Each failure names the file to edit.
@@ -407,10 +408,24 @@ TEST(Coverage, EveryLayerTypeIsDocumentedAndInAShippedModel) {
   for (const char* dir : {"models", "tests/configs"})
     for (const auto& e : fs::directory_iterator(kRoot / dir))
       if (e.path().extension() == ".json") models += read(e.path());
+  // The configs the device executor tests run (tests/test_device_exec.cpp, test_models()):
+  // every shipped model, and the tests/configs files it names.
+  std::string device_models;
+  for (const auto& e : fs::directory_iterator(kRoot / "models"))
+    if (e.path().extension() == ".json") device_models += read(e.path());
+  const std::string device_exec = read(kRoot / "tests/test_device_exec.cpp");
+  for (const auto& e : fs::directory_iterator(kRoot / "tests/configs"))
+    if (e.path().extension() == ".json" &&
+        device_exec.find("\"" + e.path().filename().string() + "\"") != std::string::npos)
+      device_models += read(e.path());
   for (const std::string& t : types) {
+    const std::string key = "\"type\": \"" + t + "\"";
     EXPECT_TRUE(rows.count(t)) << "layer type " << t << " has no row in docs/config.md";
-    EXPECT_NE(models.find("\"type\": \"" + t + "\""), std::string::npos)
+    EXPECT_NE(models.find(key), std::string::npos)
         << "layer type " << t << " is in no model config (models/, tests/configs/), so no executor test runs it";
+    EXPECT_NE(device_models.find(key), std::string::npos)
+        << "layer type " << t << " is in no config the device executor tests run: name its tests/configs file in "
+        << "test_models() of tests/test_device_exec.cpp (or use the layer in a models/*.json)";
   }
   for (const std::string& r : rows)
     EXPECT_NE(std::find(types.begin(), types.end(), r), types.end())

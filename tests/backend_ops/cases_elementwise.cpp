@@ -166,6 +166,45 @@ REMAT_OP_CASE(elementwise, gelu) {
   }
 }
 
+// SiLU: expf on the device against the CPU's exp (both within 2 ulp of exact): the GELU
+// case's tolerances.
+REMAT_OP_CASE(elementwise, silu) {
+  for (int64_t n : kSizes) {
+    auto x = t.values(gelu_inputs(t, n), {n}), dy = t.uniform({n});
+    check_both_paths(t, {n}, 1e-6, 1e-5, "silu_forward",
+                     [&](Backend& be, Side s, const Tensor& y) { be.silu_forward(s(x), y); });
+    check_both_paths(t, {n}, 1e-6, 1e-5, "silu_backward",
+                     [&](Backend& be, Side s, const Tensor& dx) { be.silu_backward(s(dy), s(x), dx); });
+    // dx is dy
+    auto g = t.uniform({n});
+    t.run([&](Backend& be, Side s) { be.silu_backward(s(g), s(x), s(g)); });
+    t.expect_close(g, 1e-6, 1e-5, "silu_backward in place n=" + std::to_string(n));
+  }
+}
+
+// mul: one product per element, correctly rounded on both: bitwise.
+REMAT_OP_CASE(elementwise, mul) {
+  for (int64_t n : kSizes) {
+    auto a = t.uniform({n}, -3.0f, 3.0f), b = t.uniform({n}, -3.0f, 3.0f), dy = t.uniform({n});
+    check_both_paths(t, {n}, 0, 0, "mul_forward",
+                     [&](Backend& be, Side s, const Tensor& y) { be.mul_forward(s(a), s(b), y); });
+    auto da = t.output({n}), db = t.output({n}), da_only = t.output({n}), db_only = t.output({n});
+    t.run([&](Backend& be, Side s) {
+      be.mul_backward(s(dy), s(a), s(b), s(da), s(db));
+      be.mul_backward(s(dy), s(a), s(b), s(da_only), Tensor());
+      be.mul_backward(s(dy), s(a), s(b), Tensor(), s(db_only));
+    });
+    const std::string what = " n=" + std::to_string(n);
+    t.expect_equal(da, "mul_backward da" + what);
+    t.expect_equal(db, "mul_backward db" + what);
+    t.expect_equal(da_only, "mul_backward da alone" + what);
+    t.expect_equal(db_only, "mul_backward db alone" + what);
+  }
+  auto a = t.uniform({kLarge}), b = t.uniform({kLarge});
+  check_both_paths(t, {kLarge}, 0, 0, "mul_forward large",
+                   [&](Backend& be, Side s, const Tensor& y) { be.mul_forward(s(a), s(b), y); });
+}
+
 // Dropout: the mask bits must equal the CPU's for the same RngState, forward and backward,
 // for offsets that are multiples of 4 (one Philox block per four elements, float4) and
 // offsets that are not (the blocks straddle elements).
@@ -267,6 +306,38 @@ REMAT_OP_CASE(elementwise, bf16_gelu) {
               [&](Backend& be, Side s, const std::vector<Pair>& in, const Tensor& y) {
                 be.gelu_backward(s(in[0]), s(in[1]), approx, y);
               });
+  }
+}
+
+REMAT_OP_CASE(elementwise, bf16_silu_mul) {
+  ActivationDTypeScope bf16(DType::bf16);
+  // SiLU: the fp32 case's tolerances plus a bf16 step; mul: bitwise.
+  check_map(t, "silu_forward", 1e-6, kBf16Rel, 1,
+            [](Backend& be, Side s, const std::vector<Pair>& in, const Tensor& y) { be.silu_forward(s(in[0]), y); });
+  check_map(t, "silu_backward", 1e-6, kBf16Rel, 2,
+            [](Backend& be, Side s, const std::vector<Pair>& in, const Tensor& y) {
+              be.silu_backward(s(in[0]), s(in[1]), y);
+            });
+  check_map(t, "mul_forward", 0, 0, 2, [](Backend& be, Side s, const std::vector<Pair>& in, const Tensor& y) {
+    be.mul_forward(s(in[0]), s(in[1]), y);
+  });
+  // mul_backward's two outputs, each the product of dy and the other input
+  check_map(t, "mul_backward da", 0, 0, 3, [](Backend& be, Side s, const std::vector<Pair>& in, const Tensor& y) {
+    be.mul_backward(s(in[0]), s(in[1]), s(in[2]), y, Tensor());
+  });
+  check_map(t, "mul_backward db", 0, 0, 3, [](Backend& be, Side s, const std::vector<Pair>& in, const Tensor& y) {
+    be.mul_backward(s(in[0]), s(in[1]), s(in[2]), Tensor(), y);
+  });
+  // dx over dy, as the silu layer's backward runs it
+  for (int64_t n : kBf16Sizes) {
+    auto x = t.uniform_bf16({n}, -4.0f, 4.0f), g = t.output_like(t.uniform_bf16({n}));
+    auto g_aligned = t.uniform_bf16({n});
+    t.run([&](Backend& be, Side s) {
+      be.silu_backward(s(g), s(x), s(g));
+      be.silu_backward(s(g_aligned), s(x), s(g_aligned));
+    });
+    t.expect_close(g, 1e-6, kBf16Rel, "silu_backward in place n=" + std::to_string(n));
+    t.expect_close(g_aligned, 1e-6, kBf16Rel, "silu_backward in place (aligned) n=" + std::to_string(n));
   }
 }
 
@@ -462,6 +533,25 @@ REMAT_OP_CASE(elementwise, grad_pointwise) {
       return dot(dy.dut, y.dut);
     });
   }
+}
+
+REMAT_OP_CASE(elementwise, grad_silu_mul) {
+  const Shape s{3, 37};
+  auto x = t.uniform(s, -4.0f, 4.0f), dy = t.uniform(s), y = t.output(s);
+  auto dx = t.output(s);
+  t.run([&](Backend& be, Side d) { be.silu_backward(d(dy), d(x), d(dx)); });
+  t.expect_gradient("silu", x, dx, [&](Backend& be) {
+    be.silu_forward(x.dut, y.dut);
+    return dot(dy.dut, y.dut);
+  });
+  auto a = t.uniform(s, -2.0f, 2.0f), b = t.uniform(s, -2.0f, 2.0f), da = t.output(s), db = t.output(s);
+  t.run([&](Backend& be, Side d) { be.mul_backward(d(dy), d(a), d(b), d(da), d(db)); });
+  auto loss = [&](Backend& be) {
+    be.mul_forward(a.dut, b.dut, y.dut);
+    return dot(dy.dut, y.dut);
+  };
+  t.expect_gradient("mul da", a, da, loss);
+  t.expect_gradient("mul db", b, db, loss);
 }
 
 }  // namespace remat::test

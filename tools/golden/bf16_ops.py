@@ -73,6 +73,8 @@ def _pointwise():
     yield "gelu_tanh", _both(lambda x: F.gelu(x, approximate="tanh"), {"x": x}, {}, dy), {}
     yield "relu", _both(lambda x: F.relu(x), {"x": x}, {}, dy), {}
     yield "add", _both(lambda x, x2: x + x2, {"x": x, "x2": x2}, {}, dy), {}
+    yield "silu", _both(lambda x: F.silu(x), {"x": x}, {}, dy), {}
+    yield "mul", _both(lambda x, x2: x * x2, {"x": x, "x2": x2}, {}, dy), {}
 
 
 def _rows():

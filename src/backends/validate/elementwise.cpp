@@ -1,4 +1,5 @@
-// Validators of the elementwise ops: add, accumulate, scale, cast_multi, ReLU, GELU, dropout
+// Validators of the elementwise ops: add, accumulate, scale, cast_multi, ReLU, GELU, SiLU, mul,
+// dropout
 // (src/backends/cpu/elementwise.cpp).
 #include <string>
 #include <utility>
@@ -54,6 +55,46 @@ void check_gelu_backward(const Check& ck, const Tensor& dy, const Tensor& x, Gel
   ck.tensor("dx", dx);
   ck.same_shape("dy", dy, "x", x);
   ck.same_shape("dx", dx, "x", x);
+}
+
+void check_silu_forward(const Check& ck, const Tensor& x, const Tensor& y) {
+  ck.tensor("x", x);
+  ck.tensor("y", y);
+  ck.same_shape("x", x, "y", y);
+}
+
+void check_silu_backward(const Check& ck, const Tensor& dy, const Tensor& x, const Tensor& dx) {
+  ck.tensor("dy", dy);
+  ck.tensor("x", x);
+  ck.tensor("dx", dx);
+  ck.same_shape("dy", dy, "x", x);
+  ck.same_shape("dx", dx, "x", x);
+}
+
+void check_mul_forward(const Check& ck, const Tensor& a, const Tensor& b, const Tensor& y) {
+  ck.tensor("a", a);
+  ck.tensor("b", b);
+  ck.tensor("y", y);
+  ck.same_shape("a", a, "b", b);
+  ck.same_shape("a", a, "y", y);
+}
+
+void check_mul_backward(const Check& ck, const Tensor& dy, const Tensor& a, const Tensor& b, const Tensor& da,
+                        const Tensor& db) {
+  ck.tensor("dy", dy);
+  ck.tensor("a", a);
+  ck.tensor("b", b);
+  ck.same_shape("a", a, "b", b);
+  ck.same_shape("dy", dy, "a", a);
+  ck.optional("da", da, a.shape());
+  ck.optional("db", db, a.shape());
+  // da is written before db reads dy and a (each backend runs them as two passes).
+  for (const auto& [name, g] : {std::pair<const char*, const Tensor*>{"da", &da}, {"db", &db}}) {
+    if (!g->defined()) continue;
+    if (g->shares_storage(dy) || g->shares_storage(a) || g->shares_storage(b))
+      ck.fail(std::string(name) + " " + g->str() + " must not share storage with dy, a or b");
+  }
+  if (da.defined() && db.defined() && da.shares_storage(db)) ck.fail("da and db must not share storage");
 }
 
 void check_dropout_forward(const Check& ck, const Tensor& x, float p, RngState /*rng*/, const Tensor& y) {
