@@ -66,6 +66,23 @@ struct GeluTanhBackward {
   }
 };
 
+// expf (not __expf): the CPU's exp is within 2 ulp of the exact one, and so is expf; an x
+// far below -88 makes expf(-x) inf and s 0.
+struct Silu {
+  __device__ float operator()(float v) const { return v * (1.0f / (1.0f + expf(-v))); }
+};
+
+struct SiluBackward {
+  __device__ float operator()(float g, float v) const {
+    const float s = 1.0f / (1.0f + expf(-v));
+    return g * (s * (1.0f + v * (1.0f - s)));
+  }
+};
+
+struct Mul {
+  __device__ float operator()(float u, float v) const { return u * v; }
+};
+
 struct Zero {
   __device__ float operator()(float) const { return 0.0f; }
 };
@@ -206,6 +223,14 @@ void gelu_backward(FloatBuf dy, FloatBuf x, Gelu form, FloatBuf dx, int64_t n, c
   else
     map2(dy, x, dx, n, GeluTanhBackward{}, stream);
 }
+
+void silu_forward(FloatBuf x, FloatBuf y, int64_t n, cudaStream_t stream) { map1(x, y, n, Silu{}, stream); }
+
+void silu_backward(FloatBuf dy, FloatBuf x, FloatBuf dx, int64_t n, cudaStream_t stream) {
+  map2(dy, x, dx, n, SiluBackward{}, stream);
+}
+
+void mul(FloatBuf a, FloatBuf b, FloatBuf y, int64_t n, cudaStream_t stream) { map2(a, b, y, n, Mul{}, stream); }
 
 namespace {
 

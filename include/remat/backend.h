@@ -4,7 +4,7 @@
 // that list into Backend's methods.
 //
 // - The public methods validate shapes, dtypes and devices, throwing remat::Error that
-//   names the op and the shapes (src/backends/backend.cpp), then call enter_op() and the
+//   names the op and the shapes (src/backends/validate/<family>.cpp), then call enter_op() and the
 //   backend's *_impl.
 // - The caller allocates every output, and the workspace an op asks for through its
 //   *_workspace query; ops never allocate. That keeps the allocation sequence in one
@@ -56,6 +56,14 @@ struct BatchNormParams {
   float eps = 1e-5f;
 };
 
+// Layer and RMS normalisation over the last dimension (eps inside the square root).
+struct LayerNormParams {
+  float eps = 1e-5f;  // PyTorch's nn.LayerNorm
+};
+struct RmsNormParams {
+  float eps = 1e-6f;  // LLaMA's RMSNorm
+};
+
 enum class GeluApprox { none, tanh };  // exact erf form, or PyTorch's approximate="tanh"
 
 struct AttentionParams {
@@ -103,6 +111,7 @@ class Backend {
 
   // The ops of remat/backend_ops.def, e.g.
   //   void gemm(const Tensor& a, const Tensor& b, const Tensor& c, const GemmParams& p);
+  // (where each one's validator and implementations live: the index at the end of the op list).
 #define REMAT_OP(kind, R, name, params, args) R name params;
 #include "remat/backend_ops.def"
 #undef REMAT_OP

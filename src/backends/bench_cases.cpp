@@ -90,7 +90,7 @@ void add_row_cases(std::vector<BenchCase>& cs, int64_t n) {
                   {input({r, c}, 1, -1, 1), input({c}, 2, 0.5f, 1.5f), input({c}, 3, -0.1f, 0.1f), output({r, c}),
                    output({r}), output({r})},
                   [](Backend& be, const std::vector<Tensor>& t) {
-                    be.layernorm_forward(t[0], t[1], t[2], 1e-5f, t[3], t[4], t[5]);
+                    be.layernorm_forward(t[0], t[1], t[2], LayerNormParams{1e-5f}, t[3], t[4], t[5]);
                   },
                   1e-6,
                   1e-5});
