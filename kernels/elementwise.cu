@@ -3,6 +3,7 @@
 #include "kernels/bf16.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/vec4.cuh"
+#include "remat/gelu.h"
 
 namespace remat::kernels {
 
@@ -10,10 +11,11 @@ namespace {
 
 constexpr int kBlock = 256;
 
-constexpr float kSqrt1_2 = 0.70710678118654752440f;      // 1 / sqrt(2)
-constexpr float kInvSqrt2Pi = 0.39894228040143267794f;   // 1 / sqrt(2 pi)
-constexpr float kSqrt2OverPi = 0.79788456080286535588f;  // sqrt(2 / pi)
-constexpr float kKappa = 0.044715f;
+// GELU's constants (remat/gelu.h).
+using gelu::kInvSqrt2Pi;
+using gelu::kKappa;
+using gelu::kSqrt1_2;
+using gelu::kSqrt2OverPi;
 
 // ---- The per-element functions --------------------------------------------------------
 
@@ -62,6 +64,23 @@ struct GeluTanhBackward {
     const float dinner = kSqrt2OverPi * (1.0f + 3.0f * kKappa * v * v);
     return g * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * dinner);
   }
+};
+
+// expf (not __expf): the CPU's exp is within 2 ulp of the exact one, and so is expf; an x
+// far below -88 makes expf(-x) inf and s 0.
+struct Silu {
+  __device__ float operator()(float v) const { return v * (1.0f / (1.0f + expf(-v))); }
+};
+
+struct SiluBackward {
+  __device__ float operator()(float g, float v) const {
+    const float s = 1.0f / (1.0f + expf(-v));
+    return g * (s * (1.0f + v * (1.0f - s)));
+  }
+};
+
+struct Mul {
+  __device__ float operator()(float u, float v) const { return u * v; }
 };
 
 struct Zero {
@@ -204,6 +223,14 @@ void gelu_backward(FloatBuf dy, FloatBuf x, Gelu form, FloatBuf dx, int64_t n, c
   else
     map2(dy, x, dx, n, GeluTanhBackward{}, stream);
 }
+
+void silu_forward(FloatBuf x, FloatBuf y, int64_t n, cudaStream_t stream) { map1(x, y, n, Silu{}, stream); }
+
+void silu_backward(FloatBuf dy, FloatBuf x, FloatBuf dx, int64_t n, cudaStream_t stream) {
+  map2(dy, x, dx, n, SiluBackward{}, stream);
+}
+
+void mul(FloatBuf a, FloatBuf b, FloatBuf y, int64_t n, cudaStream_t stream) { map2(a, b, y, n, Mul{}, stream); }
 
 namespace {
 

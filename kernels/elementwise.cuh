@@ -1,4 +1,4 @@
-// Elementwise kernels: add, scale, ReLU and GELU forward and backward, copy. Each maps
+// Elementwise kernels: add, scale, ReLU, GELU and SiLU forward and backward, mul, copy. Each maps
 // n contiguous elements (f32 or bf16), with the formulas of the CPU backend (src/backends/cpu/elementwise.cpp).
 // An output may be one of the inputs (in place): every element is read before it is written.
 #pragma once
@@ -29,6 +29,11 @@ void relu_backward(FloatBuf dy, FloatBuf x, FloatBuf dx, int64_t n, cudaStream_t
 // y = x * Phi(x), Phi the normal CDF (or its tanh approximation); dx = dy * dy/dx
 void gelu_forward(FloatBuf x, Gelu form, FloatBuf y, int64_t n, cudaStream_t stream);
 void gelu_backward(FloatBuf dy, FloatBuf x, Gelu form, FloatBuf dx, int64_t n, cudaStream_t stream);
+// y = x * s, s = 1 / (1 + exp(-x)); dx = dy * s * (1 + x * (1 - s))
+void silu_forward(FloatBuf x, FloatBuf y, int64_t n, cudaStream_t stream);
+void silu_backward(FloatBuf dy, FloatBuf x, FloatBuf dx, int64_t n, cudaStream_t stream);
+// y = a * b (mul's backward is two of them: da = dy * b, db = dy * a)
+void mul(FloatBuf a, FloatBuf b, FloatBuf y, int64_t n, cudaStream_t stream);
 
 // Multi-tensor f32 -> bf16 conversion (Backend::cast_multi: the bf16 working copies of the
 // fp32 masters, ParamStore::refresh_working): up to kCastMultiMax tensors per launch, their

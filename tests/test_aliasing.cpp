@@ -69,6 +69,8 @@ TEST_P(Aliasing, PointwiseBackwardIntoDy) {
     for (GeluApprox a : {GeluApprox::none, GeluApprox::tanh})
       expect_alias_safe(dev(), "gelu_backward " + s.str(), dy,
                         [&](const Tensor& g, const Tensor& dx) { be().gelu_backward(g, x, a, dx); });
+    expect_alias_safe(dev(), "silu_backward " + s.str(), dy,
+                      [&](const Tensor& g, const Tensor& dx) { be().silu_backward(g, x, dx); });
     for (float p : {0.1f, 0.5f})
       expect_alias_safe(dev(), "dropout_backward " + s.str(), dy, [&](const Tensor& g, const Tensor& dx) {
         be().dropout_backward(g, p, RngState{1234, 99}, dx);
@@ -103,7 +105,7 @@ TEST_P(Aliasing, LayerNormBackwardIntoDy) {
     Tensor x = rand_on(s, 8, dev(), -2.0f, 2.0f), dy = rand_on(s, 9, dev());
     Tensor gamma = rand_on(c, 10, dev(), 0.5f, 1.5f), beta = rand_on(c, 11, dev());
     Tensor y = Tensor::empty(s, dev()), mean = Tensor::empty(rows, dev()), rstd = Tensor::empty(rows, dev());
-    be().layernorm_forward(x, gamma, beta, 1e-5f, y, mean, rstd);
+    be().layernorm_forward(x, gamma, beta, LayerNormParams{1e-5f}, y, mean, rstd);
     Tensor dg[2], db[2];
     int run = 0;
     expect_alias_safe(dev(), "layernorm_backward " + s.str(), dy, [&](const Tensor& g, const Tensor& dx) {
@@ -114,6 +116,24 @@ TEST_P(Aliasing, LayerNormBackwardIntoDy) {
     });
     EXPECT_TRUE(bitwise_equal(dg[1].to(Device::cpu()), dg[0].to(Device::cpu()))) << "dgamma " << s.str();
     EXPECT_TRUE(bitwise_equal(db[1].to(Device::cpu()), db[0].to(Device::cpu()))) << "dbeta " << s.str();
+  }
+}
+
+TEST_P(Aliasing, RmsNormBackwardIntoDy) {
+  for (const Shape& s : {Shape{3, 7}, Shape{5, 768}, Shape{2, 1025}, Shape{2, 3, 36}}) {
+    const Shape c{s[-1]}, rows{s.numel() / s[-1]};
+    Tensor x = rand_on(s, 12, dev(), -2.0f, 2.0f), dy = rand_on(s, 13, dev());
+    Tensor gamma = rand_on(c, 14, dev(), 0.5f, 1.5f);
+    Tensor y = Tensor::empty(s, dev()), rstd = Tensor::empty(rows, dev());
+    be().rmsnorm_forward(x, gamma, RmsNormParams{1e-6f}, y, rstd);
+    Tensor dg[2];
+    int run = 0;
+    expect_alias_safe(dev(), "rmsnorm_backward " + s.str(), dy, [&](const Tensor& g, const Tensor& dx) {
+      dg[run] = Tensor::zeros(c, dev());
+      be().rmsnorm_backward(g, x, gamma, rstd, dx, dg[run]);
+      ++run;
+    });
+    EXPECT_TRUE(bitwise_equal(dg[1].to(Device::cpu()), dg[0].to(Device::cpu()))) << "dgamma " << s.str();
   }
 }
 

@@ -4,7 +4,7 @@
 // that list into Backend's methods.
 //
 // - The public methods validate shapes, dtypes and devices, throwing remat::Error that
-//   names the op and the shapes (src/backends/backend.cpp), then call enter_op() and the
+//   names the op and the shapes (src/backends/validate/<family>.cpp), then call enter_op() and the
 //   backend's *_impl.
 // - The caller allocates every output, and the workspace an op asks for through its
 //   *_workspace query; ops never allocate. That keeps the allocation sequence in one
@@ -16,7 +16,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,6 +54,14 @@ constexpr int64_t kMaxPoolWindow = 256;
 struct BatchNormParams {
   float momentum = 0.1f;  // running = (1 - momentum) * running + momentum * batch
   float eps = 1e-5f;
+};
+
+// Layer and RMS normalisation over the last dimension (eps inside the square root).
+struct LayerNormParams {
+  float eps = 1e-5f;  // PyTorch's nn.LayerNorm
+};
+struct RmsNormParams {
+  float eps = 1e-6f;  // LLaMA's RMSNorm
 };
 
 enum class GeluApprox { none, tanh };  // exact erf form, or PyTorch's approximate="tanh"
@@ -128,86 +135,40 @@ struct AdamWParams {
 Shape conv2d_output_shape(const Shape& x, const Shape& w, const Conv2dParams& p);
 Shape pool2d_output_shape(const Shape& x, const Pool2dParams& p);
 
+class BackendTuning;  // remat/backend_tuning.h
+
 class Backend {
  public:
-  virtual ~Backend() = default;
+  Backend();
+  virtual ~Backend();
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
   virtual Device device() const = 0;
   virtual std::string name() const = 0;
 
   // The ops of remat/backend_ops.def, e.g.
   //   void gemm(const Tensor& a, const Tensor& b, const Tensor& c, const GemmParams& p);
+  // (where each one's validator and implementations live: the index at the end of the op list).
 #define REMAT_OP(kind, R, name, params, args) R name params;
 #include "remat/backend_ops.def"
 #undef REMAT_OP
 
-  // ---- For timers and benchmarks ------------------------------------------------------
+  // ---- Running ops ---------------------------------------------------------------------
   // Waits until every op enqueued so far has finished (a no-op where ops run
   // synchronously).
   virtual void synchronize() {}
   // The queue the ops run on, for a library that enqueues beside them (NCCL's
   // collectives): the cudaStream_t of a CUDA device; nullptr where ops run synchronously.
   virtual void* native_stream() const { return nullptr; }
-  // Milliseconds one run of `body` (ops on this backend) takes by the device's clock: CUDA
-  // events on a GPU; the host clock between two synchronize() calls elsewhere.
-  virtual double time_ms(const std::function<void()>& body);
-  // Evicts what earlier runs left in the device's caches (a GPU's L2); a no-op elsewhere.
-  virtual void flush_caches() {}
-  struct Properties {
-    std::string name;           // e.g. "NVIDIA H200"; the device string where unknown
-    double memory_gbps = 0;     // peak memory bandwidth, GB/s; 0: unknown
-    std::string gbps_source;    // how memory_gbps was found (or why it is unknown)
-    int64_t cache_bytes = 0;    // what flush_caches() evicts (a GPU's L2); 0: nothing
-    bool device_clock = false;  // time_ms reads the device's own clock
-  };
-  virtual Properties properties() const;
-  // TF32 tensor-core math for fp32 GEMMs (and convolutions) on backends that have it;
-  // returns false, changing nothing, on those that do not.
-  virtual bool set_tf32(bool on) {
-    (void)on;
-    return false;
-  }
-  virtual bool tf32() const { return false; }
   // Whether the ops compute on bf16 storage (training.precision bf16: bf16 activations and
   // working weights, fp32 math; docs/memory.md "Mixed precision"). Which layers do is the
   // graph's question (Layer::runs_in_bf16).
   virtual bool supports_bf16() const { return false; }
-  // The most bytes one group of attention's [T, T] scratch matrices takes (the backend's
-  // default where 0; a group holds one batch element or head at least). Tests shrink it
-  // to run the multi-group path at small shapes. Returns the previous setting; backends
-  // without grouped scratch keep 0 and change nothing.
-  virtual int64_t set_attention_group_bytes(int64_t bytes) {
-    (void)bytes;
-    return 0;
-  }
 
-  // ---- Global-memory traffic per kernel (the CUDA emulator) ---------------------------
-  // A warp access is one instruction executed by the lanes of a warp; its requested bytes
-  // are the distinct bytes its lanes asked for, its sectors the distinct 32-byte sectors
-  // those bytes lie in (what a GPU's memory system moves). Coalescing efficiency =
-  // requested bytes / (32 x sectors). Only cuda-emu counts, for kernels compiled with the
-  // emulator's instrumentation (docs/kernels.md, "Coalescing").
-  struct KernelTraffic {
-    std::string kernel;  // as written at its launch
-    int64_t launches = 0;
-    int64_t warp_accesses = 0;
-    int64_t requested_bytes = 0;
-    int64_t sectors = 0;
-    // The instruction that wasted the most sector bytes ("<module>+0x<offset>") and its
-    // own efficiency; empty when none wasted any.
-    std::string worst_site;
-    double worst_site_efficiency = 1.0;
-    double efficiency() const {
-      return sectors > 0 ? static_cast<double>(requested_bytes) / (32.0 * static_cast<double>(sectors)) : 0.0;
-    }
-  };
-  // Starts (true) or stops counting; returns false, changing nothing, where the backend
-  // cannot count (every backend but cuda-emu over instrumented kernels).
-  virtual bool count_traffic(bool on) {
-    (void)on;
-    return false;
-  }
-  // The kernels counted since the last call, in name order; clears the counts.
-  virtual std::vector<KernelTraffic> take_traffic() { return {}; }
+  // What benchmarks and tests turn and read besides the ops (remat/backend_tuning.h): the
+  // device's clock, TF32 and attention's scratch groups, the emulator's traffic counters.
+  // A backend without its own answers with a HostTuning (host clocks, no knobs).
+  virtual BackendTuning& tuning();
 
  protected:
   // Called by every public op before its *_impl: a backend makes its device current here
@@ -217,6 +178,9 @@ class Backend {
 #define REMAT_OP(kind, R, name, params, args) virtual R name##_impl params = 0;
 #include "remat/backend_ops.def"
 #undef REMAT_OP
+
+ private:
+  std::unique_ptr<BackendTuning> host_tuning_;  // tuning()'s answer unless a backend has its own
 };
 
 // A backend declares its overrides of every op inside its class with

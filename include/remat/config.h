@@ -154,7 +154,4 @@ std::string precision_error(const std::string& p);
 // The storage dtype of float activations under precision `p` (fp32: f32, bf16: bf16).
 DType precision_dtype(const std::string& p);
 
-// Learning rate at `step` (counting from 1) of `total` steps.
-double scheduled_lr(const OptimizerConfig& o, const ScheduleConfig& s, int64_t step, int64_t total);
-
 }  // namespace remat

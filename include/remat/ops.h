@@ -52,7 +52,8 @@ struct Normalized {
 Normalized batchnorm2d_train(Backend& be, const Tensor& x, const Tensor& gamma, const Tensor& beta,
                              const Tensor& running_mean, const Tensor& running_var, const BatchNormParams& p,
                              bool update_running = true);
-Normalized layernorm(Backend& be, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps = 1e-5f);
+Normalized layernorm(Backend& be, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                     const LayerNormParams& p = {});
 // Backend::layernorm_backward with its workspace (when dgamma or dbeta is defined).
 void layernorm_backward(Backend& be, const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                         const Tensor& rstd, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta);

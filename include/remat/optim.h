@@ -86,4 +86,8 @@ class Optimizer {
   std::vector<Tensor> shard_state_;     // sharded: exp_avg, exp_avg_sq (AdamW) or momentum_buffer
 };
 
+// The learning rate at `step` (counting from 1) of `total` steps: the optimizer section's
+// lr under its schedule (src/optim/schedule.cpp).
+double scheduled_lr(const OptimizerConfig& o, const ScheduleConfig& s, int64_t step, int64_t total);
+
 }  // namespace remat

@@ -123,11 +123,11 @@ Normalized batchnorm2d_train(Backend& be, const Tensor& x, const Tensor& gamma, 
   return r;
 }
 
-Normalized layernorm(Backend& be, const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps) {
+Normalized layernorm(Backend& be, const Tensor& x, const Tensor& gamma, const Tensor& beta, const LayerNormParams& p) {
   REMAT_CHECK(x.rank() >= 1 && x.size(-1) > 0, "layernorm: x ", x.str(), ": expected a non-empty last dimension");
   const int64_t n = x.numel() / x.size(-1);
   Normalized r{out(be, x.shape()), out(be, Shape{n}, DType::f32), out(be, Shape{n}, DType::f32)};
-  be.layernorm_forward(x, gamma, beta, eps, r.y, r.mean, r.invstd);
+  be.layernorm_forward(x, gamma, beta, p, r.y, r.mean, r.invstd);
   return r;
 }
 

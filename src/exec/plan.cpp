@@ -97,7 +97,9 @@ CheckpointPlan make_plan_from_segments(const Graph& g, const std::string& name, 
   // Which layers backward needs to re-run: those whose extras are not kept (read by
   // their own backward), and, among those whose output is not kept, those whose output
   // some backward reads and, walking each segment backwards, those whose output a re-run
-  // layer reads.
+  // layer reads. A layer whose output is not kept has all its readers in its own segment
+  // (a reader in another segment makes it that segment's checkpoint, kept above), so the
+  // search for re-run readers ends at the segment's end.
   const auto n = static_cast<size_t>(g.size());
   std::vector<bool> out_read_by_backward(n, false);
   for (int i = 0; i < g.size(); ++i) {
@@ -112,7 +114,8 @@ CheckpointPlan make_plan_from_segments(const Graph& g, const std::string& name, 
     bool need = !p.keep_extras[static_cast<size_t>(i)] && !l.extra_names().empty();
     if (!p.keep[static_cast<size_t>(i)]) {
       need = need || out_read_by_backward[static_cast<size_t>(i)];
-      for (int j = i + 1; j < g.size() && !need; ++j) {
+      const int segment_end = p.segments[static_cast<size_t>(p.segment_of[static_cast<size_t>(i)])].end;
+      for (int j = i + 1; j < segment_end && !need; ++j) {
         if (!p.rerun[static_cast<size_t>(j)]) continue;
         for (int in : g.layer(j).inputs) need = need || in == i;
       }

@@ -321,18 +321,6 @@ nlohmann::json Config::resolved() const {
   return j;
 }
 
-double scheduled_lr(const OptimizerConfig& o, const ScheduleConfig& s, int64_t step, int64_t total) {
-  if (s.warmup_steps > 0 && step <= s.warmup_steps) return o.lr * static_cast<double>(step) / s.warmup_steps;
-  if (s.type == "cosine") {
-    const double span = std::max<int64_t>(1, total - s.warmup_steps);
-    const double t = std::min(1.0, static_cast<double>(step - s.warmup_steps) / span);
-    const double floor = o.lr * s.min_lr_ratio;
-    return floor + (o.lr - floor) * 0.5 * (1.0 + std::cos(M_PI * t));
-  }
-  if (s.type == "step") return o.lr * std::pow(s.gamma, static_cast<double>((step - 1) / s.step_size));
-  return o.lr;
-}
-
 const std::vector<std::string>& precisions() {
   static const std::vector<std::string> p{"fp32", "bf16"};
   return p;

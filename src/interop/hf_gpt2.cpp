@@ -426,6 +426,132 @@ std::string join(const std::vector<std::string>& v, size_t max = 8) {
   return out;
 }
 
+// The number of GPT-2 blocks of a graph (its parameters h{i}.ln1.weight).
+int64_t block_count(const Graph& g) {
+  int64_t n_blocks = 0;
+  for (const GraphParam& p : g.params) {
+    int64_t i = -1;
+    if (match_pattern("h{}.ln1.weight", p.name, &i)) n_blocks = std::max(n_blocks, i + 1);
+  }
+  return n_blocks;
+}
+
+// Whether the files name their tensors as Hugging Face GPT-2 does (else: as remat does).
+bool has_hf_names(const Sources& src) {
+  bool hf = false;
+  for (const auto& f : src.files)
+    for (const auto& e : f.entries()) {
+      const std::string c = canonical_hf(e.name);
+      int64_t i = -1;
+      if (c == "wte.weight" || match_pattern("h.{}.ln_1.weight", c, &i) ||
+          match_pattern("h.{}.attn.c_attn.weight", c, &i))
+        hf = true;
+    }
+  return hf;
+}
+
+// Loads a graph's parameters from the tensors of the files, by name.
+class ParamLoader {
+ public:
+  ParamLoader(const Sources& src, const Config& cfg, ParamStore& params, bool hf, bool partial, InitFromReport& r)
+      : cfg_(cfg), params_(params), hf_(hf), partial_(partial), r_(r) {
+    // Every tensor of the files by name; Hugging Face names without "transformer.", and
+    // without the attention mask buffers (counted).
+    for (const auto& f : src.files)
+      for (const auto& e : f.entries()) {
+        const std::string key = hf ? canonical_hf(e.name) : e.name;
+        if (hf && is_hf_gpt2_buffer(key)) {
+          ++r.ignored_buffers;
+          continue;
+        }
+        if (by_name_.count(key))
+          REMAT_THROW(f.source(), ": tensor \"", e.name, "\" appears twice (also in ", by_name_[key].file->source(),
+                      ")");
+        by_name_[key] = Found{&f, &e};
+      }
+  }
+
+  // Parameter p from its tensor; under partial, one without a tensor is left as initialised
+  // (and listed as missing).
+  void load(size_t p) {
+    const Graph& g = params_.graph();
+    const std::string& name = g.params[p].name;
+    std::string key = name;
+    bool conv1d = false;
+    if (hf_) {
+      if (!hf_name_of(name, &key, &conv1d)) {
+        if (partial_) return leave_initialised(p);
+        REMAT_THROW(cfg_.source, ": parameter \"", name,
+                    "\" has no Hugging Face GPT-2 name (a GPT-2 config uses the "
+                    "layer names of models/gpt2_124m.json: embed, h{i}.ln1, h{i}.qkv, h{i}.proj, h{i}.ln2, h{i}.fc, "
+                    "h{i}.fc2, ln_f, head); pass --init-from-partial to load the others");
+      }
+      if (key == kHfHead) head_tied_ = false;
+    }
+    auto it = by_name_.find(key);
+    // An untied head loads the embedding when the file ties them (lm_head.weight left out).
+    if (it == by_name_.end() && hf_ && key == kHfHead) it = by_name_.find("wte.weight");
+    if (it == by_name_.end()) {
+      if (partial_) return leave_initialised(p);
+      REMAT_THROW(join(r_.files, 2), ": no tensor ",
+                  hf_ ? "\"" + key + "\" (remat's \"" + name + "\")" : "\"" + name + "\"",
+                  "; pass --init-from-partial to leave missing parameters as initialised");
+    }
+    const SafetensorsEntry& e = *it->second.entry;
+    const Shape& want = g.params[p].spec.shape;
+    const Shape want_file = conv1d ? transposed(want) : want;
+    if (e.shape != want_file)
+      REMAT_THROW(it->second.file->source(), ": tensor \"", e.name, "\"", hf_ ? " (remat's \"" + name + "\")" : "",
+                  " has shape ", e.shape.str(), ", the config (", cfg_.source, ") expects ", want_file.str(),
+                  conv1d ? " (Conv1D [in, out] of remat's " + want.str() + ")" : "");
+    load_param(*it->second.file, e, conv1d, params_.values[p]);
+    used_.insert(it->first);
+    ++r_.tensors;
+    r_.bytes += static_cast<int64_t>(e.end - e.begin);
+  }
+
+  // A tied head (no parameter of its own): the files' lm_head.weight, where there is one,
+  // must be the embedding.
+  void check_tied_head() {
+    if (!hf_ || !head_tied_ || !by_name_.count(kHfHead) || !by_name_.count("wte.weight")) return;
+    const Found& h = by_name_[kHfHead];
+    const Found& w = by_name_["wte.weight"];
+    const bool same = h.entry->shape == w.entry->shape && h.entry->dtype == w.entry->dtype &&
+                      std::memcmp(h.file->data(*h.entry), w.file->data(*w.entry), h.entry->end - h.entry->begin) == 0;
+    h.file->release(*h.entry, 0, h.entry->end - h.entry->begin);
+    w.file->release(*w.entry, 0, w.entry->end - w.entry->begin);
+    if (same) {
+      used_.insert(kHfHead);
+    } else if (!partial_) {
+      REMAT_THROW(h.file->source(), ": lm_head.weight differs from wte.weight, but the config (", cfg_.source,
+                  ") ties head to embed; an untied checkpoint needs a head with its own weight (no tie_weight)");
+    }
+  }
+
+  // The files' tensors no parameter took: an error unless partial.
+  void check_unused() {
+    for (const auto& [key, f] : by_name_)
+      if (!used_.count(key)) r_.unexpected.push_back(f.entry->name);
+    if (!r_.unexpected.empty() && !partial_)
+      REMAT_THROW(join(r_.files, 2), ": tensors the config (", cfg_.source,
+                  ") has no parameter for: ", join(r_.unexpected), "; pass --init-from-partial to ignore them");
+  }
+
+ private:
+  void leave_initialised(size_t p) {
+    r_.missing.push_back(params_.graph().params[p].name);
+    params_.initialise(p);
+  }
+
+  const Config& cfg_;
+  ParamStore& params_;
+  const bool hf_, partial_;
+  InitFromReport& r_;
+  std::map<std::string, Found> by_name_;
+  std::set<std::string> used_;
+  bool head_tied_ = true;  // no parameter head.weight of its own
+};
+
 }  // namespace
 
 bool is_hf_gpt2_buffer(const std::string& hf_name) {
@@ -454,107 +580,131 @@ InitFromReport init_from(const std::string& path, const Config& cfg, ParamStore&
   r.path = path;
   const Sources src = open_sources(path);
   for (const auto& f : src.files) r.files.push_back(f.source());
-
-  // Every tensor of the files by name; Hugging Face names without "transformer.".
-  bool hf = false;
-  for (const auto& f : src.files)
-    for (const auto& e : f.entries()) {
-      const std::string c = canonical_hf(e.name);
-      int64_t i = -1;
-      if (c == "wte.weight" || match_pattern("h.{}.ln_1.weight", c, &i) ||
-          match_pattern("h.{}.attn.c_attn.weight", c, &i))
-        hf = true;
-    }
+  const bool hf = has_hf_names(src);
   r.format = hf ? "hf-gpt2" : "remat";
-  std::map<std::string, Found> by_name;
-  std::set<std::string> used;
-  for (const auto& f : src.files)
-    for (const auto& e : f.entries()) {
-      const std::string key = hf ? canonical_hf(e.name) : e.name;
-      if (hf && is_hf_gpt2_buffer(key)) {
-        ++r.ignored_buffers;
-        continue;
-      }
-      if (by_name.count(key))
-        REMAT_THROW(f.source(), ": tensor \"", e.name, "\" appears twice (also in ", by_name[key].file->source(), ")");
-      by_name[key] = Found{&f, &e};
-    }
-
-  int64_t n_blocks = 0;
-  for (const GraphParam& p : g.params) {
-    int64_t i = -1;
-    if (match_pattern("h{}.ln1.weight", p.name, &i)) n_blocks = std::max(n_blocks, i + 1);
-  }
-  if (hf && !src.config_json.empty()) check_hf_config(src.config_json, cfg, n_blocks);
-  bool head_tied = true;  // no parameter head.weight of its own
-  for (size_t p = 0; p < g.params.size(); ++p) {
-    const std::string& name = g.params[p].name;
-    std::string key = name;
-    bool conv1d = false;
-    if (hf) {
-      if (!hf_name_of(name, &key, &conv1d)) {
-        if (partial) {
-          r.missing.push_back(name);
-          params.initialise(p);
-          continue;
-        }
-        REMAT_THROW(cfg.source, ": parameter \"", name,
-                    "\" has no Hugging Face GPT-2 name (a GPT-2 config uses the "
-                    "layer names of models/gpt2_124m.json: embed, h{i}.ln1, h{i}.qkv, h{i}.proj, h{i}.ln2, h{i}.fc, "
-                    "h{i}.fc2, ln_f, head); pass --init-from-partial to load the others");
-      }
-      if (key == kHfHead) head_tied = false;
-    }
-    auto it = by_name.find(key);
-    // An untied head loads the embedding when the file ties them (lm_head.weight left out).
-    if (it == by_name.end() && hf && key == kHfHead) it = by_name.find("wte.weight");
-    if (it == by_name.end()) {
-      if (partial) {
-        r.missing.push_back(name);
-        params.initialise(p);
-        continue;
-      }
-      REMAT_THROW(join(r.files, 2), ": no tensor ",
-                  hf ? "\"" + key + "\" (remat's \"" + name + "\")" : "\"" + name + "\"",
-                  "; pass --init-from-partial to leave missing parameters as initialised");
-    }
-    const SafetensorsEntry& e = *it->second.entry;
-    const Shape& want = g.params[p].spec.shape;
-    const Shape want_file = conv1d ? transposed(want) : want;
-    if (e.shape != want_file)
-      REMAT_THROW(it->second.file->source(), ": tensor \"", e.name, "\"", hf ? " (remat's \"" + name + "\")" : "",
-                  " has shape ", e.shape.str(), ", the config (", cfg.source, ") expects ", want_file.str(),
-                  conv1d ? " (Conv1D [in, out] of remat's " + want.str() + ")" : "");
-    load_param(*it->second.file, e, conv1d, params.values[p]);
-    used.insert(it->first);
-    ++r.tensors;
-    r.bytes += static_cast<int64_t>(e.end - e.begin);
-  }
-  // A tied head: the files' lm_head.weight, where there is one, must be the embedding.
-  if (hf && head_tied && by_name.count(kHfHead) && by_name.count("wte.weight")) {
-    const Found& h = by_name[kHfHead];
-    const Found& w = by_name["wte.weight"];
-    const bool same = h.entry->shape == w.entry->shape && h.entry->dtype == w.entry->dtype &&
-                      std::memcmp(h.file->data(*h.entry), w.file->data(*w.entry), h.entry->end - h.entry->begin) == 0;
-    h.file->release(*h.entry, 0, h.entry->end - h.entry->begin);
-    w.file->release(*w.entry, 0, w.entry->end - w.entry->begin);
-    if (same) {
-      used.insert(kHfHead);
-    } else if (!partial) {
-      REMAT_THROW(h.file->source(), ": lm_head.weight differs from wte.weight, but the config (", cfg.source,
-                  ") ties head to embed; an untied checkpoint needs a head with its own weight (no tie_weight)");
-    }
-  }
-  for (const auto& [key, f] : by_name)
-    if (!used.count(key)) r.unexpected.push_back(f.entry->name);
-  if (!r.unexpected.empty() && !partial)
-    REMAT_THROW(join(r.files, 2), ": tensors the config (", cfg.source, ") has no parameter for: ", join(r.unexpected),
-                "; pass --init-from-partial to ignore them");
+  ParamLoader loader(src, cfg, params, hf, partial, r);
+  if (hf && !src.config_json.empty()) check_hf_config(src.config_json, cfg, block_count(g));
+  for (size_t p = 0; p < g.params.size(); ++p) loader.load(p);
+  loader.check_tied_head();
+  loader.check_unused();
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return r;
 }
 
 // ---- export -------------------------------------------------------------------------------------
+
+namespace {
+
+// A tensor of the export: its Hugging Face name, the checkpoint's entry, whether it is
+// transposed (Conv1D's [in, out]) and its shape in the export.
+struct ExportTensor {
+  std::string name;
+  const SafetensorsEntry* entry;
+  bool conv1d;
+  Shape shape;
+};
+
+// What the exported config.json says of the model besides the config's facts.
+struct ExportFacts {
+  bool tied = true;  // no parameter head.weight of its own
+  int64_t n_blocks = 0, n_inner = 0, n_positions = 0;
+};
+
+// The checkpoint's tensors in the graph's order, with their Hugging Face names and shapes.
+std::vector<ExportTensor> export_tensors(const Graph& g, const SafetensorsFile& f, const std::string& cfg_path,
+                                         ExportFacts& facts) {
+  std::vector<ExportTensor> outs;
+  for (const GraphParam& p : g.params) {
+    std::string hf;
+    bool conv1d = false;
+    if (!hf_name_of(p.name, &hf, &conv1d))
+      REMAT_THROW(cfg_path, ": parameter \"", p.name,
+                  "\" has no Hugging Face GPT-2 name (a GPT-2 config uses the layer "
+                  "names of models/gpt2_124m.json)");
+    REMAT_CHECK(f.has(p.name), f.source(), ": no tensor \"", p.name, "\" of the config's parameters");
+    const SafetensorsEntry& e = f.entry(p.name);
+    REMAT_CHECK(e.shape == p.spec.shape && e.dtype == DType::f32, f.source(), ": tensor \"", p.name, "\" is ",
+                dtype_name(e.dtype), e.shape.str(), ", the config has f32", p.spec.shape.str());
+    if (hf == kHfHead) facts.tied = false;
+    if (p.name == "h0.fc.weight") facts.n_inner = e.shape[0];
+    if (p.name == "embed.pos_weight") facts.n_positions = e.shape[0];
+    outs.push_back(
+        ExportTensor{hf == kHfHead ? hf : kHfPrefix + hf, &e, conv1d, conv1d ? transposed(e.shape) : e.shape});
+  }
+  facts.n_blocks = block_count(g);
+  return outs;
+}
+
+// out_dir/model.safetensors: the tensors in order, f32, Conv1D weights transposed; each
+// copied in pieces whose pages are released as they go.
+void write_hf_safetensors(const std::string& out_dir, const SafetensorsFile& f, const std::vector<ExportTensor>& outs) {
+  nlohmann::json header = nlohmann::json::object();
+  header["__metadata__"] = {{"format", "pt"}};  // transformers refuses safetensors without it
+  size_t offset = 0;
+  for (const ExportTensor& o : outs) {
+    const size_t n = o.entry->end - o.entry->begin;
+    header[o.name] = {{"dtype", "F32"}, {"shape", o.shape.dims()}, {"data_offsets", {offset, offset + n}}};
+    offset += n;
+  }
+  std::string h = header.dump();
+  while ((8 + h.size()) % 8 != 0) h.push_back(' ');
+  AtomicFileWriter w((fs::path(out_dir) / "model.safetensors").string());
+  unsigned char size[8];
+  for (int i = 0; i < 8; ++i) size[i] = static_cast<unsigned char>((uint64_t{h.size()} >> (8 * i)) & 0xff);
+  w.write(size, 8);
+  w.write(h.data(), h.size());
+  std::vector<float> buf;
+  for (const ExportTensor& o : outs) {
+    const size_t n = o.entry->end - o.entry->begin;
+    if (!o.conv1d) {
+      for (size_t b = 0; b < n; b += kPieceBytes) {
+        const size_t e = std::min(n, b + kPieceBytes);
+        w.write(f.data(*o.entry) + b, e - b);
+        f.release(*o.entry, b, e);
+      }
+      continue;
+    }
+    // Hugging Face's [in, out] is the transpose of remat's [out, in]: the tiled copy of
+    // loading, the other way round.
+    buf.resize(static_cast<size_t>(o.shape.numel()));
+    copy_entry(f, *o.entry, true, buf.data());
+    w.write(buf.data(), buf.size() * sizeof(float));
+  }
+  w.commit();
+}
+
+// Hugging Face's config.json of the exported model (wte: the embedding's [vocab, n_embd]).
+nlohmann::json hf_config(const ModelFacts& m, const ExportFacts& x, const Shape& wte) {
+  nlohmann::json c = {
+      {"architectures", {"GPT2LMHeadModel"}},
+      {"model_type", "gpt2"},
+      {"vocab_size", wte[0]},
+      {"n_positions", x.n_positions},
+      {"n_embd", wte[1]},
+      {"n_layer", x.n_blocks},
+      {"n_head", m.heads},
+      {"n_inner", x.n_inner == 4 * wte[1] ? nlohmann::json(nullptr) : nlohmann::json(x.n_inner)},
+      {"activation_function", m.activation},
+      {"layer_norm_epsilon", m.ln_eps},
+      {"embd_pdrop", m.embd_pdrop},
+      {"attn_pdrop", m.attn_pdrop},
+      {"resid_pdrop", m.resid_pdrop},
+      {"initializer_range", 0.02},
+      {"scale_attn_weights", true},
+      {"scale_attn_by_inverse_layer_idx", false},
+      {"reorder_and_upcast_attn", false},
+      {"tie_word_embeddings", x.tied},
+      {"use_cache", true},
+      {"torch_dtype", "float32"},
+  };
+  if (wte[0] == kGpt2Vocab) {  // GPT-2's tokenizer: <|endoftext|>
+    c["bos_token_id"] = 50256;
+    c["eos_token_id"] = 50256;
+  }
+  return c;
+}
+
+}  // namespace
 
 std::string export_hf_gpt2(const std::string& run_dir, const std::string& out_dir) {
   const fs::path run(run_dir);
@@ -569,106 +719,20 @@ std::string export_hf_gpt2(const std::string& run_dir, const std::string& out_di
   const Shape wte = f.entry("embed.weight").shape;
   const Graph g = build_graph(cfg.model, 1, cfg_path, {{"vocab", wte[0]}});
 
-  // Tensors in the graph's order, with their Hugging Face names and shapes.
-  struct Out {
-    std::string name;
-    const SafetensorsEntry* entry;
-    bool conv1d;
-    Shape shape;
-  };
-  std::vector<Out> outs;
-  bool tied = true;
-  int64_t n_blocks = 0, n_inner = 0, n_positions = 0;
-  for (const GraphParam& p : g.params) {
-    std::string hf;
-    bool conv1d = false;
-    if (!hf_name_of(p.name, &hf, &conv1d))
-      REMAT_THROW(cfg_path, ": parameter \"", p.name,
-                  "\" has no Hugging Face GPT-2 name (a GPT-2 config uses the layer "
-                  "names of models/gpt2_124m.json)");
-    REMAT_CHECK(f.has(p.name), f.source(), ": no tensor \"", p.name, "\" of the config's parameters");
-    const SafetensorsEntry& e = f.entry(p.name);
-    REMAT_CHECK(e.shape == p.spec.shape && e.dtype == DType::f32, f.source(), ": tensor \"", p.name, "\" is ",
-                dtype_name(e.dtype), e.shape.str(), ", the config has f32", p.spec.shape.str());
-    if (hf == kHfHead) tied = false;
-    int64_t i = -1;
-    if (match_pattern("h{}.ln1.weight", p.name, &i)) n_blocks = std::max(n_blocks, i + 1);
-    if (p.name == "h0.fc.weight") n_inner = e.shape[0];
-    if (p.name == "embed.pos_weight") n_positions = e.shape[0];
-    outs.push_back(Out{hf == kHfHead ? hf : kHfPrefix + hf, &e, conv1d, conv1d ? transposed(e.shape) : e.shape});
-  }
-  REMAT_CHECK(n_blocks > 0 && n_positions > 0, cfg_path,
+  ExportFacts facts;
+  const std::vector<ExportTensor> outs = export_tensors(g, f, cfg_path, facts);
+  REMAT_CHECK(facts.n_blocks > 0 && facts.n_positions > 0, cfg_path,
               ": not a GPT-2 (blocks h0.., a position table embed.pos_weight)");
   const ModelFacts m = model_facts(cfg);
   REMAT_CHECK(!m.activation.empty() && m.heads > 0 && m.causal, cfg_path,
               ": not a GPT-2 (its blocks need gelu, causal attention with integer heads)");
 
-  nlohmann::json header = nlohmann::json::object();
-  header["__metadata__"] = {{"format", "pt"}};  // transformers refuses safetensors without it
-  size_t offset = 0;
-  for (const Out& o : outs) {
-    const size_t n = o.entry->end - o.entry->begin;
-    header[o.name] = {{"dtype", "F32"}, {"shape", o.shape.dims()}, {"data_offsets", {offset, offset + n}}};
-    offset += n;
-  }
-  std::string h = header.dump();
-  while ((8 + h.size()) % 8 != 0) h.push_back(' ');
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) REMAT_THROW("cannot create ", out_dir, ": ", ec.message());
-  {
-    AtomicFileWriter w((fs::path(out_dir) / "model.safetensors").string());
-    unsigned char size[8];
-    for (int i = 0; i < 8; ++i) size[i] = static_cast<unsigned char>((uint64_t{h.size()} >> (8 * i)) & 0xff);
-    w.write(size, 8);
-    w.write(h.data(), h.size());
-    std::vector<float> buf;
-    for (const Out& o : outs) {
-      const size_t n = o.entry->end - o.entry->begin;
-      if (!o.conv1d) {
-        for (size_t b = 0; b < n; b += kPieceBytes) {
-          const size_t e = std::min(n, b + kPieceBytes);
-          w.write(f.data(*o.entry) + b, e - b);
-          f.release(*o.entry, b, e);
-        }
-        continue;
-      }
-      // Hugging Face's [in, out] is the transpose of remat's [out, in]: the tiled copy of
-      // loading, the other way round.
-      buf.resize(static_cast<size_t>(o.shape.numel()));
-      copy_entry(f, *o.entry, true, buf.data());
-      w.write(buf.data(), buf.size() * sizeof(float));
-    }
-    w.commit();
-  }
-  nlohmann::json c = {
-      {"architectures", {"GPT2LMHeadModel"}},
-      {"model_type", "gpt2"},
-      {"vocab_size", wte[0]},
-      {"n_positions", n_positions},
-      {"n_embd", wte[1]},
-      {"n_layer", n_blocks},
-      {"n_head", m.heads},
-      {"n_inner", n_inner == 4 * wte[1] ? nlohmann::json(nullptr) : nlohmann::json(n_inner)},
-      {"activation_function", m.activation},
-      {"layer_norm_epsilon", m.ln_eps},
-      {"embd_pdrop", m.embd_pdrop},
-      {"attn_pdrop", m.attn_pdrop},
-      {"resid_pdrop", m.resid_pdrop},
-      {"initializer_range", 0.02},
-      {"scale_attn_weights", true},
-      {"scale_attn_by_inverse_layer_idx", false},
-      {"reorder_and_upcast_attn", false},
-      {"tie_word_embeddings", tied},
-      {"use_cache", true},
-      {"torch_dtype", "float32"},
-  };
-  if (wte[0] == kGpt2Vocab) {  // GPT-2's tokenizer: <|endoftext|>
-    c["bos_token_id"] = 50256;
-    c["eos_token_id"] = 50256;
-  }
-  write_file_atomic((fs::path(out_dir) / "config.json").string(), c.dump(2) + "\n");
-  return "exported " + ckpt + " (" + std::to_string(outs.size()) + " tensors, " + std::to_string(n_blocks) +
+  write_hf_safetensors(out_dir, f, outs);
+  write_file_atomic((fs::path(out_dir) / "config.json").string(), hf_config(m, facts, wte).dump(2) + "\n");
+  return "exported " + ckpt + " (" + std::to_string(outs.size()) + " tensors, " + std::to_string(facts.n_blocks) +
          " blocks) to " + out_dir + "/model.safetensors and config.json (Hugging Face GPT-2)";
 }
 

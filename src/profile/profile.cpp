@@ -68,6 +68,100 @@ Batch synthetic_batch(const Graph& g, Device d, uint64_t seed) {
   return b;
 }
 
+// Gradient accumulation on one rank: the running sum of the micro-batches' gradients lives
+// through the step beside the gradients (src/train/grad_reduce.cpp); the profiled graph is
+// that of one micro-batch. Under device collectives, the device exchange of the ordered
+// reduction (NCCL): the flat gradient sent and received, and this rank's shard of the
+// running sum, as GradReducer makes them.
+std::vector<Tensor> reduction_buffers(const Config& cfg, const ParamStore& params, Device device, int ranks) {
+  std::vector<Tensor> accumulation;
+  if (cfg.training.device_collectives) {
+    TagScope scope(MemoryCategory::gradient, "reduction", Phase::setup);
+    const FlatLayout layout(params, ranks);
+    accumulation.push_back(Tensor::zeros(Shape{layout.size}, device));
+    accumulation.push_back(Tensor::zeros(Shape{layout.size}, device));
+    accumulation.push_back(Tensor::zeros(Shape{layout.shard}, device));
+  } else if (cfg.training.micro_batches() > 1 && ranks == 1) {
+    TagScope scope(MemoryCategory::gradient, "accumulation", Phase::setup);
+    for (const Tensor& gr : params.grads)
+      if (gr.defined()) accumulation.push_back(Tensor::empty(gr.shape(), gr.device()));
+  }
+  return accumulation;
+}
+
+// Runs one step as the trainer does (parameters, optimizer, reduction buffers, a synthetic
+// batch, forward + backward, the optimizer's update) and records its time and FLOPs in p;
+// with keep_events, each layer's span of allocator events in `spans`.
+void run_step(const Config& cfg, const Graph& g, const CheckpointPlan& plan, Device device, Backend& be,
+              bool keep_events, StepProfile& p, std::vector<LayerSpan>& spans) {
+  CachingAllocator& alloc = allocator_for(device);
+  ParamStore params(g, device, cfg.training.seed);
+  // As the trainer makes it: rank 0's shard (all shards are the same size) under ZeRO-1.
+  Optimizer opt(cfg.optimizer, params, be, 0, cfg.training.shard_optimizer ? p.ranks : 0);
+  const std::vector<Tensor> accumulation = reduction_buffers(cfg, params, device, p.ranks);
+  Batch batch = synthetic_batch(g, device, cfg.training.seed);
+  ExecOptions eo;
+  if (keep_events) {
+    eo.on_layer = [&](int i, Phase ph, bool begin) {
+      if (begin)
+        spans.push_back({i, ph, alloc.event_count(), 0});
+      else
+        spans.back().end = alloc.event_count();
+    };
+  }
+  Executor ex(g, params, be, plan, eo);
+  RngGenerator gen(cfg.training.seed);
+  const auto t0 = std::chrono::steady_clock::now();
+  const StepStats st = ex.train_step(batch, gen);
+  opt.step(cfg.optimizer.lr);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (!device.is_meta()) p.step_ms = ms;
+  p.forward_flops = st.forward_flops;
+  p.backward_flops = st.backward_flops;
+  p.recompute_flops = st.recompute_flops;
+  p.recomputed_layers = st.recomputed_layers;
+  p.optimizer_flops = (cfg.optimizer.type == "adamw" ? 12.0 : 4.0) * static_cast<double>(g.parameter_count());
+}
+
+// The step's peaks, counted from the base (what the allocator held before the step).
+void record_peaks(StepProfile& p, const MemoryStats& base, const MemoryStats& s) {
+  p.base_bytes = base.allocated;
+  p.base_reserved_bytes = base.reserved;
+  p.peak_bytes = s.peak_allocated - base.allocated;
+  for (int c = 0; c < kNumMemoryCategories; ++c)
+    p.peak_by_category.bytes[static_cast<size_t>(c)] =
+        s.by_category_at_peak.bytes[static_cast<size_t>(c)] - base.by_category.bytes[static_cast<size_t>(c)];
+  for (int c = 0; c < kNumMemoryCategories; ++c)  // reset_peak() started each at the base's bytes
+    p.category_peaks.bytes[static_cast<size_t>(c)] =
+        s.peak_by_category.bytes[static_cast<size_t>(c)] - base.by_category.bytes[static_cast<size_t>(c)];
+  p.peak_reserved_bytes = s.peak_reserved - base.reserved;
+}
+
+// Per layer: its plan flags, its FLOPs and what its forward allocated and still holds when
+// the forward pass ends (from the recorded events and spans; 0 without them).
+void record_layers(StepProfile& p, const Graph& g, const CheckpointPlan& plan) {
+  uint64_t forward_end = 0;
+  for (const auto& sp : p.spans)
+    if (sp.phase == Phase::forward) forward_end = std::max(forward_end, sp.end);
+  std::map<uint64_t, uint64_t> freed_at;
+  for (const auto& e : p.events)
+    if (e.kind == MemoryEvent::Kind::free) freed_at[e.alloc_id] = e.seq;
+  std::map<std::string, int64_t> saved;
+  for (const auto& e : p.events) {
+    if (e.kind != MemoryEvent::Kind::alloc || e.phase != Phase::forward || e.seq >= forward_end) continue;
+    auto it = freed_at.find(e.alloc_id);
+    if (it == freed_at.end() || it->second >= forward_end) saved[p.owners[e.owner]] += e.bytes;
+  }
+  for (int i = 0; i < g.size(); ++i) p.layer_names.push_back(g.layer(i).name);
+  for (int i = 0; i < g.size(); ++i) {
+    const Layer& l = g.layer(i);
+    if (l.kind() == LayerKind::input) continue;
+    p.layers.push_back({l.name, l.type, layer_kind_name(l.kind()), static_cast<bool>(plan.keep[static_cast<size_t>(i)]),
+                        static_cast<bool>(plan.keep_extras[static_cast<size_t>(i)]),
+                        saved.count(l.name) ? saved[l.name] : 0, l.forward_flops()});
+  }
+}
+
 }  // namespace
 
 StepProfile profile_step(const Config& cfg, const Graph& g, const CheckpointPlan& plan, Device device, bool keep_events,
@@ -97,64 +191,13 @@ StepProfile profile_step(const Config& cfg, const Graph& g, const CheckpointPlan
   std::vector<LayerSpan> spans;
   ActivationDTypeScope precision(p.precision == "bf16" ? DType::bf16 : DType::f32);
   try {
-    ParamStore params(g, device, cfg.training.seed);
-    // As the trainer makes it: rank 0's shard (all shards are the same size) under ZeRO-1.
-    Optimizer opt(cfg.optimizer, params, be, 0, cfg.training.shard_optimizer ? ranks : 0);
-    // Gradient accumulation on one rank: the running sum of the micro-batches' gradients
-    // lives through the step beside the gradients (src/train/grad_reduce.cpp); g is the
-    // graph of one micro-batch.
-    std::vector<Tensor> accumulation;
-    if (cfg.training.device_collectives) {
-      // The device exchange of the ordered reduction (NCCL): the flat gradient sent and
-      // received, and this rank's shard of the running sum, as GradReducer makes them.
-      TagScope scope(MemoryCategory::gradient, "reduction", Phase::setup);
-      const FlatLayout layout(params, ranks);
-      accumulation.push_back(Tensor::zeros(Shape{layout.size}, device));
-      accumulation.push_back(Tensor::zeros(Shape{layout.size}, device));
-      accumulation.push_back(Tensor::zeros(Shape{layout.shard}, device));
-    } else if (cfg.training.micro_batches() > 1 && ranks == 1) {
-      TagScope scope(MemoryCategory::gradient, "accumulation", Phase::setup);
-      for (const Tensor& gr : params.grads)
-        if (gr.defined()) accumulation.push_back(Tensor::empty(gr.shape(), gr.device()));
-    }
-    Batch batch = synthetic_batch(g, device, cfg.training.seed);
-    ExecOptions eo;
-    if (keep_events) {
-      eo.on_layer = [&](int i, Phase ph, bool begin) {
-        if (begin)
-          spans.push_back({i, ph, alloc.event_count(), 0});
-        else
-          spans.back().end = alloc.event_count();
-      };
-    }
-    Executor ex(g, params, be, plan, eo);
-    RngGenerator gen(cfg.training.seed);
-    const auto t0 = std::chrono::steady_clock::now();
-    const StepStats st = ex.train_step(batch, gen);
-    opt.step(cfg.optimizer.lr);
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (!device.is_meta()) p.step_ms = ms;
-    p.forward_flops = st.forward_flops;
-    p.backward_flops = st.backward_flops;
-    p.recompute_flops = st.recompute_flops;
-    p.recomputed_layers = st.recomputed_layers;
-    p.optimizer_flops = (cfg.optimizer.type == "adamw" ? 12.0 : 4.0) * static_cast<double>(g.parameter_count());
+    run_step(cfg, g, plan, device, be, keep_events, p, spans);
   } catch (...) {
     alloc.set_event_logging(false);
     alloc.clear_events();
     throw;
   }
-  const MemoryStats s = alloc.stats();
-  p.base_bytes = base.allocated;
-  p.base_reserved_bytes = base.reserved;
-  p.peak_bytes = s.peak_allocated - base.allocated;
-  for (int c = 0; c < kNumMemoryCategories; ++c)
-    p.peak_by_category.bytes[static_cast<size_t>(c)] =
-        s.by_category_at_peak.bytes[static_cast<size_t>(c)] - base.by_category.bytes[static_cast<size_t>(c)];
-  for (int c = 0; c < kNumMemoryCategories; ++c)  // reset_peak() started each at the base's bytes
-    p.category_peaks.bytes[static_cast<size_t>(c)] =
-        s.peak_by_category.bytes[static_cast<size_t>(c)] - base.by_category.bytes[static_cast<size_t>(c)];
-  p.peak_reserved_bytes = s.peak_reserved - base.reserved;
+  record_peaks(p, base, alloc.stats());
   if (keep_events) {
     p.events = alloc.events();
     p.owners = alloc.owner_names();
@@ -163,28 +206,7 @@ StepProfile profile_step(const Config& cfg, const Graph& g, const CheckpointPlan
   }
   alloc.set_event_logging(false);
   alloc.clear_events();
-
-  // Per layer: what its forward allocated and still holds when the forward pass ends.
-  uint64_t forward_end = 0;
-  for (const auto& sp : p.spans)
-    if (sp.phase == Phase::forward) forward_end = std::max(forward_end, sp.end);
-  std::map<uint64_t, uint64_t> freed_at;
-  for (const auto& e : p.events)
-    if (e.kind == MemoryEvent::Kind::free) freed_at[e.alloc_id] = e.seq;
-  std::map<std::string, int64_t> saved;
-  for (const auto& e : p.events) {
-    if (e.kind != MemoryEvent::Kind::alloc || e.phase != Phase::forward || e.seq >= forward_end) continue;
-    auto it = freed_at.find(e.alloc_id);
-    if (it == freed_at.end() || it->second >= forward_end) saved[p.owners[e.owner]] += e.bytes;
-  }
-  for (int i = 0; i < g.size(); ++i) p.layer_names.push_back(g.layer(i).name);
-  for (int i = 0; i < g.size(); ++i) {
-    const Layer& l = g.layer(i);
-    if (l.kind() == LayerKind::input) continue;
-    p.layers.push_back({l.name, l.type, layer_kind_name(l.kind()), static_cast<bool>(plan.keep[static_cast<size_t>(i)]),
-                        static_cast<bool>(plan.keep_extras[static_cast<size_t>(i)]),
-                        saved.count(l.name) ? saved[l.name] : 0, l.forward_flops()});
-  }
+  record_layers(p, g, plan);
   return p;
 }
 

@@ -47,31 +47,33 @@ struct Tensor_ {
   uint32_t owner = 0, shape = 0;
 };
 
-}  // namespace
-
-nlohmann::json step_timeline_json(const StepProfile& p, size_t max_points, size_t top_k) {
-  const auto& series = timeline_series();
-  const size_t ns = series.size();
-  // alloc/free events only, indexed 0..n-1; seq -> index for the layer spans
+// The step's alloc/free events (indexed 0..n-1), the tensors they make, and the bytes live
+// after each event.
+struct Sweep {
   std::vector<const MemoryEvent*> ev;
-  for (const auto& e : p.events)
-    if (is_alloc_or_free(e)) ev.push_back(&e);
-  const size_t n = ev.size();
-  auto index_of_seq = [&](uint64_t seq) {  // number of alloc/free events before seq
+  std::vector<Tensor_> tensors;
+  std::unordered_map<uint64_t, size_t> by_id;  // alloc id -> index in tensors
+  std::vector<int64_t> total;                  // bytes live after each event
+  int64_t peak = -1;
+  size_t peak_at = 0;  // the first event at the peak
+
+  // The number of alloc/free events before seq (an event's index, for the layer spans).
+  int64_t index_of_seq(uint64_t seq) const {
     return static_cast<int64_t>(
         std::lower_bound(ev.begin(), ev.end(), seq, [](const MemoryEvent* e, uint64_t s) { return e->seq < s; }) -
         ev.begin());
-  };
+  }
+};
 
-  // Tensors, and the running totals after every event.
-  std::vector<Tensor_> tensors;
-  std::unordered_map<uint64_t, size_t> by_id;
-  std::vector<int64_t> total(n, 0);
-  std::vector<int64_t> cur(ns, 0);
-  int64_t run = 0, peak = -1;
-  size_t peak_at = 0;
+Sweep sweep_events(const StepProfile& p) {
+  Sweep w;
+  for (const auto& e : p.events)
+    if (is_alloc_or_free(e)) w.ev.push_back(&e);
+  const size_t n = w.ev.size();
+  w.total.assign(n, 0);
+  int64_t run = 0;
   for (size_t i = 0; i < n; ++i) {
-    const MemoryEvent& e = *ev[i];
+    const MemoryEvent& e = *w.ev[i];
     if (e.kind == MemoryEvent::Kind::alloc) {
       Tensor_ t;
       t.id = e.alloc_id;
@@ -81,27 +83,29 @@ nlohmann::json step_timeline_json(const StepProfile& p, size_t max_points, size_
       t.phase = e.phase;
       t.owner = e.owner;
       t.shape = e.shape;
-      by_id[e.alloc_id] = tensors.size();
-      tensors.push_back(t);
-      cur[static_cast<size_t>(t.series)] += e.bytes;
+      w.by_id[e.alloc_id] = w.tensors.size();
+      w.tensors.push_back(t);
       run += e.bytes;
     } else {
-      auto it = by_id.find(e.alloc_id);
-      if (it == by_id.end()) continue;  // allocated before the step
-      Tensor_& t = tensors[it->second];
+      auto it = w.by_id.find(e.alloc_id);
+      if (it == w.by_id.end()) continue;  // allocated before the step
+      Tensor_& t = w.tensors[it->second];
       t.end = static_cast<int64_t>(i);
-      cur[static_cast<size_t>(t.series)] -= t.bytes;
       run -= t.bytes;
     }
-    total[i] = run;
-    if (run > peak) {
-      peak = run;
-      peak_at = i;
+    w.total[i] = run;
+    if (run > w.peak) {
+      w.peak = run;
+      w.peak_at = i;
     }
   }
+  return w;
+}
 
-  // The points drawn: per bucket of events, the one with the most bytes live (the first
-  // such), so that no spike disappears; the global peak is one of them.
+// The points drawn: per bucket of events, the one with the most bytes live (the first
+// such), so that no spike disappears; the global peak is one of them.
+std::vector<size_t> drawn_points(const std::vector<int64_t>& total, size_t max_points) {
+  const size_t n = total.size();
   std::vector<size_t> pts;
   const size_t bucket = std::max<size_t>(1, (n + max_points - 1) / std::max<size_t>(1, max_points));
   for (size_t b = 0; b < n; b += bucket) {
@@ -111,21 +115,32 @@ nlohmann::json step_timeline_json(const StepProfile& p, size_t max_points, size_
     pts.push_back(best);
   }
   if (n && pts.back() != n - 1) pts.push_back(n - 1);
+  return pts;
+}
 
-  // A second sweep: the series and the live set at each point.
-  std::vector<std::vector<int64_t>> values(ns);
+// What a second sweep samples at each drawn point: the bytes of each series, the reserved
+// bytes, how many tensors are live and the ids of the top_k largest; and which tensors
+// those lists name, and the whole live set at the peak.
+struct Samples {
+  std::vector<std::vector<int64_t>> values;  // per series
   std::vector<int64_t> reserved, live_count;
   std::vector<nlohmann::json> top;
-  std::set<size_t> referenced;
-  std::set<std::pair<int64_t, size_t>> live;  // (-bytes, tensor index): largest first
-  std::fill(cur.begin(), cur.end(), 0);
-  size_t next = 0;
+  std::set<size_t> referenced;  // tensor indices named by `top`, less those live at the peak
   std::vector<size_t> peak_live;
+};
+
+Samples sample_points(const StepProfile& p, const Sweep& w, const std::vector<size_t>& pts, size_t top_k) {
+  const size_t ns = timeline_series().size(), n = w.ev.size();
+  Samples out;
+  out.values.resize(ns);
+  std::vector<int64_t> cur(ns, 0);
+  std::set<std::pair<int64_t, size_t>> live;  // (-bytes, tensor index): largest first
+  size_t next = 0;
   for (size_t i = 0; i < n && next < pts.size(); ++i) {
-    const MemoryEvent& e = *ev[i];
-    auto it = by_id.find(e.alloc_id);
-    if (it != by_id.end()) {
-      const Tensor_& t = tensors[it->second];
+    const MemoryEvent& e = *w.ev[i];
+    auto it = w.by_id.find(e.alloc_id);
+    if (it != w.by_id.end()) {
+      const Tensor_& t = w.tensors[it->second];
       if (e.kind == MemoryEvent::Kind::alloc) {
         cur[static_cast<size_t>(t.series)] += t.bytes;
         live.insert({-t.bytes, it->second});
@@ -135,26 +150,36 @@ nlohmann::json step_timeline_json(const StepProfile& p, size_t max_points, size_
       }
     }
     if (i != pts[next]) continue;
-    for (size_t s = 0; s < ns; ++s) values[s].push_back(cur[s]);
-    reserved.push_back(e.reserved_after - p.base_reserved_bytes);
-    live_count.push_back(static_cast<int64_t>(live.size()));
+    for (size_t s = 0; s < ns; ++s) out.values[s].push_back(cur[s]);
+    out.reserved.push_back(e.reserved_after - p.base_reserved_bytes);
+    out.live_count.push_back(static_cast<int64_t>(live.size()));
     nlohmann::json ids = nlohmann::json::array();
     size_t k = 0;
     for (auto l = live.begin(); l != live.end() && k < top_k; ++l, ++k) {
-      ids.push_back(tensors[l->second].id);
-      referenced.insert(l->second);
+      ids.push_back(w.tensors[l->second].id);
+      out.referenced.insert(l->second);
     }
-    top.push_back(ids);
-    if (i == peak_at)
-      for (const auto& l : live) peak_live.push_back(l.second);
+    out.top.push_back(ids);
+    if (i == w.peak_at)
+      for (const auto& l : live) out.peak_live.push_back(l.second);
     ++next;
   }
-  // The tensors live at the peak are listed in full in live_at_peak, not again here.
-  for (size_t t : peak_live) referenced.erase(t);
+  // The tensors live at the peak are listed in full in live_at_peak, not again in tensors.
+  for (size_t t : out.peak_live) out.referenced.erase(t);
+  return out;
+}
 
-  // Names used, re-indexed.
-  std::map<uint32_t, size_t> owner_ix, shape_ix;
+// The tensor rows ([id, begin, end, bytes, series, phase, owner, shape], by id) of the
+// referenced tensors and of those live at the peak, with the layer and shape names they
+// use, re-indexed.
+struct TensorRows {
+  nlohmann::json rows = nlohmann::json::array(), peak_rows = nlohmann::json::array();
   nlohmann::json owners = nlohmann::json::array(), shapes = nlohmann::json::array();
+};
+
+TensorRows tensor_rows(const StepProfile& p, const Sweep& w, const Samples& samples) {
+  TensorRows out;
+  std::map<uint32_t, size_t> owner_ix, shape_ix;
   auto owner_name = [&](uint32_t o) { return o < p.owners.size() ? p.owners[o] : std::string(); };
   auto shape_name = [&](uint32_t s) { return s < p.shapes.size() ? p.shapes[s] : std::string(); };
   auto intern = [](std::map<uint32_t, size_t>& ix, nlohmann::json& names, uint32_t k, const std::string& name) {
@@ -162,60 +187,74 @@ nlohmann::json step_timeline_json(const StepProfile& p, size_t max_points, size_
     if (fresh) names.push_back(name);
     return it->second;
   };
-  // [id, begin, end, bytes, series, phase, owner, shape], by id
   auto row = [&](size_t t) {
-    const Tensor_& x = tensors[t];
+    const Tensor_& x = w.tensors[t];
     return nlohmann::json{x.id,
                           x.begin,
                           x.end,
                           x.bytes,
                           x.series,
                           phase_name(x.phase),
-                          intern(owner_ix, owners, x.owner, owner_name(x.owner)),
-                          intern(shape_ix, shapes, x.shape, shape_name(x.shape))};
+                          intern(owner_ix, out.owners, x.owner, owner_name(x.owner)),
+                          intern(shape_ix, out.shapes, x.shape, shape_name(x.shape))};
   };
-  nlohmann::json trows = nlohmann::json::array();
-  for (size_t t : referenced) trows.push_back(row(t));
-  nlohmann::json peak_rows = nlohmann::json::array();
-  for (size_t t : peak_live) peak_rows.push_back(row(t));
+  for (size_t t : samples.referenced) out.rows.push_back(row(t));
+  for (size_t t : samples.peak_live) out.peak_rows.push_back(row(t));
+  return out;
+}
 
-  // Phases: each event takes the phase of the layer span it lies in, else its own tag's.
+// Phases as runs of events ([phase, first, end]): each event takes the phase of the layer
+// span it lies in, else its own tag's; and each layer's spans ([phase, first, end]).
+void phase_runs(const StepProfile& p, const Sweep& w, nlohmann::json& phases, nlohmann::json& layer_spans) {
+  const size_t n = w.ev.size();
   std::vector<Phase> ph(n, Phase::setup);
   for (size_t i = 0; i < n; ++i)
-    ph[i] = ev[i]->kind == MemoryEvent::Kind::alloc ? ev[i]->phase : (i ? ph[i - 1] : Phase::setup);
-  nlohmann::json layer_spans = nlohmann::json::object();
+    ph[i] = w.ev[i]->kind == MemoryEvent::Kind::alloc ? w.ev[i]->phase : (i ? ph[i - 1] : Phase::setup);
+  layer_spans = nlohmann::json::object();
   for (const auto& s : p.spans) {
-    const int64_t b = index_of_seq(s.begin), e = index_of_seq(s.end);
+    const int64_t b = w.index_of_seq(s.begin), e = w.index_of_seq(s.end);
     for (int64_t i = b; i < e; ++i) ph[static_cast<size_t>(i)] = s.phase;
     if (s.layer >= 0 && static_cast<size_t>(s.layer) < p.layer_names.size())
       layer_spans[p.layer_names[static_cast<size_t>(s.layer)]].push_back({phase_name(s.phase), b, e});
   }
-  nlohmann::json phases = nlohmann::json::array();
+  phases = nlohmann::json::array();
   for (size_t i = 0; i < n;) {
     size_t j = i;
     while (j < n && ph[j] == ph[i]) ++j;
     phases.push_back({phase_name(ph[i]), i, j});
     i = j;
   }
+}
+
+}  // namespace
+
+nlohmann::json step_timeline_json(const StepProfile& p, size_t max_points, size_t top_k) {
+  const auto& series = timeline_series();
+  const Sweep w = sweep_events(p);
+  const std::vector<size_t> pts = drawn_points(w.total, max_points);
+  const Samples samples = sample_points(p, w, pts, top_k);
+  TensorRows rows = tensor_rows(p, w, samples);
+  nlohmann::json phases, layer_spans;
+  phase_runs(p, w, phases, layer_spans);
 
   nlohmann::json vals = nlohmann::json::object();
-  for (size_t s = 0; s < ns; ++s) vals[series[s]] = values[s];
-  nlohmann::json j{{"events", n},
-                   {"peak_event", peak_at},
-                   {"peak_bytes", std::max<int64_t>(0, peak)},
+  for (size_t s = 0; s < series.size(); ++s) vals[series[s]] = samples.values[s];
+  nlohmann::json j{{"events", w.ev.size()},
+                   {"peak_event", w.peak_at},
+                   {"peak_bytes", std::max<int64_t>(0, w.peak)},
                    {"series", series},
                    {"event", pts},
                    {"values", vals},
-                   {"reserved", reserved},
-                   {"live_count", live_count},
-                   {"top", top},
+                   {"reserved", samples.reserved},
+                   {"live_count", samples.live_count},
+                   {"top", samples.top},
                    {"tensor_fields", {"id", "begin", "end", "bytes", "series", "phase", "layer", "shape"}},
-                   {"tensors", trows},
-                   {"layers", owners},
-                   {"shapes", shapes},
+                   {"tensors", rows.rows},
+                   {"layers", rows.owners},
+                   {"shapes", rows.shapes},
                    {"phases", phases},
                    {"layer_spans", layer_spans},
-                   {"live_at_peak", peak_rows}};
+                   {"live_at_peak", rows.peak_rows}};
   return j;
 }
 

@@ -5,6 +5,7 @@
 // sums over T <= 33 positions, 2e-5 + 1e-4 relative. The dropout masks must be identical:
 // cases with a one-hot V (forward) or a one-hot dout (backward) copy the dropped
 // probabilities into out / dV, whose zeros are then compared exactly.
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <limits>
@@ -12,6 +13,8 @@
 #include <vector>
 
 #include "backend_ops/harness.h"
+#include "remat/bf16.h"
+#include "remat/error.h"
 
 namespace remat::test {
 
@@ -222,7 +225,7 @@ REMAT_OP_CASE(attention, several_groups) {
       auto out = t.output({s.b, s.t, s.c}), probs = t.output({s.b, s.n_head, s.t, s.t});
       auto dqkv = t.output({s.b, s.t, 3 * s.c});
       t.run([&](Backend& be, Side sd) {
-        const int64_t old = be.set_attention_group_bytes(per_group * per_b);
+        const int64_t old = be.tuning().set_attention_group_bytes(per_group * per_b);
         // The device's scratch shrank to one group's (dP/dS, plus the dropped copy).
         if (!sd.ref) {
           EXPECT_EQ(be.attention_backward_workspace(sd(qkv).shape(), p),
@@ -230,7 +233,7 @@ REMAT_OP_CASE(attention, several_groups) {
         }
         forward(be, sd, qkv, p, rng, out, probs);
         backward(be, sd, dout, qkv, probs, p, rng, dqkv);
-        be.set_attention_group_bytes(old);
+        be.tuning().set_attention_group_bytes(old);
       });
       const std::string what = label(s, p) + " groups of " + std::to_string(per_group);
       t.expect_close(probs, kProbsAtol, kProbsRtol, "probs " + what);
@@ -274,6 +277,134 @@ REMAT_OP_CASE(attention, permute_0213) {
     t.expect_equal(y_aligned, "y (aligned) " + sh.str());
     t.expect_equal(back, "permute twice " + sh.str());
     EXPECT_EQ(back.dut.to_vector(), x.dut.to_vector()) << "permute_0213 is its own inverse";
+  }
+}
+
+// ---- bf16 (training.precision bf16; the two references: backend_ops/harness.h) ----------------
+// bf16 GEMMs (fp32 scores and dPd), probabilities rounded as stored.
+// probs: the fp32 case's tolerance, then a bf16 step. out and dqkv: sums of T products of
+// bf16 values, the device rounding its dropped probabilities and dS to bf16 for the GEMMs
+// where the CPU keeps them in fp32: 1/64 of the largest |value| absolute (as the CPU's own
+// bf16 test, Attention.Bf16ProbsRoundedOutputsClose in tests/ops/test_attention.cpp: rounding errors of the summed
+// terms scale with the terms, not with a result that cancels) + 1/64 relative. Backward runs from the same stored
+// probabilities on both sides.
+
+namespace {
+// The largest |value| of the reference (cpu) side.
+double max_abs(const Pair& p) {
+  double m = 0.0;
+  for (uint16_t b : dut_bits(p.ref)) {
+    const double v = std::fabs(static_cast<double>(bf16_to_float(b)));
+    if (std::isfinite(v)) m = std::max(m, v);
+  }
+  return m;
+}
+}  // namespace
+
+REMAT_OP_CASE(attention, bf16) {
+  ActivationDTypeScope bf16(DType::bf16);
+  struct Shape4 {
+    int64_t b, t, c;
+    AttentionParams p;
+  };
+  for (const Shape4& sh : {Shape4{2, 24, 32, {4, true, 0.2f}}, Shape4{3, 37, 24, {2, false, 0.0f}},
+                           Shape4{2, 17, 48, {3, true, 0.0f}}, Shape4{1, 40, 16, {1, false, 0.5f}}}) {
+    for (int64_t group_batch : {0, 1}) {  // the default scratch limit, and one batch element per group
+      const int64_t B = sh.b, T = sh.t, C = sh.c, H = sh.p.n_head;
+      const std::string what = " B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
+                               " H=" + std::to_string(H) + (sh.p.causal ? " causal" : "") +
+                               " dropout=" + std::to_string(sh.p.dropout) + " groups of " +
+                               (group_batch ? std::to_string(group_batch) : std::string("all"));
+      const RngState rng{0xa77e ^ static_cast<uint64_t>(T), 96};
+      auto qkv = t.uniform_bf16({B, T, 3 * C}, -2.0f, 2.0f);
+      auto out = t.output({B, T, C}, DType::bf16), probs = t.output({B, H, T, T}, DType::bf16);
+      auto probs_only = t.output({B, H, T, T}, DType::bf16);
+      auto dout = t.uniform_bf16({B, T, C});
+      auto dqkv = t.output({B, T, 3 * C}, DType::bf16);
+      Pair probs_same;
+      t.run([&](Backend& be, Side s) {
+        const int64_t old = be.tuning().set_attention_group_bytes(group_batch * H * T * T * 4);
+        auto ws = [&](size_t bytes) { return Tensor::empty(Shape{static_cast<int64_t>(bytes / 4 + 1)}, be.device()); };
+        Tensor wf = ws(be.attention_forward_workspace(s(qkv).shape(), sh.p));
+        be.attention_forward(s(qkv), sh.p, rng, s(out), s(probs), wf);
+        be.attention_forward(s(qkv), sh.p, rng, Tensor(), s(probs_only), wf);
+        be.tuning().set_attention_group_bytes(old);
+      });
+      t.expect_close(probs, 2e-6, kBf16Rel, "probs" + what);
+      t.expect_close(probs_only, 2e-6, kBf16Rel, "probs only" + what);
+      t.expect_close(out, max_abs(out) / 64, 1.0 / 64, "out" + what);
+      probs_same = t.output_like(probs);  // the cpu's probabilities on both sides
+      t.run([&](Backend& be, Side s) {
+        const int64_t old = be.tuning().set_attention_group_bytes(group_batch * H * T * T * 4);
+        Tensor wb = Tensor::empty(
+            Shape{static_cast<int64_t>(be.attention_backward_workspace(s(qkv).shape(), sh.p) / 4 + 1)}, be.device());
+        be.attention_backward(s(dout), s(qkv), s(probs_same), sh.p, rng, s(dqkv), wb);
+        be.tuning().set_attention_group_bytes(old);
+      });
+      t.expect_close(dqkv, max_abs(dqkv) / 64, 1.0 / 64, "dqkv" + what);
+    }
+  }
+  // Mixed f32 and bf16 tensors are refused on the device, naming the op and tensors.
+  auto qkv = t.uniform_bf16({1, 4, 12});
+  auto out = t.output({1, 4, 4}, DType::bf16), probs = t.output({1, 1, 4, 4});
+  Backend& dut = backend_for(t.device());
+  Tensor ws = Tensor::empty(
+      Shape{static_cast<int64_t>(dut.attention_forward_workspace(qkv.dut.shape(), {1, true, 0.0f}) / 4 + 1)},
+      t.device());
+  try {
+    dut.attention_forward(qkv.dut, {1, true, 0.0f}, RngState{1, 0}, out.dut, probs.dut, ws);
+    ADD_FAILURE() << "attention with bf16 qkv and f32 probs was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("attention_forward"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("expected all f32 or all bf16"), std::string::npos) << e.what();
+  }
+}
+
+REMAT_OP_CASE(attention, bf16_permute_0213) {
+  ActivationDTypeScope bf16(DType::bf16);
+  for (const Shape& sh : {Shape{2, 3, 4, 16}, Shape{2, 5, 3, 7}}) {
+    auto x = t.uniform_bf16(sh);
+    auto y = t.output({sh[0], sh[2], sh[1], sh[3]}, DType::bf16);
+    auto y_aligned = aligned_bf16_output(t, {sh[0], sh[2], sh[1], sh[3]});
+    auto back = aligned_bf16_output(t, sh);
+    t.run([&](Backend& be, Side s) {
+      be.permute_0213(s(x), s(y));
+      be.permute_0213(s(x), s(y_aligned));
+      be.permute_0213(s(y_aligned), s(back));
+    });
+    t.expect_equal(y, "permute " + sh.str());
+    t.expect_equal(y_aligned, "permute (aligned) " + sh.str());
+    t.expect_equal(back, "permute twice " + sh.str());
+    EXPECT_EQ(dut_bits(back.dut), dut_bits(x.dut)) << "permute twice is the identity " << sh.str();
+  }
+}
+
+// ---- Gradients: the device's backward against central differences of its own forward --------
+// (backend_ops/harness.h, "Gradient cases")
+
+REMAT_OP_CASE(attention, grad) {
+  const int64_t b = 2, tt = 5, c = 12;
+  for (float drop : {0.0f, 0.25f}) {  // with dropout the mask is the same for every forward (one RngState)
+    AttentionParams p;
+    p.n_head = 3;
+    p.dropout = drop;
+    const RngState rng{5, 40};
+    auto qkv = t.uniform({b, tt, 3 * c}), dout = t.uniform({b, tt, c});
+    auto out = t.output({b, tt, c}), probs = t.output({b, 3, tt, tt}), dqkv = t.output({b, tt, 3 * c});
+    t.run([&](Backend& be, Side d) {
+      auto ws = [&](size_t bytes) {
+        return bytes ? Tensor::empty(Shape{static_cast<int64_t>((bytes + 3) / 4)}, be.device()) : Tensor();
+      };
+      be.attention_forward(d(qkv), p, rng, d(out), d(probs), ws(be.attention_forward_workspace(qkv.ref.shape(), p)));
+      be.attention_backward(d(dout), d(qkv), d(probs), p, rng, d(dqkv),
+                            ws(be.attention_backward_workspace(qkv.ref.shape(), p)));
+    });
+    t.expect_gradient(drop > 0 ? "attention dqkv (dropout)" : "attention dqkv", qkv, dqkv, [&](Backend& be) {
+      const size_t bytes = be.attention_forward_workspace(qkv.dut.shape(), p);
+      Tensor work = bytes ? Tensor::empty(Shape{static_cast<int64_t>((bytes + 3) / 4)}, be.device()) : Tensor();
+      be.attention_forward(qkv.dut, p, rng, out.dut, probs.dut, work);
+      return dot(dout.dut, out.dut);
+    });
   }
 }
 

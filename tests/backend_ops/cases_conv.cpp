@@ -327,4 +327,35 @@ REMAT_OP_CASE(conv, bf16_two_workspace_chunks) {
   check_conv_bf16(t, {30, 32, 32, 32}, {8, 32, 3, 3}, params(1, 1), true);
 }
 
+// ---- Gradients: the device's backward against central differences of its own forward --------
+// (backend_ops/harness.h, "Gradient cases")
+
+REMAT_OP_CASE(conv, grad_conv2d) {
+  // Stride 2, padding 1, two groups, a bias: every index path of dx and dw.
+  const Shape xs{2, 4, 7, 6}, ws{6, 2, 3, 3};
+  Conv2dParams p;
+  p.stride_h = p.stride_w = 2;
+  p.pad_h = p.pad_w = 1;
+  p.groups = 2;
+  const Shape ys = conv2d_output_shape(xs, ws, p);
+  auto x = t.uniform(xs), w = t.uniform(ws, -0.5f, 0.5f), b = t.uniform({6}), dy = t.uniform(ys);
+  auto dx = t.output(xs), dw = t.output_like(t.values(std::vector<float>(ws.numel(), 0.0f), ws));
+  auto db = t.output_like(t.values(std::vector<float>(6, 0.0f), {6}));
+  auto y = t.output(ys);
+  t.run([&](Backend& be, Side d) {
+    const size_t bytes = be.conv2d_backward_workspace(xs, ws, p);
+    Tensor work = bytes ? Tensor::empty(Shape{static_cast<int64_t>((bytes + 3) / 4)}, be.device()) : Tensor();
+    be.conv2d_backward(d(dy), d(x), d(w), p, d(dx), d(dw), d(db), work);
+  });
+  auto loss = [&](Backend& be) {
+    const size_t bytes = be.conv2d_forward_workspace(xs, ws, p);
+    Tensor work = bytes ? Tensor::empty(Shape{static_cast<int64_t>((bytes + 3) / 4)}, be.device()) : Tensor();
+    be.conv2d_forward(x.dut, w.dut, b.dut, p, y.dut, work);
+    return dot(dy.dut, y.dut);
+  };
+  t.expect_gradient("conv2d dx", x, dx, loss);
+  t.expect_gradient("conv2d dw", w, dw, loss);
+  t.expect_gradient("conv2d db", b, db, loss);
+}
+
 }  // namespace remat::test

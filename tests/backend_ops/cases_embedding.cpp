@@ -240,4 +240,55 @@ REMAT_OP_CASE(embedding, out_of_range_ids) {
   }
 }
 
+// ---- bf16 (training.precision bf16; the two references: backend_ops/harness.h) ----------------
+// A gather (+ positions), gradients into f32 tables: bitwise the CPU
+
+REMAT_OP_CASE(embedding, bf16) {
+  ActivationDTypeScope bf16(DType::bf16);
+  const int64_t B = 3, T = 9, V = 20;
+  for (int64_t c : {40, 37, 256}) {  // units of eight bf16, one by one, several 256-channel chunks
+    const std::string what = " C=" + std::to_string(c);
+    auto ids = t.ints({B, T}, 0, static_cast<int>(V - 1));
+    auto table = t.uniform_bf16({V, c}), pos = t.uniform_bf16({T, c});
+    auto y = t.output({B, T, c}, DType::bf16), y_aligned = aligned_bf16_output(t, {B, T, c});
+    auto y_nopos = t.output({B, T, c}, DType::bf16);
+    auto table_f32 = t.uniform({V, c});  // an f32 table into a bf16 y (mixed)
+    auto y_mixed = t.output({B, T, c}, DType::bf16);
+    t.run([&](Backend& be, Side s) {
+      be.embedding_forward(s(ids), s(table), s(pos), s(y));
+      be.embedding_forward(s(ids), s(table), s(pos), s(y_aligned));
+      be.embedding_forward(s(ids), s(table), Tensor(), s(y_nopos));
+      be.embedding_forward(s(ids), s(table_f32), s(pos), s(y_mixed));
+    });
+    t.expect_equal(y, "embedding y" + what);
+    t.expect_equal(y_aligned, "embedding y (aligned)" + what);
+    t.expect_equal(y_nopos, "embedding y (no positions)" + what);
+    t.expect_equal(y_mixed, "embedding y (f32 table)" + what);
+    auto dy = t.uniform_bf16({B, T, c});
+    auto dtable = t.output_like(t.uniform({V, c})), dpos = t.output_like(t.uniform({T, c}));
+    t.run([&](Backend& be, Side s) { ops::embedding_backward(be, s(dy), s(ids), s(dtable), s(dpos)); });
+    t.expect_equal(dtable, "embedding dtable (f32)" + what);
+    t.expect_equal(dpos, "embedding dpos_table (f32)" + what);
+  }
+}
+
+// ---- Gradients: the device's backward against central differences of its own forward --------
+// (backend_ops/harness.h, "Gradient cases")
+
+// y is linear in the tables.
+REMAT_OP_CASE(embedding, grad) {
+  auto ids = t.int_values({3, 0, 3, 1, 2, 3}, {2, 3});
+  auto table = t.uniform({4, 5}), pos = t.uniform({3, 5}), dy = t.uniform({2, 3, 5});
+  auto zeros = [&](const Shape& s) { return t.output_like(t.values(std::vector<float>(s.numel(), 0.0f), s)); };
+  auto dtable = zeros({4, 5}), dpos = zeros({3, 5});
+  t.run([&](Backend& be, Side d) { ops::embedding_backward(be, d(dy), d(ids), d(dtable), d(dpos)); });
+  auto y = t.output({2, 3, 5});
+  auto loss = [&](Backend& be) {
+    be.embedding_forward(ids.dut, table.dut, pos.dut, y.dut);
+    return dot(dy.dut, y.dut);
+  };
+  t.expect_gradient("embedding dtable", table, dtable, loss);
+  t.expect_gradient("embedding dpos_table", pos, dpos, loss);
+}
+
 }  // namespace remat::test

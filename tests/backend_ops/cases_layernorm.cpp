@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "backend_ops/harness.h"
 #include "remat/error.h"
@@ -36,7 +37,7 @@ Forward run_forward(OpCheck& t, const Pair& x, const Pair& gamma, const Pair& be
   const int64_t n = s.numel() / s[-1];
   Forward f{aligned_y ? aligned_output(t, s) : t.output(s), t.output({n}), t.output({n})};
   t.run([&](Backend& be, Side side) {
-    be.layernorm_forward(side(x), side(gamma), side(beta), eps, side(f.y), side(f.mean), side(f.rstd));
+    be.layernorm_forward(side(x), side(gamma), side(beta), LayerNormParams{eps}, side(f.y), side(f.mean), side(f.rstd));
   });
   return f;
 }
@@ -205,6 +206,75 @@ REMAT_OP_CASE(layernorm, deterministic) {
     t.expect_equal({dx[0].dut, dx[1].dut}, "dx run to run");
     t.expect_equal({dgamma[0].dut, dgamma[1].dut}, "dgamma run to run " + s.str());
   }
+}
+
+// ---- bf16 (training.precision bf16; the two references: backend_ops/harness.h) ----------------
+REMAT_OP_CASE(layernorm, bf16) {
+  ActivationDTypeScope bf16(DType::bf16);
+  const int64_t rows = 37;
+  for (int64_t c : kBf16RowLengths) {
+    const std::string what = " C=" + std::to_string(c);
+    auto x = t.uniform_bf16({rows, c}, -2.0f, 3.0f), gamma = t.uniform_bf16({c}, 0.5f, 1.5f),
+         beta = t.uniform_bf16({c});
+    auto xf = t.as_f32(x), gf = t.as_f32(gamma), bf = t.as_f32(beta);
+    auto y = t.output({rows, c}, DType::bf16), y_aligned = aligned_bf16_output(t, {rows, c}), yf = t.output({rows, c}),
+         yf_aligned = t.values(std::vector<float>(static_cast<size_t>(rows * c)), {rows, c});
+    auto mean = t.output({rows}), rstd = t.output({rows}), meanf = t.output({rows}), rstdf = t.output({rows});
+    t.run([&](Backend& be, Side s) {
+      be.layernorm_forward(s(x), s(gamma), s(beta), LayerNormParams{1e-5f}, s(y), s(mean), s(rstd));
+      be.layernorm_forward(s(x), s(gamma), s(beta), LayerNormParams{1e-5f}, s(y_aligned), s(mean), s(rstd));
+      be.layernorm_forward(s(xf), s(gf), s(bf), LayerNormParams{1e-5f}, s(yf), s(meanf), s(rstdf));
+      be.layernorm_forward(s(xf), s(gf), s(bf), LayerNormParams{1e-5f}, s(yf_aligned), s(meanf), s(rstdf));
+    });
+    t.expect_close(mean, 1e-7, 1e-6, "layernorm mean" + what);
+    t.expect_close(rstd, 0, 1e-6, "layernorm rstd" + what);
+    t.expect_close(y, 1e-6, kBf16Rel, "layernorm y" + what);
+    t.expect_close(y_aligned, 1e-6, kBf16Rel, "layernorm y (aligned)" + what);
+    expect_same_dut_f32(mean, meanf, "layernorm mean" + what);
+    expect_same_dut_f32(rstd, rstdf, "layernorm rstd" + what);
+    expect_rounded_dut(y, yf, "layernorm y against fp32" + what);
+    expect_rounded_dut(y_aligned, yf_aligned, "layernorm y (aligned) against fp32" + what);
+
+    auto dy = t.uniform_bf16({rows, c}), dyf = t.as_f32(dy);
+    auto dx = t.output({rows, c}, DType::bf16), dxf = t.output({rows, c});
+    auto dx_in_place = t.output_like(dy);  // dx over dy, as backward runs it
+    auto dg = t.output_like(t.uniform({c})), db = t.output_like(t.uniform({c}));
+    auto dgf = t.output_like(dg), dbf = t.output_like(db);
+    t.run([&](Backend& be, Side s) {
+      ops::layernorm_backward(be, s(dy), s(x), s(gamma), s(mean), s(rstd), s(dx), s(dg), s(db));
+      ops::layernorm_backward(be, s(dyf), s(xf), s(gf), s(meanf), s(rstdf), s(dxf), s(dgf), s(dbf));
+      ops::layernorm_backward(be, s(dx_in_place), s(x), s(gamma), s(mean), s(rstd), s(dx_in_place), Tensor(), Tensor());
+    });
+    t.expect_close(dx, 1e-5, kBf16Rel, "layernorm dx" + what);
+    t.expect_close(dx_in_place, 1e-5, kBf16Rel, "layernorm dx over dy" + what);
+    t.expect_close(dg, 1e-6, 1e-6, "layernorm dgamma (f32)" + what);
+    t.expect_close(db, 1e-6, 1e-6, "layernorm dbeta (f32)" + what);
+    expect_rounded_dut(dx, dxf, "layernorm dx against fp32" + what);
+    expect_same_dut_f32(dg, dgf, "layernorm dgamma" + what);
+    expect_same_dut_f32(db, dbf, "layernorm dbeta" + what);
+  }
+}
+
+// ---- Gradients: the device's backward against central differences of its own forward --------
+// (backend_ops/harness.h, "Gradient cases")
+
+REMAT_OP_CASE(layernorm, grad) {
+  const Shape s{5, 24};
+  auto x = t.uniform(s, -2.0f, 2.0f), gamma = t.uniform({24}, 0.5f, 1.5f), beta = t.uniform({24}), dy = t.uniform(s);
+  auto zeros = [&](int64_t c) { return t.output_like(t.values(std::vector<float>(c, 0.0f), {c})); };
+  auto y = t.output(s), mean = t.output({5}), rstd = t.output({5}), dx = t.output(s);
+  auto dg = zeros(24), db = zeros(24);
+  t.run([&](Backend& be, Side d) {
+    be.layernorm_forward(d(x), d(gamma), d(beta), LayerNormParams{1e-5f}, d(y), d(mean), d(rstd));
+    ops::layernorm_backward(be, d(dy), d(x), d(gamma), d(mean), d(rstd), d(dx), d(dg), d(db));
+  });
+  auto loss = [&](Backend& be) {
+    be.layernorm_forward(x.dut, gamma.dut, beta.dut, LayerNormParams{1e-5f}, y.dut, mean.dut, rstd.dut);
+    return dot(dy.dut, y.dut);
+  };
+  t.expect_gradient("layernorm dx", x, dx, loss);
+  t.expect_gradient("layernorm dgamma", gamma, dg, loss);
+  t.expect_gradient("layernorm dbeta", beta, db, loss);
 }
 
 }  // namespace remat::test

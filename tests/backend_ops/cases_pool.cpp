@@ -7,8 +7,10 @@
 // backward passes add the same values in the same order, no atomics), so they must match
 // bitwise. Global average pooling sums in double in another order: one float ulp (1e-6
 // relative); its backward is one float division: bitwise.
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "backend_ops/harness.h"
@@ -175,6 +177,161 @@ REMAT_OP_CASE(pool, global_avgpool) {
     t.expect_equal(dx, "dx " + xs.str());
     t.expect_equal(dx_aligned, "dx (aligned) " + xs.str());
   }
+}
+
+// ---- bf16 (training.precision bf16; the two references: backend_ops/harness.h) ----------------
+// Bitwise the CPU (the same scan and sums in fp32, bf16 outputs rounded once).
+// Max pooling's backward into a bf16 dx sums in fp32 a tile of 1024 elements at a time (a
+// 40 x 41 plane takes two tiles); overlapping windows make an input the maximum of several
+// outputs, whose fp32 sum is rounded once as on the CPU. Global average pooling sums in
+// double in another order than the CPU: its fp32 case's 1e-6 relative plus a bf16 step,
+// and bitwise the device's fp32 kernel rounded (packs of four bf16 read the elements the
+// float4 path reads).
+
+namespace {
+
+Pool2dParams pool_params(int k, int s, int pad) {
+  Pool2dParams p;
+  p.kernel_h = p.kernel_w = k;
+  p.stride_h = p.stride_w = s;
+  p.pad_h = p.pad_w = pad;
+  return p;
+}
+
+}  // namespace
+
+REMAT_OP_CASE(pool, bf16) {
+  ActivationDTypeScope bf16(DType::bf16);
+  struct Case {
+    Shape x;
+    Pool2dParams p;
+  };
+  for (const Case& c : {Case{{2, 8, 28, 28}, pool_params(2, 2, 0)}, Case{{2, 3, 15, 13}, pool_params(3, 2, 1)},
+                        Case{{1, 2, 40, 41}, pool_params(3, 1, 1)}}) {
+    const std::string what = " x " + c.x.str() + " k" + std::to_string(c.p.kernel_h) + " s" +
+                             std::to_string(c.p.stride_h) + " p" + std::to_string(c.p.pad_h);
+    const Shape ys = pool2d_output_shape(c.x, c.p);
+    std::vector<float> xv = t.uniform_bf16(c.x).ref.to_vector();
+    xv[5] = std::numeric_limits<float>::quiet_NaN();  // a NaN wins its windows
+    xv[40] = xv[41];                                  // a tie keeps the first
+    auto x = t.values_bf16(xv, c.x), xf = t.as_f32(x);
+    auto y = t.output(ys, DType::bf16), idx = t.output(ys, DType::u8), yf = t.output(ys);
+    auto idxf = t.output(ys, DType::u8);
+    t.run([&](Backend& be, Side s) {
+      be.maxpool2d_forward(s(x), c.p, s(y), s(idx));
+      be.maxpool2d_forward(s(xf), c.p, s(yf), s(idxf));
+    });
+    t.expect_equal(y, "maxpool y" + what);
+    t.expect_equal(idx, "maxpool indices" + what);
+    expect_rounded_dut(y, yf, "maxpool y against fp32" + what);
+
+    auto dy = t.uniform_bf16(ys), dyf = t.as_f32(dy);
+    auto dx = t.output(c.x, DType::bf16), dx_f32 = t.output(c.x), dxf = t.output(c.x);
+    t.run([&](Backend& be, Side s) {
+      be.maxpool2d_backward(s(dy), s(idx), c.p, s(dx));      // fp32 tiles in shared memory
+      be.maxpool2d_backward(s(dy), s(idx), c.p, s(dx_f32));  // a bf16 dy into an f32 dx
+      be.maxpool2d_backward(s(dyf), s(idx), c.p, s(dxf));
+    });
+    t.expect_equal(dx, "maxpool dx" + what);
+    t.expect_equal(dx_f32, "maxpool dx (f32) from a bf16 dy" + what);
+    expect_rounded_dut(dx, dxf, "maxpool dx against fp32" + what);
+
+    auto ya = t.output(ys, DType::bf16), yaf = t.output(ys);
+    t.run([&](Backend& be, Side s) {
+      be.avgpool2d_forward(s(x), c.p, s(ya));
+      be.avgpool2d_forward(s(xf), c.p, s(yaf));
+    });
+    t.expect_equal(ya, "avgpool y" + what);
+    expect_rounded_dut(ya, yaf, "avgpool y against fp32" + what);
+    auto dxa = t.output(c.x, DType::bf16), dxaf = t.output(c.x);
+    t.run([&](Backend& be, Side s) {
+      be.avgpool2d_backward(s(dy), c.p, s(dxa));
+      be.avgpool2d_backward(s(dyf), c.p, s(dxaf));
+    });
+    t.expect_equal(dxa, "avgpool dx" + what);
+    expect_rounded_dut(dxa, dxaf, "avgpool dx against fp32" + what);
+  }
+  // Global average pooling: planes of 49 (one by one) and 64 elements (packs of four when
+  // aligned), bf16 or f32 y from a bf16 x.
+  for (const Shape& xs : {Shape{3, 5, 7, 7}, Shape{2, 9, 8, 8}}) {
+    const std::string what = " x " + xs.str();
+    const Shape ys{xs[0], xs[1]};
+    auto x = t.uniform_bf16(xs, -2.0f, 3.0f), xf = t.as_f32(x);
+    auto y = t.output(ys, DType::bf16), y_f32 = t.output(ys), yf = t.output(ys);
+    t.run([&](Backend& be, Side s) {
+      be.global_avgpool_forward(s(x), s(y));
+      be.global_avgpool_forward(s(x), s(y_f32));
+      be.global_avgpool_forward(s(xf), s(yf));
+    });
+    t.expect_close(y, 0, 1e-6 + kBf16Rel, "global_avgpool y" + what);
+    t.expect_close(y_f32, 0, 1e-6, "global_avgpool y (f32)" + what);
+    expect_rounded_dut(y, yf, "global_avgpool y against fp32" + what);
+    expect_same_dut_f32(y_f32, yf, "global_avgpool y (f32) against fp32" + what);
+    auto dy = t.uniform_bf16(ys), dyf = t.as_f32(dy);
+    auto dx = t.output(xs, DType::bf16), dx_aligned = aligned_bf16_output(t, xs), dxf = t.output(xs);
+    t.run([&](Backend& be, Side s) {
+      be.global_avgpool_backward(s(dy), s(dx));
+      be.global_avgpool_backward(s(dy), s(dx_aligned));
+      be.global_avgpool_backward(s(dyf), s(dxf));
+    });
+    t.expect_equal(dx, "global_avgpool dx" + what);
+    t.expect_equal(dx_aligned, "global_avgpool dx (aligned)" + what);
+    expect_rounded_dut(dx, dxf, "global_avgpool dx against fp32" + what);
+  }
+}
+
+// ---- Gradients: the device's backward against central differences of its own forward --------
+// (backend_ops/harness.h, "Gradient cases")
+
+namespace {
+
+// Distinct values (a permutation of a spread grid, shuffled): max pooling's argmax is
+// unique and stays so under a perturbation of eps.
+Pair distinct(OpCheck& t, const Shape& s) {
+  std::vector<float> v(static_cast<size_t>(s.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = -1.0f + 2.0f * static_cast<float>(i) / static_cast<float>(v.size());
+  std::shuffle(v.begin(), v.end(), t.rng());
+  return t.values(v, s);
+}
+
+}  // namespace
+
+REMAT_OP_CASE(pool, grad_pooling) {
+  const Shape xs{2, 3, 6, 7};
+  Pool2dParams p;
+  p.kernel_h = p.kernel_w = 3;
+  p.stride_h = p.stride_w = 2;
+  p.pad_h = p.pad_w = 1;
+  const Shape ys = pool2d_output_shape(xs, p);
+  auto x = distinct(t, xs), dy = t.uniform(ys);
+  // Max pooling: the spacing of distinct values (2 / 252) exceeds 2 eps, so argmaxes hold.
+  auto y = t.output(ys), idx = t.output(ys, DType::u8), dx = t.output(xs);
+  t.run([&](Backend& be, Side d) {
+    be.maxpool2d_forward(d(x), p, d(y), d(idx));
+    be.maxpool2d_backward(d(dy), d(idx), p, d(dx));
+  });
+  auto y2 = t.output(ys), idx2 = t.output(ys, DType::u8);
+  OpCheck::GradOptions fine;
+  fine.eps = 1e-3;
+  t.expect_gradient(
+      "maxpool2d", x, dx,
+      [&](Backend& be) {
+        be.maxpool2d_forward(x.dut, p, y2.dut, idx2.dut);
+        return dot(dy.dut, y2.dut);
+      },
+      fine);
+  auto adx = t.output(xs);
+  t.run([&](Backend& be, Side d) { be.avgpool2d_backward(d(dy), p, d(adx)); });
+  t.expect_gradient("avgpool2d", x, adx, [&](Backend& be) {
+    be.avgpool2d_forward(x.dut, p, y2.dut);
+    return dot(dy.dut, y2.dut);
+  });
+  auto gy = t.output({2, 3}), gdy = t.uniform({2, 3}), gdx = t.output(xs);
+  t.run([&](Backend& be, Side d) { be.global_avgpool_backward(d(gdy), d(gdx)); });
+  t.expect_gradient("global_avgpool", x, gdx, [&](Backend& be) {
+    be.global_avgpool_forward(x.dut, gy.dut);
+    return dot(gdy.dut, gy.dut);
+  });
 }
 
 }  // namespace remat::test

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "backend_ops/harness.h"
 
@@ -26,7 +27,9 @@ struct Forward {
 Forward run_forward(OpCheck& t, const Pair& x, const Pair& gamma, float eps, bool aligned_y) {
   const Shape& s = x.ref.shape();
   Forward f{aligned_y ? aligned_output(t, s) : t.output(s), t.output({s.numel() / s[-1]})};
-  t.run([&](Backend& be, Side side) { be.rmsnorm_forward(side(x), side(gamma), eps, side(f.y), side(f.rstd)); });
+  t.run([&](Backend& be, Side side) {
+    be.rmsnorm_forward(side(x), side(gamma), RmsNormParams{eps}, side(f.y), side(f.rstd));
+  });
   return f;
 }
 
@@ -67,6 +70,76 @@ REMAT_OP_CASE(rmsnorm, backward_shapes_and_dx_over_dy) {
     t.expect_close(dy_dx, 1e-5, 1e-5, what(s) + " dx over dy");
     t.expect_close(dgamma2, 1e-6, 1e-6, what(s) + " dgamma (dx over dy)");
   }
+}
+
+// ---- bf16 (training.precision bf16; the two references: backend_ops/harness.h) ----------------
+// RMSNorm: the fp32 case's tolerances (above) plus a bf16 step
+// against the CPU; bitwise the device's fp32 kernel on the widened values (bf16 outputs
+// rounded, rstd and dgamma the same bits).
+REMAT_OP_CASE(rmsnorm, bf16) {
+  ActivationDTypeScope bf16(DType::bf16);
+  const int64_t rows = 37;
+  for (int64_t c : kBf16RowLengths) {
+    const std::string what = " C=" + std::to_string(c);
+    auto x = t.uniform_bf16({rows, c}, -2.0f, 3.0f), gamma = t.uniform_bf16({c}, 0.5f, 1.5f);
+    auto xf = t.as_f32(x), gf = t.as_f32(gamma);
+    auto y = t.output({rows, c}, DType::bf16), y_aligned = aligned_bf16_output(t, {rows, c}), yf = t.output({rows, c}),
+         yf_aligned = t.values(std::vector<float>(static_cast<size_t>(rows * c)), {rows, c});
+    auto rstd = t.output({rows}), rstdf = t.output({rows});
+    t.run([&](Backend& be, Side s) {
+      be.rmsnorm_forward(s(x), s(gamma), RmsNormParams{1e-6f}, s(y), s(rstd));
+      be.rmsnorm_forward(s(x), s(gamma), RmsNormParams{1e-6f}, s(y_aligned), s(rstd));
+      be.rmsnorm_forward(s(xf), s(gf), RmsNormParams{1e-6f}, s(yf), s(rstdf));
+      be.rmsnorm_forward(s(xf), s(gf), RmsNormParams{1e-6f}, s(yf_aligned), s(rstdf));
+    });
+    t.expect_close(rstd, 0, 1e-6, "rmsnorm rstd" + what);
+    t.expect_close(y, 1e-6, kBf16Rel, "rmsnorm y" + what);
+    t.expect_close(y_aligned, 1e-6, kBf16Rel, "rmsnorm y (aligned)" + what);
+    expect_same_dut_f32(rstd, rstdf, "rmsnorm rstd" + what);
+    expect_rounded_dut(y, yf, "rmsnorm y against fp32" + what);
+    expect_rounded_dut(y_aligned, yf_aligned, "rmsnorm y (aligned) against fp32" + what);
+
+    auto dy = t.uniform_bf16({rows, c}), dyf = t.as_f32(dy);
+    auto dx = t.output({rows, c}, DType::bf16), dxf = t.output({rows, c});
+    auto dx_aligned = aligned_bf16_output(t, {rows, c});
+    auto dxf_aligned = t.values(std::vector<float>(static_cast<size_t>(rows * c)), {rows, c});
+    auto dx_in_place = t.output_like(dy);  // dx over dy, as backward runs it
+    auto dg = t.output_like(t.uniform({c})), dgf = t.output_like(dg);
+    t.run([&](Backend& be, Side s) {
+      be.rmsnorm_backward(s(dy), s(x), s(gamma), s(rstd), s(dx), s(dg));
+      be.rmsnorm_backward(s(dy), s(x), s(gamma), s(rstd), s(dx_aligned), Tensor());
+      be.rmsnorm_backward(s(dyf), s(xf), s(gf), s(rstdf), s(dxf), s(dgf));
+      be.rmsnorm_backward(s(dyf), s(xf), s(gf), s(rstdf), s(dxf_aligned), Tensor());
+      be.rmsnorm_backward(s(dx_in_place), s(x), s(gamma), s(rstd), s(dx_in_place), Tensor());
+    });
+    t.expect_close(dx, 1e-5, kBf16Rel, "rmsnorm dx" + what);
+    t.expect_close(dx_aligned, 1e-5, kBf16Rel, "rmsnorm dx (aligned)" + what);
+    t.expect_close(dx_in_place, 1e-5, kBf16Rel, "rmsnorm dx over dy" + what);
+    t.expect_close(dg, 1e-6, 1e-6, "rmsnorm dgamma (f32)" + what);
+    expect_rounded_dut(dx, dxf, "rmsnorm dx against fp32" + what);
+    expect_rounded_dut(dx_aligned, dxf_aligned, "rmsnorm dx (aligned) against fp32" + what);
+    expect_same_dut_f32(dg, dgf, "rmsnorm dgamma" + what);
+  }
+}
+
+// ---- Gradients: the device's backward against central differences of its own forward --------
+// (backend_ops/harness.h, "Gradient cases")
+
+REMAT_OP_CASE(rmsnorm, grad) {
+  const Shape s{5, 24};
+  auto x = t.uniform(s, -2.0f, 2.0f), gamma = t.uniform({24}, 0.5f, 1.5f), dy = t.uniform(s);
+  auto zeros = [&](int64_t c) { return t.output_like(t.values(std::vector<float>(c, 0.0f), {c})); };
+  auto y = t.output(s), rstd = t.output({5}), dx = t.output(s), dg = zeros(24);
+  t.run([&](Backend& be, Side d) {
+    be.rmsnorm_forward(d(x), d(gamma), RmsNormParams{1e-6f}, d(y), d(rstd));
+    be.rmsnorm_backward(d(dy), d(x), d(gamma), d(rstd), d(dx), d(dg));
+  });
+  auto loss = [&](Backend& be) {
+    be.rmsnorm_forward(x.dut, gamma.dut, RmsNormParams{1e-6f}, y.dut, rstd.dut);
+    return dot(dy.dut, y.dut);
+  };
+  t.expect_gradient("rmsnorm dx", x, dx, loss);
+  t.expect_gradient("rmsnorm dgamma", gamma, dg, loss);
 }
 
 }  // namespace remat::test

@@ -6,6 +6,7 @@
 // GPU underflows to 0 the CPU gives ~1e-38). So probabilities and gradients agree to a
 // few ulp relative plus a tiny absolute term; log-probabilities and lse to a few ulp of
 // their magnitude (up to ~170 with logits of +-80).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -384,6 +385,121 @@ REMAT_OP_CASE(softmax_loss, deterministic) {
   t.expect_equal({y[0].dut, y[1].dut}, "softmax run to run");
   t.expect_equal({loss[0].dut, loss[1].dut}, "loss run to run");
   t.expect_equal({dx[0].dut, dx[1].dut}, "dlogits run to run");
+}
+
+// ---- bf16 (training.precision bf16; the two references: backend_ops/harness.h) ----------------
+REMAT_OP_CASE(softmax_loss, bf16_softmax) {
+  ActivationDTypeScope bf16(DType::bf16);
+  const int64_t rows = 19;
+  for (int64_t n : kBf16RowLengths) {
+    for (bool log : {false, true}) {
+      const std::string what = std::string(log ? "log_softmax" : "softmax") + " n=" + std::to_string(n);
+      auto x = t.uniform_bf16({rows, n}, -4.0f, 4.0f), xf = t.as_f32(x);
+      auto y = t.output({rows, n}, DType::bf16), y_aligned = aligned_bf16_output(t, {rows, n}),
+           yf = t.output({rows, n});
+      auto yf_aligned = t.values(std::vector<float>(static_cast<size_t>(rows * n)), {rows, n});
+      t.run([&](Backend& be, Side s) {
+        be.softmax_forward(s(x), log, s(y));
+        be.softmax_forward(s(x), log, s(y_aligned));
+        be.softmax_forward(s(xf), log, s(yf));
+        be.softmax_forward(s(xf), log, s(yf_aligned));
+      });
+      t.expect_close(y, 1e-5, kBf16Rel, what + " y");
+      t.expect_close(y_aligned, 1e-5, kBf16Rel, what + " y (aligned)");
+      expect_rounded_dut(y, yf, what + " y against fp32");
+      expect_rounded_dut(y_aligned, yf_aligned, what + " y (aligned) against fp32");
+      // Backward from the stored (bf16) y.
+      auto dy = t.uniform_bf16({rows, n}), dyf = t.as_f32(dy), ys = t.as_f32(y_aligned);
+      auto dx = aligned_bf16_output(t, {rows, n});
+      auto dxf = t.values(std::vector<float>(static_cast<size_t>(rows * n)), {rows, n});
+      t.run([&](Backend& be, Side s) {
+        be.softmax_backward(s(dy), s(y_aligned), log, s(dx));
+        be.softmax_backward(s(dyf), s(ys), log, s(dxf));
+      });
+      t.expect_close(dx, 1e-6, kBf16Rel, what + " dx");
+      expect_rounded_dut(dx, dxf, what + " dx against fp32");
+    }
+  }
+}
+
+REMAT_OP_CASE(softmax_loss, bf16_cross_entropy_accuracy) {
+  ActivationDTypeScope bf16(DType::bf16);
+  const int64_t rows = 23;
+  for (int64_t v : kBf16RowLengths) {
+    const std::string what = " V=" + std::to_string(v);
+    auto logits = t.uniform_bf16({rows, v}, -5.0f, 5.0f), lf = t.as_f32(logits);
+    auto tg = t.ints({rows}, 0, static_cast<int>(v - 1)).ref.to_ints();
+    tg[3] = -100;
+    tg[11] = -100;
+    auto targets = t.int_values(tg, {rows});
+    auto loss = t.output({1}), lse = t.output({rows}), lossf = t.output({1}), lsef = t.output({rows});
+    t.run([&](Backend& be, Side s) {
+      be.cross_entropy_forward(s(logits), s(targets), -100, s(loss), s(lse));
+      be.cross_entropy_forward(s(lf), s(targets), -100, s(lossf), s(lsef));
+    });
+    t.expect_close(lse, 1e-5, 1e-6, "lse (f32)" + what);
+    t.expect_close(loss, 1e-5, 1e-6, "loss (f32)" + what);
+    expect_same_dut_f32(lse, lsef, "lse" + what);
+    expect_same_dut_f32(loss, lossf, "loss" + what);
+    auto d = t.output({rows, v}, DType::bf16), d_aligned = aligned_bf16_output(t, {rows, v});
+    auto df = t.output({rows, v});
+    auto df_aligned = t.values(std::vector<float>(static_cast<size_t>(rows * v)), {rows, v});
+    t.run([&](Backend& be, Side s) {
+      be.cross_entropy_backward(0.7f, s(logits), s(targets), s(lse), -100, s(d));
+      be.cross_entropy_backward(0.7f, s(logits), s(targets), s(lse), -100, s(d_aligned));
+      be.cross_entropy_backward(0.7f, s(lf), s(targets), s(lsef), -100, s(df));
+      be.cross_entropy_backward(0.7f, s(lf), s(targets), s(lsef), -100, s(df_aligned));
+    });
+    t.expect_close(d, 1e-9, kBf16Rel, "dlogits" + what);
+    t.expect_close(d_aligned, 1e-9, kBf16Rel, "dlogits (aligned)" + what);
+    expect_rounded_dut(d, df, "dlogits against fp32" + what);
+    expect_rounded_dut(d_aligned, df_aligned, "dlogits (aligned) against fp32" + what);
+    int64_t counted[2] = {0, 0}, correct[2] = {0, 0};
+    t.run([&](Backend& be, Side s) {
+      correct[s.ref ? 0 : 1] = be.accuracy(s(logits), s(targets), -100, &counted[s.ref ? 0 : 1]);
+    });
+    if (!perf_iterations()) {
+      EXPECT_EQ(correct[0], correct[1]) << "accuracy" << what;
+      EXPECT_EQ(counted[0], counted[1]) << "accuracy counted" << what;
+      EXPECT_EQ(counted[1], rows - 2) << "accuracy counted" << what;
+    }
+  }
+}
+
+// ---- Gradients: the device's backward against central differences of its own forward --------
+// (backend_ops/harness.h, "Gradient cases")
+
+REMAT_OP_CASE(softmax_loss, grad_softmax) {
+  const Shape s{4, 19};
+  auto x = t.uniform(s, -2.0f, 2.0f), dy = t.uniform(s);
+  for (bool log : {false, true}) {
+    auto y = t.output(s), dx = t.output(s);
+    t.run([&](Backend& be, Side d) {
+      be.softmax_forward(d(x), log, d(y));
+      be.softmax_backward(d(dy), d(y), log, d(dx));
+    });
+    auto y2 = t.output(s);
+    t.expect_gradient(log ? "log_softmax" : "softmax", x, dx, [&](Backend& be) {
+      be.softmax_forward(x.dut, log, y2.dut);
+      return dot(dy.dut, y2.dut);
+    });
+  }
+}
+
+REMAT_OP_CASE(softmax_loss, grad_cross_entropy) {
+  const int64_t n = 5, v = 11;
+  auto logits = t.uniform({n, v}, -2.0f, 2.0f);
+  auto targets = t.int_values({3, 0, 10, -100, 7}, {n});
+  auto loss = t.output({1}), lse = t.output({n}), dlogits = t.output({n, v});
+  t.run([&](Backend& be, Side d) {
+    be.cross_entropy_forward(d(logits), d(targets), -100, d(loss), d(lse));
+    be.cross_entropy_backward(1.0f, d(logits), d(targets), d(lse), -100, d(dlogits));
+  });
+  auto loss2 = t.output({1}), lse2 = t.output({n});
+  t.expect_gradient("cross_entropy", logits, dlogits, [&](Backend& be) {
+    be.cross_entropy_forward(logits.dut, targets.dut, -100, loss2.dut, lse2.dut);
+    return static_cast<double>(loss2.dut.to_vector()[0]);
+  });
 }
 
 }  // namespace remat::test

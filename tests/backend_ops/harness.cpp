@@ -8,6 +8,7 @@
 #include <limits>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "remat/bf16.h"
 #include "remat/device.h"
@@ -167,7 +168,7 @@ void OpCheck::run(const std::function<void(Backend&, Side)>& f) {
     for (const Tensor* t : touched)
       if (t->defined() && seen.insert(t->raw_data()).second) perf_.bytes += static_cast<double>(t->nbytes());
     double ms = 0.0;
-    for (int i = 0; i < iters; ++i) ms += dut_.time_ms([&] { f(dut_, Side{false}); });
+    for (int i = 0; i < iters; ++i) ms += dut_.tuning().time_ms([&] { f(dut_, Side{false}); });
     perf_.ms += ms / iters;
     perf_.runs++;
     return;
@@ -284,10 +285,14 @@ std::vector<const OpCase*>& op_cases() {
   return cases;
 }
 
-OpCaseRegistrar::OpCaseRegistrar(const char* family, const char* name, void (*fn)(OpCheck&)) {
+void register_op_case(const std::string& family, const std::string& name, std::function<void(OpCheck&)> fn) {
   static std::deque<OpCase> storage;  // stable addresses, destroyed at exit (no leak report)
-  storage.push_back(OpCase{family, name, fn});
+  storage.push_back(OpCase{family, name, std::move(fn)});
   op_cases().push_back(&storage.back());
+}
+
+OpCaseRegistrar::OpCaseRegistrar(const char* family, const char* name, void (*fn)(OpCheck&)) {
+  register_op_case(family, name, fn);
 }
 
 Pair aligned_bf16_output(OpCheck& t, const Shape& s) {

@@ -13,16 +13,23 @@
 //
 // - Perf mode (ggml's `test-backend-ops perf`): with REMAT_OP_PERF=<iterations> in the
 //   environment, every run() times the device under test instead (one warm-up, then the
-//   iterations, by Backend::time_ms: CUDA events on a GPU) and nothing is compared; the
+//   iterations, by BackendTuning::time_ms: CUDA events on a GPU) and nothing is compared; the
 //   test prints each case's device time per run and the bytes of the tensors the runs
 //   touched (an op's minimum traffic for memory-bound ops), e.g.
 //     REMAT_OP_PERF=20 build/default/tests/test_backend_ops_gpu --gtest_filter='*layernorm*'
 //
-// - Gradient cases (ggml's grad mode, cases_grad.cpp): an op's backward on the device under
-//   test against central differences of L = sum(dy * y) on that device (expect_gradient),
-//   so the device's backward is checked against its own forward, not only against the cpu.
+// - Gradient cases (ggml's grad mode, `grad*` in each cases_<family>.cpp): an op's backward
+//   on the device under test against central differences of L = sum(dy * y) on that device
+//   (expect_gradient), so the device's backward is checked against its own forward, not only
+//   against the cpu. Independent of the cpu backend: a device whose forward and backward
+//   agreed with the cpu's wrong formulas would still fail. Tolerances: GradOptions' defaults
+//   (eps 1e-2, rtol 2e-2, atol 2e-3: central differences of an fp32 forward on O(1) values)
+//   unless a case says why it differs. Inputs stay away from kinks (ReLU's 0, max-pool ties)
+//   by construction.
+// - bf16 cases (`bf16*` in each cases_<family>.cpp; see "bf16 cases" below).
 //
-// Write a case with REMAT_OP_CASE(family, name) { ... } in cases_<family>.cpp:
+// Write a case with REMAT_OP_CASE(family, name) { ... } in cases_<family>.cpp, the family of
+// the op's validator (src/backends/validate/<family>.cpp):
 //
 //   REMAT_OP_CASE(elementwise, relu_forward_odd) {
 //     auto x = t.uniform({3, 1001});
@@ -41,6 +48,7 @@
 #include <vector>
 
 #include "remat/backend.h"
+#include "remat/backend_tuning.h"  // perf mode's timer, the knobs some cases turn
 #include "remat/tensor.h"
 
 namespace remat::test {
@@ -145,7 +153,7 @@ class OpCheck {
 struct OpCase {
   std::string family;
   std::string name;
-  void (*fn)(OpCheck&);
+  std::function<void(OpCheck&)> fn;
 };
 
 std::vector<const OpCase*>& op_cases();
@@ -154,9 +162,35 @@ std::vector<const OpCase*>& op_cases();
 double dot(const Tensor& a, const Tensor& b);
 
 // ---- bf16 cases (training.precision bf16) ----------------------------------------------------
+// The ops on bf16 tensors (training.precision bf16: bf16 storage, fp32 math; the CPU
+// backend's contract, src/backends/cpu/mixed.h and the bf16 tests of tests/ops), on the
+// device under test against the CPU backend running the same bf16 op. Every case runs
+// inside ActivationDTypeScope(bf16), as the executor does, so the validators take bf16
+// where they expect f32.
+//
+// Two references per op:
+// - the CPU backend's bf16 op on the same bf16 inputs: bitwise for every op whose fp32
+//   kernel is bitwise the CPU's (add, accumulate, scale, ReLU, dropout, embedding,
+//   permute); within a bf16 rounding step (1/128 relative, plus the fp32 case's own
+//   tolerance) for the others, whose fp32 kernels already differ from the CPU in the last
+//   bits (GELU's libm erff/tanhf, the row reductions' order, GEMMs), because a value a few
+//   fp32 ulps away can round to the neighbouring bf16;
+// - the device's own fp32 op on the same values widened to f32, its output rounded to
+//   bf16: bitwise, for every op whose bf16 kernel runs the fp32 kernel's arithmetic in the
+//   same order on the widened values (elementwise, the row ops: layernorm, RMSNorm,
+//   softmax, cross-entropy), so the bf16 kernels are shown to be the fp32 kernels plus
+//   the conversions and nothing else.
+//
+// Every such case's name starts with bf16 (cases_<family>.cpp, "bf16" section).
+
 // One bf16 rounding step, relative (8 significant bits): a bf16 output of an op whose fp32
 // result differs from the cpu's in the last fp32 bits may round to the neighbouring bf16.
 constexpr double kBf16Rel = 1.0 / 128;
+// Row lengths for the row ops (layernorm, RMSNorm, softmax, cross-entropy): rows of a warp
+// (C <= 1024) and of a block, in packs of four (C % 4 == 0, aligned) and one by one. Against
+// the CPU: the fp32 cases' tolerances plus a bf16 step; against the device's fp32 kernel on
+// the same values: bitwise (bf16 outputs rounded; f32 statistics equal).
+inline const std::vector<int64_t> kBf16RowLengths = {96, 75, 1600, 2051};
 // A bf16 output the kernels see 16-byte aligned (plain storage), NaN until written.
 Pair aligned_bf16_output(OpCheck& t, const Shape& s);
 // The bf16 bits of a tensor's values (an f32 tensor's rounded), on the host.
@@ -170,6 +204,8 @@ void expect_same_dut_f32(const Pair& a, const Pair& b, const std::string& what);
 struct OpCaseRegistrar {
   OpCaseRegistrar(const char* family, const char* name, void (*fn)(OpCheck&));
 };
+// Registers a case made at run time (a list of cases written elsewhere: cases_bench.cpp).
+void register_op_case(const std::string& family, const std::string& name, std::function<void(OpCheck&)> fn);
 
 }  // namespace remat::test
 

@@ -148,7 +148,7 @@ def main():
         ids = torch.from_numpy(d["input_ids"].astype(np.int64))
         hf_logits = model(ids).logits
         hf_loss = torch.nn.functional.cross_entropy(hf_logits.reshape(-1, V),
-                                                    torch.from_numpy(d["targets"].astype(np.int64))).item()
+                                                    torch.from_numpy(d["targets"].astype(np.int64)).reshape(-1)).item()
     a, b = d["logits"].astype(np.float64), hf_logits.numpy().astype(np.float64)
     max_rel = np.abs(a - b).max() / np.abs(b).max()
     elem_rel = (np.abs(a - b) / np.maximum(np.abs(b), 1e-3)).max()

@@ -1,34 +1,24 @@
-// RMSNorm of the CPU backend against PyTorch goldens (tools/golden/transformer.py: the
-// formula in float64, differentiated by autograd) and finite differences of L = sum(dy * y).
-//
-// Tolerances (|actual - expected| <= atol + rtol * |expected|), against float64 references:
-// y, rstd, dx, dgamma: rtol 1e-5, atol 1e-6 (a few fp32 ulps of O(1) values); finite
-// differences: support/gradcheck.h defaults.
+// RMSNorm of the CPU backend (src/backends/cpu/rmsnorm.cpp) against PyTorch goldens
+// (tools/golden/transformer.py: the formula in float64, differentiated by autograd; bf16:
+// tools/golden/bf16_ops.py) and finite differences of L = sum(dy * y), dx over dy, bad
+// arguments.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <limits>
-#include <string>
-#include <vector>
 
+#include "ops/op_test.h"
 #include "remat/backend.h"
 #include "support/expect_error.h"
 #include "support/golden.h"
 #include "support/gradcheck.h"
 
-namespace remat {
+namespace remat::test {
 namespace {
 
-using test::bitwise_equal;
-using test::random_tensor;
-
-Backend& cpu() { return backend_for(Device::cpu()); }
-
-std::vector<std::string> rmsnorm_cases() {
-  std::vector<std::string> out;
-  for (const auto& name : test::golden_cases("transformer"))
-    if (test::meta_str(test::load_golden(name), "op") == "rmsnorm") out.push_back(name);
-  return out;
-}
+// Tolerances (|actual - expected| <= atol + rtol * |expected|), against float64 references:
+// y, rstd, dx, dgamma: rtol 1e-5, atol 1e-6 (a few fp32 ulps of O(1) values); finite
+// differences: support/gradcheck.h defaults.
 
 struct Forward {
   Tensor y, rstd;
@@ -36,12 +26,12 @@ struct Forward {
 
 Forward forward(const Tensor& x, const Tensor& gamma, float eps) {
   Forward f{Tensor::empty(x.shape()), Tensor::empty(Shape{x.numel() / x.size(-1)})};
-  cpu().rmsnorm_forward(x, gamma, eps, f.y, f.rstd);
+  cpu().rmsnorm_forward(x, gamma, RmsNormParams{eps}, f.y, f.rstd);
   return f;
 }
 
 TEST(RmsNorm, MatchesPyTorch) {
-  const auto cases = rmsnorm_cases();
+  const auto cases = transformer_cases("rmsnorm");
   ASSERT_GE(cases.size(), 3u);  // the loop must not pass vacuously
   for (const auto& name : cases) {
     SCOPED_TRACE(name);
@@ -88,15 +78,64 @@ TEST(RmsNorm, GradientsMatchFiniteDifferences) {
 
 TEST(RmsNorm, BadArgumentsNameTheOpAndShapes) {
   const Tensor x = random_tensor(Shape{4, 8}, 1), y = Tensor::empty(Shape{4, 8}), rstd = Tensor::empty(Shape{4});
-  EXPECT_REMAT_ERROR(cpu().rmsnorm_forward(x, random_tensor(Shape{7}, 2), 1e-6f, y, rstd),
+  EXPECT_REMAT_ERROR(cpu().rmsnorm_forward(x, random_tensor(Shape{7}, 2), RmsNormParams{1e-6f}, y, rstd),
                      "rmsnorm_forward: gamma f32[7] on cpu: expected shape [8]");
-  EXPECT_REMAT_ERROR(cpu().rmsnorm_forward(x, random_tensor(Shape{8}, 2), 1e-6f, y, Tensor::empty(Shape{5})),
-                     "rmsnorm_forward: rstd f32[5] on cpu: expected shape [4]");
-  EXPECT_REMAT_ERROR(cpu().rmsnorm_forward(x, random_tensor(Shape{8}, 2), 0.0f, y, rstd), "eps must be positive");
+  EXPECT_REMAT_ERROR(
+      cpu().rmsnorm_forward(x, random_tensor(Shape{8}, 2), RmsNormParams{1e-6f}, y, Tensor::empty(Shape{5})),
+      "rmsnorm_forward: rstd f32[5] on cpu: expected shape [4]");
+  EXPECT_REMAT_ERROR(cpu().rmsnorm_forward(x, random_tensor(Shape{8}, 2), RmsNormParams{0.0f}, y, rstd),
+                     "eps must be positive");
   EXPECT_REMAT_ERROR(
       cpu().rmsnorm_backward(random_tensor(Shape{4, 9}, 3), x, random_tensor(Shape{8}, 2), rstd, Tensor(), Tensor()),
       "rmsnorm_backward: dy f32[4, 9] on cpu and x f32[4, 8] on cpu must have the same shape");
 }
 
+// ---- bf16 ----------------------------------------------------------------------------------
+
+TEST(RmsNorm, Bf16MatchesPyTorch) {
+  ActivationDTypeScope bf16_activations(DType::bf16);
+  auto r = load_golden("bf16_ops/rmsnorm");
+  const Tensor x = bf16_in(r, "x");
+  const int64_t n = x.size(0), c = x.size(1);
+  Tensor y = bf16_empty(x.shape()), dx = bf16_empty(x.shape());
+  Tensor rs = Tensor::empty(Shape{n}), dg = Tensor::zeros(Shape{c});
+  cpu().rmsnorm_forward(bf16_in(r, "x"), bf16_in(r, "gamma"),
+                        RmsNormParams{static_cast<float>(remat::test::meta_float(r, "eps"))}, y, rs);
+  expect_bf16_golden(r, "y", y, 0, 0);  // written out in fp32 inside for both references
+  cpu().rmsnorm_backward(bf16_in(r, "dy"), bf16_in(r, "x"), bf16_in(r, "gamma"), rs, dx, dg);
+  expect_bf16_golden(r, "dx", dx, 0, 0);
+  expect_bf16_golden(r, "dgamma", dg, 0.01, 1);  // PyTorch's bf16 parameter gradient is rounded once
+}
+
+TEST(RmsNorm, Bf16IsTheRoundedFp32Op) {
+  ActivationDTypeScope bf16_activations(DType::bf16);
+  const int64_t n = 29, c = 72;
+  Bf16Pair x = random_pair(Shape{n, c}, 17), gamma = random_pair(Shape{c}, 18), y = empty_pair(Shape{n, c});
+  Tensor rf = Tensor::empty(Shape{n}), rh = Tensor::empty(Shape{n});
+  cpu().rmsnorm_forward(x.f, gamma.f, RmsNormParams{1e-6f}, y.f, rf);
+  cpu().rmsnorm_forward(x.h, gamma.h, RmsNormParams{1e-6f}, y.h, rh);
+  expect_rounded(y, "rmsnorm_forward");
+  EXPECT_EQ(rf.to_vector(), rh.to_vector());
+  Bf16Pair dy = random_pair(Shape{n, c}, 19), dx = empty_pair(Shape{n, c});
+  Tensor dgf = Tensor::zeros(Shape{c}), dgh = Tensor::zeros(Shape{c});
+  cpu().rmsnorm_backward(dy.f, x.f, gamma.f, rf, dx.f, dgf);
+  cpu().rmsnorm_backward(dy.h, x.h, gamma.h, rh, dx.h, dgh);
+  expect_rounded(dx, "rmsnorm_backward dx");
+  EXPECT_EQ(dgf.to_vector(), dgh.to_vector()) << "dgamma (f32) from bf16 inputs";
+}
+
+// Statistics stay f32 under bf16 activations: a bf16 rstd is refused by the validator (every
+// backend), the error naming the op and the tensor.
+TEST(RmsNorm, Bf16StatisticsMustBeF32) {
+  ActivationDTypeScope bf16_activations(DType::bf16);
+  const Shape s{4, 8};
+  Bf16Pair x = random_pair(s, 30), g = random_pair(Shape{8}, 31), y = empty_pair(s);
+  Tensor st32 = Tensor::empty(Shape{4}), st16 = Tensor::empty(Shape{4}, Device::cpu(), DType::bf16);
+  expect_statistics_error(error_of([&] { cpu().rmsnorm_forward(x.h, g.h, RmsNormParams{1e-6f}, y.h, st16); }),
+                          "rmsnorm_forward", "rstd");
+  expect_statistics_error(error_of([&] { cpu().rmsnorm_backward(x.h, x.h, g.h, st16, y.h, Tensor()); }),
+                          "rmsnorm_backward", "rstd");
+}
+
 }  // namespace
-}  // namespace remat
+}  // namespace remat::test

@@ -244,3 +244,26 @@ TEST(SimdPaths, Conv2dDirectIsBitwiseTheBaseline) {
   });
   remat::cpu_conv::set_path(saved);
 }
+
+TEST(VectorMath, MatchesLibmAndPropagatesNan) {
+  // The CPU backend's branch-free exp/tanh/erf (src/backends/cpu/vmath.h) against libm.
+  Tensor x = Tensor::from_vector({-100.0f, -87.0f, -20.0f, -1.5f, -1e-3f, 0.0f, 1e-3f, 0.5f, 3.0f, 20.0f, 80.0f,
+                                  std::numeric_limits<float>::quiet_NaN()},
+                                 {12});
+  Tensor y = ops::softmax(cpu(), x.reshape({12, 1}));  // exp(x - x) per row: 1, or NaN
+  const auto yv = y.to_vector();
+  for (size_t i = 0; i + 1 < yv.size(); ++i) EXPECT_EQ(yv[i], 1.0f) << i;
+  EXPECT_TRUE(std::isnan(yv.back()));
+  Tensor g = ops::gelu(cpu(), x, remat::GeluApprox::tanh);
+  Tensor ge = ops::gelu(cpu(), x, remat::GeluApprox::none);
+  const auto gv = g.to_vector(), gev = ge.to_vector(), xv = x.to_vector();
+  for (size_t i = 0; i + 1 < xv.size(); ++i) {
+    const double v = xv[i];
+    const double t = 0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+    const double e = 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
+    EXPECT_NEAR(gv[i], t, 1e-6 + 1e-6 * std::fabs(t)) << v;
+    EXPECT_NEAR(gev[i], e, 1e-6 + 1e-6 * std::fabs(e)) << v;
+  }
+  EXPECT_TRUE(std::isnan(gv.back()));
+  EXPECT_TRUE(std::isnan(gev.back()));
+}

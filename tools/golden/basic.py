@@ -1,5 +1,5 @@
-"""Goldens for the basic op family: gemm, linear, elementwise, softmax, cross-entropy,
-optimizers, gradient-norm clipping."""
+"""Goldens for the basic op family: gemm, linear, elementwise (ReLU, GELU, add, SiLU, mul),
+softmax, cross-entropy, optimizers, gradient-norm clipping."""
 import torch
 import torch.nn.functional as F
 
@@ -127,3 +127,9 @@ def cases():
     out.update({f"clipped{i}": p.grad for i, p in enumerate(ps)})
     out["norm"] = norm.reshape(1).float()
     yield "clip_grad_norm", out, {"max_norm": 1.5, "count": len(ts)}
+
+    # SiLU and the elementwise product (LLaMA's SwiGLU MLP: silu(gate) * up). Last, and from
+    # a seed of their own, so that the cases above keep their values.
+    torch.manual_seed(2)
+    yield "silu", _grad_case(lambda x: F.silu(x), {"x": _rand(3, 37, scale=6.0)}), {}
+    yield "mul", _grad_case(lambda a, b: a * b, {"a": _rand(2, 9, scale=2.0), "b": _rand(2, 9, scale=2.0)}), {}

@@ -12,7 +12,7 @@ CPU, two references per result:
   rounded output, attention's P V the rounded probabilities.
 
 Everything is stored as float32 (a bf16 value is exactly a float32). The tolerances against
-each, per op, are stated in tests/ops/test_bf16_golden.cpp. PyTorch has no RMSNorm in 1.13
+each, per op, are stated in the Bf16 tests of tests/ops/test_<family>.cpp. PyTorch has no RMSNorm in 1.13
 and no fused attention: both are written out here from its ops.
 """
 import math
@@ -73,6 +73,8 @@ def _pointwise():
     yield "gelu_tanh", _both(lambda x: F.gelu(x, approximate="tanh"), {"x": x}, {}, dy), {}
     yield "relu", _both(lambda x: F.relu(x), {"x": x}, {}, dy), {}
     yield "add", _both(lambda x, x2: x + x2, {"x": x, "x2": x2}, {}, dy), {}
+    yield "silu", _both(lambda x: F.silu(x), {"x": x}, {}, dy), {}
+    yield "mul", _both(lambda x, x2: x * x2, {"x": x, "x2": x2}, {}, dy), {}
 
 
 def _rows():

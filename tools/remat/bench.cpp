@@ -38,8 +38,8 @@ struct Case {
   std::function<std::function<void()>()> setup;  // returns the timed body
 };
 
-std::vector<Case> cases(Backend& be) {
-  std::vector<Case> cs;
+// GEMMs: a square one, and a linear layer's forward and backward.
+void add_gemm_cases(Backend& be, std::vector<Case>& cs) {
   cs.push_back({"gemm_1024", 2.0 * 1024 * 1024 * 1024, [&be] {
                   auto a = std::make_shared<Tensor>(rnd({1024, 1024}, 1));
                   auto b = std::make_shared<Tensor>(rnd({1024, 1024}, 2));
@@ -58,6 +58,10 @@ std::vector<Case> cases(Backend& be) {
                     be.linear_backward(y, *x, *w, dx, *dw, *db);
                   };
                 }});
+}
+
+// The CNN layers: a 3x3 convolution, models/fashion_cnn.json's two, max pooling, batch norm.
+void add_cnn_cases(Backend& be, std::vector<Case>& cs) {
   cs.push_back({"conv_64x64x3x3_32x32_b64", 3 * 2.0 * 64 * 64 * 32 * 32 * 64 * 9, [&be] {
                   auto x = std::make_shared<Tensor>(rnd({64, 64, 32, 32}, 1));
                   auto w = std::make_shared<Tensor>(rnd({64, 64, 3, 3}, 2));
@@ -112,6 +116,10 @@ std::vector<Case> cases(Backend& be) {
                     be.batchnorm2d_backward(r.y, *x, *g, r.mean, r.invstd, dx, *dg, *dbeta);
                   };
                 }});
+}
+
+// The transformer's layers with parameters or heads: layer norm, attention.
+void add_transformer_cases(Backend& be, std::vector<Case>& cs) {
   cs.push_back({"layernorm_16x256x256", 0, [&be] {
                   auto x = std::make_shared<Tensor>(rnd({16, 256, 256}, 1));
                   auto g = std::make_shared<Tensor>(Tensor::full({256}, 1.0f));
@@ -133,6 +141,10 @@ std::vector<Case> cases(Backend& be) {
                     ops::attention_backward(be, r.out, *qkv, r.probs, p, RngState{});
                   };
                 }});
+}
+
+// Pointwise activations and dropout over 4 Mi elements.
+void add_pointwise_cases(Backend& be, std::vector<Case>& cs) {
   cs.push_back({"gelu_4M", 0, [&be] {
                   auto x = std::make_shared<Tensor>(rnd({4096, 1024}, 1));
                   return [&be, x] {
@@ -157,6 +169,10 @@ std::vector<Case> cases(Backend& be) {
                     be.dropout_backward(y, 0.1f, RngState{1, 0}, dx);
                   };
                 }});
+}
+
+// Softmax, cross-entropy over 1024 classes, a GPT-2-vocabulary embedding.
+void add_softmax_loss_embedding_cases(Backend& be, std::vector<Case>& cs) {
   cs.push_back({"softmax_4096x1024", 0, [&be] {
                   auto x = std::make_shared<Tensor>(rnd({4096, 1024}, 1));
                   return [&be, x] {
@@ -189,6 +205,10 @@ std::vector<Case> cases(Backend& be) {
                     ops::embedding_backward(be, y, *id, *dt, *dp);
                   };
                 }});
+}
+
+// The optimizer's update over 10 Mi parameters.
+void add_optimizer_cases(Backend& be, std::vector<Case>& cs) {
   cs.push_back({"adamw_10M", 0, [&be] {
                   auto p = std::make_shared<Tensor>(rnd({10 << 20}, 1));
                   auto g = std::make_shared<Tensor>(rnd({10 << 20}, 2));
@@ -197,6 +217,17 @@ std::vector<Case> cases(Backend& be) {
                   auto step = std::make_shared<int64_t>(0);
                   return [&be, p, g, m, v, step] { be.adamw_step(*p, *g, *m, *v, AdamWParams{}, ++*step); };
                 }});
+}
+
+// Every case, in the order printed.
+std::vector<Case> cases(Backend& be) {
+  std::vector<Case> cs;
+  add_gemm_cases(be, cs);
+  add_cnn_cases(be, cs);
+  add_transformer_cases(be, cs);
+  add_pointwise_cases(be, cs);
+  add_softmax_loss_embedding_cases(be, cs);
+  add_optimizer_cases(be, cs);
   return cs;
 }
 

@@ -94,119 +94,158 @@ std::string micro_note(const Config& cfg) {
          " samples, plus a gradient-sized accumulation buffer)";
 }
 
+struct MemprofOptions {
+  std::string config, policies = "none,all,sqrt,selective", device = "meta", json, trace, svg, html, precisions;
+  int64_t batch = -1, micro_batch = -1, seq = 0;
+  int ranks = 1;
+  bool layers = false, shard_optimizer = false;
+};
+
+void add_memprof_options(CLI::App* cmd, MemprofOptions& o) {
+  cmd->add_option("config", o.config, "Model config (models/*.json)")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--batch", o.batch, "Batch size (default: the config's)");
+  cmd->add_option(
+      "--micro-batch", o.micro_batch,
+      "Profile a step of batch / N micro-batches of N samples (default: the config's training.micro_batch)");
+  cmd->add_option("--seq", o.seq, "Sequence length for token models (default: the config's)");
+  cmd->add_option("--ranks", o.ranks,
+                  "Profile one rank of N data-parallel ranks (mpirun -np N): its micro-batches, its optimizer "
+                  "shard with --shard-optimizer")
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--shard-optimizer", o.shard_optimizer,
+                "ZeRO-1: each rank keeps the optimizer state of 1/N of the parameters (sets "
+                "training.shard_optimizer)");
+  cmd->add_option("--policy", o.policies, "Comma-separated policies, e.g. none,all,every:4,sqrt,selective,budget:8GiB");
+  cmd->add_option("--precision", o.precisions,
+                  "Comma-separated precisions side by side, e.g. fp32,bf16 (default: the config's training.precision; "
+                  "bf16 measured where the device computes it, cpu today)");
+  cmd->add_option("--device", o.device, "meta (predict, computes nothing); cpu, cuda[:N] or cuda-emu (measure too)")
+      ->default_val("meta");
+  cmd->add_option("--json", o.json, "Write a machine-readable report");
+  cmd->add_option("--trace", o.trace, "Write a Chrome Trace Event file (Perfetto, chrome://tracing)");
+  cmd->add_option("--svg", o.svg, "Write a plot of memory over the step, one line per policy");
+  cmd->add_option("--html", o.html,
+                  "Write a self-contained interactive page: timeline, live tensors, policies, Pareto front, layers");
+  cmd->add_flag("--layers", o.layers, "Print the per-layer table of each policy");
+}
+
+// Every output file's folder exists and is writable, and --html has Chart.js, before the
+// profile runs.
+void check_memprof_outputs(const MemprofOptions& o) {
+  check_output_path("--json", o.json);
+  check_output_path("--trace", o.trace);
+  check_output_path("--svg", o.svg);
+  check_output_path("--html", o.html);
+  if (!o.html.empty() && !memory_html_available())
+    REMAT_THROW(
+        "--html: this remat was built without Chart.js; install the Debian package libjs-chart.js "
+        "(tools/bootstrap.sh does) and configure remat again");
+}
+
+// The precisions to profile (--precision, else the config's), each one the device computes.
+std::vector<std::string> memprof_precisions(const MemprofOptions& o, const Config& cfg, const Device& dev) {
+  const std::vector<std::string> precisions =
+      o.precisions.empty() ? std::vector<std::string>{cfg.training.precision} : split_list("--precision", o.precisions);
+  for (const std::string& p : precisions) {
+    if (const std::string e = precision_error(p); !e.empty()) REMAT_THROW("--precision: ", e);
+    if (p != "fp32" && !backend_for(dev).supports_bf16())
+      REMAT_THROW("--precision ", p, ": not yet supported on ", dev.str(),
+                  " (its kernels are fp32 only): predict it with --device meta");
+  }
+  return precisions;
+}
+
+// Each precision x policy: predicted on meta (with the measured device's workspace sizes),
+// and measured on the device unless it is meta.
+struct Profiles {
+  std::vector<StepProfile> predicted, measured;
+};
+
+Profiles profile_policies(Config& cfg, const Graph& g, const std::vector<std::string>& precisions,
+                          const std::string& policies, const Device& dev) {
+  Profiles out;
+  Backend* ws = dev.is_meta() ? nullptr : &backend_for(dev);
+  for (const std::string& prec : precisions) {
+    cfg.training.precision = prec;
+    for (const std::string& pol : split_policies(policies)) {
+      CheckpointPlan plan = resolve_policy(cfg, g, pol, ws);
+      out.predicted.push_back(profile_step(cfg, g, plan, Device::meta(), true, ws));
+      if (!dev.is_meta()) out.measured.push_back(profile_step(cfg, g, plan, dev));
+    }
+  }
+  return out;
+}
+
+// --json and --html (the same report: the page embeds exactly what --json writes), --trace
+// and --svg.
+void write_memprof_files(const MemprofOptions& o, const Config& cfg, const Graph& g, const Device& dev,
+                         const Profiles& pr) {
+  const int64_t batch = cfg.training.batch;
+  const std::vector<StepProfile>* measured = dev.is_meta() ? nullptr : &pr.measured;
+  const auto& shown = dev.is_meta() ? pr.predicted : pr.measured;
+  if (!o.json.empty() || !o.html.empty()) {
+    Backend* ws = dev.is_meta() ? nullptr : &backend_for(dev);
+    const std::vector<PlanCandidate> all = plan_candidates(cfg, g, ws);
+    const std::vector<PlanCandidate> front = pareto_front(all);
+    ProfileJsonExtras extras;
+    extras.title = cfg.name + ", batch " + std::to_string(batch) + ", device " + dev.str();
+    extras.candidates = &all;
+    extras.front = &front;
+    const nlohmann::json report = profile_json(pr.predicted, measured, extras);
+    if (!o.json.empty()) write_file_atomic(o.json, report.dump(2) + "\n");
+    if (!o.html.empty()) write_file_atomic(o.html, memory_html(report));
+  }
+  if (!o.trace.empty()) write_file_atomic(o.trace, chrome_trace(shown).dump() + "\n");
+  if (!o.svg.empty())
+    write_file_atomic(o.svg, memory_svg(shown, cfg.name + ", batch " + std::to_string(batch) +
+                                                   ": allocated memory over one training step"));
+}
+
+int run_memprof(const MemprofOptions& o) {
+  check_memprof_outputs(o);
+  Config cfg = load_config(o.config);
+  apply_batch_options(cfg, o.batch, o.micro_batch);
+  apply_rank_options(cfg, o.ranks, o.shard_optimizer);
+  const int64_t batch = cfg.training.batch;
+  if (o.seq < 0) REMAT_THROW("--seq must be positive, got ", o.seq);
+  const Device dev = Device::parse(o.device);
+  require_available(dev);
+  set_device_collectives(cfg, dev);
+  Graph g = build_config_graph(cfg, cfg.training.micro(), o.seq);  // one micro-batch
+  const std::vector<std::string> precisions = memprof_precisions(o, cfg, dev);
+  const Profiles pr = profile_policies(cfg, g, precisions, o.policies, dev);
+  std::printf("remat memprof %s: %s, batch %lld%s, %lld parameters, device %s%s\n\n", o.config.c_str(),
+              cfg.name.c_str(), static_cast<long long>(batch), micro_note(cfg).c_str(),
+              static_cast<long long>(g.parameter_count()), dev.str().c_str(), rank_note(cfg, o.ranks).c_str());
+  std::printf("%s", profile_table(pr.predicted, dev.is_meta() ? nullptr : &pr.measured).c_str());
+  if (std::find_if(precisions.begin(), precisions.end(), [](const std::string& p) { return p != "fp32"; }) !=
+      precisions.end())
+    std::printf(
+        "\nbf16 columns: bf16 activations and working weights; fp32 masters, gradients, moments and "
+        "statistics\n");
+  if (o.layers)
+    for (const auto& p : dev.is_meta() ? pr.predicted : pr.measured) std::printf("\n%s", layer_table(p).c_str());
+  write_memprof_files(o, cfg, g, dev, pr);
+  if (!dev.is_meta())
+    for (size_t i = 0; i < pr.predicted.size(); ++i)
+      if (pr.predicted[i].peak_bytes != pr.measured[i].peak_bytes) {
+        std::fprintf(stderr, "remat: error: policy %s: measured peak %lld differs from the predicted %lld\n",
+                     pr.predicted[i].policy.c_str(), static_cast<long long>(pr.measured[i].peak_bytes),
+                     static_cast<long long>(pr.predicted[i].peak_bytes));
+        return 1;
+      }
+  return 0;
+}
+
 }  // namespace
 
 Runner add_memprof_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("memprof", "Profile the memory of one training step under checkpoint policies");
-  struct Opts {
-    std::string config, policies = "none,all,sqrt,selective", device = "meta", json, trace, svg, html, precisions;
-    int64_t batch = -1, micro_batch = -1, seq = 0;
-    int ranks = 1;
-    bool layers = false, shard_optimizer = false;
-  };
-  auto o = std::make_shared<Opts>();
-  cmd->add_option("config", o->config, "Model config (models/*.json)")->required()->check(CLI::ExistingFile);
-  cmd->add_option("--batch", o->batch, "Batch size (default: the config's)");
-  cmd->add_option(
-      "--micro-batch", o->micro_batch,
-      "Profile a step of batch / N micro-batches of N samples (default: the config's training.micro_batch)");
-  cmd->add_option("--seq", o->seq, "Sequence length for token models (default: the config's)");
-  cmd->add_option("--ranks", o->ranks,
-                  "Profile one rank of N data-parallel ranks (mpirun -np N): its micro-batches, its optimizer "
-                  "shard with --shard-optimizer")
-      ->check(CLI::PositiveNumber);
-  cmd->add_flag("--shard-optimizer", o->shard_optimizer,
-                "ZeRO-1: each rank keeps the optimizer state of 1/N of the parameters (sets "
-                "training.shard_optimizer)");
-  cmd->add_option("--policy", o->policies,
-                  "Comma-separated policies, e.g. none,all,every:4,sqrt,selective,budget:8GiB");
-  cmd->add_option("--precision", o->precisions,
-                  "Comma-separated precisions side by side, e.g. fp32,bf16 (default: the config's training.precision; "
-                  "bf16 measured where the device computes it, cpu today)");
-  cmd->add_option("--device", o->device, "meta (predict, computes nothing); cpu, cuda[:N] or cuda-emu (measure too)")
-      ->default_val("meta");
-  cmd->add_option("--json", o->json, "Write a machine-readable report");
-  cmd->add_option("--trace", o->trace, "Write a Chrome Trace Event file (Perfetto, chrome://tracing)");
-  cmd->add_option("--svg", o->svg, "Write a plot of memory over the step, one line per policy");
-  cmd->add_option("--html", o->html,
-                  "Write a self-contained interactive page: timeline, live tensors, policies, Pareto front, layers");
-  cmd->add_flag("--layers", o->layers, "Print the per-layer table of each policy");
+  auto o = std::make_shared<MemprofOptions>();
+  add_memprof_options(cmd, *o);
   return [cmd, o]() -> int {
     if (!cmd->parsed()) return -1;
-    check_output_path("--json", o->json);
-    check_output_path("--trace", o->trace);
-    check_output_path("--svg", o->svg);
-    check_output_path("--html", o->html);
-    if (!o->html.empty() && !memory_html_available())
-      REMAT_THROW(
-          "--html: this remat was built without Chart.js; install the Debian package libjs-chart.js "
-          "(tools/bootstrap.sh does) and configure remat again");
-    Config cfg = load_config(o->config);
-    apply_batch_options(cfg, o->batch, o->micro_batch);
-    apply_rank_options(cfg, o->ranks, o->shard_optimizer);
-    const int64_t batch = cfg.training.batch;
-    if (o->seq < 0) REMAT_THROW("--seq must be positive, got ", o->seq);
-    const Device dev = Device::parse(o->device);
-    require_available(dev);
-    set_device_collectives(cfg, dev);
-    Graph g = build_config_graph(cfg, cfg.training.micro(), o->seq);  // one micro-batch
-    const std::vector<std::string> precisions = o->precisions.empty() ? std::vector<std::string>{cfg.training.precision}
-                                                                      : split_list("--precision", o->precisions);
-    for (const std::string& p : precisions) {
-      if (const std::string e = precision_error(p); !e.empty()) REMAT_THROW("--precision: ", e);
-      if (p != "fp32" && !backend_for(dev).supports_bf16())
-        REMAT_THROW("--precision ", p, ": not yet supported on ", dev.str(),
-                    " (its kernels are fp32 only): predict it with --device meta");
-    }
-    std::vector<StepProfile> predicted, measured;
-    for (const std::string& prec : precisions) {
-      cfg.training.precision = prec;
-      for (const std::string& pol : split_policies(o->policies)) {
-        CheckpointPlan plan = resolve_policy(cfg, g, pol, dev.is_meta() ? nullptr : &backend_for(dev));
-        // predicted on meta with the measured device's workspace sizes
-        predicted.push_back(
-            profile_step(cfg, g, plan, Device::meta(), true, dev.is_meta() ? nullptr : &backend_for(dev)));
-        if (!dev.is_meta()) measured.push_back(profile_step(cfg, g, plan, dev));
-      }
-    }
-    std::printf("remat memprof %s: %s, batch %lld%s, %lld parameters, device %s%s\n\n", o->config.c_str(),
-                cfg.name.c_str(), static_cast<long long>(batch), micro_note(cfg).c_str(),
-                static_cast<long long>(g.parameter_count()), dev.str().c_str(), rank_note(cfg, o->ranks).c_str());
-    std::printf("%s", profile_table(predicted, dev.is_meta() ? nullptr : &measured).c_str());
-    if (std::find_if(precisions.begin(), precisions.end(), [](const std::string& p) { return p != "fp32"; }) !=
-        precisions.end())
-      std::printf(
-          "\nbf16 columns: bf16 activations and working weights; fp32 masters, gradients, moments and "
-          "statistics\n");
-    if (o->layers)
-      for (const auto& p : dev.is_meta() ? predicted : measured) std::printf("\n%s", layer_table(p).c_str());
-    const auto& shown = dev.is_meta() ? predicted : measured;
-    if (!o->json.empty() || !o->html.empty()) {
-      // The same report in both: the page embeds exactly what --json writes.
-      Backend* ws = dev.is_meta() ? nullptr : &backend_for(dev);
-      const std::vector<PlanCandidate> all = plan_candidates(cfg, g, ws);
-      const std::vector<PlanCandidate> front = pareto_front(all);
-      ProfileJsonExtras extras;
-      extras.title = cfg.name + ", batch " + std::to_string(batch) + ", device " + dev.str();
-      extras.candidates = &all;
-      extras.front = &front;
-      const nlohmann::json report = profile_json(predicted, dev.is_meta() ? nullptr : &measured, extras);
-      if (!o->json.empty()) write_file_atomic(o->json, report.dump(2) + "\n");
-      if (!o->html.empty()) write_file_atomic(o->html, memory_html(report));
-    }
-    if (!o->trace.empty()) write_file_atomic(o->trace, chrome_trace(shown).dump() + "\n");
-    if (!o->svg.empty())
-      write_file_atomic(o->svg, memory_svg(shown, cfg.name + ", batch " + std::to_string(batch) +
-                                                      ": allocated memory over one training step"));
-    if (!dev.is_meta())
-      for (size_t i = 0; i < predicted.size(); ++i)
-        if (predicted[i].peak_bytes != measured[i].peak_bytes) {
-          std::fprintf(stderr, "remat: error: policy %s: measured peak %lld differs from the predicted %lld\n",
-                       predicted[i].policy.c_str(), static_cast<long long>(measured[i].peak_bytes),
-                       static_cast<long long>(predicted[i].peak_bytes));
-          return 1;
-        }
-    return 0;
+    return run_memprof(*o);
   };
 }
 

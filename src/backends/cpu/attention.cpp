@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "backends/attention_dims.h"
 #include "backends/cpu/bf16.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/mixed.h"
@@ -51,18 +52,6 @@ using cpu::exp_nonpositive4;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 using cpu::exp_nonpositive16;
 #endif
-
-struct AttnDims {
-  int64_t b, t, c, h, hs;
-};
-
-AttnDims attn_dims(const Shape& qkv, const AttentionParams& p) {
-  AttnDims d{qkv[0], qkv[1], qkv[2] / 3, p.n_head, 0};
-  d.hs = d.c / d.h;
-  // cblas takes int sizes and leading dimensions.
-  REMAT_CHECK(d.t <= INT_MAX && qkv[2] <= INT_MAX, "attention: qkv ", qkv.str(), " is too large for cblas");
-  return d;
-}
 
 // Heads are processed in groups: the GEMMs of a whole group run back to back, then one
 // OpenMP region does the group's row work. Few switches between OpenBLAS's threads and
@@ -386,13 +375,13 @@ void backward_heads(const AttnDims& d, int64_t bh0, const AttentionParams& p, Rn
 }  // namespace
 
 size_t cpu::attention_forward_workspace(const Shape& qkv, const AttentionParams& p) {
-  const AttnDims d = attn_dims(qkv, p);
+  const AttnDims d = attn_dims(qkv, p, "cblas");
   if (bf16_mode()) return (forward_scratch_floats(one_element(d), p) + bf16_staging(d, false).total()) * sizeof(float);
   return forward_scratch_floats(d, p) * sizeof(float);
 }
 
 size_t cpu::attention_backward_workspace(const Shape& qkv, const AttentionParams& p) {
-  const AttnDims d = attn_dims(qkv, p);
+  const AttnDims d = attn_dims(qkv, p, "cblas");
   if (bf16_mode()) return (backward_scratch_floats(one_element(d), p) + bf16_staging(d, true).total()) * sizeof(float);
   return backward_scratch_floats(d, p) * sizeof(float);
 }
@@ -407,7 +396,7 @@ size_t CpuBackend::attention_backward_workspace_impl(const Shape& qkv, const Att
 
 void CpuBackend::attention_forward_impl(const Tensor& qkv, const AttentionParams& p, RngState rng, const Tensor& out,
                                         const Tensor& probs, const Tensor& workspace) {
-  const AttnDims d = attn_dims(qkv.shape(), p);
+  const AttnDims d = attn_dims(qkv.shape(), p, "cblas");
   if (d.b == 0 || d.t == 0) return;
   if (cpu::all_f32({&qkv, &out, &probs})) {
     float* dropped = p.applies_dropout() && out.defined() ? workspace.f32() : nullptr;
@@ -434,7 +423,7 @@ void CpuBackend::attention_forward_impl(const Tensor& qkv, const AttentionParams
 void CpuBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv, const Tensor& probs,
                                          const AttentionParams& p, RngState rng, const Tensor& dqkv,
                                          const Tensor& workspace) {
-  const AttnDims d = attn_dims(qkv.shape(), p);
+  const AttnDims d = attn_dims(qkv.shape(), p, "cblas");
   if (d.b == 0 || d.t == 0) return;
   if (cpu::all_f32({&dout, &qkv, &probs, &dqkv})) {
     backward_heads(d, 0, p, rng, dout.f32(), qkv.f32(), probs.f32(), dqkv.f32(), workspace.f32());

@@ -74,8 +74,10 @@ __attribute__((target("avx512f"))) void forward_row_avx512(const float* xr, int6
 
 }  // namespace
 
-void CpuBackend::layernorm_forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
-                                        const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+void CpuBackend::layernorm_forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                        const LayerNormParams& p, const Tensor& y, const Tensor& mean,
+                                        const Tensor& rstd) {
+  const float eps = p.eps;
   const int64_t c = x.size(-1);
   const int64_t n = mean.numel();
   // x, gamma, beta and y may be bf16: rows staged in fp32 (mixed.h); mean and rstd are f32.

@@ -23,8 +23,9 @@ constexpr int64_t kRowsPerTask = 16;
 constexpr int64_t kChannelBlock = 16;  // dgamma: one 64-byte line of each row at a time
 }  // namespace
 
-void CpuBackend::rmsnorm_forward_impl(const Tensor& x, const Tensor& gamma, float eps, const Tensor& y,
+void CpuBackend::rmsnorm_forward_impl(const Tensor& x, const Tensor& gamma, const RmsNormParams& p, const Tensor& y,
                                       const Tensor& rstd) {
+  const float eps = p.eps;
   const int64_t c = x.size(-1), n = rstd.numel();
   const float* g = cpu::f32_all(gamma, 6);
   float* rp = rstd.f32();

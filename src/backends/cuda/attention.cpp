@@ -35,6 +35,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "backends/attention_dims.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/gemm.h"
 #include "kernels/attention.cuh"
@@ -46,17 +47,6 @@ namespace remat {
 REMAT_KERNELS_ABI_BEGIN
 
 namespace {
-
-struct AttnDims {
-  int64_t b, t, c, h, hs;
-};
-
-AttnDims attn_dims(const Shape& qkv, const AttentionParams& p) {
-  AttnDims d{qkv[0], qkv[1], qkv[2] / 3, p.n_head, 0};
-  d.hs = d.c / d.h;
-  REMAT_CHECK(d.t <= INT_MAX && qkv[2] <= INT_MAX, "attention: qkv ", qkv.str(), " is too large for cuBLAS");
-  return d;
-}
 
 kernels::AttentionDropout dropout_args(const AttentionParams& p, RngState rng) {
   kernels::AttentionDropout d;
@@ -177,8 +167,9 @@ void head_gemm_mixed(const HeadGemm& g, bool ta, bool tb, int64_t m, int64_t n, 
     for (int64_t first = 0; first < nb * nh; first += kArrayHeads) {
       const int64_t count = std::min(kArrayHeads, nb * nh - first);
       kernels::attention_head_pointers(args, nh, first, count, ptrs, g.stream);
-      gemm_batched(g.handle, ta, tb, m, n, k, alpha, ptrs, a.ld, ptrs + count, b.ld, 0.0f, ptrs + 2 * count, c.ld,
-                   a.bf16, c.bf16, count);
+      gemm_batched(g.handle, GemmSize{m, n, k, count}, alpha, GemmPointers{ptrs, a.bf16, a.ld, ta},
+                   GemmPointers{ptrs + count, b.bf16, b.ld, tb}, 0.0f,
+                   GemmPointers{ptrs + 2 * count, c.bf16, c.ld, false});
     }
     return;
   }
@@ -187,8 +178,9 @@ void head_gemm_mixed(const HeadGemm& g, bool ta, bool tb, int64_t m, int64_t n, 
   for (int64_t l = 0; l < loops; ++l) {
     const int64_t bi = over_heads ? l : 0, hi = over_heads ? 0 : l;
     auto stride = [&](const HeadBuf& x) -> int64_t { return over_heads ? x.per_h : x.per_b; };
-    gemm_strided_mixed(g.handle, "attention", ta, tb, m, n, k, alpha, a.at(bi, hi), a.ld, stride(a), b.at(bi, hi), b.ld,
-                       stride(b), 0.0f, c.at(bi, hi), c.ld, stride(c), batch);
+    gemm_strided_mixed(g.handle, "attention", GemmSize{m, n, k, batch}, alpha,
+                       GemmOperand{a.at(bi, hi), a.ld, stride(a), ta}, GemmOperand{b.at(bi, hi), b.ld, stride(b), tb},
+                       0.0f, matrix(c.at(bi, hi), c.ld, stride(c)));
   }
 }
 
@@ -233,20 +225,20 @@ int64_t CudaBackend::set_attention_group_bytes(int64_t bytes) {
 }
 
 size_t CudaBackend::attention_forward_workspace_impl(const Shape& qkv, const AttentionParams& p) {
-  const AttnDims d = attn_dims(qkv, p);
+  const AttnDims d = attn_dims(qkv, p, "cuBLAS");
   if (bf16_mode()) return bf16_forward_bytes(d, attn_group_bytes_, p.applies_dropout());
   return p.applies_dropout() ? group_floats(d, attn_group_bytes_) * sizeof(float) : 0;
 }
 
 size_t CudaBackend::attention_backward_workspace_impl(const Shape& qkv, const AttentionParams& p) {
-  const AttnDims d = attn_dims(qkv, p);
+  const AttnDims d = attn_dims(qkv, p, "cuBLAS");
   if (bf16_mode()) return bf16_backward_bytes(d, attn_group_bytes_, p.applies_dropout());
   return group_floats(d, attn_group_bytes_) * (p.applies_dropout() ? 2 : 1) * sizeof(float);
 }
 
 void CudaBackend::attention_forward_impl(const Tensor& qkv, const AttentionParams& p, RngState rng, const Tensor& out,
                                          const Tensor& probs, const Tensor& workspace) {
-  const AttnDims d = attn_dims(qkv.shape(), p);
+  const AttnDims d = attn_dims(qkv.shape(), p, "cuBLAS");
   if (d.b == 0 || d.t == 0) return;
   const int64_t T = d.t, C = d.c, H = d.h, hs = d.hs, TT = T * T;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -300,7 +292,7 @@ void CudaBackend::attention_forward_impl(const Tensor& qkv, const AttentionParam
 void CudaBackend::attention_backward_impl(const Tensor& dout, const Tensor& qkv, const Tensor& probs,
                                           const AttentionParams& p, RngState rng, const Tensor& dqkv,
                                           const Tensor& workspace) {
-  const AttnDims d = attn_dims(qkv.shape(), p);
+  const AttnDims d = attn_dims(qkv.shape(), p, "cuBLAS");
   if (d.b == 0 || d.t == 0) return;
   const int64_t T = d.t, C = d.c, H = d.h, hs = d.hs, TT = T * T;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));

@@ -239,14 +239,15 @@ void CudaBackend::conv2d_forward_impl(const Tensor& x, const Tensor& w, const Te
     // One batched GEMM per image over the groups, or per group over the images: the longer batch.
     if (g.groups >= chunk) {
       for (int64_t i = 0; i < chunk; ++i)
-        gemm_strided_mixed(cublas_, "conv2d_forward", false, false, g.kg, g.plane, g.grows, 1.0f, wb, g.grows, a_group,
-                           advance(bmat, i * b_image), ldb, b_group, beta, advance(out, i * c_image), g.plane, c_group,
-                           g.groups);
+        gemm_strided_mixed(cublas_, "conv2d_forward", GemmSize{g.kg, g.plane, g.grows, g.groups}, 1.0f,
+                           matrix(wb, g.grows, a_group), matrix(advance(bmat, i * b_image), ldb, b_group), beta,
+                           matrix(advance(out, i * c_image), g.plane, c_group));
     } else {
       for (int64_t gi = 0; gi < g.groups; ++gi)
-        gemm_strided_mixed(cublas_, "conv2d_forward", false, false, g.kg, g.plane, g.grows, 1.0f,
-                           advance(wb, gi * a_group), g.grows, 0, advance(bmat, gi * b_group), ldb, b_image, beta,
-                           advance(out, gi * c_group), g.plane, c_image, chunk);
+        gemm_strided_mixed(cublas_, "conv2d_forward", GemmSize{g.kg, g.plane, g.grows, chunk}, 1.0f,
+                           matrix(advance(wb, gi * a_group), g.grows),
+                           matrix(advance(bmat, gi * b_group), ldb, b_image), beta,
+                           matrix(advance(out, gi * c_group), g.plane, c_image));
     }
   }
 }
@@ -301,12 +302,14 @@ void CudaBackend::conv2d_backward_impl(const Tensor& dy, const Tensor& x, const 
     kernels::nchw_to_cnhw(fbuf(dy), n0, nb, s.k, g.plane, dyt, stream_);
     if (need_dw) {  // dw_g [Kg, Cg*R*S] += dyT_g [Kg, L] @ col_g^T
       kernels::im2col(fbuf(x), s, n0, nb, col_x, stream_);
-      gemm_strided_mixed(cublas_, "conv2d_backward", false, true, g.kg, g.grows, len, 1.0f, dyt, len, g.kg * len, col_x,
-                         len, g.grows * len, 1.0f, dwb, g.grows, g.kg * g.grows, g.groups);
+      gemm_strided_mixed(cublas_, "conv2d_backward", GemmSize{g.kg, g.grows, len, g.groups}, 1.0f,
+                         matrix(dyt, len, g.kg * len), transposed(col_x, len, g.grows * len), 1.0f,
+                         matrix(dwb, g.grows, g.kg * g.grows));
     }
     if (need_dx) {  // col_g [Cg*R*S, L] = w_g^T @ dyT_g, then the gather into dx
-      gemm_strided_mixed(cublas_, "conv2d_backward", true, false, g.grows, len, g.kg, 1.0f, wb, g.grows, g.kg * g.grows,
-                         dyt, len, g.kg * len, 0.0f, col_dx, len, g.grows * len, g.groups);
+      gemm_strided_mixed(cublas_, "conv2d_backward", GemmSize{g.grows, len, g.kg, g.groups}, 1.0f,
+                         transposed(wb, g.grows, g.kg * g.grows), matrix(dyt, len, g.kg * len), 0.0f,
+                         matrix(col_dx, len, g.grows * len));
       kernels::col2im(col_dx, s, n0, nb, fbuf(dx), stream_);
     }
   }

@@ -30,80 +30,86 @@ int to_int(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
+cublasOperation_t op_of(bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
 // Contiguous row-major matrices, batched with element strides; any of them may be bf16
 // (gemm_strided_mixed's combinations).
 void gemm_rowmajor(cublasHandle_t h, const char* op, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                    const Tensor& a, int64_t stride_a, const Tensor& b, int64_t stride_b, float beta, const Tensor& c,
                    int64_t stride_c, int64_t batch) {
-  gemm_strided_mixed(h, op, ta, tb, m, n, k, alpha, fbuf(a), ta ? m : std::max<int64_t>(k, 1), stride_a, fbuf(b),
-                     tb ? std::max<int64_t>(k, 1) : n, stride_b, beta, fbuf(c), n, stride_c, batch);
+  const int64_t k1 = std::max<int64_t>(k, 1);
+  gemm_strided_mixed(h, op, GemmSize{m, n, k, batch}, alpha, GemmOperand{fbuf(a), ta ? m : k1, stride_a, ta},
+                     GemmOperand{fbuf(b), tb ? k1 : n, stride_b, tb}, beta, matrix(fbuf(c), n, stride_c));
 }
 
 }  // namespace
 
-void gemm_strided(cublasHandle_t h, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                  int64_t lda, int64_t sa, const float* b, int64_t ldb, int64_t sb, float beta, float* c, int64_t ldc,
-                  int64_t sc, int64_t batch) {
-  if (m == 0 || n == 0 || batch == 0) return;
-  const int M = to_int(m, "m"), N = to_int(n, "n"), K = to_int(k, "k");
-  const int LDA = to_int(lda, "lda"), LDB = to_int(ldb, "ldb"), LDC = to_int(ldc, "ldc");
-  const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  if (batch == 1) {
-    REMAT_CUBLAS_CHECK(cublasSgemm(h, op_b, op_a, N, M, K, &alpha, b, LDB, a, LDA, &beta, c, LDC));
+void gemm_strided(cublasHandle_t h, const GemmSize& size, float alpha, const GemmOperand& a, const GemmOperand& b,
+                  float beta, const GemmOperand& c) {
+  REMAT_CHECK(!a.buf.bf16 && !b.buf.bf16 && !c.buf.bf16, "gemm_strided: a bf16 operand (gemm_strided_mixed takes it)");
+  if (size.m == 0 || size.n == 0 || size.batch == 0) return;
+  const int M = to_int(size.m, "m"), N = to_int(size.n, "n"), K = to_int(size.k, "k");
+  const int LDA = to_int(a.ld, "lda"), LDB = to_int(b.ld, "ldb"), LDC = to_int(c.ld, "ldc");
+  const auto* pa = static_cast<const float*>(a.buf.p);
+  const auto* pb = static_cast<const float*>(b.buf.p);
+  auto* pc = static_cast<float*>(c.buf.p);
+  if (size.batch == 1) {
+    REMAT_CUBLAS_CHECK(
+        cublasSgemm(h, op_of(b.trans), op_of(a.trans), N, M, K, &alpha, pb, LDB, pa, LDA, &beta, pc, LDC));
   } else {
-    REMAT_CUBLAS_CHECK(cublasSgemmStridedBatched(h, op_b, op_a, N, M, K, &alpha, b, LDB, sb, a, LDA, sa, &beta, c, LDC,
-                                                 sc, to_int(batch, "batch")));
+    REMAT_CUBLAS_CHECK(cublasSgemmStridedBatched(h, op_of(b.trans), op_of(a.trans), N, M, K, &alpha, pb, LDB, b.stride,
+                                                 pa, LDA, a.stride, &beta, pc, LDC, c.stride,
+                                                 to_int(size.batch, "batch")));
   }
 }
 
-void gemm_strided_mixed(cublasHandle_t h, const char* op, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                        float alpha, kernels::FloatBuf a, int64_t lda, int64_t sa, kernels::FloatBuf b, int64_t ldb,
-                        int64_t sb, float beta, kernels::FloatBuf c, int64_t ldc, int64_t sc, int64_t batch) {
-  if (!a.bf16 && !b.bf16 && !c.bf16) {
-    gemm_strided(h, ta, tb, m, n, k, alpha, static_cast<const float*>(a.p), lda, sa, static_cast<const float*>(b.p),
-                 ldb, sb, beta, static_cast<float*>(c.p), ldc, sc, batch);
+void gemm_strided_mixed(cublasHandle_t h, const char* op, const GemmSize& size, float alpha, const GemmOperand& a,
+                        const GemmOperand& b, float beta, const GemmOperand& c) {
+  if (!a.buf.bf16 && !b.buf.bf16 && !c.buf.bf16) {
+    gemm_strided(h, size, alpha, a, b, beta, c);
     return;
   }
-  if (a.bf16 != b.bf16 || !a.bf16) {  // f32 by bf16, or f32 factors into a bf16 c: no cuBLAS kernel
+  if (a.buf.bf16 != b.buf.bf16 || !a.buf.bf16) {  // f32 by bf16, or f32 factors into a bf16 c: no cuBLAS kernel
     (void)op;
     cudaStream_t stream = nullptr;
     REMAT_CUBLAS_CHECK(cublasGetStream(h, &stream));
-    kernels::gemm_fma(ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta, c, ldc, sc, batch, stream);
+    kernels::gemm_fma(a.trans, b.trans, size.m, size.n, size.k, alpha, a.buf, a.ld, a.stride, b.buf, b.ld, b.stride,
+                      beta, c.buf, c.ld, c.stride, size.batch, stream);
     return;
   }
-  if (m == 0 || n == 0 || batch == 0) return;
-  const int M = to_int(m, "m"), N = to_int(n, "n"), K = to_int(k, "k");
-  const int LDA = to_int(lda, "lda"), LDB = to_int(ldb, "ldb"), LDC = to_int(ldc, "ldc");
-  const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cudaDataType ct = c.bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  if (batch == 1) {
-    REMAT_CUBLAS_CHECK(cublasGemmEx(h, op_b, op_a, N, M, K, &alpha, b.p, CUDA_R_16BF, LDB, a.p, CUDA_R_16BF, LDA, &beta,
-                                    c.p, ct, LDC, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  if (size.m == 0 || size.n == 0 || size.batch == 0) return;
+  const int M = to_int(size.m, "m"), N = to_int(size.n, "n"), K = to_int(size.k, "k");
+  const int LDA = to_int(a.ld, "lda"), LDB = to_int(b.ld, "ldb"), LDC = to_int(c.ld, "ldc");
+  const cublasOperation_t op_a = op_of(a.trans), op_b = op_of(b.trans);
+  const cudaDataType ct = c.buf.bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  if (size.batch == 1) {
+    REMAT_CUBLAS_CHECK(cublasGemmEx(h, op_b, op_a, N, M, K, &alpha, b.buf.p, CUDA_R_16BF, LDB, a.buf.p, CUDA_R_16BF,
+                                    LDA, &beta, c.buf.p, ct, LDC, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   } else {
-    REMAT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, op_b, op_a, N, M, K, &alpha, b.p, CUDA_R_16BF, LDB, sb, a.p,
-                                                  CUDA_R_16BF, LDA, sa, &beta, c.p, ct, LDC, sc, to_int(batch, "batch"),
-                                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    REMAT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        h, op_b, op_a, N, M, K, &alpha, b.buf.p, CUDA_R_16BF, LDB, b.stride, a.buf.p, CUDA_R_16BF, LDA, a.stride, &beta,
+        c.buf.p, ct, LDC, c.stride, to_int(size.batch, "batch"), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 }
 
-void gemm_batched(cublasHandle_t h, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
-                  const void* const* a, int64_t lda, const void* const* b, int64_t ldb, float beta, void* const* c,
-                  int64_t ldc, bool bf16, bool c_bf16, int64_t batch) {
-  if (m == 0 || n == 0 || batch == 0) return;
-  const int M = to_int(m, "m"), N = to_int(n, "n"), K = to_int(k, "k");
-  const int LDA = to_int(lda, "lda"), LDB = to_int(ldb, "ldb"), LDC = to_int(ldc, "ldc");
-  const int count = to_int(batch, "batch");
-  const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  if (!bf16) {
-    REMAT_CHECK(!c_bf16, "gemm_batched: f32 factors into a bf16 c (no cuBLAS kernel)");
-    REMAT_CUBLAS_CHECK(cublasSgemmBatched(h, op_b, op_a, N, M, K, &alpha, reinterpret_cast<const float* const*>(b), LDB,
-                                          reinterpret_cast<const float* const*>(a), LDA, &beta,
-                                          reinterpret_cast<float* const*>(c), LDC, count));
+void gemm_batched(cublasHandle_t h, const GemmSize& size, float alpha, const GemmPointers& a, const GemmPointers& b,
+                  float beta, const GemmPointers& c) {
+  REMAT_CHECK(a.bf16 == b.bf16, "gemm_batched: an f32 factor by a bf16 one (no cuBLAS kernel)");
+  if (size.m == 0 || size.n == 0 || size.batch == 0) return;
+  const int M = to_int(size.m, "m"), N = to_int(size.n, "n"), K = to_int(size.k, "k");
+  const int LDA = to_int(a.ld, "lda"), LDB = to_int(b.ld, "ldb"), LDC = to_int(c.ld, "ldc");
+  const int count = to_int(size.batch, "batch");
+  const cublasOperation_t op_a = op_of(a.trans), op_b = op_of(b.trans);
+  if (!a.bf16) {
+    REMAT_CHECK(!c.bf16, "gemm_batched: f32 factors into a bf16 c (no cuBLAS kernel)");
+    REMAT_CUBLAS_CHECK(cublasSgemmBatched(h, op_b, op_a, N, M, K, &alpha, reinterpret_cast<const float* const*>(b.ptrs),
+                                          LDB, reinterpret_cast<const float* const*>(a.ptrs), LDA, &beta,
+                                          reinterpret_cast<float* const*>(c.ptrs), LDC, count));
     return;
   }
-  REMAT_CUBLAS_CHECK(cublasGemmBatchedEx(h, op_b, op_a, N, M, K, &alpha, b, CUDA_R_16BF, LDB, a, CUDA_R_16BF, LDA,
-                                         &beta, c, c_bf16 ? CUDA_R_16BF : CUDA_R_32F, LDC, count, CUBLAS_COMPUTE_32F,
-                                         CUBLAS_GEMM_DEFAULT));
+  REMAT_CUBLAS_CHECK(cublasGemmBatchedEx(h, op_b, op_a, N, M, K, &alpha, b.ptrs, CUDA_R_16BF, LDB, a.ptrs, CUDA_R_16BF,
+                                         LDA, &beta, c.ptrs, c.bf16 ? CUDA_R_16BF : CUDA_R_32F, LDC, count,
+                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 CudaBackend::CudaBackend(Device device) : device_(device) {
@@ -160,9 +166,9 @@ void CudaBackend::synchronize() {
 // On the emulator launches are synchronous and events would time the host anyway: the
 // generic host-clock timer, no cache to flush, no device attributes.
 #if defined(REMAT_EMULATE)
-double CudaBackend::time_ms(const std::function<void()>& body) { return Backend::time_ms(body); }
+double CudaBackend::time_ms(const std::function<void()>& body) { return HostTuning(*this).time_ms(body); }
 void CudaBackend::flush_caches() {}
-Backend::Properties CudaBackend::properties() const { return Backend::properties(); }
+BackendTuning::Properties CudaBackend::properties() const { return HostTuning::properties_of(*this); }
 #else
 double CudaBackend::time_ms(const std::function<void()>& body) {
   activate();
@@ -192,8 +198,8 @@ void CudaBackend::flush_caches() {
   REMAT_CUDA_CHECK(cudaMemsetAsync(flush_, ++flushes_ & 0xff, flush_bytes_, stream_));
 }
 
-Backend::Properties CudaBackend::properties() const {
-  Properties p = Backend::properties();
+BackendTuning::Properties CudaBackend::properties() const {
+  Properties p = HostTuning::properties_of(*this);
   activate();
   cudaDeviceProp prop{};
   REMAT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_.index));
@@ -261,7 +267,7 @@ bool CudaBackend::count_traffic(bool on) {
   return true;
 }
 
-std::vector<Backend::KernelTraffic> CudaBackend::take_traffic() {
+std::vector<BackendTuning::KernelTraffic> CudaBackend::take_traffic() {
   std::vector<KernelTraffic> out;
   for (const emu::KernelTraffic& t : emu::take_traffic()) {
     KernelTraffic k;

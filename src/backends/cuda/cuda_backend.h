@@ -24,6 +24,7 @@
 #include "kernels/bf16.cuh"
 #include "kernels/common.cuh"
 #include "remat/backend.h"
+#include "remat/backend_tuning.h"
 
 namespace remat {
 REMAT_KERNELS_ABI_BEGIN
@@ -35,7 +36,9 @@ inline kernels::FloatBuf fbuf(const Tensor& t) {
   return kernels::FloatBuf{t.raw_data(), t.dtype() == DType::bf16};
 }
 
-class CudaBackend : public Backend {
+// The backend is its own tuning (remat/backend_tuning.h): CUDA events, the L2 flush, TF32,
+// attention's scratch groups and, on the emulator, the traffic counters.
+class CudaBackend : public Backend, public BackendTuning {
  public:
   explicit CudaBackend(Device device);
   ~CudaBackend() override;
@@ -47,6 +50,7 @@ class CudaBackend : public Backend {
 
   cudaStream_t stream() const { return stream_; }
   void* native_stream() const override { return stream_; }
+  BackendTuning& tuning() override { return *this; }
   cublasHandle_t cublas() const { return cublas_; }
   // TF32 tensor-core GEMMs (cuBLAS math mode); off by default, on with REMAT_TF32=1.
   bool set_tf32(bool on) override;

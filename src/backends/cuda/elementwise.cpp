@@ -1,4 +1,4 @@
-// Elementwise ops on the CUDA backend: add, accumulate, scale, ReLU, GELU, dropout
+// Elementwise ops on the CUDA backend: add, accumulate, scale, ReLU, GELU, SiLU, mul, dropout
 // (kernels/elementwise.cu, kernels/dropout.cu). Outputs may alias inputs where the CPU
 // backend allows it (scale in place, backward into dy). Any array may be bf16 (fbuf): fp32
 // math, bf16 outputs rounded once, so a bf16 result is the fp32 op's on the same values,
@@ -63,6 +63,25 @@ void CudaBackend::gelu_forward_impl(const Tensor& x, GeluApprox approx, const Te
 
 void CudaBackend::gelu_backward_impl(const Tensor& dy, const Tensor& x, GeluApprox approx, const Tensor& dx) {
   kernels::gelu_backward(fbuf(dy), fbuf(x), gelu_form(approx), fbuf(dx), dx.numel(), stream_);
+}
+
+void CudaBackend::silu_forward_impl(const Tensor& x, const Tensor& y) {
+  kernels::silu_forward(fbuf(x), fbuf(y), y.numel(), stream_);
+}
+
+void CudaBackend::silu_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& dx) {
+  kernels::silu_backward(fbuf(dy), fbuf(x), fbuf(dx), dx.numel(), stream_);
+}
+
+void CudaBackend::mul_forward_impl(const Tensor& a, const Tensor& b, const Tensor& y) {
+  kernels::mul(fbuf(a), fbuf(b), fbuf(y), y.numel(), stream_);
+}
+
+// Two launches, da then db: neither output shares storage with an input (the validator).
+void CudaBackend::mul_backward_impl(const Tensor& dy, const Tensor& a, const Tensor& b, const Tensor& da,
+                                    const Tensor& db) {
+  if (da.defined()) kernels::mul(fbuf(dy), fbuf(b), fbuf(da), da.numel(), stream_);
+  if (db.defined()) kernels::mul(fbuf(dy), fbuf(a), fbuf(db), db.numel(), stream_);
 }
 
 void CudaBackend::dropout_forward_impl(const Tensor& x, float p, RngState rng, const Tensor& y) {

@@ -11,14 +11,32 @@
 namespace remat {
 REMAT_KERNELS_ABI_BEGIN
 
-// c = alpha * op(a) @ op(b) + beta * c (c is m x n, row-major) for `batch` triples of
-// matrices with row strides lda, ldb, ldc and batch strides sa, sb, sc in elements (a
-// stride of 0 shares a matrix across the batch). Row-major C is column-major C^T =
-// op(B)^T op(A)^T, so cuBLAS gets the operands swapped. Sizes above cuBLAS's 32-bit range
-// are an error naming them.
-void gemm_strided(cublasHandle_t h, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                  int64_t lda, int64_t sa, const float* b, int64_t ldb, int64_t sb, float beta, float* c, int64_t ldc,
-                  int64_t sc, int64_t batch);
+// C = alpha * op(A) @ op(B) + beta * C over `batch` triples of row-major matrices: C is
+// m x n and op(A) m x k, op(B) k x n.
+struct GemmSize {
+  int64_t m = 0, n = 0, k = 0;
+  int64_t batch = 1;
+};
+
+// One operand of a strided GEMM: row-major matrices in device memory (f32 or bf16), rows
+// `ld` elements apart, the batch's matrices `stride` elements apart (0: one matrix shared
+// by the whole batch). `trans`: the product reads the matrix transposed (op(X) = X^T;
+// factors only, never C). matrix() and transposed() name the two.
+struct GemmOperand {
+  kernels::FloatBuf buf;
+  int64_t ld = 0;
+  int64_t stride = 0;
+  bool trans = false;
+};
+inline GemmOperand matrix(kernels::FloatBuf buf, int64_t ld, int64_t stride = 0) { return {buf, ld, stride, false}; }
+inline GemmOperand transposed(kernels::FloatBuf buf, int64_t ld, int64_t stride = 0) { return {buf, ld, stride, true}; }
+
+// The fp32 GEMM: every operand f32 (an error otherwise). Row-major C is column-major C^T =
+// op(B)^T op(A)^T, so cuBLAS gets the factors swapped: cublasSgemm for one triple,
+// cublasSgemmStridedBatched for more. Sizes above cuBLAS's 32-bit range are an error
+// naming them.
+void gemm_strided(cublasHandle_t h, const GemmSize& size, float alpha, const GemmOperand& a, const GemmOperand& b,
+                  float beta, const GemmOperand& c);
 
 // The same over operands that may be bf16 (training.precision bf16): all three f32 take
 // gemm_strided above (the fp32 path as it was); two bf16 factors into a bf16 or f32 c take
@@ -28,19 +46,26 @@ void gemm_strided(cublasHandle_t h, bool ta, bool tb, int64_t m, int64_t n, int6
 // bf16 working weights; f32 factors into a bf16 c) takes remat's own kernels::gemm_fma
 // (kernels/gemm.cuh: fp32 FMA chains in k order, slow, deterministic) on the handle's
 // stream. `op` names the caller (unused: every combination runs).
-void gemm_strided_mixed(cublasHandle_t h, const char* op, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                        float alpha, kernels::FloatBuf a, int64_t lda, int64_t sa, kernels::FloatBuf b, int64_t ldb,
-                        int64_t sb, float beta, kernels::FloatBuf c, int64_t ldc, int64_t sc, int64_t batch);
+void gemm_strided_mixed(cublasHandle_t h, const char* op, const GemmSize& size, float alpha, const GemmOperand& a,
+                        const GemmOperand& b, float beta, const GemmOperand& c);
 
-// The same over pointer arrays in device memory: c[i] = alpha * op(a[i]) @ op(b[i]) +
-// beta * c[i] for i < batch, one cuBLAS call. fp32 throughout (bf16 false) is
-// cublasSgemmBatched; bf16 factors into a bf16 (c_bf16) or f32 c is cublasGemmBatchedEx
-// with CUBLAS_COMPUTE_32F. The arrays hold the row-major operands' pointers (swapped for
-// cuBLAS here, as above). cuBLAS cannot see the matrices' alignment through the arrays:
-// the caller checks it (attention.cpp).
-void gemm_batched(cublasHandle_t h, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
-                  const void* const* a, int64_t lda, const void* const* b, int64_t ldb, float beta, void* const* c,
-                  int64_t ldc, bool bf16, bool c_bf16, int64_t batch);
+// One operand of a pointer-array GEMM: an array in device memory of `size.batch` pointers
+// to row-major matrices (rows `ld` elements apart), all f32 or all bf16; `trans` as above.
+struct GemmPointers {
+  void* const* ptrs = nullptr;
+  bool bf16 = false;
+  int64_t ld = 0;
+  bool trans = false;
+};
+
+// The same over pointer arrays: C[i] = alpha * op(A[i]) @ op(B[i]) + beta * C[i] for
+// i < size.batch, one cuBLAS call. fp32 throughout is cublasSgemmBatched; bf16 factors
+// (both) into a bf16 or f32 C is cublasGemmBatchedEx with CUBLAS_COMPUTE_32F; f32 factors
+// into a bf16 C, or one bf16 factor, are an error (no cuBLAS kernel). The arrays hold the
+// row-major operands' pointers (swapped for cuBLAS here, as above). cuBLAS cannot see the
+// matrices' alignment through the arrays: the caller checks it (attention.cpp).
+void gemm_batched(cublasHandle_t h, const GemmSize& size, float alpha, const GemmPointers& a, const GemmPointers& b,
+                  float beta, const GemmPointers& c);
 
 REMAT_KERNELS_ABI_END
 }  // namespace remat

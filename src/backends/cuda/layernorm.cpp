@@ -11,9 +11,10 @@
 namespace remat {
 REMAT_KERNELS_ABI_BEGIN
 
-void CudaBackend::layernorm_forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
-                                         const Tensor& y, const Tensor& mean, const Tensor& rstd) {
-  kernels::layernorm_forward(fbuf(x), fbuf(gamma), fbuf(beta), mean.numel(), x.size(-1), eps, fbuf(y), mean.f32(),
+void CudaBackend::layernorm_forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                         const LayerNormParams& p, const Tensor& y, const Tensor& mean,
+                                         const Tensor& rstd) {
+  kernels::layernorm_forward(fbuf(x), fbuf(gamma), fbuf(beta), mean.numel(), x.size(-1), p.eps, fbuf(y), mean.f32(),
                              rstd.f32(), stream());
 }
 

@@ -7,9 +7,9 @@
 namespace remat {
 REMAT_KERNELS_ABI_BEGIN
 
-void CudaBackend::rmsnorm_forward_impl(const Tensor& x, const Tensor& gamma, float eps, const Tensor& y,
+void CudaBackend::rmsnorm_forward_impl(const Tensor& x, const Tensor& gamma, const RmsNormParams& p, const Tensor& y,
                                        const Tensor& rstd) {
-  kernels::rmsnorm_forward(fbuf(x), fbuf(gamma), rstd.numel(), x.size(-1), eps, fbuf(y), rstd.f32(), stream());
+  kernels::rmsnorm_forward(fbuf(x), fbuf(gamma), rstd.numel(), x.size(-1), p.eps, fbuf(y), rstd.f32(), stream());
 }
 
 void CudaBackend::rmsnorm_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& rstd,

@@ -53,7 +53,7 @@ class BatchNorm2d final : public Layer {
 class LayerNorm final : public Layer {
  public:
   bool runs_in_bf16() const override { return true; }
-  explicit LayerNorm(ConfigReader& r) : eps_(static_cast<float>(r.number_or("eps", 1e-5, 1e-12, 1.0))) {}
+  explicit LayerNorm(ConfigReader& r) { p_.eps = static_cast<float>(r.number_or("eps", 1e-5, 1e-12, 1.0)); }
   LayerKind kind() const override { return LayerKind::norm; }
   Shape infer(const std::vector<Shape>& in) override {
     expect_inputs(in, 1);
@@ -67,7 +67,7 @@ class LayerNorm final : public Layer {
   }
   double forward_flops() const override { return 8.0 * n_; }
   void forward(ForwardContext& c) const override {
-    auto r = ops::layernorm(c.be, c.in[0], c.params[0], c.params[1], eps_);
+    auto r = ops::layernorm(c.be, c.in[0], c.params[0], c.params[1], p_);
     c.out = r.y;
     c.extras = {r.mean, r.invstd};
   }
@@ -81,7 +81,7 @@ class LayerNorm final : public Layer {
   std::vector<std::string> extra_names() const override { return {"mean", "rstd"}; }
 
  private:
-  float eps_;
+  LayerNormParams p_;
   int64_t c_ = 0, n_ = 0;
 };
 

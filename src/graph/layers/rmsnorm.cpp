@@ -9,7 +9,7 @@ namespace {
 class RmsNorm final : public Layer {
  public:
   bool runs_in_bf16() const override { return true; }
-  explicit RmsNorm(ConfigReader& r) : eps_(static_cast<float>(r.number_or("eps", 1e-6, 1e-12, 1.0))) {}
+  explicit RmsNorm(ConfigReader& r) { p_.eps = static_cast<float>(r.number_or("eps", 1e-6, 1e-12, 1.0)); }
   LayerKind kind() const override { return LayerKind::norm; }
   Shape infer(const std::vector<Shape>& in) override {
     expect_inputs(in, 1);
@@ -24,7 +24,7 @@ class RmsNorm final : public Layer {
     const Tensor& x = c.in[0];
     c.out = Tensor::empty(x.shape(), c.be.device(), activation_dtype());
     Tensor rstd = Tensor::empty(Shape{x.numel() / c_}, c.be.device());
-    c.be.rmsnorm_forward(x, c.params[0], eps_, c.out, rstd);
+    c.be.rmsnorm_forward(x, c.params[0], p_, c.out, rstd);
     c.extras = {rstd};
   }
   void backward(BackwardContext& c) const override {
@@ -37,7 +37,7 @@ class RmsNorm final : public Layer {
   std::vector<std::string> extra_names() const override { return {"rstd"}; }
 
  private:
-  float eps_;
+  RmsNormParams p_;
   int64_t c_ = 0, n_ = 0;
 };
 
