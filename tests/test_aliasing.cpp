@@ -137,6 +137,41 @@ TEST_P(Aliasing, RmsNormBackwardIntoDy) {
   }
 }
 
+// Columns [c0, c0 + n) of every row of a host [B, T, W] tensor, as a [B, T, n] tensor.
+Tensor columns(const Tensor& x, int64_t c0, int64_t n) {
+  const std::vector<float> v = x.to_vector();
+  std::vector<float> out;
+  const int64_t w = x.size(2);
+  for (int64_t r = 0; r < x.size(0) * x.size(1); ++r)
+    out.insert(out.end(), v.begin() + r * w + c0, v.begin() + r * w + c0 + n);
+  return Tensor::from_vector(out, Shape{x.size(0), x.size(1), n});
+}
+
+// Packed self-attention writes dq, dk and dv into one tensor (dxkv is dxq): the same bits
+// as the same problem given as two tensors, q and [k | v], with two gradients.
+TEST_P(Aliasing, FlashAttentionBackwardIntoOneGradient) {
+  for (const int kv_heads : {3, 1}) {
+    const int h = 3;
+    const int64_t b = 2, t = 70, d = 16, q = h * d, kv = kv_heads * d;
+    const Tensor qkv_host = random_tensor(Shape{b, t, q + 2 * kv}, 21), dout_host = random_tensor(Shape{b, t, q}, 22);
+    const Tensor qkv = qkv_host.to(dev()), dout = dout_host.to(dev());
+    const FlashAttentionParams packed = FlashAttentionParams::packed(h, kv_heads, d, true, 0.25f);
+    const RngState rng{4, 40};
+    const auto r = ops::flash_attention(be(), qkv, qkv, Tensor(), packed, rng);
+    const auto g = ops::flash_attention_backward(be(), dout, qkv, qkv, Tensor(), r.out, r.lse, packed, rng);
+    ASSERT_TRUE(g.dxkv.same_view(g.dxq));
+    FlashAttentionParams split = FlashAttentionParams::cross(h, kv_heads, d, 0.25f);
+    split.causal = true;
+    const Tensor xq = columns(qkv_host, 0, q).to(dev()), xkv = columns(qkv_host, q, 2 * kv).to(dev());
+    const auto rs = ops::flash_attention(be(), xq, xkv, Tensor(), split, rng);
+    const auto gs = ops::flash_attention_backward(be(), dout, xq, xkv, Tensor(), rs.out, rs.lse, split, rng);
+    const Tensor one = g.dxq.to(Device::cpu());
+    EXPECT_TRUE(bitwise_equal(rs.out.to(Device::cpu()), r.out.to(Device::cpu()))) << "out, kv heads " << kv_heads;
+    EXPECT_TRUE(bitwise_equal(columns(one, 0, q), gs.dxq.to(Device::cpu()))) << "dq, kv heads " << kv_heads;
+    EXPECT_TRUE(bitwise_equal(columns(one, q, 2 * kv), gs.dxkv.to(Device::cpu()))) << "dk, dv, kv heads " << kv_heads;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Aliasing, ::testing::ValuesIn(backends_under_test()),
                          [](const ::testing::TestParamInfo<Device>& i) {
                            std::string n = i.param.str();
