@@ -376,17 +376,6 @@ TEST(Executor, RecomputeSkipsLayersBackwardNeverReads) {
 
 namespace {
 
-// Every attention layer of a model config set to the given "impl".
-nlohmann::json with_attention_impl(nlohmann::json j, const std::string& impl) {
-  if (j.is_object()) {
-    if (j.value("type", "") == "attention") j["impl"] = impl;
-    for (auto& v : j) v = with_attention_impl(v, impl);
-  } else if (j.is_array()) {
-    for (auto& v : j) v = with_attention_impl(v, impl);
-  }
-  return j;
-}
-
 // The recompute FLOPs a step under `plan` must count, after checking that each layer kind
 // keeps what selective keeps (attention per `attention_keeps`: output and extras).
 double checked_selective_flops(const remat::Graph& g, const remat::CheckpointPlan& plan, bool keep_attention_extras) {
@@ -423,7 +412,7 @@ TEST(Executor, SelectiveKeepsAttentionOutputAndRebuildsOnlyItsProbabilities) {
   for (const char* impl : {"materialized", "fused"}) {
     SCOPED_TRACE(impl);
     const bool fused = std::string(impl) == "fused";
-    remat::Graph g = remat::build_graph(with_attention_impl(remat::test::shrink_model(c.model), impl), 3, "gpt_char",
+    remat::Graph g = remat::build_graph(remat::test::with_attention_impl(remat::test::shrink_model(c.model), impl), 3, "gpt_char",
                                         {{"vocab", 11}});
     const auto plan = remat::make_plan(g, "selective");
     const double expected_flops = checked_selective_flops(g, plan, fused);
@@ -456,7 +445,7 @@ TEST(Executor, FusedAttentionTrainsAsTheMaterialisedPath) {
   std::vector<std::vector<float>> grads[2];
   int k = 0;
   for (const char* impl : {"materialized", "fused"}) {
-    remat::Graph g = remat::build_graph(with_attention_impl(remat::test::shrink_model(c.model), impl), 3, "gpt_char",
+    remat::Graph g = remat::build_graph(remat::test::with_attention_impl(remat::test::shrink_model(c.model), impl), 3, "gpt_char",
                                         {{"vocab", 11}});
     remat::Backend& be = remat::backend_for(Device::cpu());
     remat::ParamStore params(g, Device::cpu(), 5);

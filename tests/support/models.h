@@ -82,4 +82,15 @@ inline nlohmann::json shrink(nlohmann::json j, int64_t dim) {
 
 inline nlohmann::json shrink_model(const nlohmann::json& model) { return shrink(model, model_dim(model)); }
 
+// Every attention layer of a model config set to the given "impl" (fused | materialized).
+inline nlohmann::json with_attention_impl(nlohmann::json j, const std::string& impl) {
+  if (j.is_object()) {
+    if (j.value("type", "") == "attention") j["impl"] = impl;
+    for (auto& v : j) v = with_attention_impl(v, impl);
+  } else if (j.is_array()) {
+    for (auto& v : j) v = with_attention_impl(v, impl);
+  }
+  return j;
+}
+
 }  // namespace remat::test
