@@ -8,6 +8,7 @@ tools/bench_compare.py turns both JSON files into the table of docs/performance.
 """
 import argparse
 import json
+import math
 import time
 
 import torch
@@ -89,6 +90,34 @@ def cases():
             y.backward(y.detach())
         return f
 
+    def sdpa(b, t, h, d, dropout):
+        def make():
+            qkv = r(b, t, 3 * h * d).requires_grad_()
+
+            def f():
+                q, k, v = qkv.split(h * d, dim=2)
+                q, k, v = (z.view(b, t, h, d).transpose(1, 2) for z in (q, k, v))
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+                y = y.transpose(1, 2).reshape(b, t, h * d)
+                y.backward(y.detach())
+            return f
+        return make
+
+    def explicit(b, t, h, d):
+        def make():
+            qkv = r(b, t, 3 * h * d).requires_grad_()
+            mask = torch.ones(t, t, dtype=torch.bool).tril()
+
+            def f():
+                q, k, v = qkv.split(h * d, dim=2)
+                q, k, v = (z.view(b, t, h, d).transpose(1, 2) for z in (q, k, v))
+                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
+                att = att.masked_fill(~mask, float("-inf")).softmax(-1)
+                y = (att @ v).transpose(1, 2).reshape(b, t, h * d)
+                y.backward(y.detach())
+            return f
+        return make
+
     def pointwise(fn):
         def make():
             x = r(4096, 1024).requires_grad_()
@@ -128,6 +157,13 @@ def cases():
         "conv_32x64x5x5_14x14_b64": fashion_conv(32, 64, 14, True),
         "maxpool_2x2_b64_64x32x32": maxpool, "batchnorm_b64_64x32x32": batchnorm,
         "layernorm_16x256x256": layernorm, "attention_16x256x256_h4": attention,
+        # PyTorch's fused attention (scaled_dot_product_attention, torch >= 2.0) for remat's
+        # flash_attention cases; the explicit matmul-softmax for its materialised one.
+        **({"flash_attention_16x256x256_h4": sdpa(16, 256, 4, 64, 0.0),
+            "flash_attention_4x1024x256_h8": sdpa(4, 1024, 8, 32, 0.0),
+            "flash_attention_4x1024x256_h8_p0.1": sdpa(4, 1024, 8, 32, 0.1)}
+           if hasattr(F, "scaled_dot_product_attention") else {}),
+        "attention_4x1024x256_h8": explicit(4, 1024, 8, 32),
         "gelu_4M": pointwise(lambda x: F.gelu(x, approximate="tanh")), "relu_4M": pointwise(F.relu),
         "dropout_4M": pointwise(lambda x: F.dropout(x, 0.1, training=True)),
         "softmax_4096x1024": pointwise(lambda x: F.softmax(x, -1)), "cross_entropy_4096x1024": ce,

@@ -141,6 +141,31 @@ void add_transformer_cases(Backend& be, std::vector<Case>& cs) {
                     ops::attention_backward(be, r.out, *qkv, r.probs, p, RngState{});
                   };
                 }});
+  // The fused attention at the same shape, and at the GPT twin's (d 256, 8 heads of 32) T 1024,
+  // with and without dropout on the probabilities (PyTorch's SDPA: tools/bench_torch.py).
+  auto fused = [&be](const std::string& name, int64_t b, int64_t t, int h, int64_t d, float dropout) {
+    return Case{name, 3 * 4.0 * b * h * t * t * d * 0.5, [&be, b, t, h, d, dropout] {
+                  auto qkv = std::make_shared<Tensor>(rnd({b, t, 3 * h * d}, 1));
+                  const FlashAttentionParams p = FlashAttentionParams::packed(h, 0, d, true, dropout);
+                  const RngState rng{1, 0};
+                  return [&be, qkv, p, rng] {
+                    auto r = ops::flash_attention(be, *qkv, *qkv, Tensor(), p, rng);
+                    ops::flash_attention_backward(be, r.out, *qkv, *qkv, Tensor(), r.out, r.lse, p, rng);
+                  };
+                }};
+  };
+  cs.push_back(fused("flash_attention_16x256x256_h4", 16, 256, 4, 64, 0.0f));
+  cs.push_back(fused("flash_attention_4x1024x256_h8", 4, 1024, 8, 32, 0.0f));
+  cs.push_back(fused("flash_attention_4x1024x256_h8_p0.1", 4, 1024, 8, 32, 0.1f));
+  cs.push_back({"attention_4x1024x256_h8", 3 * 4.0 * 4 * 1024 * 1024 * 256 * 0.5, [&be] {
+                  auto qkv = std::make_shared<Tensor>(rnd({4, 1024, 768}, 1));
+                  AttentionParams p;
+                  p.n_head = 8;
+                  return [&be, qkv, p] {
+                    auto r = ops::attention(be, *qkv, p, RngState{});
+                    ops::attention_backward(be, r.out, *qkv, r.probs, p, RngState{});
+                  };
+                }});
 }
 
 // Pointwise activations and dropout over 4 Mi elements.

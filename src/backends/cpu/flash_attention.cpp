@@ -247,6 +247,94 @@ float lane_dot(const float* a, const float* b, int64_t n) {
   return acc[0];
 }
 
+// The row passes of the online softmax and its backward, one row of a score tile at a
+// time: elementwise float operations, a maximum (exact in any order) and lane sums in the
+// order above, so the AVX-512 versions give the portable versions' bits.
+struct RowOps {
+  // row[j] *= scale for j < vis; returns the maximum of those.
+  float (*scale_max)(float* row, int64_t vis, float scale);
+  // row[j] = exp(row[j] * scale - sub) for j < vis, 0 for vis <= j < nc; returns lane_sum
+  // of the first vis.
+  float (*exp_sum)(float* row, int64_t vis, int64_t nc, float scale, float sub);
+  // dp[j] = p[j] (dp[j] f[j] - delta) and, with pd, pd[j] = p[j] f[j], for j < nc.
+  void (*grads)(const float* p, const float* f, float delta, int64_t nc, float* dp, float* pd);
+};
+
+float scale_max_portable(float* row, int64_t vis, float scale) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < vis; ++j) {
+    row[j] *= scale;
+    mx = mx < row[j] ? row[j] : mx;
+  }
+  return mx;
+}
+float exp_sum_portable(float* row, int64_t vis, int64_t nc, float scale, float sub) {
+  for (int64_t j = 0; j < vis; ++j) row[j] = exp_nonpositive(row[j] * scale - sub);
+  std::fill(row + vis, row + nc, 0.0f);
+  return lane_sum(row, vis);
+}
+void grads_portable(const float* p, const float* f, float delta, int64_t nc, float* dp, float* pd) {
+  for (int64_t j = 0; j < nc; ++j) dp[j] = p[j] * (dp[j] * f[j] - delta);
+  if (pd)
+    for (int64_t j = 0; j < nc; ++j) pd[j] = p[j] * f[j];
+}
+
+#ifdef REMAT_FLASH_X86
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+// Element j + k of the last (partial) vector is lane k, under a mask.
+__attribute__((target("avx512f"))) inline __mmask16 tail_mask(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << n) - 1u);
+}
+__attribute__((target("avx512f"))) float scale_max_avx512(float* row, int64_t vis, float scale) {
+  const __m512 sc = _mm512_set1_ps(scale);
+  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < vis; j += 16) {
+    const __mmask16 k = tail_mask(vis - j);
+    const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, row + j), sc);
+    _mm512_mask_storeu_ps(row + j, k, v);
+    m = _mm512_mask_mov_ps(m, _mm512_mask_cmp_ps_mask(k, m, v, _CMP_LT_OQ), v);
+  }
+  return _mm512_reduce_max_ps(m);
+}
+__attribute__((target("avx512f"))) float exp_sum_avx512(float* row, int64_t vis, int64_t nc, float scale, float sub) {
+  const __m512 sc = _mm512_set1_ps(scale), sb = _mm512_set1_ps(sub);
+  __m512 a = _mm512_setzero_ps();
+  for (int64_t j = 0; j < nc; j += 16) {
+    const __mmask16 k = j < vis ? tail_mask(vis - j) : static_cast<__mmask16>(0);
+    const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, row + j), sc), sb));
+    _mm512_mask_storeu_ps(row + j, tail_mask(nc - j), _mm512_maskz_mov_ps(k, e));  // 0 past vis
+    a = _mm512_mask_add_ps(a, k, a, e);
+  }
+  // lane_sum's pairwise combination: 8 + 8, 4 + 4, 2 + 2, 1 + 1.
+  const __m256 h8 =
+      _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+  const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+  const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+  return _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
+}
+__attribute__((target("avx512f"))) void grads_avx512(const float* p, const float* f, float delta, int64_t nc,
+                                                     float* dp, float* pd) {
+  const __m512 dl = _mm512_set1_ps(delta);
+  for (int64_t j = 0; j < nc; j += 16) {
+    const __mmask16 k = tail_mask(nc - j);
+    const __m512 pv = _mm512_maskz_loadu_ps(k, p + j), fv = _mm512_maskz_loadu_ps(k, f + j);
+    const __m512 g = _mm512_mul_ps(pv, _mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, dp + j), fv), dl));
+    _mm512_mask_storeu_ps(dp + j, k, g);
+    if (pd) _mm512_mask_storeu_ps(pd + j, k, _mm512_mul_ps(pv, fv));
+  }
+}
+#pragma GCC diagnostic pop
+#endif
+
+RowOps row_ops() {
+#ifdef REMAT_FLASH_X86
+  if (simd() == Simd::avx512) return RowOps{&scale_max_avx512, &exp_sum_avx512, &grads_avx512};
+#endif
+  return RowOps{&scale_max_portable, &exp_sum_portable, &grads_portable};
+}
+
 // Keys of the tile [j0, j0 + nk) visible to query i.
 int64_t visible(const Problem& p, int64_t i, int64_t j0, int64_t nk) {
   if (!p.causal) return nk;
@@ -287,6 +375,7 @@ void forward_tile(const Problem& p, const Tiles& t, GemmFn gemm, const Operand& 
   const int64_t d = p.d, bk = t.bk, nq = std::min(t.bq, p.tq - i0), kvh = h / (p.h / p.hkv);
   const int64_t kend = p.causal ? std::min(kv_len(p, b), i0 + nq) : kv_len(p, b);
   const Dropout drop(p);
+  const RowOps rows = row_ops();
   load_rows(q, p.tq, b, i0, nq, nq, h, d, w.q);
   std::fill(w.acc, w.acc + nq * d, 0.0f);
   std::fill(w.m, w.m + nq, -std::numeric_limits<float>::infinity());
@@ -303,16 +392,10 @@ void forward_tile(const Problem& p, const Tiles& t, GemmFn gemm, const Operand& 
         std::fill(row, row + nc, 0.0f);
         continue;
       }
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < vis; ++j) {
-        row[j] *= p.scale;
-        mx = mx < row[j] ? row[j] : mx;
-      }
+      const float mx = rows.scale_max(row, vis, p.scale);
       const float m_new = w.m[r] < mx ? mx : w.m[r];
       const float alpha = exp_nonpositive(w.m[r] - m_new);  // ~1e-38 at the first tile: acc and l are 0
-      for (int64_t j = 0; j < vis; ++j) row[j] = exp_nonpositive(row[j] - m_new);
-      std::fill(row + vis, row + nc, 0.0f);
-      w.l[r] = w.l[r] * alpha + lane_sum(row, vis);
+      w.l[r] = w.l[r] * alpha + rows.exp_sum(row, vis, nc, 1.0f, m_new);
       w.m[r] = m_new;
       float* acc = w.acc + r * d;
       for (int64_t c = 0; c < d; ++c) acc[c] *= alpha;
@@ -339,14 +422,14 @@ struct RowGrads {
   const Dropout& drop;
   const float* lse;    // of the tile's first row
   const float* delta;  // likewise
-  float* factor;
+  float* factor;       // [bk]
+  RowOps rows = row_ops();
   // Rows of stride bk, nc columns computed.
   void probabilities(float* s, int64_t nq, int64_t bk, int64_t nc, int64_t i0, int64_t j0, int64_t nk) const {
     for (int64_t r = 0; r < nq; ++r) {
       float* row = s + r * bk;
       const int64_t vis = visible(p, i0 + r, j0, nk);
-      for (int64_t j = 0; j < vis; ++j) row[j] = exp_nonpositive(row[j] * p.scale - lse[r]);
-      std::fill(row + vis, row + nc, 0.0f);
+      rows.exp_sum(row, vis, nc, p.scale, lse[r]);
     }
   }
   // s holds P; dp holds dO V^T on entry and dS on return; pd (when given) P o Z.
@@ -356,12 +439,12 @@ struct RowGrads {
       const float* pr = s + r * bk;
       float* dr = dp + r * bk;
       const int64_t vis = visible(p, i0 + r, j0, nk);
-      if (drop.on && vis > 0) drop.factors(p, b, h, i0 + r, j0, vis, factor);
-      for (int64_t j = 0; j < nc; ++j) {
-        const float f = j < vis ? (drop.on ? factor[j] : 1.0f) : 0.0f;
-        dr[j] = pr[j] * (dr[j] * f - delta[r]);
-        if (pd) pd[r * bk + j] = pr[j] * f;
-      }
+      if (drop.on && vis > 0)
+        drop.factors(p, b, h, i0 + r, j0, vis, factor);
+      else
+        std::fill(factor, factor + vis, 1.0f);
+      std::fill(factor + vis, factor + nc, 0.0f);
+      rows.grads(pr, factor, delta[r], nc, dr, pd ? pd + r * bk : nullptr);
     }
   }
 };
