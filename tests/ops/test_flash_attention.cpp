@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/flash_attention.h"
 #include "backends/cpu/simd.h"
 #include "remat/backend.h"
 #include "remat/bf16.h"
@@ -271,7 +272,8 @@ TEST(FlashAttention, SameDropoutMaskAsTheMaterialisedAttention) {
   }
 }
 
-// The same bits with any thread count and on every vector path (portable, AVX2, AVX-512).
+// The same bits with any thread count, with the backward in one pass or two, and on every
+// vector path (portable, AVX2, AVX-512).
 TEST(FlashAttention, BitwiseAcrossThreadCountsAndVectorPaths) {
   const Config s = setups()[1];
   const Inputs in = make_inputs(s, 41);
@@ -288,6 +290,12 @@ TEST(FlashAttention, BitwiseAcrossThreadCountsAndVectorPaths) {
   const std::vector<Tensor> one = run();
   omp_set_num_threads(threads);
   for (size_t k = 0; k < base.size(); ++k) EXPECT_TRUE(bitwise_equal(one[k], base[k])) << "output " << k;
+  for (const int passes : {1, 2}) {  // one pass (dQ with dK, dV) or two: the same bits
+    cpu::flash::set_backward_passes(passes);
+    const std::vector<Tensor> other = run();
+    cpu::flash::set_backward_passes(0);
+    for (size_t k = 0; k < base.size(); ++k) EXPECT_TRUE(bitwise_equal(other[k], base[k])) << passes << " pass(es)";
+  }
   for (const cpu::Simd level : {cpu::Simd::baseline, cpu::Simd::avx2}) {
     cpu::set_simd_limit(level);
     const std::vector<Tensor> other = run();

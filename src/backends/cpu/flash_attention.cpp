@@ -10,10 +10,14 @@
 // backward, with delta = rowsum(dout o out) (which equals rowsum(P o dP), dropout or not):
 //   P = exp(s Q K^T - lse);  dP = (dO V^T) o Z;  dS = P o (dP - delta)
 //   dV = (P o Z)^T dO;  dK = s dS^T Q;  dQ = s dS K
-// in two passes so that no sum needs atomics or depends on the thread count: one unit per
-// (b, key/value head, key tile) sums dK and dV over the group's query heads and the query
-// tiles in order; one unit per (b, h, query tile) sums dQ over the key tiles in order. The
-// second pass recomputes S and dO V^T (seven tile products per tile pair instead of five).
+// so that no sum needs atomics or depends on the thread count: one unit per (b, key/value
+// head, key tile) sums dK and dV over the group's query heads and the query tiles in order;
+// dQ is summed over the key tiles in order, either by the same units when one unit takes
+// all of a (b, key/value head)'s key tiles (one pass, five tile products per pair of
+// tiles: when those units alone keep the threads busy), or by a second pass, one unit per
+// (b, h, query tile), that computes Q K^T and dO V^T again (seven products). Both give the
+// same bits (the same operations in the same order per element); the workspace holds
+// delta and the one pass's fp32 dQ, whichever runs, so the memory does not depend on it.
 //
 // Masks: causal (key j visible to query i when j <= i) and kv_lens (keys j >= kv_lens[b]
 // invisible); a tile's invisible entries are exactly 0 in P. Key 0 is visible to every
@@ -34,6 +38,8 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+
+#include <omp.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -314,8 +320,8 @@ __attribute__((target("avx512f"))) float exp_sum_avx512(float* row, int64_t vis,
   const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
   return _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
 }
-__attribute__((target("avx512f"))) void grads_avx512(const float* p, const float* f, float delta, int64_t nc,
-                                                     float* dp, float* pd) {
+__attribute__((target("avx512f"))) void grads_avx512(const float* p, const float* f, float delta, int64_t nc, float* dp,
+                                                     float* pd) {
   const __m512 dl = _mm512_set1_ps(delta);
   for (int64_t j = 0; j < nc; j += 16) {
     const __mmask16 k = tail_mask(nc - j);
@@ -462,6 +468,7 @@ struct KeyPassScratch {
   alignas(64) float vt[kTileFloats];
   alignas(64) float dk[kTileFloats];
   alignas(64) float dv[kTileFloats];
+  alignas(64) float kr[kTileFloats];  // K's rows (one pass: dQ += dS K)
   alignas(64) float s[kScoreFloats];
   alignas(64) float dp[kScoreFloats];
   alignas(64) float pd[kScoreFloats];
@@ -469,10 +476,13 @@ struct KeyPassScratch {
   float factor[64];
 };
 
-// dK, dV of key tile [j0, j0 + bk) of key/value head g of batch element b.
+// dK, dV of key tile [j0, j0 + bk) of key/value head g of batch element b. With dq_acc
+// ([B, H, tq, d] fp32), also dQ += dS K of the group's heads: one pass, when one thread
+// takes every key tile of (b, g) in order, adds to each dQ in the order the second pass
+// would (key tiles ascending), so it gives that pass's bits.
 void key_tile(const Problem& p, const Tiles& t, GemmFn gemm, const Operand& q, const Operand& k, const Operand& v,
               const Operand& dout, const float* lse, const float* delta, const Output& dk, const Output& dv, int64_t b,
-              int64_t g, int64_t j0) {
+              int64_t g, int64_t j0, float* dq_acc) {
   KeyPassScratch w;
   const int64_t d = p.d, bq = t.bq, bk = t.bk, group = p.h / p.hkv;
   const int64_t nk_all = std::min(bk, p.tk - j0);
@@ -484,6 +494,7 @@ void key_tile(const Problem& p, const Tiles& t, GemmFn gemm, const Operand& q, c
     const int64_t nc = score_cols(nk, bk);
     load_rows_transposed(k, p.tk, b, j0, nk, bk, g, d, w.kt);
     load_rows_transposed(v, p.tk, b, j0, nk, bk, g, d, w.vt);
+    if (dq_acc) load_rows(k, p.tk, b, j0, nk, nc, g, d, w.kr);
     for (int64_t h = g * group; h < (g + 1) * group; ++h) {
       const float* lse_h = lse + (b * p.h + h) * p.tq;
       const float* delta_h = delta + (b * p.h + h) * p.tq;
@@ -496,6 +507,7 @@ void key_tile(const Problem& p, const Tiles& t, GemmFn gemm, const Operand& q, c
         rg.probabilities(w.s, nq, bk, nc, i0, j0, nk);
         gemm(nq, nc, d, w.dout, d, w.vt, bk, w.dp, bk, false);
         rg.score_grads(w.s, w.dp, w.pd, nq, bk, nc, b, h, i0, j0, nk);
+        if (dq_acc) gemm(nq, d, nc, w.dp, bk, w.kr, d, dq_acc + ((b * p.h + h) * p.tq + i0) * d, d, true);
         transpose(w.pd, bk, nq, nk, w.t, bq);  // (P o Z)^T [nk, nq]
         gemm(nk, d, nq, w.t, bq, w.dout, d, w.dv, d, true);
         transpose(w.dp, bk, nq, nk, w.t, bq);  // dS^T
@@ -560,7 +572,14 @@ void forward(const Problem& p, const Operand& q, const Operand& k, const Operand
     forward_tile(p, t, gemm, q, k, v, out, lse, u / (p.h * qt), u / qt % p.h, u % qt * t.bq);
 }
 
-int64_t backward_workspace_floats(const Problem& p) { return p.b * p.h * p.tq; }
+// delta [B, H, tq], then the one-pass dQ accumulator [B, H, tq, d].
+int64_t backward_workspace_floats(const Problem& p) { return p.b * p.h * p.tq * (1 + p.d); }
+
+namespace {
+int g_passes = 0;  // set_backward_passes
+}  // namespace
+
+void set_backward_passes(int passes) { g_passes = passes; }
 
 void backward(const Problem& p, const Operand& q, const Operand& k, const Operand& v, const Operand& out,
               const Operand& dout, const float* lse, float* workspace, const Output& dq, const Output& dk,
@@ -577,10 +596,26 @@ void backward(const Problem& p, const Operand& q, const Operand& k, const Operan
     load_row(dout, p.tq, b, i, h, p.d, g);
     delta[r] = lane_dot(o, g, p.d);
   }
-  const int64_t kt = ceil_div(p.tk, t.bk), key_units = p.b * p.hkv * kt;
+  const int64_t kt = ceil_div(p.tk, t.bk);
+  // One pass (five tile products per tile pair) where the (b, key/value head) units keep
+  // the threads busy; else two passes (seven), parallel over tiles. The same bits either way.
+  const bool one_pass = g_passes == 1 || (g_passes == 0 && p.b * p.hkv >= omp_get_max_threads());
+  if (one_pass) {
+    float* dq_acc = workspace + rows;
+    std::fill(dq_acc, dq_acc + rows * p.d, 0.0f);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t u = 0; u < p.b * p.hkv; ++u)
+      for (int64_t j = 0; j < kt; ++j)
+        key_tile(p, t, gemm, q, k, v, dout, lse, delta, dk, dv, u / p.hkv, u % p.hkv, j * t.bk, dq_acc);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r)
+      store_row(dq, p.tq, r / (p.h * p.tq), r % p.tq, r / p.tq % p.h, p.d, dq_acc + r * p.d, p.scale);
+    return;
+  }
+  const int64_t key_units = p.b * p.hkv * kt;
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t u = 0; u < key_units; ++u)
-    key_tile(p, t, gemm, q, k, v, dout, lse, delta, dk, dv, u / (p.hkv * kt), u / kt % p.hkv, u % kt * t.bk);
+    key_tile(p, t, gemm, q, k, v, dout, lse, delta, dk, dv, u / (p.hkv * kt), u / kt % p.hkv, u % kt * t.bk, nullptr);
   const int64_t qt = ceil_div(p.tq, t.bq), query_units = p.b * p.h * qt;
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t u = 0; u < query_units; ++u)
@@ -628,7 +663,7 @@ cpu::flash::Output flash_output(const Tensor& x, int64_t col) {
 }  // namespace
 
 size_t cpu::flash_attention_backward_workspace(const Shape& xq, const Shape&, const FlashAttentionParams& p) {
-  return static_cast<size_t>(xq[0] * p.n_head * xq[1]) * sizeof(float);  // delta
+  return static_cast<size_t>(xq[0] * p.n_head * xq[1] * (1 + p.head_dim)) * sizeof(float);  // delta, dQ
 }
 
 void CpuBackend::flash_attention_forward_impl(const Tensor& xq, const Tensor& xkv, const Tensor& kv_lens,

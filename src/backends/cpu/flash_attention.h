@@ -39,8 +39,14 @@ constexpr int64_t kMaxHeadDim = 256;
 // log-sum-exp of each row's scaled scores, which backward rebuilds the probabilities from.
 void forward(const Problem& p, const Operand& q, const Operand& k, const Operand& v, const Output& out, float* lse);
 
-// Floats of backward's workspace: delta[B, h, tq] = rowsum(dout * out).
+// Floats of backward's workspace: delta[B, h, tq] = rowsum(dout * out), and the one-pass
+// dQ accumulator [B, h, tq, d] (fp32).
 int64_t backward_workspace_floats(const Problem& p);
+
+// Backward runs one pass (dK, dV and dQ per (b, key/value head), when those units keep the
+// threads busy) or two (dK, dV per key tile, then dQ per query tile): the same bits. 0:
+// chosen so (the default); 1 or 2: forced, for tests.
+void set_backward_passes(int passes);
 
 // dq, dk, dv (written, =) from dout and what forward gave (out, lse); workspace as above.
 void backward(const Problem& p, const Operand& q, const Operand& k, const Operand& v, const Operand& out,
