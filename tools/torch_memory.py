@@ -19,6 +19,7 @@ temporaries, the batch). Small tensors (< 64 KiB) come from malloc's heap, whose
 size does not shrink: the figure is accurate to about a megabyte.
 """
 import argparse
+import json
 import os
 import sys
 
@@ -89,7 +90,11 @@ def main():
     ap.add_argument("--batch", type=int, default=0)
     ap.add_argument("--checkpoint", action="store_true", help="torch.utils.checkpoint around every repeated block")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--attention", choices=("explicit", "sdpa"), default="explicit",
+                    help="sdpa: PyTorch's scaled_dot_product_attention (torch >= 2.0)")
+    ap.add_argument("--json", help="also write the figures (bytes) as JSON")
     a = ap.parse_args()
+    tr.set_attention(a.attention)
     torch.set_num_threads(a.threads)
     cfg = tr.load_config(a.config)
     batch = a.batch or int(cfg["training"]["batch"])
@@ -124,6 +129,11 @@ def main():
     print(f"{cfg.get('name') or a.config}: batch {batch}, {'checkpoint every block' if a.checkpoint else 'plain'}: "
           f"peak tensors {peak / 2**20:.2f} MiB (step high-water {((hwm - before) / 2**20):.2f} MiB above "
           f"{held / 2**20:.2f} MiB held)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"config": a.config, "batch": batch, "attention": a.attention, "checkpoint": a.checkpoint,
+                       "torch": torch.__version__, "peak_bytes": peak, "held_bytes": held,
+                       "step_high_water_bytes": hwm - before}, f)
 
 
 if __name__ == "__main__":

@@ -158,7 +158,8 @@ LAYER_KEYS = {
     "avgpool2d": {"kernel": 2, "stride": None, "padding": 0},
     "global_avgpool": {},
     "embedding": {"vocab": None, "dim": None, "positions": 0, "init_std": 1.0},
-    "attention": {"heads": 1, "dropout": 0.0, "causal": True},
+    # impl (fused or materialized) changes how remat computes, not what: the twin ignores it.
+    "attention": {"heads": 1, "dropout": 0.0, "causal": True, "impl": "fused"},
 }
 INT_KEYS = {"out_features", "out_channels", "groups", "vocab", "dim", "positions", "heads"}
 PAIR_KEYS = {"kernel", "stride", "padding", "dilation"}
@@ -185,6 +186,13 @@ def _pair(v, what):
             raise ConfigError(f"{what}: expected a list of two integers")
         return int(v[0]), int(v[1])
     return int(v), int(v)
+
+
+# How the twin computes attention: "explicit" (matmul, softmax, dropout, matmul: the [T, T]
+# probabilities, as remat's materialised path and PyTorch 1.13) or "sdpa"
+# (torch.nn.functional.scaled_dot_product_attention, PyTorch >= 2.0: its fused kernels where
+# it has them). Set by --attention; only for timing and memory (the values agree to rounding).
+ATTENTION = "explicit"
 
 
 class Graph:
@@ -485,6 +493,10 @@ class Graph:
         hs = ch // h
         q, k, v = qkv.split(ch, dim=2)
         q, k, v = (z.reshape(b, t, h, hs).transpose(1, 2) for z in (q, k, v))
+        if ATTENTION == "sdpa":
+            drop = float(c["dropout"]) if training else 0.0
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=bool(c["causal"]))
+            return y.transpose(1, 2).reshape(b, t, ch)
         s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
         if c["causal"]:
             mask = torch.ones(t, t, dtype=torch.bool, device=qkv.device).triu(1)
@@ -955,7 +967,15 @@ def cmd_eval(a):
               f"relative loss difference {abs(el - r['eval_loss']) / abs(r['eval_loss']):.3e}")
 
 
+def set_attention(name):
+    global ATTENTION
+    if name == "sdpa" and not hasattr(F, "scaled_dot_product_attention"):
+        raise ConfigError(f"--attention sdpa needs PyTorch >= 2.0 (this is {torch.__version__})")
+    ATTENTION = name
+
+
 def cmd_time(a):
+    set_attention(a.attention)
     torch.set_num_threads(a.threads)
     dev = torch.device(a.device)
     if dev.type == "cuda":
@@ -998,7 +1018,8 @@ def cmd_time(a):
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"config": a.config, "batch": batch, "threads": a.threads, "device": a.device,
-                       "tf32": bool(a.tf32 and dev.type == "cuda"), "precision": a.precision, "median_ms": med,
+                       "tf32": bool(a.tf32 and dev.type == "cuda"), "precision": a.precision,
+                       "attention": a.attention, "median_ms": med,
                        "ms": times}, f)
 
 
@@ -1080,6 +1101,8 @@ def main(argv):
     p.add_argument("--tf32", action="store_true", help="on cuda: TF32 matrix products (default fp32)")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                    help="bf16: torch.autocast with bfloat16 on the device (fp32 weights and optimizer)")
+    p.add_argument("--attention", choices=("explicit", "sdpa"), default="explicit",
+                   help="sdpa: PyTorch's scaled_dot_product_attention (torch >= 2.0)")
     p.add_argument("--json")
     p.set_defaults(fn=cmd_time)
     p = sub.add_parser("derive", help="write a config with overrides")
