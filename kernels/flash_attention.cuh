@@ -41,12 +41,12 @@ struct FlashProblem {
 };
 
 // out [B, tq, h d] (head n at out.col + n d) and lse [B, h, tq] (f32, device).
-void flash_attention_forward(const FlashProblem& p, const FlashOperand& q, const FlashOperand& k,
-                             const FlashOperand& v, const FlashOutput& out, float* lse, cudaStream_t stream);
+void flash_attention_forward(const FlashProblem& p, const FlashOperand& q, const FlashOperand& k, const FlashOperand& v,
+                             const FlashOutput& out, float* lse, cudaStream_t stream);
 
 // Bytes of device workspace backward needs (delta [B, h, tq] = rowsum(dout * out), and any
-// partial sums the kernels keep). (No cudaStream_t in its signature: its own namespace in
-// the emulated build, kernels/common.cuh.)
+// partial sums the kernels keep). It takes no stream, so an emulated build gives it its own
+// namespace (kernels/common.cuh), as the CUDA and emulated kernels link into one program.
 REMAT_KERNELS_ABI_BEGIN
 size_t flash_attention_backward_workspace(const FlashProblem& p);
 REMAT_KERNELS_ABI_END
