@@ -748,7 +748,7 @@ def model_vars(cfg, need_data=True):
     return ({"vocab": data.vocab} if tokens else {}), data
 
 
-# ---- optimizer (src/train/optimizer.cpp: torch.optim formulas) ----------------------------------
+# ---- optimizer (src/optim/optim.cpp: torch.optim formulas) ----------------------------------
 
 def make_optimizer(cfg, g, w):
     oc = cfg["optimizer"]
