@@ -355,7 +355,7 @@ TEST(Coverage, EveryBackwardOpHasGradientChecks) {
 }
 
 // Every op is compared with PyTorch in fp32 (a CPU test, not a Bf16 one, that loads a golden:
-// tests/golden/**, written by tools/gen_golden.py), or is listed in kNoGolden with the reason.
+// tests/golden/**, written by tools/reference/gen_golden.py), or is listed in kNoGolden with the reason.
 TEST(Coverage, EveryBackendOpIsComparedWithAPyTorchGolden) {
   for (const Family& f : op_families()) {
     const std::string cpu_file = "tests/ops/test_" + f.name + ".cpp";
@@ -370,8 +370,9 @@ TEST(Coverage, EveryBackendOpIsComparedWithAPyTorchGolden) {
         continue;
       }
       EXPECT_TRUE(exercises(golden_tests, op))
-          << op << " is compared with no PyTorch golden: add its reference to tools/golden/<family>.py, run "
-          << "/usr/bin/python3 tools/gen_golden.py <family>, commit tests/golden/<family>/*.safetensors and load them "
+          << op << " is compared with no PyTorch golden: add its reference to tools/reference/golden/<family>.py, run "
+          << "/usr/bin/python3 tools/reference/gen_golden.py <family>, commit tests/golden/<family>/*.safetensors and "
+             "load them "
              "in "
           << cpu_file << " (or list the op in kNoGolden of tests/test_coverage.cpp with the reason)";
     }

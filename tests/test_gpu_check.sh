@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ctest gpu_check_dry_run (label unit): tools/gpu_check.sh's own logic, without a GPU.
+# ctest gpu_check_dry_run (label unit): tools/gpu/gpu_check.sh's own logic, without a GPU.
 #
 #   tests/test_gpu_check.sh BUILD_DIR
 #
@@ -19,7 +19,7 @@
 set -uo pipefail
 build=$(realpath "$1")
 root=$(cd "$(dirname "$0")/.." && pwd)
-script=$root/tools/gpu_check.sh
+script=$root/tools/gpu/gpu_check.sh
 tmp=$(mktemp -d "$build/gpu_check_test.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 failures=0

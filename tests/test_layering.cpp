@@ -70,6 +70,9 @@ const std::map<std::string, std::string> kHeaders = {
     {"config.h", "graph"},
     {"graph.h", "graph"},
     {"exec.h", "exec"},
+    {"plan.h", "exec"},
+    {"params.h", "exec"},
+    {"executor.h", "exec"},
     {"optim.h", "optim"},
     {"interop.h", "interop"},
     {"profile.h", "profile"},
@@ -80,7 +83,7 @@ const std::map<std::string, std::string> kHeaders = {
 
 bool starts_with(const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; }
 
-// The layer of a source file, from its folder (and, in src/core, its name).
+// The layer of a source file, from its folder.
 std::string layer_of(const fs::path& rel) {
   const std::string s = rel.generic_string();
   const std::string name = rel.filename().string();
@@ -88,14 +91,9 @@ std::string layer_of(const fs::path& rel) {
     const auto it = kHeaders.find(name);
     return it == kHeaders.end() ? "" : it->second;
   }
-  if (starts_with(s, "src/core/")) {
-    if (name == "error.cpp" || name == "log.cpp") return "base";
-    if (name == "tensor.cpp") return "tensor";
-    return "core";
-  }
-  if (starts_with(s, "src/")) {
+  if (starts_with(s, "src/")) {  // src/<layer>/...: a folder that is no layer is in none
     const std::string area = (*std::next(rel.begin())).string();
-    return area;
+    return kArrows.count(area) ? area : "";
   }
   if (starts_with(s, "kernels/emu/")) return "emu";
   if (starts_with(s, "kernels/")) return "kernels";

@@ -7,8 +7,8 @@
 # NCCL in this remat.
 # Usage: test_mpi_nccl.sh REMAT_BINARY MPIRUN [DEVICE]
 #   DEVICE cuda (default) or cuda-emu: the same comparisons through the host path (the
-#   dry run of tools/gpu_check.sh; no NCCL there). MPI_NCCL_QUICK=1: the ordered
-#   comparison alone (tools/gpu_check.sh's nccl stage).
+#   dry run of tools/gpu/gpu_check.sh; no NCCL there). MPI_NCCL_QUICK=1: the ordered
+#   comparison alone (tools/gpu/gpu_check.sh's nccl stage).
 set -uo pipefail
 source "$(dirname "$0")/mpi_env.sh"  # remat, mpirun, dir, fail=0; exits 77 without mpirun
 device=${3:-cuda}

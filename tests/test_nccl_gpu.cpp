@@ -4,7 +4,7 @@
 // all-reduce on the backend's stream, the timing events and the deadline's wait; the
 // reducer's device path (packing into flat device buffers, the fold and scaling with the
 // backend's ops) gives bitwise the local fold's gradient and the host's fixed-order sum.
-// tools/gpu_check.sh adds mpirun -np 1 `remat train` on cuda against one process.
+// tools/gpu/gpu_check.sh adds mpirun -np 1 `remat train` on cuda against one process.
 #include <gtest/gtest.h>
 
 #include <cstring>

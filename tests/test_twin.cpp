@@ -1,4 +1,4 @@
-// remat against its PyTorch twin (tools/torch_reference.py): for each tiny config in
+// remat against its PyTorch twin (tools/reference/torch_reference.py): for each tiny config in
 // tests/configs, the golden file tests/golden/twin/<config>.safetensors holds random
 // weights, a batch, and PyTorch's loss, parameter gradients and updated batchnorm
 // running statistics after one training-mode forward and backward, computed in float64

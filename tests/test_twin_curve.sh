@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ctest twin_curve (label unit): tools/torch_reference.py's curve mode against remat runs of
+# ctest twin_curve (label unit): tools/reference/torch_reference.py's curve mode against remat runs of
 # a tiny config, in both precisions, so the twin keeps reading remat's run folders (their
 # resolved config.json, init.safetensors, metrics.jsonl) as both grow.
 #
@@ -31,7 +31,7 @@ for p in fp32 bf16; do
     status=1
     continue
   fi
-  if ! OMP_NUM_THREADS=1 "$py" "$root/tools/torch_reference.py" curve --run "$work/$p" --threads 1 --max-rel "$limit" \
+  if ! OMP_NUM_THREADS=1 "$py" "$root/tools/reference/torch_reference.py" curve --run "$work/$p" --threads 1 --max-rel "$limit" \
       >"$work/twin_$p.log" 2>&1; then
     cat "$work/twin_$p.log"
     echo "twin_curve: the $p twin differs from remat by more than $limit (or failed)"

@@ -62,13 +62,13 @@ ensure_venv() {
 
 # Hugging Face transformers for the interop tests (tests/interop): Debian's python3 is
 # externally managed, so pip installs them into a venv that sees the system's torch 1.13
-# and numpy; tools/interop_python.sh finds it.
-ensure_venv interop "$(bash tools/interop_python.sh --venv)" tools/requirements-interop.txt transformers yes
+# and numpy; tools/python/interop_python.sh finds it.
+ensure_venv interop "$(bash tools/python/interop_python.sh --venv)" tools/python/requirements-interop.txt transformers yes
 
 # Playwright for Python for the browser test of the HTML memory page (tests/browser), in a
-# venv of its own (tools/browser_python.sh finds it). Its browsers are never downloaded
+# venv of its own (tools/python/browser_python.sh finds it). Its browsers are never downloaded
 # (no `playwright install`): the test drives Debian's chromium, installed above.
-ensure_venv browser "$(bash tools/browser_python.sh --venv)" tools/requirements-browser.txt playwright.sync_api no
+ensure_venv browser "$(bash tools/python/browser_python.sh --venv)" tools/python/requirements-browser.txt playwright.sync_api no
 
 # The CUDA toolkit is optional: without it remat builds CPU-only (REMAT_CUDA=AUTO).
 if command -v nvcc >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/nvcc ]]; then

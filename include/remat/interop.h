@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "remat/config.h"
-#include "remat/exec.h"
+#include "remat/params.h"
 
 namespace remat {
 

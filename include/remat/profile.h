@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "remat/config.h"
-#include "remat/exec.h"
 #include "remat/memory.h"
+#include "remat/plan.h"
 
 namespace remat {
 

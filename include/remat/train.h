@@ -10,8 +10,9 @@
 #include <vector>
 
 #include "remat/config.h"
-#include "remat/exec.h"
+#include "remat/executor.h"
 #include "remat/optim.h"
+#include "remat/params.h"
 
 namespace remat {
 
@@ -89,7 +90,7 @@ class Trainer {
   int64_t steps_done() const;   // including the steps before a resume
   int64_t total_steps() const;  // of the whole run
 
-  struct State;  // what a run holds (src/train/trainer.cpp)
+  struct State;  // what a run holds (src/train/train.cpp)
 
  private:
   void init_weights();

@@ -3,7 +3,7 @@
 #include <cstdio>
 
 #include "remat/error.h"
-#include "remat/exec.h"
+#include "remat/executor.h"
 #include "remat/log.h"
 #include "remat/ops.h"
 

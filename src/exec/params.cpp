@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "remat/error.h"
-#include "remat/exec.h"
+#include "remat/params.h"
 #include "remat/philox.h"
 
 namespace remat {

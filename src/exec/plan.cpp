@@ -4,7 +4,7 @@
 #include <cstdlib>
 
 #include "remat/error.h"
-#include "remat/exec.h"
+#include "remat/plan.h"
 
 namespace remat {
 

@@ -10,6 +10,7 @@
 
 #include "remat/data.h"
 #include "remat/error.h"
+#include "remat/executor.h"
 #include "remat/optim.h"
 
 namespace remat {

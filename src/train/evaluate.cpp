@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "remat/error.h"
+#include "remat/executor.h"
 #include "remat/io.h"
 #include "remat/token_shards.h"
 

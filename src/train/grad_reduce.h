@@ -32,8 +32,9 @@
 #include <vector>
 
 #include "remat/dist.h"
-#include "remat/exec.h"
+#include "remat/executor.h"
 #include "remat/optim.h"
+#include "remat/params.h"
 
 namespace remat {
 

@@ -11,7 +11,7 @@ randomised too so that every tensor's mapping shows, is saved locally; then:
      within 1e-4;
   4. round trip: remat -> export -> from_pretrained -> save_pretrained -> remat is bitwise;
   5. a pickled pytorch_model.bin is refused, and the conversion the message gives works;
-  6. tools/make_shards.py --tokenizer hf:DIR writes what a transformers tokenizer encodes.
+  6. tools/data/make_shards.py --tokenizer hf:DIR writes what a transformers tokenizer encodes.
 """
 import json
 import math
@@ -32,7 +32,7 @@ try:
     from transformers import GPT2Config, GPT2LMHeadModel
 except ImportError as e:
     skip(f"transformers is not importable from {sys.executable} ({e}); tools/bootstrap.sh installs the pinned "
-         "version into its venv (tools/interop_python.sh)")
+         "version into its venv (tools/python/interop_python.sh)")
 
 L, C, H, V, P, SEQ, B = 2, 64, 4, 256, 64, 32, 4
 STEPS, LR, WD, BETAS, EPS, CLIP, WARMUP, MIN_RATIO = 4, 3e-3, 0.1, (0.9, 0.95), 1e-8, 1.0, 1, 0.1
@@ -107,7 +107,7 @@ def main():
     text = os.path.join(w, "text.txt")
     with open(text, "w", encoding="utf-8") as f:
         f.write("".join(chr(c) for c in rng.integers(32, 256, 12000)))
-    run([sys.executable, os.path.join(ROOT, "tools", "make_shards.py"), text, "--out", os.path.join(shards, "rand"),
+    run([sys.executable, os.path.join(ROOT, "tools", "data", "make_shards.py"), text, "--out", os.path.join(shards, "rand"),
          "--val-tokens", "2000", "--shard-tokens", "6000"])
     config, _ = tiny_config(
         w, dropout=0.0, optimizer={"type": "adamw", "lr": LR, "weight_decay": WD, "beta1": BETAS[0], "beta2": BETAS[1],
@@ -246,7 +246,7 @@ def main():
     tok = GPT2TokenizerFast(vocab_file=os.path.join(tok_dir, "vocab.json"), merges_file=os.path.join(tok_dir, "merges.txt"),
                             eos_token="<|endoftext|>", bos_token="<|endoftext|>", unk_token="<|endoftext|>")
     tok.save_pretrained(tok_dir)
-    run([sys.executable, os.path.join(ROOT, "tools", "make_shards.py"), corpus, "--out", os.path.join(w, "bpe", "doc"),
+    run([sys.executable, os.path.join(ROOT, "tools", "data", "make_shards.py"), corpus, "--out", os.path.join(w, "bpe", "doc"),
          "--tokenizer", f"hf:{tok_dir}", "--val-tokens", "0"])
     got = np.fromfile(os.path.join(w, "bpe", "doc_train_000001.bin"), dtype="<u2", offset=1024).tolist()
     with open(corpus, encoding="utf-8") as f:

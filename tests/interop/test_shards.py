@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """llm.c token shards end to end (numpy only).
 
-tools/make_shards.py and an independent writer (numpy, as llm.c's data_common.py writes
+tools/data/make_shards.py and an independent writer (numpy, as llm.c's data_common.py writes
 them) produce the same files from the same text; remat reads every window of both as the
 tokens the numpy side holds (remat eval --save-logits records the ids it read); remat train
 splits a set by file name; damaged files are errors naming the file and field.
@@ -42,7 +42,7 @@ def main():
         f.write(text)
 
     os.makedirs(os.path.join(w, "a"))
-    out = run([sys.executable, os.path.join(ROOT, "tools", "make_shards.py"), src, "--out", os.path.join(w, "a", "s"),
+    out = run([sys.executable, os.path.join(ROOT, "tools", "data", "make_shards.py"), src, "--out", os.path.join(w, "a", "s"),
                "--val-tokens", "3001", "--shard-tokens", "20000"])
     print(out, end="")
     tokens = np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16)

@@ -5,7 +5,7 @@
 //
 // bf16 (training.precision bf16: bf16 storage, fp32 math, src/backends/cpu/mixed.h) is
 // checked two ways, each family in its own file:
-// - against PyTorch 1.13 (tests/golden/bf16_ops, tools/golden/bf16_ops.py) by
+// - against PyTorch 1.13 (tests/golden/bf16_ops, tools/reference/golden/bf16_ops.py) by
 //   expect_bf16_golden: `<name>_f32` is PyTorch's fp32 op on the same bf16 values, stored
 //   results rounded to bf16 and parameter gradients kept in fp32 (remat's contract); `<name>`
 //   is PyTorch's own bf16 kernel, several of which round intermediates to bf16, so remat is
@@ -59,7 +59,7 @@ inline Tensor random_ids(const Shape& s, int32_t vocab, uint32_t seed) {
   return Tensor::from_ints(ids, s);
 }
 
-// The golden cases of tools/golden/transformer.py whose metadata "op" is `op`.
+// The golden cases of tools/reference/golden/transformer.py whose metadata "op" is `op`.
 inline std::vector<std::string> transformer_cases(const std::string& op) {
   std::vector<std::string> out;
   for (const auto& name : golden_cases("transformer"))
@@ -67,7 +67,7 @@ inline std::vector<std::string> transformer_cases(const std::string& op) {
   return out;
 }
 
-// The golden cases of tools/golden/cnn.py whose name starts with `prefix` ("conv_", "bn_train").
+// The golden cases of tools/reference/golden/cnn.py whose name starts with `prefix` ("conv_", "bn_train").
 inline std::vector<std::string> cnn_cases(const std::string& prefix) {
   std::vector<std::string> out;
   for (const auto& c : golden_cases("cnn"))

@@ -1,5 +1,5 @@
 // Attention and permute_0213 on the CPU backend (src/backends/cpu/attention.cpp): against
-// PyTorch goldens (bf16: tools/golden/bf16_ops.py), a naive float64 reference with Philox
+// PyTorch goldens (bf16: tools/reference/golden/bf16_ops.py), a naive float64 reference with Philox
 // dropout, finite differences, determinism and bad arguments.
 #include <gtest/gtest.h>
 
@@ -22,7 +22,7 @@
 namespace remat::test {
 namespace {
 
-// References: PyTorch goldens (tools/golden/transformer.py, computed in float64 from the
+// References: PyTorch goldens (tools/reference/golden/transformer.py, computed in float64 from the
 // float32 inputs), finite differences of L = sum(dy * y), and for dropout (whose Philox mask
 // PyTorch cannot reproduce) a naive float64 implementation in this file drawing its mask with
 // philox::keep.

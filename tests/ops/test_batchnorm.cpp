@@ -1,5 +1,5 @@
 // 2-D batch normalisation on the CPU backend (src/backends/cpu/batchnorm.cpp): PyTorch
-// goldens (tools/golden/cnn.py; bf16: tools/golden/bf16_ops.py), finite differences,
+// goldens (tools/reference/golden/cnn.py; bf16: tools/reference/golden/bf16_ops.py), finite differences,
 // determinism (run to run and across thread counts) and errors.
 #include <gtest/gtest.h>
 #include <omp.h>

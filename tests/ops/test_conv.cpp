@@ -1,5 +1,5 @@
 // The 2-D convolution of the CPU backend (src/backends/cpu/conv.cpp): PyTorch goldens
-// (tools/golden/cnn.py; bf16: tools/golden/bf16_ops.py), finite differences, a direct-loop
+// (tools/reference/golden/cnn.py; bf16: tools/reference/golden/bf16_ops.py), finite differences, a direct-loop
 // reference, conv2d's three ways of feeding its GEMMs and its micro-kernels against each
 // other, its workspace use, determinism (run to run and across thread counts), errors, and
 // the meta backend's memory accounting.
@@ -103,7 +103,7 @@ Conv2dParams make_conv(int sh, int sw, int ph, int pw, int dh, int dw, int group
 // convolutions where it applies) against PyTorch.
 TEST(Conv, Conv2dForwardBackwardMatchesPyTorch) {
   const auto names = cnn_cases("conv_");
-  ASSERT_GE(names.size(), 8u) << "conv goldens missing: run tools/gen_golden.py cnn";
+  ASSERT_GE(names.size(), 8u) << "conv goldens missing: run tools/reference/gen_golden.py cnn";
   ConvMode restore;
   for (const PathMode& mode : kAllPathModes) {
     mode.apply();

@@ -1,6 +1,6 @@
 // The elementwise ops of the CPU backend (src/backends/cpu/elementwise.cpp): add, accumulate,
-// scale, cast_multi, ReLU, GELU, dropout. Against PyTorch goldens (tools/golden/basic.py;
-// bf16: tools/golden/bf16_ops.py), finite differences, an independent reference for what
+// scale, cast_multi, ReLU, GELU, dropout. Against PyTorch goldens (tools/reference/golden/basic.py;
+// bf16: tools/reference/golden/bf16_ops.py), finite differences, an independent reference for what
 // PyTorch cannot give (dropout masks), and bad arguments.
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -74,7 +74,7 @@ TEST(Elementwise, GradientsMatchFiniteDifferences) {
   EXPECT_EQ(acc.to_vector()[7], x.to_vector()[7] + y.to_vector()[7]);
 }
 
-// SiLU and mul (LLaMA's SwiGLU MLP) against PyTorch's fp32 ops (tools/golden/basic.py): SiLU's
+// SiLU and mul (LLaMA's SwiGLU MLP) against PyTorch's fp32 ops (tools/reference/golden/basic.py): SiLU's
 // exp is the CPU's vectorised one (within 2 ulp, as GELU's erf and tanh): 1e-5 relative, 1e-6
 // absolute; mul is one product per element, correctly rounded on both: exact.
 TEST(Elementwise, SiluMulMatchPyTorch) {
@@ -241,7 +241,7 @@ TEST(Elementwise, Bf16PointwiseMatchPyTorch) {
   expect_bf16_golden(f, "y", y, 0, 0);
 }
 
-// SiLU and mul on bf16 tensors against PyTorch 1.13 (tools/golden/bf16_ops.py). The fp32
+// SiLU and mul on bf16 tensors against PyTorch 1.13 (tools/reference/golden/bf16_ops.py). The fp32
 // reference on the same values: within one bf16 step for SiLU (its exp is not PyTorch's, so an
 // fp32 result a few ulps away may round to the neighbouring bf16; 0 measured), exact for mul
 // (one product, rounded once). PyTorch's bf16 SiLU kernels round intermediates to bf16 (1.9

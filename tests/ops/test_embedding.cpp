@@ -1,5 +1,5 @@
 // The token (and position) embedding of the CPU backend (src/backends/cpu/embedding.cpp):
-// against PyTorch goldens (tools/golden/transformer.py; bf16: tools/golden/bf16_ops.py),
+// against PyTorch goldens (tools/reference/golden/transformer.py; bf16: tools/reference/golden/bf16_ops.py),
 // finite differences, out-of-range ids, determinism and bad arguments.
 #include <gtest/gtest.h>
 
@@ -16,7 +16,7 @@
 namespace remat::test {
 namespace {
 
-// Tolerances against the float64 references of tools/golden/transformer.py: y exact (one
+// Tolerances against the float64 references of tools/reference/golden/transformer.py: y exact (one
 // float add is correctly rounded); dtable, dpos_table: rtol 1e-6, atol 1e-6.
 
 TEST(Embedding, GoldenCasesExist) {

@@ -1,5 +1,5 @@
 // The GEMM and linear ops of the CPU backend (src/backends/cpu/gemm.cpp): against PyTorch
-// goldens (tools/golden/basic.py; bf16: tools/golden/bf16_ops.py), finite differences, thread
+// goldens (tools/reference/golden/basic.py; bf16: tools/reference/golden/bf16_ops.py), finite differences, thread
 // counts and bad arguments.
 #include <gtest/gtest.h>
 #include <omp.h>

@@ -1,5 +1,5 @@
 // Layer normalisation on the CPU backend (src/backends/cpu/layernorm.cpp): against PyTorch
-// goldens (tools/golden/transformer.py; bf16: tools/golden/bf16_ops.py), finite differences
+// goldens (tools/reference/golden/transformer.py; bf16: tools/reference/golden/bf16_ops.py), finite differences
 // of L = sum(dy * y), dx over dy, determinism and bad arguments.
 #include <gtest/gtest.h>
 
@@ -18,7 +18,7 @@ namespace remat::test {
 namespace {
 
 // Tolerances (|actual - expected| <= atol + rtol * |expected|) against float64 references
-// (tools/golden/transformer.py: computed in float64 from the float32 inputs): y, mean, rstd,
+// (tools/reference/golden/transformer.py: computed in float64 from the float32 inputs): y, mean, rstd,
 // dx, dgamma, dbeta: rtol 1e-5, atol 1e-6 (worst seen about 3e-7 absolute on O(1) values, a
 // few fp32 ulps); finite differences: support/gradcheck.h defaults (eps 1e-2, rtol 2e-2,
 // atol 2e-3).

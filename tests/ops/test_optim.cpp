@@ -1,6 +1,6 @@
 // The optimizer ops of the CPU backend (src/backends/cpu/optim.cpp): SGD and AdamW steps (one
 // tensor and many), the global norm and gradient clipping, against torch.optim and
-// torch.nn.utils goldens (tools/golden/basic.py), thread counts and bad arguments.
+// torch.nn.utils goldens (tools/reference/golden/basic.py), thread counts and bad arguments.
 #include <gtest/gtest.h>
 #include <omp.h>
 

@@ -1,5 +1,5 @@
 // Max, average and global average pooling on the CPU backend (src/backends/cpu/pool.cpp):
-// PyTorch goldens (tools/golden/cnn.py; bf16: tools/golden/bf16_ops.py), finite differences,
+// PyTorch goldens (tools/reference/golden/cnn.py; bf16: tools/reference/golden/bf16_ops.py), finite differences,
 // max pooling's ties, NaNs, window offsets and a direct-loop backward, determinism (run to
 // run and across thread counts) and errors.
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
 // RMSNorm of the CPU backend (src/backends/cpu/rmsnorm.cpp) against PyTorch goldens
-// (tools/golden/transformer.py: the formula in float64, differentiated by autograd; bf16:
-// tools/golden/bf16_ops.py) and finite differences of L = sum(dy * y), dx over dy, bad
+// (tools/reference/golden/transformer.py: the formula in float64, differentiated by autograd; bf16:
+// tools/reference/golden/bf16_ops.py) and finite differences of L = sum(dy * y), dx over dy, bad
 // arguments.
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // Softmax, log-softmax, cross-entropy and accuracy on the CPU backend
-// (src/backends/cpu/softmax_loss.cpp): against PyTorch goldens (tools/golden/basic.py; bf16:
-// tools/golden/bf16_ops.py), finite differences, edge cases, thread counts and bad arguments.
+// (src/backends/cpu/softmax_loss.cpp): against PyTorch goldens (tools/reference/golden/basic.py; bf16:
+// tools/reference/golden/bf16_ops.py), finite differences, edge cases, thread counts and bad arguments.
 #include <gtest/gtest.h>
 #include <omp.h>
 

@@ -1,4 +1,4 @@
-// Golden values from PyTorch (tools/gen_golden.py writes tests/golden/<family>/<case>.safetensors)
+// Golden values from PyTorch (tools/reference/gen_golden.py writes tests/golden/<family>/<case>.safetensors)
 // and comparison helpers shared by the op tests.
 #pragma once
 

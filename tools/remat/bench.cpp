@@ -1,6 +1,6 @@
 // `remat bench ops`: times each op's forward + backward at realistic sizes on the CPU
-// backend (median of N runs after a warm-up). tools/bench_torch.py times the same cases
-// in PyTorch; tools/bench_compare.py prints the ratios (docs/performance.md).
+// backend (median of N runs after a warm-up). tools/bench/bench_torch.py times the same cases
+// in PyTorch; tools/bench/bench_compare.py prints the ratios (docs/performance.md).
 // `remat bench kernels` (bench_kernels.cpp): memory-bound ops of a device in GB/s.
 #include <omp.h>
 

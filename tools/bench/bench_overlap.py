@@ -2,7 +2,7 @@
 """Data parallel on cpu: the reduction's buckets overlapped with the backward sweep against
 the reduction after it, side by side (docs/distributed.md, "Overlap, measured").
 
-    tools/bench_overlap.py [--remat build/default/remat] [--config models/gpt_char.json]
+    tools/bench/bench_overlap.py [--remat build/default/remat] [--config models/gpt_char.json]
                            [--ranks 2] [--rounds 5] [--steps 30] [--skip 5] [--bucket-kib 512]
 
 Each round runs `mpirun -np RANKS remat train CONFIG --overlap off` then `--overlap on`

@@ -3,21 +3,21 @@
 # ninja and a C++ compiler but no Debian packages and no network (docs/performance.md,
 # "GPU checks"). Run it HERE, on a Debian 12 machine that reaches Debian's archive:
 #
-#   tools/gpu_deps.sh            # third_party/gpu-deps/root, about 42 MB
+#   tools/gpu/gpu_deps.sh            # third_party/gpu-deps/root, about 42 MB
 #
 # It fetches the -dev packages of tools/bootstrap.sh that the build uses, and their
 # shared libraries, with `apt-get download` into third_party/gpu-deps/debs/, unpacks them
 # with `dpkg -x` into third_party/gpu-deps/root/ (CMake's REMAT_DEPS_PREFIX), and drops
 # what the build does not use (documentation, static OpenBLAS, LAPACK, the reference
 # BLAS). third_party/gpu-deps/ is ignored by git: name third_party/gpu-deps/root in the
-# device tool's `carry` list; tools/gpu_check.sh finds it there.
+# device tool's `carry` list; tools/gpu/gpu_check.sh finds it there.
 #
 # Not gathered: boost.context (only the CUDA emulator needs it, and its headers are
 # 140 MB; gpu_check.sh builds with REMAT_EMU=OFF), libgomp (the compiler's own OpenMP
 # runtime is used), the C library and libstdc++ (the machine's; see MANIFEST.txt for
 # the newest symbol versions the gathered libraries need).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 out=third_party/gpu-deps
 debs=$out/debs
@@ -72,7 +72,7 @@ glibc=$(newest 'GLIBC_')
 glibcxx=$(newest 'GLIBCXX_')
 size=$(du -sb "$root" | cut -f1)
 {
-  echo "# Debian packages unpacked by tools/gpu_deps.sh (dpkg -x), trimmed"
+  echo "# Debian packages unpacked by tools/gpu/gpu_deps.sh (dpkg -x), trimmed"
   # shellcheck disable=SC2016  # dpkg-deb's own ${Field} syntax
   for f in "$debs"/*.deb; do dpkg-deb --showformat='${Package} ${Version}\n' -W "$f"; done
   echo "needs: ${glibc:-GLIBC_?} ${glibcxx:-GLIBCXX_?} (C library and libstdc++ symbol versions, at least)"
@@ -82,4 +82,4 @@ size=$(du -sb "$root" | cut -f1)
 
 echo "gpu_deps: $root: $(du -sh "$root" | cut -f1) ($size bytes; the .debs: $(du -sh "$debs" | cut -f1))"
 echo "gpu_deps: the libraries need at least ${glibc:-?} and ${glibcxx:-?} on the GPU machine"
-echo "gpu_deps: device tool: carry [\"$root\"], command: tools/gpu_check.sh"
+echo "gpu_deps: device tool: carry [\"$root\"], command: tools/gpu/gpu_check.sh"

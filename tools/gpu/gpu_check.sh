@@ -2,8 +2,8 @@
 # The checks of a lent GPU machine, in one command inside a 465 s budget
 # (docs/performance.md, "GPU checks"):
 #
-#   tools/gpu_check.sh             # on the GPU machine
-#   tools/gpu_check.sh --dry-run   # anywhere: every stage against cuda-emu, small shapes
+#   tools/gpu/gpu_check.sh             # on the GPU machine
+#   tools/gpu/gpu_check.sh --dry-run   # anywhere: every stage against cuda-emu, small shapes
 #
 # Stages, most valuable first, each with its own budget (seconds; they sum to 465) and log.
 # A stage's time limit is the end of its slot in that plan (start + the budgets up to and
@@ -16,7 +16,7 @@
 #                 CUDA version not older than the toolkit's (else cudaErrorInsufficientDriver,
 #                 35); the carried packages' GLIBC/GLIBCXX needs met by this machine
 #   configure 25  the `gpu` preset (native architecture) with REMAT_DEPS_PREFIX at the
-#                 packages tools/gpu_deps.sh gathered, without the CUDA emulator
+#                 packages tools/gpu/gpu_deps.sh gathered, without the CUDA emulator
 #   build    150  the remat command and the GPU test binaries (test_*gpu*), on every core
 #   device     5  fatal: `remat info` sees cuda:0 (the runtime's own verdict, error 35 included)
 #   ctest     55  `ctest -L gpu -LE mpi`; fails when a test fails, or any is skipped (no GPU)
@@ -27,13 +27,13 @@
 #   bench     25  `remat bench kernels` (GB/s and % of peak; GEMM TFLOP/s: fp32, TF32, bf16
 #                 square and at GPT-2 124M's shapes, % of the dense bf16 peak)
 #   train_gpt2_124m_{none,sqrt,selective}  20 each: 30 steps (step time, peak memory), TF32 GEMMs
-#   torch     25  the same GPT-2 step in PyTorch eager on the same GPU (tools/torch_reference.py)
+#   torch     25  the same GPT-2 step in PyTorch eager on the same GPU (tools/reference/torch_reference.py)
 #   train_gpt2_124m_bf16_none  20  the GPT-2 step in bf16 (--precision bf16)
 #   torch_bf16 25  PyTorch's GPT-2 step under autocast bf16
 #   train_resnet_tiny_{none,sqrt,selective}  8 each
 #   memcheck  20  the op cases (test_backend_ops_gpu) under compute-sanitizer --tool memcheck
 #   racecheck 10  the same under --tool racecheck
-# then the summary (tools/gpu_check_summary.py): rewritten after every stage, and printed
+# then the summary (tools/gpu/gpu_check_summary.py): rewritten after every stage, and printed
 # on exit whatever happened (an EXIT trap; INT and TERM stop the running stage first), so
 # a cut run still reports what it measured. Logs, run metrics and JSON go to the work
 # folder; when $OUT is set (the device tool), the summary, the kernel JSON and a tarball
@@ -77,8 +77,8 @@
 #   GPU_CHECK_PYTHON     the Python with PyTorch [python3]
 #   GPU_CHECK_NVIDIA_SMI the nvidia-smi command [nvidia-smi / none]
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 2
-self=$PWD/tools/gpu_check.sh
+cd "$(dirname "$0")/../.." || exit 2
+self=$PWD/tools/gpu/gpu_check.sh
 
 dry_run=0
 if [[ ${1:-} == --dry-run ]]; then
@@ -232,11 +232,11 @@ deps_compatible() {
   done
   echo "carried packages need ${need_glibc:-?} ${need_glibcxx:-?}; this machine has $have_glibc ${have_glibcxx:-GLIBCXX_?}"
   if [[ -n $need_glibc ]] && ! ver_ge "${have_glibc#GLIBC_}" "${need_glibc#GLIBC_}"; then
-    echo "the C library is older than the packages need: gather them on an older Debian (tools/gpu_deps.sh)"
+    echo "the C library is older than the packages need: gather them on an older Debian (tools/gpu/gpu_deps.sh)"
     rc=1
   fi
   if [[ -n $need_glibcxx ]] && ! ver_ge "${have_glibcxx#GLIBCXX_}" "${need_glibcxx#GLIBCXX_}"; then
-    echo "libstdc++ is older than the packages need: gather them on an older Debian (tools/gpu_deps.sh)"
+    echo "libstdc++ is older than the packages need: gather them on an older Debian (tools/gpu/gpu_deps.sh)"
     rc=1
   fi
   return "$rc"
@@ -326,7 +326,7 @@ configure() {
   if [[ -d $deps/usr ]]; then
     args+=("-DREMAT_DEPS_PREFIX=$(realpath "$deps")")
   else
-    echo "gpu_check: no $deps (tools/gpu_deps.sh); using the system's packages"
+    echo "gpu_check: no $deps (tools/gpu/gpu_deps.sh); using the system's packages"
   fi
   cmake "${args[@]}" "${cmake_args[@]}"
 }
@@ -546,7 +546,7 @@ budget_of() {
 record() { printf '%s\t%s\t%d\t%s\n' "$1" "$2" "$3" "$4" >>"$stages_tsv"; }
 
 summary() {
-  python3 tools/gpu_check_summary.py "$work" --tf32 "$tf32" --torch-model "$torch_model" >"$work/summary.txt" 2>&1
+  python3 tools/gpu/gpu_check_summary.py "$work" --tf32 "$tf32" --torch-model "$torch_model" >"$work/summary.txt" 2>&1
   (shopt -s nullglob && cd "$work" && tar -czf logs.tar.gz logs runs configs plan.tsv stages.tsv ./*.json 2>/dev/null)
   if [[ -n ${OUT:-} ]]; then
     mkdir -p "$OUT"
@@ -667,10 +667,10 @@ torch_bf16_args=("${torch_args[@]}")
 torch_bf16_args[5]=$work/torch_${torch_model}_bf16.json  # the value of --json
 torch_bf16_args+=(--precision bf16)
 torch_stages() {  # the torch_plan's stages
-  stage torch "$python" tools/torch_reference.py "${torch_args[@]}"
+  stage torch "$python" tools/reference/torch_reference.py "${torch_args[@]}"
   if ((bf16)); then
     stage "train_${torch_model}_bf16_none" train_run "$torch_model" none bf16
-    stage torch_bf16 "$python" tools/torch_reference.py "${torch_bf16_args[@]}"
+    stage torch_bf16 "$python" tools/reference/torch_reference.py "${torch_bf16_args[@]}"
   fi
   torch_done=1
 }

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""The summary of tools/gpu_check.sh: reads its work folder (stages.tsv, logs/ctest.log,
+"""The summary of tools/gpu/gpu_check.sh: reads its work folder (stages.tsv, logs/ctest.log,
 bench_kernels.json, runs/<model>_<policy>/metrics.jsonl, torch_<model>.json), prints the
 tables and writes summary.json beside them.
 
-    python3 tools/gpu_check_summary.py build/gpu-check [--tf32 1] [--torch-model gpt2_124m]
+    python3 tools/gpu/gpu_check_summary.py build/gpu-check [--tf32 1] [--torch-model gpt2_124m]
 
 Step times are the median step_ms of a run's logged steps after the first five (the
 allocator's cache and cuBLAS warm up there); the issue's targets are marked "met" or

@@ -2,7 +2,7 @@
 """Peak memory of one PyTorch (1.13, CPU) training step of a config's twin, plain or with
 torch.utils.checkpoint around every repeated block, for comparison with `remat memprof`.
 
-    /usr/bin/python3 tools/torch_memory.py models/gpt_char.json [--batch B] [--checkpoint]
+    /usr/bin/python3 tools/reference/torch_memory.py models/gpt_char.json [--batch B] [--checkpoint]
 
 PyTorch's CPU allocator keeps no statistics, so the peak is measured from the process's
 resident memory: glibc is told to serve every allocation of 64 KiB or more with its own

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The Python of remat's browser test (tests/browser, ctest label browser): $REMAT_BROWSER_PYTHON
 # when set, else the venv tools/bootstrap.sh makes (Debian's python3 plus the pinned
-# Playwright of tools/requirements-browser.txt), else /usr/bin/python3 (the test then
+# Playwright of tools/python/requirements-browser.txt), else /usr/bin/python3 (the test then
 # reports itself skipped, saying that Playwright is missing).
-#   tools/browser_python.sh --venv        prints the venv's folder
-#   tools/browser_python.sh ARGS...       runs that Python with ARGS
+#   tools/python/browser_python.sh --venv        prints the venv's folder
+#   tools/python/browser_python.sh ARGS...       runs that Python with ARGS
 set -euo pipefail
 venv="${REMAT_BROWSER_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/remat/py-browser}"
 if [[ "${1:-}" == "--venv" ]]; then

@@ -4,12 +4,12 @@ the same parameter full names (docs/config.md), built from the same JSON.
 
 Run with Debian's Python (python3-torch):
 
-    /usr/bin/python3 tools/torch_reference.py golden tests/configs/gpt_char_tiny.json
-    /usr/bin/python3 tools/torch_reference.py curve --run RUN_DIR [--steps N] [--precision bf16]
-    /usr/bin/python3 tools/torch_reference.py eval --run RUN_DIR
-    /usr/bin/python3 tools/torch_reference.py time CONFIG [--steps N] [--threads 2] [--remat-run DIR]
+    /usr/bin/python3 tools/reference/torch_reference.py golden tests/configs/gpt_char_tiny.json
+    /usr/bin/python3 tools/reference/torch_reference.py curve --run RUN_DIR [--steps N] [--precision bf16]
+    /usr/bin/python3 tools/reference/torch_reference.py eval --run RUN_DIR
+    /usr/bin/python3 tools/reference/torch_reference.py time CONFIG [--steps N] [--threads 2] [--remat-run DIR]
                                                 [--device cuda [--tf32]] [--precision bf16]
-    /usr/bin/python3 tools/torch_reference.py derive CONFIG OUT.json training.log_every=1 dropout=0
+    /usr/bin/python3 tools/reference/torch_reference.py derive CONFIG OUT.json training.log_every=1 dropout=0
 
 golden  One training-mode forward and backward of a tiny config on a fixed batch, with
         random weights drawn by torch from a fixed seed, computed in float64 from the
@@ -58,7 +58,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 from golden import st  # noqa: E402
@@ -760,7 +760,7 @@ def model_vars(cfg, need_data=True):
     return ({"vocab": data.vocab} if tokens else {}), data
 
 
-# ---- optimizer (src/train/optimizer.cpp: torch.optim formulas) ----------------------------------
+# ---- optimizer (src/optim/optim.cpp: torch.optim formulas) ----------------------------------
 
 def make_optimizer(cfg, g, w):
     oc = cfg["optimizer"]

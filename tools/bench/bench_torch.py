@@ -2,9 +2,9 @@
 """Times the cases of `remat bench ops` in PyTorch (CPU, forward + backward, median of N
 after a warm-up), with the same thread count. Run with Debian's Python:
 
-    /usr/bin/python3 tools/bench_torch.py --threads 2 --json torch.json
+    /usr/bin/python3 tools/bench/bench_torch.py --threads 2 --json torch.json
 
-tools/bench_compare.py turns both JSON files into the table of docs/performance.md.
+tools/bench/bench_compare.py turns both JSON files into the table of docs/performance.md.
 """
 import argparse
 import json

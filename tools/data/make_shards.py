@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes llm.c token shards (data.dataset "token_shards") from text files.
 
-    tools/make_shards.py INPUT [INPUT ...] --out PREFIX [--tokenizer T] [--shard-tokens N] [--val-tokens N]
+    tools/data/make_shards.py INPUT [INPUT ...] --out PREFIX [--tokenizer T] [--shard-tokens N] [--val-tokens N]
 
 Shards are named as llm.c's scripts name them: PREFIX_val_000000.bin holds the first
 --val-tokens tokens, PREFIX_train_000001.bin, PREFIX_train_000002.bin, ... the rest, at

@@ -1,9 +1,9 @@
 #!/usr/bin/python3
 """Writes PyTorch golden values for remat's op tests into tests/golden/<family>/<case>.safetensors.
 
-Run with Debian's Python (it has python3-torch):  /usr/bin/python3 tools/gen_golden.py [family ...]
+Run with Debian's Python (it has python3-torch):  /usr/bin/python3 tools/reference/gen_golden.py [family ...]
 
-Families are the modules of tools/golden/ (basic, cnn, transformer, ...). Naming inside a
+Families are the modules of tools/reference/golden/ (basic, cnn, transformer, ...). Naming inside a
 file: inputs by their argument names (x, w, b, ids, qkv, ...), outputs (y, loss, ...), the
 upstream gradient dy (or dout), and gradients d<name> of inputs and parameters. Op
 parameters go in the metadata. Values are generated from a fixed seed per case, so the
@@ -22,7 +22,7 @@ sys.path.insert(0, HERE)
 import golden  # noqa: E402
 from golden import st  # noqa: E402
 
-OUT = os.path.join(os.path.dirname(HERE), "tests", "golden")
+OUT = os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests", "golden")
 
 
 def main(argv):

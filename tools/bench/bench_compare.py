@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Prints a markdown table of remat/PyTorch time ratios from `remat bench ops --json A`
-and `tools/bench_torch.py --json B` (measured side by side, same thread count)."""
+and `tools/bench/bench_torch.py --json B` (measured side by side, same thread count)."""
 import json
 import sys
 
