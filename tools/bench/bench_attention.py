@@ -5,13 +5,13 @@ attention and with the materialised one, against PyTorch's twin of the same mode
 scaled_dot_product_attention (SDPA) and with the explicit matmul-softmax. For
 docs/performance.md; a benchmark, never run in CI.
 
-    tools/bench_attention.py --remat build/default/remat --python VENV/bin/python \\
+    tools/bench/bench_attention.py --remat build/default/remat --python VENV/bin/python \\
         [--points 256:16,1024:4,4096:1] [--dropout 0,0.1] [--steps 6] [--threads 2] [--json out.json]
 
 VENV is a virtual environment with a current PyTorch from PyPI (`python3 -m venv VENV &&
 VENV/bin/pip install torch numpy`; SDPA needs torch >= 2.0). Each point runs, one after the
 other: `remat memprof --device cpu` (the measured peak of one step), `remat train` (the
-median step time after the first), tools/torch_reference.py time and tools/torch_memory.py
+median step time after the first), tools/reference/torch_reference.py time and tools/reference/torch_memory.py
 for each PyTorch attention. Peaks are tensors allocated at the step's peak (parameters,
 gradients, optimizer state, activations, the batch); "above the model" subtracts the
 parameters, gradients and AdamW moments (16 bytes per parameter).
@@ -97,9 +97,9 @@ def remat_point(a, path, tmp, tag):
 def torch_point(a, path, tmp, tag, attention):
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     tj, mj = os.path.join(tmp, f"{tag}.{attention}.time.json"), os.path.join(tmp, f"{tag}.{attention}.mem.json")
-    run([a.python, os.path.join(HERE, "torch_reference.py"), "time", path, "--steps", str(a.steps),
+    run([a.python, os.path.join(HERE, "..", "reference", "torch_reference.py"), "time", path, "--steps", str(a.steps),
          "--threads", str(a.threads), "--attention", attention, "--json", tj], env)
-    run([a.python, os.path.join(HERE, "torch_memory.py"), path, "--threads", str(a.threads), "--attention", attention,
+    run([a.python, os.path.join(HERE, "..", "reference", "torch_memory.py"), path, "--threads", str(a.threads), "--attention", attention,
          "--json", mj], env)
     return {"peak_bytes": json.load(open(mj))["peak_bytes"], "step_ms": json.load(open(tj))["median_ms"]}
 
