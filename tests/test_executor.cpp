@@ -412,8 +412,8 @@ TEST(Executor, SelectiveKeepsAttentionOutputAndRebuildsOnlyItsProbabilities) {
   for (const char* impl : {"materialized", "fused"}) {
     SCOPED_TRACE(impl);
     const bool fused = std::string(impl) == "fused";
-    remat::Graph g = remat::build_graph(remat::test::with_attention_impl(remat::test::shrink_model(c.model), impl), 3, "gpt_char",
-                                        {{"vocab", 11}});
+    remat::Graph g = remat::build_graph(remat::test::with_attention_impl(remat::test::shrink_model(c.model), impl), 3,
+                                        "gpt_char", {{"vocab", 11}});
     const auto plan = remat::make_plan(g, "selective");
     const double expected_flops = checked_selective_flops(g, plan, fused);
     for (int i = 0; i < g.size(); ++i)
@@ -445,8 +445,8 @@ TEST(Executor, FusedAttentionTrainsAsTheMaterialisedPath) {
   std::vector<std::vector<float>> grads[2];
   int k = 0;
   for (const char* impl : {"materialized", "fused"}) {
-    remat::Graph g = remat::build_graph(remat::test::with_attention_impl(remat::test::shrink_model(c.model), impl), 3, "gpt_char",
-                                        {{"vocab", 11}});
+    remat::Graph g = remat::build_graph(remat::test::with_attention_impl(remat::test::shrink_model(c.model), impl), 3,
+                                        "gpt_char", {{"vocab", 11}});
     remat::Backend& be = remat::backend_for(Device::cpu());
     remat::ParamStore params(g, Device::cpu(), 5);
     remat::Executor ex(g, params, be, remat::make_plan(g, "sqrt"));

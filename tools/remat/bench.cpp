@@ -142,7 +142,7 @@ void add_transformer_cases(Backend& be, std::vector<Case>& cs) {
                   };
                 }});
   // The fused attention at the same shape, and at the GPT twin's (d 256, 8 heads of 32) T 1024,
-  // with and without dropout on the probabilities (PyTorch's SDPA: tools/bench_torch.py).
+  // with and without dropout on the probabilities (PyTorch's SDPA: tools/bench/bench_torch.py).
   auto fused = [&be](const std::string& name, int64_t b, int64_t t, int h, int64_t d, float dropout) {
     return Case{name, 3 * 4.0 * b * h * t * t * d * 0.5, [&be, b, t, h, d, dropout] {
                   auto qkv = std::make_shared<Tensor>(rnd({b, t, 3 * h * d}, 1));
