@@ -41,8 +41,8 @@ struct FlashProblem {
 };
 
 // out [B, tq, h d] (head n at out.col + n d) and lse [B, h, tq] (f32, device).
-void flash_attention_forward(const FlashProblem& p, const FlashOperand& q, const FlashOperand& k,
-                             const FlashOperand& v, const FlashOutput& out, float* lse, cudaStream_t stream);
+void flash_attention_forward(const FlashProblem& p, const FlashOperand& q, const FlashOperand& k, const FlashOperand& v,
+                             const FlashOutput& out, float* lse, cudaStream_t stream);
 
 // Bytes of device workspace backward needs (delta [B, h, tq] = rowsum(dout * out), and any
 // partial sums the kernels keep). (No cudaStream_t in its signature: its own namespace in
