@@ -492,4 +492,34 @@ TEST(Coverage, EveryPathTheDocsNameExists) {
   EXPECT_GT(paths, 50) << "the docs' paths were not read";
 }
 
+// docs/walk.md follows one training step with the file and line of every hop: each table
+// row "| n | `file:line` | `Name` | ..." must point at a line that defines or names Name
+// (its last component after ::, followed by "("; a macro by its name), so the page cannot
+// drift from the code it walks.
+TEST(Coverage, TheWalkPagePointsAtItsFunctions) {
+  std::istringstream rows(read(kRoot / "docs/walk.md"));
+  int hops = 0;
+  for (std::string line; std::getline(rows, line);) {
+    if (!starts_with(line, "| ")) continue;
+    const size_t a = line.find("| `"), b = line.find("` | `", a == std::string::npos ? 0 : a);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string where = line.substr(a + 3, b - a - 3);
+    const size_t e = line.find('`', b + 5);
+    const std::string name = line.substr(b + 5, e - b - 5);
+    const size_t colon = where.rfind(':');
+    ASSERT_NE(colon, std::string::npos) << "docs/walk.md: " << where << " has no line number";
+    const std::string file = where.substr(0, colon);
+    const int number = std::stoi(where.substr(colon + 1));
+    std::istringstream src(read(kRoot / file));
+    std::string text;
+    for (int k = 0; k < number && std::getline(src, text);) ++k;
+    const std::string last = name.substr(name.rfind(':') == std::string::npos ? 0 : name.rfind(':') + 1);
+    const bool macro = std::all_of(last.begin(), last.end(), [](char c) { return std::isupper(c) || c == '_'; });
+    EXPECT_NE(text.find(macro ? last : last + "("), std::string::npos)
+        << "docs/walk.md: " << where << " should hold " << name << ", but reads: " << text;
+    ++hops;
+  }
+  EXPECT_GE(hops, 25) << "the walk's table rows were not read";
+}
+
 }  // namespace

@@ -70,6 +70,21 @@ struct GemmBenchCase {
 // GEMMs of a narrower model (width, vocab).
 std::vector<GemmBenchCase> gemm_bench_cases(int64_t size, int64_t width = 768, int64_t vocab = 50304);
 
+// A fused attention (Backend::flash_attention_*), packed causal self-attention over
+// qkv [b, t, 3 h d], sized as the FlashAttention papers' benchmarks: b t = tokens, h d =
+// 2048. Forward FLOPs 4 b h t^2 d / 2 (causal), backward 2.5 times that (the FlashAttention
+// convention: five products against two).
+struct AttentionBenchCase {
+  std::string name;
+  int64_t b, t, h, d;
+  bool bf16;
+  double forward_flops() const { return 2.0 * static_cast<double>(b * h * d) * static_cast<double>(t * t); }
+};
+// bf16 at each sequence length of `seqs` with head dims 64 and 128, and fp32 at the first,
+// d = 64; `tokens` tokens per run and `width` = h d (16384 and 2048 in the papers).
+std::vector<AttentionBenchCase> attention_bench_cases(int64_t tokens, const std::vector<int64_t>& seqs,
+                                                      int64_t width = 2048);
+
 // The host values of a float tensor of a case (uniform, zeros; unread: zeros) and of an ids
 // tensor: the same for the bench and the op tests.
 std::vector<float> bench_values(const BenchTensor& t);

@@ -183,6 +183,20 @@ std::vector<GemmBenchCase> gemm_bench_cases(int64_t size, int64_t width, int64_t
       {"gpt2_lm_head_bf16", size, vocab, c, true, false, true}};
 }
 
+std::vector<AttentionBenchCase> attention_bench_cases(int64_t tokens, const std::vector<int64_t>& seqs, int64_t width) {
+  std::vector<AttentionBenchCase> cs;
+  auto add = [&](int64_t t, int64_t d, bool bf16) {
+    if (tokens < t || width % d != 0) return;
+    cs.push_back(
+        {std::string("flash_") + (bf16 ? "bf16" : "fp32") + "_t" + std::to_string(t) + "_d" + std::to_string(d),
+         tokens / t, t, width / d, d, bf16});
+  };
+  for (int64_t t : seqs)
+    for (int64_t d : {int64_t{64}, int64_t{128}}) add(t, d, true);
+  if (!seqs.empty()) add(seqs.front(), 64, false);
+  return cs;
+}
+
 std::vector<float> bench_values(const BenchTensor& t) {
   std::vector<float> v(static_cast<size_t>(t.shape.numel()), 0.0f);
   if (t.init != BenchTensor::Init::uniform) return v;

@@ -25,7 +25,9 @@
 #                 then, where mpirun and MPI are there, `mpirun -np 1 remat train` on cuda
 #                 bitwise one process (tests/test_mpi_nccl.sh); skipped, saying so, otherwise
 #   bench     25  `remat bench kernels` (GB/s and % of peak; GEMM TFLOP/s: fp32, TF32, bf16
-#                 square and at GPT-2 124M's shapes, % of the dense bf16 peak)
+#                 square and at GPT-2 124M's shapes, % of the dense bf16 peak; the fused
+#                 attention's forward and forward + backward TFLOP/s, causal, bf16 at T 1024
+#                 and 4096, head dims 64 and 128, against FlashAttention-2's published figures)
 #   train_gpt2_124m_{none,sqrt,selective}  20 each: 30 steps (step time, peak memory), TF32 GEMMs
 #   torch     25  the same GPT-2 step in PyTorch eager on the same GPU (tools/reference/torch_reference.py)
 #   train_gpt2_124m_bf16_none  20  the GPT-2 step in bf16 (--precision bf16)
@@ -97,7 +99,7 @@ train_device=${GPU_CHECK_TRAIN_DEVICE:-$device}
 read -r -a models <<<"${GPU_CHECK_MODELS:-$(dry "tests/configs/gpt_char_tiny.json resnet_tiny" "gpt2_124m resnet_tiny")}"
 read -r -a policies <<<"${GPU_CHECK_POLICIES:-none sqrt selective}"
 read -r -a cmake_args <<<"${GPU_CHECK_CMAKE_ARGS:-}"
-read -r -a bench_args <<<"${GPU_CHECK_BENCH_ARGS:-$(dry "--elements 4096 --gemm-size 16 --iters 1 --warmup 1" "")}"
+read -r -a bench_args <<<"${GPU_CHECK_BENCH_ARGS:-$(dry "--elements 4096 --gemm-size 16 --iters 1 --warmup 1 --attention-tokens 64 --attention-seq 64 --attention-width 128" "")}"
 read -r -a ctest_args <<<"${GPU_CHECK_CTEST_ARGS:-$(dry "-L kernels -R ^(bench_kernels_smoke|Emu.*Shuffle.*)$" "-L gpu -LE mpi")}"
 read -r -a train_args <<<"${GPU_CHECK_TRAIN_ARGS:-$(dry "--batch 2" "")}"
 steps=${GPU_CHECK_STEPS:-$(dry 2 30)}

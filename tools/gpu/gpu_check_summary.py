@@ -21,6 +21,10 @@ import sys
 
 KERNEL_TARGET_PCT = 80.0
 BF16_GEMM_TARGET_PCT = 60.0
+# FlashAttention-2's forward TFLOP/s on an H100 80GB SXM5, causal, head dim 128, FP16, by
+# sequence length (Shah et al. 2024, the FlashAttention-3 paper's forward benchmark): the reference the fused
+# attention's bf16 forward is reported against.
+FA2_H100_CAUSAL_D128_FWD = {1024: 260, 4096: 319}
 RATIO_TARGETS = {"sqrt": 1.35, "selective": 1.10}
 WARMUP_STEPS = 5
 
@@ -152,6 +156,21 @@ def main(argv):
             pct_s = f"{pct:6.1f}%" if pct is not None else ""
             target = mark(pct >= BF16_GEMM_TARGET_PCT) if pct is not None and g["name"].startswith("gpt2_") else ""
             print(f"  {g['name']:<20} {shape:<18} {g['tflops']:8.2f} TFLOP/s {pct_s}  {target}")
+        attention = bench.get("attention", [])
+        if attention:
+            print("  fused attention (causal; forward and forward + backward TFLOP/s); FlashAttention-2's forward at "
+                  "head dim 128, causal, on an H100 SXM5: " +
+                  ", ".join(f"{v} at T {k}" for k, v in sorted(FA2_H100_CAUSAL_D128_FWD.items())) + " TFLOP/s "
+                  "(FlashAttention-3 paper, FP16)")
+        for c in attention:
+            shape = f"{c['b']}x{c['t']}x{c['h']}x{c['d']}"
+            if c.get("status") != "ok":
+                print(f"  {c['name']:<20} {shape:<18} {c.get('status'):>8}")
+                continue
+            ref = FA2_H100_CAUSAL_D128_FWD.get(c["t"]) if c["d"] == 128 and c["dtype"] == "bf16" else None
+            of_fa2 = f"  {100.0 * c['forward_tflops'] / ref:5.1f}% of FA2's forward" if ref else ""
+            print(f"  {c['name']:<20} {shape:<18} fwd {c['forward_tflops']:8.2f}  fwd+bwd "
+                  f"{c['forward_backward_tflops']:8.2f} TFLOP/s{of_fa2}")
     else:
         print("  no bench_kernels.json")
 

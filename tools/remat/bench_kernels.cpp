@@ -123,6 +123,9 @@ struct Options {
   std::string device = "cuda";
   int64_t elements = int64_t{1} << 26;  // 64 Mi
   int64_t gemm = 8192;
+  int64_t attention_tokens = 16384;  // per fused attention run (0: none)
+  std::vector<int64_t> attention_seqs{1024, 4096};
+  int64_t attention_width = 2048;  // heads x head dim
   int iters = 20;
   int warmup = 2;
   double peak_gbps = 0;
@@ -345,6 +348,66 @@ void run_gemm_cases(Backend& be, Timer& timer, const Options& o, const Peak& pea
   timer.set_tf32(tf32_before);
 }
 
+// One fused attention case: forward, then forward + backward, in TFLOP/s.
+nlohmann::json run_attention_case(Backend& be, Timer& timer, const AttentionBenchCase& c, const Options& o,
+                                  double bf16_peak, Tally& tally) {
+  const Device dev = be.device();
+  const std::string shape =
+      std::to_string(c.b) + "x" + std::to_string(c.t) + "x" + std::to_string(c.h) + "x" + std::to_string(c.d);
+  nlohmann::json rec = {{"name", c.name}, {"b", c.b},
+                        {"t", c.t},       {"h", c.h},
+                        {"d", c.d},       {"dtype", c.bf16 ? "bf16" : "f32"},
+                        {"causal", true}, {"forward_flops", c.forward_flops()}};
+  std::printf("%-20s %-18s ", c.name.c_str(), shape.c_str());
+  std::fflush(stdout);
+  std::optional<ActivationDTypeScope> bf16_scope;
+  if (c.bf16) bf16_scope.emplace(DType::bf16);
+  try {
+    const FlashAttentionParams p = FlashAttentionParams::packed(static_cast<int>(c.h), 0, c.d, true, 0.0f);
+    const Shape qkv_shape{c.b, c.t, 3 * c.h * c.d}, out_shape{c.b, c.t, c.h * c.d};
+    Tensor qkv = gemm_bench_operand(qkv_shape, 1, c.bf16, dev), dout = gemm_bench_operand(out_shape, 2, c.bf16, dev);
+    Tensor out = Tensor::empty(out_shape, dev, qkv.dtype()), lse = Tensor::empty(Shape{c.b, c.h, c.t}, dev);
+    Tensor dqkv = Tensor::empty(qkv_shape, dev, qkv.dtype());
+    const size_t ws_bytes = be.flash_attention_backward_workspace(qkv_shape, qkv_shape, p);
+    Tensor ws = Tensor::empty(Shape{static_cast<int64_t>((ws_bytes + 3) / 4)}, dev);
+    auto forward = [&] { be.flash_attention_forward(qkv, qkv, Tensor(), p, RngState{}, out, lse); };
+    const double fwd = median(time_runs(timer, forward, o));
+    const double both = median(time_runs(
+        timer,
+        [&] {
+          forward();
+          be.flash_attention_backward(dout, qkv, qkv, Tensor(), out, lse, p, RngState{}, dqkv, dqkv, ws);
+        },
+        o));
+    const double f_tflops = c.forward_flops() / (fwd * 1e-3) / 1e12;
+    const double b_tflops = 3.5 * c.forward_flops() / (both * 1e-3) / 1e12;
+    rec.update({{"status", "ok"},
+                {"forward_ms", fwd},
+                {"forward_backward_ms", both},
+                {"forward_tflops", f_tflops},
+                {"forward_backward_tflops", b_tflops}});
+    std::printf("%10.3f %10.2f %10.3f %10.2f", fwd, f_tflops, both, b_tflops);
+    if (c.bf16 && bf16_peak > 0) std::printf(" %7.1f%%", 100.0 * b_tflops / bf16_peak);
+    std::printf("\n");
+  } catch (const Error& e) {
+    std::printf("%10s\n", "FAILED");
+    tally.fail(rec, e.what());
+  }
+  std::fflush(stdout);
+  return rec;
+}
+
+void run_attention_cases(Backend& be, Timer& timer, const Options& o, const Peak& peak, nlohmann::json& out,
+                         Tally& tally) {
+  const double bf16_peak = o.peak_bf16_tflops > 0 ? o.peak_bf16_tflops : datasheet_bf16_tflops(peak.device_name);
+  std::printf("\n%-20s %-18s %10s %10s %10s %10s %8s\n", "fused attention", "b x t x h x d", "fwd ms", "TFLOP/s",
+              "f+b ms", "TFLOP/s", "% bf16");
+  std::printf("(causal; forward 4 b h t^2 d / 2 FLOPs, backward 2.5 times that)\n");
+  out["attention"] = nlohmann::json::array();
+  for (const AttentionBenchCase& c : attention_bench_cases(o.attention_tokens, o.attention_seqs, o.attention_width))
+    out["attention"].push_back(run_attention_case(be, timer, c, o, bf16_peak, tally));
+}
+
 int run_kernels(const Options& o) {
   const Device dev = Device::parse(o.device);
   REMAT_CHECK(!dev.is_meta(), "bench kernels: meta holds no data; use cuda, cuda-emu or cpu");
@@ -363,6 +426,8 @@ int run_kernels(const Options& o) {
   }
   if (o.gemm > 0 && (o.filter.empty() || std::string("gemm").find(o.filter) != std::string::npos))
     run_gemm_cases(be, timer, o, peak, out, tally);
+  if (o.attention_tokens > 0 && (o.filter.empty() || std::string("flash").find(o.filter) != std::string::npos))
+    run_attention_cases(be, timer, o, peak, out, tally);
 
   if (!o.json.empty()) write_file_atomic(o.json, out.dump(2) + "\n");
   if (tally.skipped)
@@ -389,6 +454,16 @@ Runner add_bench_kernels_command(CLI::App& bench) {
                   "Side of the square GEMMs (fp32, TF32, bf16) and tokens (m) of the GPT-2 bf16 GEMMs (0: no GEMM)")
       ->default_val(o->gemm)
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--attention-tokens", o->attention_tokens,
+                  "Tokens (batch x sequence) of each fused attention case (0: none)")
+      ->default_val(o->attention_tokens)
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--attention-seq", o->attention_seqs, "Sequence lengths of the fused attention cases")
+      ->default_str("1024 4096")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--attention-width", o->attention_width, "Heads x head dim of the fused attention cases")
+      ->default_val(o->attention_width)
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--iters", o->iters, "Timed runs per op (the median is reported)")
       ->default_val(o->iters)
       ->check(CLI::PositiveNumber);
