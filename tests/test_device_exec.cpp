@@ -163,7 +163,7 @@ TEST(DeviceExec, EveryPolicyIsBitwiseThePlainStepAndMatchesCpu) {
       SCOPED_TRACE(m.name);
       const StepRun plain = run(m.graph, dut(), "none");
       for (float l : plain.losses) EXPECT_TRUE(std::isfinite(l));
-      for (const char* policy : {"all", "every:2", "sqrt", "selective", "manual"}) {
+      for (const char* policy : {"all", "every:2", "sqrt", "selective", "manual", "revolve:1"}) {
         const StepRun r = run(m.graph, dut(), policy);
         EXPECT_EQ(r.losses, plain.losses) << policy;
         ASSERT_EQ(r.state.size(), plain.state.size());
@@ -192,7 +192,7 @@ TEST(DeviceExec, Bf16EveryPolicyIsBitwiseThePlainStepAndMatchesCpu) {
     SCOPED_TRACE(m.name);
     const StepRun plain = run(m.graph, dut(), "none", bf16);
     for (float l : plain.losses) EXPECT_TRUE(std::isfinite(l));
-    for (const char* policy : {"all", "every:2", "sqrt", "selective", "manual"}) {
+    for (const char* policy : {"all", "every:2", "sqrt", "selective", "manual", "revolve:1"}) {
       const StepRun r = run(m.graph, dut(), policy, bf16);
       EXPECT_EQ(r.losses, plain.losses) << policy;
       ASSERT_EQ(r.state.size(), plain.state.size());

@@ -91,7 +91,7 @@ TEST(Executor, EveryPolicyIsBitwiseIdenticalToThePlainStep) {
   remat::Graph g = remat::build_graph(chain_model(9, 16, 0.2), 6, "test");
   const RunResult plain = run(g, "none");
   EXPECT_EQ(plain.recomputed, 0);
-  for (const char* policy : {"all", "every:2", "every:4", "sqrt", "selective", "manual"}) {
+  for (const char* policy : {"all", "every:2", "every:4", "sqrt", "selective", "manual", "revolve:1", "revolve:2"}) {
     SCOPED_TRACE(policy);
     const RunResult r = run(g, policy);
     EXPECT_GT(r.recomputed, 0);
@@ -343,7 +343,7 @@ TEST(Executor, ShippedConfigsScaledDownAreBitwiseEqualUnderEveryPolicy) {
         fp32_losses = plain.first;
       else  // the same masters, rounded: the first loss within bf16's rounding of fp32's
         EXPECT_NEAR(plain.first[0], fp32_losses[0], 0.02 * std::fabs(fp32_losses[0]));
-      for (const char* policy : {"all", "every:2", "sqrt", "selective", "manual"}) {
+      for (const char* policy : {"all", "every:2", "sqrt", "selective", "manual", "revolve:1"}) {
         const auto r = run_policy(policy, precision);
         EXPECT_EQ(r.first, plain.first) << policy;
         ASSERT_EQ(r.second.size(), plain.second.size());

@@ -40,7 +40,7 @@ remat::Config chain_config(int blocks) {
 
 }  // namespace
 
-TEST(Planner, MatchesBruteForceOverAllUnitModePlansOfSmallChains) {
+TEST(Planner, MatchesBruteForceOverAllUnitModeAndRevolvePlansOfSmallChains) {
   for (int n : {3, 4, 5}) {
     SCOPED_TRACE("blocks " + std::to_string(n));
     remat::Config cfg = chain_config(n);
@@ -73,6 +73,13 @@ TEST(Planner, MatchesBruteForceOverAllUnitModePlansOfSmallChains) {
     };
     rec(0, 0);
     ASSERT_GT(all.size(), 27u);
+    // And the nested plans the planner knows: revolve:S for every S.
+    for (int slots = 1; slots < n; ++slots) {
+      const std::string name = "revolve:" + std::to_string(slots);
+      remat::CheckpointPlan plan = remat::make_plan(g, name);
+      auto p = remat::profile_step(cfg, g, plan, remat::Device::meta(), false);
+      all.push_back({name, plan, p.peak_bytes, p.recompute_flops});
+    }
     std::vector<int64_t> budgets;
     for (const auto& c : all) budgets.push_back(c.peak_bytes);
     std::sort(budgets.begin(), budgets.end());
@@ -100,7 +107,7 @@ TEST(Memprof, MeasuredPeakEqualsPredictedForEveryShippedConfigAndPolicy) {
     cfg.data.vocab = 11;
     remat::Graph g = remat::build_config_graph(cfg, 3, 0);
     for (const char* precision : {"fp32", "bf16"})
-      for (const char* policy : {"none", "all", "every:2", "sqrt", "selective", "manual"}) {
+      for (const char* policy : {"none", "all", "every:2", "sqrt", "selective", "manual", "revolve:1"}) {
         SCOPED_TRACE(entry.path().filename().string() + " " + precision);
         cfg.training.precision = precision;
         const remat::CheckpointPlan plan = remat::make_plan(g, policy);

@@ -94,6 +94,7 @@ class Executor {
     int rec_last = -1;                                      // last recomputed consumer within its segment
     std::vector<int> free_after;                            // outputs to free after this layer's backward
     bool keep = false, keep_extras = false, rerun = false;  // the plan's flags
+    int kept_by = -1;                                       // the nest whose advance keeps it, -1: forward
     int segment = -1;
   };
   // One layer's part of a step.
@@ -111,6 +112,8 @@ class Executor {
   void backward_pass(StepStats& st);
   void backward_layer(int i, StepStats& st);
   void accumulate_input_grads(const Layer& l, std::vector<Tensor>& din, const std::vector<bool>& need);
+  void rebuild_for(int layer, StepStats& st);
+  void advance_nest(int nest, StepStats& st);
   void recompute_segment(int s, StepStats& st);
   void verify_recomputed(int i, bool extras_only);
   void forward_layer(int i, bool training, bool recompute, Phase phase, bool extras_only = false);
@@ -126,7 +129,11 @@ class Executor {
   PerLayer<Lifetime> life_;
   PerLayer<std::vector<int>> grads_final_;  // per layer: parameters whose gradients its backward completes
   PerLayer<Live> live_;
-  std::vector<bool> recomputed_;                    // per segment, this step
+  std::vector<bool> recomputed_;  // per segment, this step
+  std::vector<bool> advanced_;    // per nest, this step
+  // Per nest, aligned with Nest::advance: the last layer of the advance that reads each
+  // layer's output (-1: none).
+  std::vector<std::vector<int>> advance_last_;
   std::map<std::pair<int, int>, uint64_t> hashes_;  // (layer, product: -1 output) -> hash
 };
 

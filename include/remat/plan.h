@@ -3,6 +3,7 @@
 // runs them.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,24 @@ struct Segment {
   int begin = 0;  // layer ids [begin, end)
   int end = 0;
   bool recompute = false;  // some layer of it is recomputed
+};
+
+// A nest: a range of recompute segments that backward rebuilds in stages (nested
+// recompute: Chen et al. 2016, Griewank and Walther's Revolve). Forward keeps none of its
+// layers but what later nests or segments read. When backward reaches the nest, one
+// forward run over every child but the last (its *advance*) keeps only the children's
+// boundaries (sub-checkpoints); then each child, last first, is rebuilt the same way:
+// a child nest by its own advance, a child segment by its ordinary recompute. Nests are
+// laminar; each holds at least two children (nests or segments), every one of them a
+// recompute segment or a nest.
+struct Nest {
+  Nest() = default;
+  Nest(int b, int e) : begin(b), end(e) {}
+  int begin = 0;  // layer ids [begin, end)
+  int end = 0;
+  int parent = -1;           // the enclosing nest, -1 at the top
+  int last_child_begin = 0;  // the advance runs [begin, last_child_begin)
+  std::vector<int> advance;  // layers the advance runs (their outputs are not live then)
 };
 
 struct CheckpointPlan {
@@ -28,8 +47,13 @@ struct CheckpointPlan {
   // Per layer: re-run in backward because backward (or another re-run layer) reads a
   // product it does not keep. A non-kept layer nobody reads again is not re-run.
   std::vector<bool> rerun;
+  std::vector<Nest> nests;  // empty: one level of segments
+  // Per layer whose output is kept: -1 when forward keeps it, else the nest whose advance
+  // keeps it (a sub-checkpoint: forward drops it).
+  std::vector<int> kept_by;
+  std::vector<int> nest_of;  // per segment: the innermost nest holding it, -1 if none
 
-  int recomputed_layers() const;  // layers re-run in each backward
+  int recomputed_layers() const;  // layer forwards re-run in each backward (advances included)
   std::string describe(const Graph& g) const;
 };
 
@@ -48,8 +72,24 @@ void keep_selective(const Graph& g, const Segment& s, std::vector<bool>& keep, s
 
 // A plan from explicit per-layer keep flags grouped into segments (used by the planner
 // and tests); enforces that every tensor read across a segment boundary is kept.
-// keep_extras empty: each layer keeps its extras as it keeps its output.
+// keep_extras empty: each layer keeps its extras as it keeps its output. `nests` (their
+// begin, end and parent; the rest is filled in) group recompute segments for nested
+// recompute; a tensor read across a segment boundary inside a nest is kept from the
+// advance of the innermost nest that holds it and its readers.
 CheckpointPlan make_plan_from_segments(const Graph& g, const std::string& name, const std::vector<Segment>& segments,
-                                       const std::vector<bool>& keep, const std::vector<bool>& keep_extras = {});
+                                       const std::vector<bool>& keep, const std::vector<bool>& keep_extras = {},
+                                       std::vector<Nest> nests = {});
+
+// Revolve (Griewank and Walther 2000): the fewest unit forwards re-run in backward to
+// train a chain of `n` equal units holding at most `slots` unit boundaries at a time (the
+// chain's input counts as one; the units' own products are not counted), and the split
+// that reaches it: advance `first` units, keep that boundary, reverse the rest with one
+// slot less, then the first part. INT64_MAX where no schedule exists (slots 0, n > 1).
+struct RevolveCost {
+  int64_t reruns = 0;
+  int first = 0;
+};
+// The table for chain lengths 0..n and slots 0..s: [length][slots].
+std::vector<std::vector<RevolveCost>> revolve_table(int n, int s);
 
 }  // namespace remat

@@ -36,6 +36,7 @@ Executor::Executor(const Graph& g, ParamStore& params, Backend& be, CheckpointPl
     li.keep = plan_.keep[k];
     li.keep_extras = plan_.keep_extras[k];
     li.rerun = plan_.rerun[k];
+    li.kept_by = plan_.kept_by.empty() ? -1 : plan_.kept_by[k];
     li.segment = plan_.segment_of[k];
   }
   for (int i = 0; i < n; ++i) {
@@ -62,6 +63,26 @@ Executor::Executor(const Graph& g, ParamStore& params, Backend& be, CheckpointPl
       life_[j].read_by_recompute = true;
       life_[j].bwd_last = std::min(life_[j].bwd_last, seg_last);
     }
+  }
+  // A nest's advance runs when backward reaches the nest's last layer; what it reads from
+  // outside the advance (kept by forward or an enclosing advance) lives until then.
+  advance_last_.assign(plan_.nests.size(), {});
+  for (size_t k = 0; k < plan_.nests.size(); ++k) {
+    const Nest& m = plan_.nests[k];
+    std::vector<int>& last = advance_last_[k];
+    last.assign(m.advance.size(), -1);
+    for (int i : m.advance)
+      for (int j : g.layer(i).inputs) {
+        const auto it = std::lower_bound(m.advance.begin(), m.advance.end(), j);
+        if (it != m.advance.end() && *it == j) {
+          last[static_cast<size_t>(it - m.advance.begin())] = i;
+        } else {
+          REMAT_CHECK(life_[j].keep, "executor: nest advance of \"", g.layer(i).name, "\" reads \"", g.layer(j).name,
+                      "\", which is not kept (plan bug)");
+          life_[j].read_by_recompute = true;
+          life_[j].bwd_last = std::min(life_[j].bwd_last, m.end - 1);
+        }
+      }
   }
   for (int j = 0; j < n; ++j) {
     if (g.layer(j).kind() == LayerKind::input || j == g.loss_id) continue;
@@ -137,6 +158,7 @@ void Executor::begin_step(const Batch& batch) {
   params_.refresh_working(be_);
   live_ = PerLayer<Live>(g_.size());
   recomputed_.assign(plan_.segments.size(), false);
+  advanced_.assign(plan_.nests.size(), false);
   hashes_.clear();
   bind_inputs(batch);
 }
@@ -168,7 +190,7 @@ void Executor::forward_pass(RngGenerator& gen, StepStats& st) {
     if (const uint64_t words = l.rng_words()) live_[i].rng = gen.reserve(words, l.name);
     forward_layer(i, /*training=*/true, /*recompute=*/false, Phase::forward);
     st.forward_flops += l.forward_flops();
-    if (!life_[i].keep_extras) {  // read only by this layer's backward, after recompute
+    if (!life_[i].keep_extras || life_[i].kept_by >= 0) {  // read only by this layer's backward, after recompute
       std::vector<Tensor>& extras = live_[i].extras;
       if (opt_.verify_recompute)
         for (size_t k = 0; k < extras.size(); ++k) hashes_[{i, static_cast<int>(k)}] = tensor_hash(extras[k]);
@@ -185,17 +207,15 @@ void Executor::forward_pass(RngGenerator& gen, StepStats& st) {
 void Executor::release_after_forward(int j) {
   if (g_.layer(j).kind() == LayerKind::input || j == g_.loss_id) return;
   const Lifetime& lj = life_[j];
-  if (lj.keep && (lj.read_by_backward || lj.read_by_recompute)) return;
-  drop_output(j, lj.read_by_backward);
+  if (lj.keep && lj.kept_by < 0 && (lj.read_by_backward || lj.read_by_recompute)) return;
+  drop_output(j, lj.read_by_backward || lj.kept_by >= 0);
 }
 
 void Executor::backward_pass(StepStats& st) {
   for (int i = g_.size() - 1; i >= 0; --i) {
     const Layer& l = g_.layer(i);
     if (l.kind() == LayerKind::input) continue;
-    const int s = life_[i].segment;
-    if (plan_.segments[static_cast<size_t>(s)].recompute && !recomputed_[static_cast<size_t>(s)])
-      recompute_segment(s, st);
+    rebuild_for(i, st);
     if (i == g_.loss_id || live_[i].dout.defined()) backward_layer(i, st);
     live_[i].extras.clear();
     // Free every output whose last reader (backward or recompute) was this step.
@@ -255,6 +275,51 @@ void Executor::accumulate_input_grads(const Layer& l, std::vector<Tensor>& din, 
       dst = ops::add(be_, dst, d);  // an alias (e.g. of dout through add): fresh sum
     }
     d = Tensor();
+  }
+}
+
+// Before the backward of layer i: the advances of the nests that hold it, outermost
+// first, then the recompute of its segment, each once a step.
+void Executor::rebuild_for(int i, StepStats& st) {
+  const int s = life_[i].segment;
+  if (!plan_.nests.empty()) {
+    int path[64];
+    int depth = 0;
+    for (int k = plan_.nest_of[static_cast<size_t>(s)]; k >= 0; k = plan_.nests[static_cast<size_t>(k)].parent) {
+      REMAT_CHECK(depth < 64, "executor: nests deeper than 64 levels");
+      path[depth++] = k;
+    }
+    while (depth > 0) {
+      const int k = path[--depth];
+      if (!advanced_[static_cast<size_t>(k)]) advance_nest(k, st);
+    }
+  }
+  if (plan_.segments[static_cast<size_t>(s)].recompute && !recomputed_[static_cast<size_t>(s)])
+    recompute_segment(s, st);
+}
+
+// A nest's advance: forward over its children but the last, keeping only the
+// checkpoints the plan gives it (their extras too where the plan keeps them); every other
+// product is freed after its last reader in the advance.
+void Executor::advance_nest(int k, StepStats& st) {
+  const Nest& m = plan_.nests[static_cast<size_t>(k)];
+  advanced_[static_cast<size_t>(k)] = true;
+  const std::vector<int>& last = advance_last_[static_cast<size_t>(k)];
+  for (size_t a = 0; a < m.advance.size(); ++a) {
+    const int i = m.advance[a];
+    const Layer& l = g_.layer(i);
+    forward_layer(i, /*training=*/true, /*recompute=*/true, Phase::recompute);
+    st.recomputed_layers++;
+    st.recompute_flops += l.forward_flops();
+    if (opt_.verify_recompute) verify_recomputed(i, false);
+    const bool kept_here = life_[i].kept_by == k && life_[i].keep;
+    if (!(kept_here && life_[i].keep_extras)) live_[i].extras.clear();
+    for (int j : l.inputs) {
+      const auto it = std::lower_bound(m.advance.begin(), m.advance.end(), j);
+      if (it == m.advance.end() || *it != j) continue;
+      if (last[static_cast<size_t>(it - m.advance.begin())] == i && life_[j].kept_by != k) live_[j].out = Tensor();
+    }
+    if (!kept_here && last[a] < 0) live_[i].out = Tensor();
   }
 }
 

@@ -1,7 +1,10 @@
 // Checkpoint policies: from a policy name to segments and keep flags.
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 
 #include "remat/error.h"
 #include "remat/plan.h"
@@ -20,6 +23,86 @@ std::vector<Segment> group_units(const std::vector<Segment>& units, int64_t k) {
     out.push_back({units[i].begin, units[last].end, true});
   }
   return out;
+}
+
+// Checks the nests, orders them outermost first, links parents, and works out which
+// checkpoints each advance keeps and which layers it runs.
+void add_nests(const Graph& g, CheckpointPlan& p, std::vector<Nest> nests, const std::vector<bool>& boundary_only) {
+  const auto n = static_cast<size_t>(g.size());
+  p.kept_by.assign(n, -1);
+  p.nest_of.assign(p.segments.size(), -1);
+  if (nests.empty()) return;
+  std::sort(nests.begin(), nests.end(),
+            [](const Nest& a, const Nest& b) { return a.begin != b.begin ? a.begin < b.begin : a.end > b.end; });
+  std::vector<int> open;  // the nests holding the current one, outermost first
+  for (size_t k = 0; k < nests.size(); ++k) {
+    Nest& m = nests[k];
+    REMAT_CHECK(m.begin >= 0 && m.end <= g.size() && m.begin < m.end, "plan: nest [", m.begin, ", ", m.end,
+                ") is out of range");
+    while (!open.empty() && nests[static_cast<size_t>(open.back())].end <= m.begin) open.pop_back();
+    REMAT_CHECK(open.empty() || m.end <= nests[static_cast<size_t>(open.back())].end, "plan: nest [", m.begin, ", ",
+                m.end, ") overlaps another");
+    m.parent = open.empty() ? -1 : open.back();
+    open.push_back(static_cast<int>(k));
+    const Segment& first = p.segments[static_cast<size_t>(p.segment_of[static_cast<size_t>(m.begin)])];
+    const Segment& last = p.segments[static_cast<size_t>(p.segment_of[static_cast<size_t>(m.end - 1)])];
+    REMAT_CHECK(first.begin == m.begin && last.end == m.end, "plan: nest [", m.begin, ", ", m.end,
+                ") does not start and end at segment boundaries");
+  }
+  // Each nest's last child: the outermost nest or segment under it that ends where it ends.
+  for (size_t k = 0; k < nests.size(); ++k) {
+    Nest& m = nests[k];
+    m.last_child_begin = p.segments[static_cast<size_t>(p.segment_of[static_cast<size_t>(m.end - 1)])].begin;
+    for (size_t c = 0; c < nests.size(); ++c)
+      if (nests[c].parent == static_cast<int>(k) && nests[c].end == m.end) m.last_child_begin = nests[c].begin;
+    REMAT_CHECK(m.last_child_begin > m.begin, "plan: nest [", m.begin, ", ", m.end, ") has a single child");
+  }
+  for (size_t si = 0; si < p.segments.size(); ++si)
+    for (size_t k = 0; k < nests.size(); ++k)
+      if (nests[k].begin <= p.segments[si].begin && p.segments[si].end <= nests[k].end)
+        p.nest_of[si] = static_cast<int>(k);
+  // A checkpoint kept only because a later segment reads it is kept by the innermost nest
+  // that holds it and all its readers; forward keeps it when none does.
+  auto holds = [&](int k, int i) {
+    return nests[static_cast<size_t>(k)].begin <= i && i < nests[static_cast<size_t>(k)].end;
+  };
+  std::vector<int> last_reader(n, -1);
+  for (int i = 0; i < g.size(); ++i)
+    for (int j : g.layer(i).inputs)
+      last_reader[static_cast<size_t>(j)] = std::max(last_reader[static_cast<size_t>(j)], i);
+  for (int j = 0; j < g.size(); ++j) {
+    if (!boundary_only[static_cast<size_t>(j)]) continue;
+    int k = p.nest_of[static_cast<size_t>(p.segment_of[static_cast<size_t>(j)])];
+    while (k >= 0 && !holds(k, last_reader[static_cast<size_t>(j)])) k = nests[static_cast<size_t>(k)].parent;
+    p.kept_by[static_cast<size_t>(j)] = k;
+  }
+  // What each advance runs: the layers of its first children that lead to a checkpoint it
+  // keeps, except those live already (kept by forward or by an enclosing advance).
+  for (size_t k = 0; k < nests.size(); ++k) {
+    Nest& m = nests[k];
+    // Live at this advance: kept by forward or by an enclosing nest's advance.
+    auto live = [&](int i) {
+      if (!p.keep[static_cast<size_t>(i)]) return false;
+      const int by = p.kept_by[static_cast<size_t>(i)];
+      if (by < 0) return true;
+      for (int a = m.parent; a >= 0; a = nests[static_cast<size_t>(a)].parent)
+        if (a == by) return true;
+      return false;
+    };
+    std::vector<bool> need(n, false);
+    for (int i = m.last_child_begin - 1; i >= m.begin; --i) {
+      if (live(i)) continue;
+      bool nd = p.kept_by[static_cast<size_t>(i)] == static_cast<int>(k) && p.keep[static_cast<size_t>(i)];
+      for (int r = i + 1; r < m.last_child_begin && !nd; ++r)
+        if (need[static_cast<size_t>(r)])
+          for (int in : g.layer(r).inputs) nd = nd || in == i;
+      need[static_cast<size_t>(i)] = nd;
+    }
+    m.advance.clear();
+    for (int i = m.begin; i < m.last_child_begin; ++i)
+      if (need[static_cast<size_t>(i)]) m.advance.push_back(i);
+  }
+  p.nests = std::move(nests);
 }
 
 }  // namespace
@@ -54,7 +137,8 @@ void keep_selective(const Graph& g, const Segment& s, std::vector<bool>& keep, s
 }
 
 CheckpointPlan make_plan_from_segments(const Graph& g, const std::string& name, const std::vector<Segment>& given,
-                                       const std::vector<bool>& keep_in, const std::vector<bool>& keep_extras_in) {
+                                       const std::vector<bool>& keep_in, const std::vector<bool>& keep_extras_in,
+                                       std::vector<Nest> nests) {
   REMAT_CHECK(static_cast<int>(keep_in.size()) == g.size(), "plan: ", keep_in.size(), " keep flags for ", g.size(),
               " layers");
   REMAT_CHECK(keep_extras_in.empty() || keep_extras_in.size() == keep_in.size(), "plan: ", keep_extras_in.size(),
@@ -81,13 +165,15 @@ CheckpointPlan make_plan_from_segments(const Graph& g, const std::string& name, 
       p.segment_of[static_cast<size_t>(i)] = static_cast<int>(si);
   // Invariants: inputs and the loss are kept; anything read by a later segment is kept
   // (it is that segment's checkpoint); a layer outside any recompute segment is kept.
+  std::vector<bool> boundary_only(static_cast<size_t>(g.size()), false);  // kept only as a checkpoint
   for (int i = 0; i < g.size(); ++i) {
     const Layer& l = g.layer(i);
     if (always_kept(l) || !p.segments[static_cast<size_t>(p.segment_of[static_cast<size_t>(i)])].recompute)
       p.keep[static_cast<size_t>(i)] = true;
     for (int j : l.inputs)
-      if (p.segment_of[static_cast<size_t>(j)] != p.segment_of[static_cast<size_t>(i)])
-        p.keep[static_cast<size_t>(j)] = true;
+      if (p.segment_of[static_cast<size_t>(j)] != p.segment_of[static_cast<size_t>(i)] &&
+          !p.keep[static_cast<size_t>(j)])
+        p.keep[static_cast<size_t>(j)] = boundary_only[static_cast<size_t>(j)] = true;
   }
   // Extras are kept with the output unless asked otherwise; a layer kept only because
   // the invariants above demand it keeps all its products.
@@ -127,8 +213,67 @@ CheckpointPlan make_plan_from_segments(const Graph& g, const std::string& name, 
     for (int i = s.begin; i < s.end; ++i) any = any || p.rerun[static_cast<size_t>(i)];
     s.recompute = any;
   }
+  add_nests(g, p, std::move(nests), boundary_only);
   return p;
 }
+
+std::vector<std::vector<RevolveCost>> revolve_table(int n, int s) {
+  REMAT_CHECK(n >= 0 && s >= 0, "revolve: negative chain length or slots");
+  std::vector<std::vector<RevolveCost>> t(static_cast<size_t>(n) + 1,
+                                          std::vector<RevolveCost>(static_cast<size_t>(s) + 1, {INT64_MAX, 0}));
+  for (int k = 0; k <= s; ++k) t[0][static_cast<size_t>(k)] = {0, 0};
+  if (n >= 1)
+    for (int k = 0; k <= s; ++k) t[1][static_cast<size_t>(k)] = {0, 0};  // the last unit: no re-run
+  for (int len = 2; len <= n; ++len)
+    for (int k = 1; k <= s; ++k) {
+      RevolveCost& best = t[static_cast<size_t>(len)][static_cast<size_t>(k)];
+      for (int m = 1; m < len; ++m) {
+        const int64_t right = t[static_cast<size_t>(len - m)][static_cast<size_t>(k - 1)].reruns;
+        const int64_t left = t[static_cast<size_t>(m)][static_cast<size_t>(k)].reruns;
+        if (right == INT64_MAX || left == INT64_MAX) continue;
+        const int64_t c = m + right + left;
+        if (c < best.reruns) best = {c, m};
+      }
+    }
+  return t;
+}
+
+namespace {
+
+// revolve:S over the plan's units. Forward keeps the boundaries of the chain's top-level
+// parts ([first] [first'] ... [last unit]); each part is rebuilt in backward as a nest.
+CheckpointPlan revolve_plan(const Graph& g, const std::string& policy, int slots) {
+  const std::vector<Segment> units = plan_units(g);
+  const int n = static_cast<int>(units.size());
+  const int s = std::min(slots, std::max(n, 1));
+  const auto table = revolve_table(n, s);
+  std::vector<bool> keep(static_cast<size_t>(g.size()), true);
+  std::vector<Segment> segs;
+  std::vector<Nest> nests;
+  auto unit = [&](int u) { return units[static_cast<size_t>(u)]; };
+  // Units [a, b), rebuilt in backward from the boundary before a with k slots.
+  std::function<void(int, int, int)> rebuild = [&](int a, int b, int k) {
+    if (b - a == 1) {
+      segs.push_back({unit(a).begin, unit(a).end, true});
+      for (int i = unit(a).begin; i < unit(a).end; ++i) keep[static_cast<size_t>(i)] = false;
+      return;
+    }
+    nests.emplace_back(unit(a).begin, unit(b - 1).end);
+    const int m = a + table[static_cast<size_t>(b - a)][static_cast<size_t>(k)].first;
+    rebuild(a, m, k);
+    rebuild(m, b, k - 1);
+  };
+  // Forward's own path: it runs [a, b) once, keeping the boundary at each split.
+  int a = 0, k = s;
+  while (n - a > 1) {
+    const int m = a + table[static_cast<size_t>(n - a)][static_cast<size_t>(k)].first;
+    rebuild(a, m, k);
+    a = m, --k;
+  }
+  return make_plan_from_segments(g, policy, segs, keep, {}, nests);
+}
+
+}  // namespace
 
 CheckpointPlan make_plan(const Graph& g, const std::string& policy) {
   const std::vector<Segment> units = plan_units(g);
@@ -157,6 +302,13 @@ CheckpointPlan make_plan(const Graph& g, const std::string& policy) {
     recompute_all(segs);
     return make_plan_from_segments(g, policy, segs, keep);
   }
+  if (policy.rfind("revolve:", 0) == 0) {
+    char* end = nullptr;
+    const long k = std::strtol(policy.c_str() + 8, &end, 10);
+    REMAT_CHECK(end && *end == '\0' && k > 0 && k < INT_MAX && policy.size() > 8, "policy \"", policy,
+                "\": expected revolve:S with S (the checkpoint slots) a positive integer");
+    return revolve_plan(g, policy, static_cast<int>(k));
+  }
   if (policy == "selective") {
     // Keep what GEMMs and convolutions produce (expensive to recompute), recompute the
     // pointwise, norm, dropout, softmax (attention's probabilities) and pooling layers
@@ -172,12 +324,14 @@ CheckpointPlan make_plan(const Graph& g, const std::string& policy) {
     recompute_all(segs);
     return make_plan_from_segments(g, policy, segs, keep);
   }
-  REMAT_THROW("unknown checkpoint policy \"", policy, "\" (expected none, all, every:K, sqrt, selective or manual)");
+  REMAT_THROW("unknown checkpoint policy \"", policy,
+              "\" (expected none, all, every:K, sqrt, revolve:S, selective or manual)");
 }
 
 int CheckpointPlan::recomputed_layers() const {
   int n = 0;
   for (bool r : rerun) n += r;
+  for (const Nest& m : nests) n += static_cast<int>(m.advance.size());
   return n;
 }
 
@@ -185,8 +339,12 @@ std::string CheckpointPlan::describe(const Graph& g) const {
   std::string out = "policy " + policy + ": ";
   int rs = 0;
   for (const auto& s : segments) rs += s.recompute;
-  out += std::to_string(rs) + " recompute segment(s), " + std::to_string(recomputed_layers()) + " of " +
-         std::to_string(g.size()) + " layers recomputed";
+  out += std::to_string(rs) + " recompute segment(s), ";
+  if (nests.empty())
+    out += std::to_string(recomputed_layers()) + " of " + std::to_string(g.size()) + " layers recomputed";
+  else
+    out += std::to_string(nests.size()) + " nest(s), " + std::to_string(recomputed_layers()) +
+           " layer forwards re-run (" + std::to_string(g.size()) + " layers)";
   return out;
 }
 

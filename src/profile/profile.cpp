@@ -305,6 +305,12 @@ std::vector<PlanCandidate> plan_candidates(const Config& cfg, const Graph& g, Ba
     out.push_back(simulate(cfg, g, name + "+selective",
                            make_plan_from_segments(g, name + "+selective", segs, keep, keep_extras), ws));
   }
+  // Nested recompute with few slots: below every one-level plan's peak.
+  for (int64_t slots : {1, 2, 3, 4, 6, 8}) {
+    if (slots >= n) break;
+    const std::string name = "revolve:" + std::to_string(slots);
+    out.push_back(simulate(cfg, g, name, make_plan(g, name), ws));
+  }
   // Mixed plans: the first m units recomputed in full (one segment each), the rest
   // selective, or the rest kept; they fill the gaps between the uniform plans.
   for (int64_t m = 1; m < n; ++m) {
@@ -425,6 +431,26 @@ PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget,
         else
           lo_sel = mid + 1;
       }  // lo_sel's plan was simulated: the last fitting mid, or the all-selective one
+    }
+  }
+  // Nested recompute (revolve:S) reaches below the family above; its peak grows and its
+  // re-runs fall with S: the largest S that fits is its cheapest fitting plan.
+  if (n > 2) {
+    int64_t lo = 1, hi = n - 1;
+    auto revolve = [&](int64_t slots) {
+      const std::string name = "revolve:" + std::to_string(slots);
+      PlanCandidate c = simulate(cfg, g, name, make_plan(g, name), ws);
+      consider(c);
+      return c.peak_bytes <= budget;
+    };
+    if (revolve(lo)) {
+      while (lo < hi) {  // invariant: revolve:lo fits
+        const int64_t mid = (lo + hi + 1) / 2;
+        if (revolve(mid))
+          lo = mid;
+        else
+          hi = mid - 1;
+      }
     }
   }
   if (!best)

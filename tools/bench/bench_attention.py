@@ -114,7 +114,6 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json")
     a = ap.parse_args()
-    params = None
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for point in a.points.split(","):
@@ -129,9 +128,10 @@ def main():
                     if impl == "fused":
                         for attention in ("sdpa", "explicit"):
                             row["torch_" + attention] = torch_point(a, path, tmp, os.path.basename(path), attention)
-                if params is None:
-                    out = run([a.remat, "memprof", path, "--policy", "none"])
-                    params = int(out.split(" parameters")[0].split()[-1])
+                # The model grows with T (its position embedding): count it at each point.
+                out = run([a.remat, "memprof", path, "--policy", "none"])
+                params = int(out.split(" parameters")[0].split()[-1])
+                row["parameters"] = params
                 rows.append(row)
                 model = 16 * params  # parameters, gradients, two AdamW moments
                 cells = "  ".join(f"{k} {v['step_ms']:8.1f} ms {v['peak_bytes'] / 2**20:8.1f} MiB "
@@ -140,7 +140,7 @@ def main():
                 print(f"T {seq:5d} batch {batch:3d} dropout {p:.1f}: {cells}", flush=True)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"threads": a.threads, "parameters": params, "rows": rows}, f, indent=2)
+            json.dump({"threads": a.threads, "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -115,7 +115,8 @@ void add_memprof_options(CLI::App* cmd, MemprofOptions& o) {
   cmd->add_flag("--shard-optimizer", o.shard_optimizer,
                 "ZeRO-1: each rank keeps the optimizer state of 1/N of the parameters (sets "
                 "training.shard_optimizer)");
-  cmd->add_option("--policy", o.policies, "Comma-separated policies, e.g. none,all,every:4,sqrt,selective,budget:8GiB");
+  cmd->add_option("--policy", o.policies,
+                  "Comma-separated policies, e.g. none,all,every:4,sqrt,revolve:2,selective,budget:8GiB");
   cmd->add_option("--precision", o.precisions,
                   "Comma-separated precisions side by side, e.g. fp32,bf16 (default: the config's training.precision; "
                   "bf16 measured where the device computes it, cpu today)");

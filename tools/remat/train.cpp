@@ -14,8 +14,9 @@ Runner add_train_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "Train a model config with a checkpointing policy");
   auto opt = std::make_shared<TrainOptions>();
   cmd->add_option("config", opt->config, "Model config (models/*.json)")->required()->check(CLI::ExistingFile);
-  cmd->add_option("--policy", opt->policy,
-                  "Checkpoint policy: none, all, every:K, sqrt, selective, manual (default: the config's)");
+  cmd->add_option(
+      "--policy", opt->policy,
+      "Checkpoint policy: none, all, every:K, sqrt, revolve:S, selective, manual, budget:SIZE (default: the config's)");
   cmd->add_option("--precision", opt->precision, "fp32 or bf16 (default: the config's training.precision)");
   cmd->add_option(
          "--device", opt->device,
