@@ -131,6 +131,7 @@ class Executor {
   PerLayer<Live> live_;
   std::vector<bool> recomputed_;  // per segment, this step
   std::vector<bool> advanced_;    // per nest, this step
+  std::vector<int> nest_path_;    // rebuild_for's scratch: the nests to advance, innermost first
   // Per nest, aligned with Nest::advance: the last layer of the advance that reads each
   // layer's output (-1: none).
   std::vector<std::vector<int>> advance_last_;

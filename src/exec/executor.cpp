@@ -283,16 +283,12 @@ void Executor::accumulate_input_grads(const Layer& l, std::vector<Tensor>& din, 
 void Executor::rebuild_for(int i, StepStats& st) {
   const int s = life_[i].segment;
   if (!plan_.nests.empty()) {
-    int path[64];
-    int depth = 0;
-    for (int k = plan_.nest_of[static_cast<size_t>(s)]; k >= 0; k = plan_.nests[static_cast<size_t>(k)].parent) {
-      REMAT_CHECK(depth < 64, "executor: nests deeper than 64 levels");
-      path[depth++] = k;
-    }
-    while (depth > 0) {
-      const int k = path[--depth];
-      if (!advanced_[static_cast<size_t>(k)]) advance_nest(k, st);
-    }
+    // The nests not yet advanced hold this one's parent chain up to the first advanced one.
+    nest_path_.clear();
+    for (int k = plan_.nest_of[static_cast<size_t>(s)]; k >= 0 && !advanced_[static_cast<size_t>(k)];
+         k = plan_.nests[static_cast<size_t>(k)].parent)
+      nest_path_.push_back(k);
+    for (auto it = nest_path_.rbegin(); it != nest_path_.rend(); ++it) advance_nest(*it, st);
   }
   if (plan_.segments[static_cast<size_t>(s)].recompute && !recomputed_[static_cast<size_t>(s)])
     recompute_segment(s, st);
