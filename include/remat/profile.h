@@ -95,9 +95,11 @@ struct UnitModeSpec {
 CheckpointPlan plan_from_unit_modes(const Graph& g, const std::string& name, const std::vector<UnitModeSpec>& modes);
 int64_t unit_count(const Graph& g);
 
-// Candidate plans, each simulated exactly on meta: none, selective, and for every K,
-// segments of K units recomputed in full ("every:K") or keeping GEMM/conv outputs inside
-// the segments ("every:K+selective").
+// Candidate plans, each simulated exactly on meta: none, selective, for each K segments of
+// K units recomputed in full ("every:K") or keeping GEMM/conv outputs inside the segments
+// ("every:K+selective"), the first m units recomputed and the rest selective or kept, and
+// revolve:S for S in 1 (up to 64 units), 2, 3, 4, 6, 8. K and m take every value up to 24 units; on deeper
+// models 1-8, then steps of a quarter, √n and its neighbours, and n (about 4 log n values).
 // `workspace_model` (here and below): the backend whose workspace sizes the simulation
 // uses (default: cpu's); pass the target device's backend to plan for a GPU.
 std::vector<PlanCandidate> plan_candidates(const Config& cfg, const Graph& g, Backend* workspace_model = nullptr);

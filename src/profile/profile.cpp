@@ -289,9 +289,19 @@ std::vector<PlanCandidate> plan_candidates(const Config& cfg, const Graph& g, Ba
   out.push_back(simulate(cfg, g, "selective", make_plan(g, "selective"), ws));
   const std::vector<Segment> us = plan_units(g);
   const auto n = static_cast<int64_t>(us.size());
+  // The sizes tried: every one up to 24 units, beyond that 1-8, then steps of a quarter,
+  // the round square root and its neighbours, and n: about 4 log n of them, since each
+  // candidate is a simulation as long as the model (1024 blocks: ~0.1 s each).
+  std::vector<int64_t> sizes;
+  for (int64_t k = 1; k <= n; k = k < 8 || n <= 24 ? k + 1 : std::max(k + 1, k + k / 4)) sizes.push_back(k);
+  const auto root = std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(n))));
+  for (int64_t k : {root - 1, root, root + 1, n})
+    if (k >= 1 && k <= n) sizes.push_back(k);
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
   // Uniform segmentations: segments of K units, recomputed in full or keeping GEMM/conv
   // outputs inside.
-  for (int64_t k = 1; k <= n; ++k) {
+  for (int64_t k : sizes) {
     std::vector<UnitModeSpec> full(static_cast<size_t>(n));
     for (int64_t u = 0; u < n; ++u) full[static_cast<size_t>(u)] = {2, static_cast<int>(u / k)};
     const std::string name = "every:" + std::to_string(k);
@@ -308,12 +318,14 @@ std::vector<PlanCandidate> plan_candidates(const Config& cfg, const Graph& g, Ba
   // Nested recompute with few slots: below every one-level plan's peak.
   for (int64_t slots : {1, 2, 3, 4, 6, 8}) {
     if (slots >= n) break;
+    if (slots == 1 && n > 64) continue;  // n^2/2 unit re-runs to simulate
     const std::string name = "revolve:" + std::to_string(slots);
     out.push_back(simulate(cfg, g, name, make_plan(g, name), ws));
   }
   // Mixed plans: the first m units recomputed in full (one segment each), the rest
   // selective, or the rest kept; they fill the gaps between the uniform plans.
-  for (int64_t m = 1; m < n; ++m) {
+  for (int64_t m : sizes) {
+    if (m >= n) break;
     std::vector<UnitModeSpec> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
     for (int64_t u = 0; u < n; ++u) {
       a[static_cast<size_t>(u)] = u < m ? UnitModeSpec{2, static_cast<int>(u)} : UnitModeSpec{1, 0};
@@ -435,22 +447,18 @@ PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget,
   }
   // Nested recompute (revolve:S) reaches below the family above; its peak grows and its
   // re-runs fall with S: the largest S that fits is its cheapest fitting plan.
+  // (revolve:1 re-runs n^2/2 units and is the slowest to simulate: tried last.)
   if (n > 2) {
-    int64_t lo = 1, hi = n - 1;
-    auto revolve = [&](int64_t slots) {
-      const std::string name = "revolve:" + std::to_string(slots);
+    int64_t lo = 0, hi = n - 1;  // the largest S that fits lies in [lo, hi]; 0: none
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      const std::string name = "revolve:" + std::to_string(mid);
       PlanCandidate c = simulate(cfg, g, name, make_plan(g, name), ws);
       consider(c);
-      return c.peak_bytes <= budget;
-    };
-    if (revolve(lo)) {
-      while (lo < hi) {  // invariant: revolve:lo fits
-        const int64_t mid = (lo + hi + 1) / 2;
-        if (revolve(mid))
-          lo = mid;
-        else
-          hi = mid - 1;
-      }
+      if (c.peak_bytes <= budget)
+        lo = mid;
+      else
+        hi = mid - 1;
     }
   }
   if (!best)
