@@ -3,6 +3,8 @@
 // brute force over all unit-mode plans of small chains; sizes; bad input.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 
@@ -311,4 +313,47 @@ TEST(Memprof, TransformerBlockActivationsMatchTheAnalyticCount) {
   for (const auto& l : all.layers)
     if (l.name.rfind("h5.", 0) == 0) saved += l.saved_bytes;
   EXPECT_EQ(saved, 4 * s * b * h);
+}
+
+// remat plan --svg: round ticks on both axes, labels that do not overlap, and a candidate
+// far above the front drawn on the top edge and counted instead of squashing the chart.
+TEST(Planner, ParetoSvgHasTicksAndNoOverlappingLabels) {
+  remat::Config cfg = chain_config(12);
+  remat::Graph g = remat::build_config_graph(cfg, 16, 0);
+  std::vector<remat::PlanCandidate> all = remat::plan_candidates(cfg, g);
+  const std::vector<remat::PlanCandidate> front = remat::pareto_front(all);
+  ASSERT_GT(front.size(), 5u);
+  remat::PlanCandidate outlier = front.front();
+  outlier.name = "outlier";
+  outlier.recompute_flops = 1000 * front.front().recompute_flops + 1e9;
+  all.push_back(outlier);
+  const std::string svg = remat::pareto_svg(all, front, "chain");
+  struct Label {
+    double x, y;
+    std::string text;
+  };
+  std::vector<Label> labels;
+  int ticks = 0;
+  for (size_t at = svg.find("<text"); at != std::string::npos; at = svg.find("<text", at + 1)) {
+    const size_t close = svg.find('>', at), end = svg.find("</text>", close);
+    const std::string tag = svg.substr(at, close - at), text = svg.substr(close + 1, end - close - 1);
+    ticks += tag.find("class=\"tick\"") != std::string::npos;
+    if (tag.find("class=\"label\"") == std::string::npos) continue;
+    auto attr = [&](const char* name) {
+      const size_t p = tag.find(std::string(" ") + name + "=\"");
+      return std::stod(tag.substr(p + std::strlen(name) + 3));
+    };
+    labels.push_back({attr("x"), attr("y"), text});
+  }
+  EXPECT_GE(ticks, 6);
+  ASSERT_GE(labels.size(), 3u);
+  for (size_t i = 0; i < labels.size(); ++i)
+    for (size_t j = i + 1; j < labels.size(); ++j) {
+      const bool apart = std::fabs(labels[i].y - labels[j].y) >= 14 ||
+                         labels[i].x + 7.0 * labels[i].text.size() < labels[j].x ||
+                         labels[j].x + 7.0 * labels[j].text.size() < labels[i].x;
+      EXPECT_TRUE(apart) << labels[i].text << " and " << labels[j].text << " overlap";
+    }
+  EXPECT_NE(svg.find("1 above the chart"), std::string::npos);
+  EXPECT_EQ(svg.find(">outlier<"), std::string::npos);  // not labelled: not on the front
 }

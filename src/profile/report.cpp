@@ -1,6 +1,7 @@
 // Memory profile reports: side-by-side table, per-layer table, JSON, Chrome trace, SVG.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 
@@ -272,42 +273,113 @@ std::string memory_svg(const std::vector<StepProfile>& ps, const std::string& ti
   return s + "</svg>\n";
 }
 
+namespace {
+
+// Round ticks for [lo, hi] in units of `unit`: steps of 1, 2 or 5 times a power of ten,
+// about `want` of them.
+std::vector<double> nice_ticks(double lo, double hi, double unit, int want) {
+  const double span = std::max((hi - lo) / unit, 1e-12);
+  const double raw = span / want, mag = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = mag;
+  for (double m : {1.0, 2.0, 5.0, 10.0})
+    if (raw <= m * mag) {
+      step = m * mag;
+      break;
+    }
+  std::vector<double> t;
+  for (double v = std::ceil(lo / unit / step) * step; v <= hi / unit + 1e-9; v += step) t.push_back(v * unit);
+  return t;
+}
+
+std::string tick_label(double v, double unit, const char* name) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%g %s", std::round(v / unit * 1000.0) / 1000.0, name);
+  return buf;
+}
+
+}  // namespace
+
+// Peak memory against recompute FLOPs: every candidate grey, the Pareto front red and
+// joined, labels on front points only where they do not collide, axes with round ticks
+// in binary units and FLOPs. The FLOP axis ends a little above the front's highest point;
+// candidates above it are drawn as triangles on the top edge and counted in a note.
 std::string pareto_svg(const std::vector<PlanCandidate>& all, const std::vector<PlanCandidate>& front,
                        const std::string& title) {
-  const double W = 800, H = 480, L = 90, R = 30, T = 40, B = 50;
-  int64_t xmax = 1;
-  double ymax = 1;
-  for (const auto& c : all) {
-    xmax = std::max(xmax, c.peak_bytes);
-    ymax = std::max(ymax, c.recompute_flops);
-  }
+  const double W = 860, H = 520, L = 90, R = 40, T = 56, B = 60;
   const double pw = W - L - R, ph = H - T - B;
-  auto X = [&](int64_t b) { return L + pw * static_cast<double>(b) / static_cast<double>(xmax); };
-  auto Y = [&](double f) { return T + ph - ph * f / ymax; };
+  int64_t xlo = INT64_MAX, xhi = 1;
+  double yhi = 0;
+  for (const auto& c : all) xlo = std::min(xlo, c.peak_bytes), xhi = std::max(xhi, c.peak_bytes);
+  for (const auto& c : front) yhi = std::max(yhi, c.recompute_flops);
+  if (all.empty()) xlo = 0;
+  yhi = yhi > 0 ? yhi * 1.12 : 1.0;
+  const double xunit = xhi >= (int64_t{1} << 30) ? 1073741824.0 : xhi >= (1 << 20) ? 1048576.0 : 1024.0;
+  const char* xname = xunit == 1073741824.0 ? "GiB" : xunit == 1048576.0 ? "MiB" : "KiB";
+  const double yunit = yhi >= 1e12 ? 1e12 : yhi >= 1e9 ? 1e9 : yhi >= 1e6 ? 1e6 : 1.0;
+  const char* yname = yunit == 1e12 ? "TFLOP" : yunit == 1e9 ? "GFLOP" : yunit == 1e6 ? "MFLOP" : "FLOP";
+  // x from a round value below the smallest peak, so the candidates spread over the plot.
+  std::vector<double> xt = nice_ticks(static_cast<double>(xlo), static_cast<double>(xhi), xunit, 6);
+  const double xstep = xt.size() > 1 ? xt[1] - xt[0] : xunit;
+  const double x0 = std::floor(static_cast<double>(xlo) / xstep) * xstep;
+  const double x1 = std::max(x0 + xstep, std::ceil(static_cast<double>(xhi) / xstep) * xstep);
+  xt = nice_ticks(x0, x1, xunit, 6);
+  const std::vector<double> yt = nice_ticks(0.0, yhi, yunit, 5);
+  auto X = [&](double b) { return L + pw * (b - x0) / (x1 - x0); };
+  auto Y = [&](double f) { return T + ph - ph * std::min(f, yhi) / yhi; };
+  auto num = [](double v) { return fmt("%.1f", v); };
   std::string s =
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"800\" height=\"480\" font-family=\"sans-serif\" "
-      "font-size=\"12\">\n"
-      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  s += "<text x=\"400\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">" + xml_escape(title) + "</text>\n";
-  s += "<line x1=\"" + fmt("%.0f", L) + "\" y1=\"" + fmt("%.0f", T + ph) + "\" x2=\"" + fmt("%.0f", L + pw) +
-       "\" y2=\"" + fmt("%.0f", T + ph) + "\" stroke=\"black\"/>\n";
-  s += "<line x1=\"" + fmt("%.0f", L) + "\" y1=\"" + fmt("%.0f", T) + "\" x2=\"" + fmt("%.0f", L) + "\" y2=\"" +
-       fmt("%.0f", T + ph) + "\" stroke=\"black\"/>\n";
-  s += "<text x=\"" + fmt("%.0f", L + pw / 2) + "\" y=\"" + fmt("%.0f", H - 12) +
-       "\" text-anchor=\"middle\">peak memory (max " + format_bytes(xmax) + ")</text>\n";
-  s += "<text x=\"20\" y=\"" + fmt("%.0f", T + ph / 2) + "\" transform=\"rotate(-90 20 " + fmt("%.0f", T + ph / 2) +
-       ")\" text-anchor=\"middle\">recompute FLOPs (max " + flops_str(ymax) + ")</text>\n";
-  for (const auto& c : all)
-    s += "<circle cx=\"" + fmt("%.1f", X(c.peak_bytes)) + "\" cy=\"" + fmt("%.1f", Y(c.recompute_flops)) +
-         "\" r=\"3\" fill=\"#bbb\"/>\n";
-  std::string pts;
-  for (const auto& c : front) {
-    pts += fmt("%.1f,", X(c.peak_bytes)) + fmt("%.1f ", Y(c.recompute_flops));
-    s += "<circle cx=\"" + fmt("%.1f", X(c.peak_bytes)) + "\" cy=\"" + fmt("%.1f", Y(c.recompute_flops)) +
-         "\" r=\"4\" fill=\"#d62728\"/>\n<text x=\"" + fmt("%.1f", X(c.peak_bytes) + 6) + "\" y=\"" +
-         fmt("%.1f", Y(c.recompute_flops) - 6) + "\">" + xml_escape(c.name) + "</text>\n";
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(W) + "\" height=\"" + num(H) +
+      "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  s += "<text x=\"" + num(W / 2) + "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">" + xml_escape(title) +
+       "</text>\n";
+  for (double v : xt)
+    s += "<line x1=\"" + num(X(v)) + "\" y1=\"" + num(T) + "\" x2=\"" + num(X(v)) + "\" y2=\"" + num(T + ph) +
+         "\" stroke=\"#eee\"/>\n<text x=\"" + num(X(v)) + "\" y=\"" + num(T + ph + 16) +
+         "\" text-anchor=\"middle\" class=\"tick\">" + tick_label(v, xunit, xname) + "</text>\n";
+  for (double v : yt)
+    s += "<line x1=\"" + num(L) + "\" y1=\"" + num(Y(v)) + "\" x2=\"" + num(L + pw) + "\" y2=\"" + num(Y(v)) +
+         "\" stroke=\"#eee\"/>\n<text x=\"" + num(L - 6) + "\" y=\"" + num(Y(v) + 4) +
+         "\" text-anchor=\"end\" class=\"tick\">" + tick_label(v, yunit, yname) + "</text>\n";
+  s += "<line x1=\"" + num(L) + "\" y1=\"" + num(T + ph) + "\" x2=\"" + num(L + pw) + "\" y2=\"" + num(T + ph) +
+       "\" stroke=\"black\"/>\n<line x1=\"" + num(L) + "\" y1=\"" + num(T) + "\" x2=\"" + num(L) + "\" y2=\"" +
+       num(T + ph) + "\" stroke=\"black\"/>\n";
+  s += "<text x=\"" + num(L + pw / 2) + "\" y=\"" + num(H - 14) +
+       "\" text-anchor=\"middle\">peak memory of a step</text>\n";
+  s += "<text x=\"18\" y=\"" + num(T + ph / 2) + "\" transform=\"rotate(-90 18 " + num(T + ph / 2) +
+       ")\" text-anchor=\"middle\">recompute FLOPs per step</text>\n";
+  int above = 0;
+  for (const auto& c : all) {
+    const double cx = X(static_cast<double>(c.peak_bytes));
+    if (c.recompute_flops > yhi) {
+      ++above;
+      s += "<path d=\"M" + num(cx - 4) + " " + num(T + 6) + " L" + num(cx + 4) + " " + num(T + 6) + " L" + num(cx) +
+           " " + num(T - 1) + " Z\" fill=\"#999\"/>\n";
+    } else {
+      s += "<circle cx=\"" + num(cx) + "\" cy=\"" + num(Y(c.recompute_flops)) + "\" r=\"3\" fill=\"#bbb\"/>\n";
+    }
   }
-  s += "<polyline fill=\"none\" stroke=\"#d62728\" stroke-width=\"1.5\" points=\"" + pts + "\"/>\n";
+  std::string pts, labels;
+  struct Box {
+    double x, y, w;  // a placed label: left, baseline, width
+  };
+  std::vector<Box> placed;
+  for (const auto& c : front) {
+    const double cx = X(static_cast<double>(c.peak_bytes)), cy = Y(c.recompute_flops);
+    pts += num(cx) + "," + num(cy) + " ";
+    s += "<circle cx=\"" + num(cx) + "\" cy=\"" + num(cy) + "\" r=\"4\" fill=\"#d62728\"/>\n";
+    const double w = 7.0 * static_cast<double>(c.name.size()), lx = std::min(cx + 6, L + pw - w), ly = cy - 8;
+    bool free = ly > T + 12;
+    for (const Box& p : placed) free = free && (std::fabs(p.y - ly) >= 14 || lx + w < p.x || lx > p.x + p.w);
+    if (!free) continue;
+    placed.push_back({lx, ly, w});
+    labels += "<text x=\"" + num(lx) + "\" y=\"" + num(ly) + "\" class=\"label\">" + xml_escape(c.name) + "</text>\n";
+  }
+  s += "<polyline fill=\"none\" stroke=\"#d62728\" stroke-width=\"1.5\" points=\"" + pts + "\"/>\n" + labels;
+  std::string legend = "red: Pareto front (" + std::to_string(front.size()) + " plans, " +
+                       std::to_string(placed.size()) + " labelled); grey: the other " +
+                       std::to_string(all.size() - std::min(all.size(), front.size())) + " candidates";
+  if (above) legend += "; " + std::to_string(above) + " above the chart (triangles)";
+  s += "<text x=\"" + num(L) + "\" y=\"42\" font-size=\"11\" fill=\"#555\">" + xml_escape(legend) + "</text>\n";
   return s + "</svg>\n";
 }
 
