@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <set>
 
 #include "remat/profile.h"
 #include "support/expect_error.h"
@@ -356,4 +357,43 @@ TEST(Planner, ParetoSvgHasTicksAndNoOverlappingLabels) {
     }
   EXPECT_NE(svg.find("1 above the chart"), std::string::npos);
   EXPECT_EQ(svg.find(">outlier<"), std::string::npos);  // not labelled: not on the front
+}
+
+// memprof --svg with many policies: round memory ticks, every policy a distinct line
+// style, legend entries short enough for the legend column, each with its peak.
+TEST(Memprof, SvgWithManyPoliciesStaysReadable) {
+  remat::Config cfg = chain_config(12);
+  remat::Graph g = remat::build_config_graph(cfg, 16, 0);
+  std::vector<remat::StepProfile> ps;
+  const std::vector<std::string> policies = {"none",      "all",       "sqrt",    "selective", "revolve:2",
+                                             "every:2",   "every:3",   "every:4", "every:6",   "revolve:3",
+                                             "revolve:4", "revolve:6", "every:5", "every:12"};
+  for (const auto& policy : policies)
+    ps.push_back(remat::profile_step(cfg, g, remat::make_plan(g, policy), remat::Device::meta()));
+  ps.back().policy = "a policy name far longer than the legend column can hold";
+  const std::string svg = remat::memory_svg(ps, "chain");
+  std::set<std::string> styles;
+  for (size_t at = svg.find("<polyline"); at != std::string::npos; at = svg.find("<polyline", at + 1)) {
+    const std::string tag = svg.substr(at, svg.find("points=", at) - at);
+    EXPECT_TRUE(styles.insert(tag).second) << "two policies drawn alike: " << tag;
+  }
+  EXPECT_EQ(styles.size(), policies.size());
+  int ticks = 0, legend = 0;
+  for (size_t at = svg.find("<text"); at != std::string::npos; at = svg.find("<text", at + 1)) {
+    const size_t close = svg.find('>', at), end = svg.find("</text>", close);
+    const std::string tag = svg.substr(at, close - at), text = svg.substr(close + 1, end - close - 1);
+    if (tag.find("class=\"tick\"") != std::string::npos && text.find("iB") != std::string::npos) {
+      ++ticks;
+      const double v = std::stod(text);
+      EXPECT_EQ(v, std::round(v * 10) / 10) << text;  // a round value, not a quarter of the peak
+    }
+    if (tag.find("class=\"legend\"") != std::string::npos) {
+      ++legend;
+      EXPECT_LE(text.size(), 48u) << text;
+      EXPECT_NE(text.find("iB"), std::string::npos) << text;  // the policy's peak
+    }
+  }
+  EXPECT_GE(ticks, 4);
+  EXPECT_EQ(legend, static_cast<int>(policies.size()));
+  EXPECT_NE(svg.find("<title>a policy name far longer than the legend column can hold</title>"), std::string::npos);
 }

@@ -212,67 +212,6 @@ nlohmann::json chrome_trace(const std::vector<StepProfile>& ps) {
           {"otherData", {{"time_axis", "1 us = one allocator event (alloc or free)"}}}};
 }
 
-std::string memory_svg(const std::vector<StepProfile>& ps, const std::string& title) {
-  const double W = 900, H = 480, L = 80, R = 200, T = 40, B = 50;
-  int64_t ymax = 1;
-  for (const auto& p : ps) ymax = std::max(ymax, p.peak_bytes);
-  const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"};
-  std::string s =
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + fmt("%.0f", W) + "\" height=\"" + fmt("%.0f", H) +
-      "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  s += "<text x=\"" + fmt("%.0f", W / 2) + "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">" + xml_escape(title) +
-       "</text>\n";
-  const double pw = W - L - R, ph = H - T - B;
-  s += "<line x1=\"" + fmt("%.0f", L) + "\" y1=\"" + fmt("%.0f", T + ph) + "\" x2=\"" + fmt("%.0f", L + pw) +
-       "\" y2=\"" + fmt("%.0f", T + ph) + "\" stroke=\"black\"/>\n";
-  s += "<line x1=\"" + fmt("%.0f", L) + "\" y1=\"" + fmt("%.0f", T) + "\" x2=\"" + fmt("%.0f", L) + "\" y2=\"" +
-       fmt("%.0f", T + ph) + "\" stroke=\"black\"/>\n";
-  for (int k = 0; k <= 4; ++k) {
-    const double y = T + ph - ph * k / 4.0;
-    s += "<line x1=\"" + fmt("%.0f", L - 4) + "\" y1=\"" + fmt("%.1f", y) + "\" x2=\"" + fmt("%.0f", L + pw) +
-         "\" y2=\"" + fmt("%.1f", y) + "\" stroke=\"#ddd\"/>\n<text x=\"" + fmt("%.0f", L - 8) + "\" y=\"" +
-         fmt("%.1f", y + 4) + "\" text-anchor=\"end\">" +
-         format_bytes(static_cast<int64_t>(static_cast<double>(ymax) * k / 4.0)) + "</text>\n";
-  }
-  s += "<text x=\"" + fmt("%.0f", L + pw / 2) + "\" y=\"" + fmt("%.0f", H - 12) +
-       "\" text-anchor=\"middle\">progress through the training step (allocator events)</text>\n";
-  for (size_t k = 0; k < ps.size(); ++k) {
-    const StepProfile& p = ps[k];
-    const std::string col = colors[k % 8];
-    std::string pts;
-    size_t n = 0;
-    for (const auto& e : p.events) n += e.kind == MemoryEvent::Kind::alloc || e.kind == MemoryEvent::Kind::free;
-    size_t i = 0;
-    double peak_x = L, peak_y = T + ph;
-    int64_t peak = -1;
-    const size_t stride = std::max<size_t>(1, n / 4000);  // keep files small
-    for (const auto& e : p.events) {
-      if (e.kind != MemoryEvent::Kind::alloc && e.kind != MemoryEvent::Kind::free) continue;
-      const int64_t a = e.allocated_after - p.base_bytes;
-      const double x = L + pw * static_cast<double>(i) / std::max<size_t>(1, n - 1);
-      const double y = T + ph - ph * static_cast<double>(a) / static_cast<double>(ymax);
-      if (a > peak) {
-        peak = a;
-        peak_x = x;
-        peak_y = y;
-      }
-      if (i % stride == 0 || i + 1 == n) pts += fmt("%.1f,", x) + fmt("%.1f ", y);
-      ++i;
-    }
-    s += "<polyline fill=\"none\" stroke=\"" + col + "\" stroke-width=\"1.5\" points=\"" + pts + "\"/>\n";
-    s += "<circle cx=\"" + fmt("%.1f", peak_x) + "\" cy=\"" + fmt("%.1f", peak_y) + "\" r=\"4\" fill=\"" + col +
-         "\"/>\n";
-    s += "<text x=\"" + fmt("%.1f", peak_x + 6) + "\" y=\"" + fmt("%.1f", peak_y - 6) + "\" fill=\"" + col +
-         "\">peak " + format_bytes(p.peak_bytes) + "</text>\n";
-    const double ly = T + 10 + 20.0 * static_cast<double>(k);
-    s += "<line x1=\"" + fmt("%.0f", L + pw + 15) + "\" y1=\"" + fmt("%.0f", ly) + "\" x2=\"" +
-         fmt("%.0f", L + pw + 40) + "\" y2=\"" + fmt("%.0f", ly) + "\" stroke=\"" + col +
-         "\" stroke-width=\"3\"/>\n<text x=\"" + fmt("%.0f", L + pw + 46) + "\" y=\"" + fmt("%.0f", ly + 4) + "\">" +
-         xml_escape(shown_name(p)) + "</text>\n";
-  }
-  return s + "</svg>\n";
-}
-
 namespace {
 
 // Round ticks for [lo, hi] in units of `unit`: steps of 1, 2 or 5 times a power of ten,
@@ -298,6 +237,97 @@ std::string tick_label(double v, double unit, const char* name) {
 }
 
 }  // namespace
+
+// Allocated memory over one step, one line per policy: round ticks in binary units on the
+// memory axis and in percent of the step's allocator events; twelve colours, then dashed;
+// each policy's peak marked, its value in the legend and beside the mark where the label
+// does not collide; long policy names shortened in the legend (in full in its tooltip).
+std::string memory_svg(const std::vector<StepProfile>& ps, const std::string& title) {
+  const double W = 980, L = 80, R = 290, T = 40, B = 50;
+  const double H = std::max(480.0, T + 20.0 * static_cast<double>(ps.size()) + 40 + B);
+  int64_t ymax = 1;
+  for (const auto& p : ps) ymax = std::max(ymax, p.peak_bytes);
+  const double unit = ymax >= (int64_t{1} << 30) ? 1073741824.0 : ymax >= (1 << 20) ? 1048576.0 : 1024.0;
+  const char* uname = unit == 1073741824.0 ? "GiB" : unit == 1048576.0 ? "MiB" : "KiB";
+  std::vector<double> yt = nice_ticks(0.0, static_cast<double>(ymax), unit, 5);
+  const double ystep = yt.size() > 1 ? yt[1] - yt[0] : unit;
+  const double ytop = std::max(ystep, std::ceil(static_cast<double>(ymax) / ystep) * ystep);
+  yt = nice_ticks(0.0, ytop, unit, 5);
+  const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
+                          "#e377c2", "#17becf", "#7f7f7f", "#bcbd22", "#393b79", "#ad494a"};
+  auto num = [](double v) { return fmt("%.1f", v); };
+  std::string s =
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(W) + "\" height=\"" + num(H) +
+      "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  s += "<text x=\"" + num((W - R + L) / 2) + "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">" +
+       xml_escape(title) + "</text>\n";
+  const double pw = W - L - R, ph = 480 - T - B;
+  auto Y = [&](double b) { return T + ph - ph * b / ytop; };
+  for (double v : yt)
+    s += "<line x1=\"" + num(L - 4) + "\" y1=\"" + num(Y(v)) + "\" x2=\"" + num(L + pw) + "\" y2=\"" + num(Y(v)) +
+         "\" stroke=\"#e5e5e5\"/>\n<text x=\"" + num(L - 8) + "\" y=\"" + num(Y(v) + 4) +
+         "\" text-anchor=\"end\" class=\"tick\">" + tick_label(v, unit, uname) + "</text>\n";
+  for (int k = 0; k <= 4; ++k) {
+    const double x = L + pw * k / 4.0;
+    s += "<line x1=\"" + num(x) + "\" y1=\"" + num(T + ph) + "\" x2=\"" + num(x) + "\" y2=\"" + num(T + ph + 4) +
+         "\" stroke=\"black\"/>\n<text x=\"" + num(x) + "\" y=\"" + num(T + ph + 17) +
+         "\" text-anchor=\"middle\" class=\"tick\">" + std::to_string(25 * k) + "%</text>\n";
+  }
+  s += "<line x1=\"" + num(L) + "\" y1=\"" + num(T + ph) + "\" x2=\"" + num(L + pw) + "\" y2=\"" + num(T + ph) +
+       "\" stroke=\"black\"/>\n<line x1=\"" + num(L) + "\" y1=\"" + num(T) + "\" x2=\"" + num(L) + "\" y2=\"" +
+       num(T + ph) + "\" stroke=\"black\"/>\n";
+  s += "<text x=\"" + num(L + pw / 2) + "\" y=\"" + num(T + ph + 38) +
+       "\" text-anchor=\"middle\">progress through the training step (share of its allocator events)</text>\n";
+  struct Box {
+    double x, y, w;
+  };
+  std::vector<Box> placed;
+  for (size_t k = 0; k < ps.size(); ++k) {
+    const StepProfile& p = ps[k];
+    const std::string col = colors[k % 12];
+    const std::string dash = k >= 12 ? " stroke-dasharray=\"6 3\"" : "";
+    std::string pts;
+    size_t n = 0;
+    for (const auto& e : p.events) n += e.kind == MemoryEvent::Kind::alloc || e.kind == MemoryEvent::Kind::free;
+    size_t i = 0;
+    double peak_x = L, peak_y = T + ph;
+    int64_t peak = -1;
+    const size_t stride = std::max<size_t>(1, n / 4000);  // keep files small
+    for (const auto& e : p.events) {
+      if (e.kind != MemoryEvent::Kind::alloc && e.kind != MemoryEvent::Kind::free) continue;
+      const int64_t a = e.allocated_after - p.base_bytes;
+      const double x = L + pw * static_cast<double>(i) / static_cast<double>(std::max<size_t>(1, n - 1));
+      const double y = Y(static_cast<double>(a));
+      if (a > peak) {
+        peak = a;
+        peak_x = x;
+        peak_y = y;
+      }
+      if (i % stride == 0 || i + 1 == n) pts += num(x) + "," + num(y) + " ";
+      ++i;
+    }
+    s += "<polyline fill=\"none\" stroke=\"" + col + "\" stroke-width=\"1.5\"" + dash + " points=\"" + pts + "\"/>\n";
+    s += "<circle cx=\"" + num(peak_x) + "\" cy=\"" + num(peak_y) + "\" r=\"4\" fill=\"" + col + "\"/>\n";
+    const std::string label = "peak " + format_bytes(p.peak_bytes);
+    const double w = 7.0 * static_cast<double>(label.size()), lx = std::min(peak_x + 6, L + pw - w), ly = peak_y - 6;
+    bool free = ly > T;
+    for (const Box& b : placed) free = free && (std::fabs(b.y - ly) >= 14 || lx + w < b.x || lx > b.x + b.w);
+    if (free) {
+      placed.push_back({lx, ly, w});
+      s += "<text x=\"" + num(lx) + "\" y=\"" + num(ly) + "\" fill=\"" + col + "\" class=\"label\">" + label +
+           "</text>\n";
+    }
+    std::string name = shown_name(p);
+    const std::string full = name;
+    if (name.size() > 26) name = name.substr(0, 25) + "\u2026";
+    const double ly2 = T + 10 + 20.0 * static_cast<double>(k);
+    s += "<g><title>" + xml_escape(full) + "</title><line x1=\"" + num(L + pw + 15) + "\" y1=\"" + num(ly2) +
+         "\" x2=\"" + num(L + pw + 40) + "\" y2=\"" + num(ly2) + "\" stroke=\"" + col + "\" stroke-width=\"3\"" + dash +
+         "/>\n<text x=\"" + num(L + pw + 46) + "\" y=\"" + num(ly2 + 4) + "\" class=\"legend\">" + xml_escape(name) +
+         "  " + format_bytes(p.peak_bytes) + "</text></g>\n";
+  }
+  return s + "</svg>\n";
+}
 
 // Peak memory against recompute FLOPs: every candidate grey, the Pareto front red and
 // joined, labels on front points only where they do not collide, axes with round ticks
