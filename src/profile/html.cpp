@@ -43,7 +43,9 @@ tr.hl td { background: #ffe1a8; }
 #live td.t { white-space: normal; overflow-wrap: anywhere; }
 #live tr > :nth-child(1) { width: 30%; } #live tr > :nth-child(2) { width: 30%; }
 #live tr > :nth-child(3) { width: 22%; } #live tr > :nth-child(4) { width: 18%; }
-.scroll { max-height: 420px; overflow: auto; border: 1px solid #ddd; display: inline-block; }
+.scroll { max-height: 420px; max-width: 100%; overflow: auto; border: 1px solid #ddd; display: inline-block; }
+#policy-table td.t { white-space: normal; min-width: 8em; max-width: 18em; }
+#policy-table th { white-space: normal; }
 #peak-value { font-weight: 600; }
 .phase { display: inline-block; width: 12px; height: 12px; vertical-align: middle; margin: 0 3px 0 10px; border: 1px solid #ccc; }
 )css";
@@ -61,7 +63,22 @@ const char* const kScript = R"js(
     setup: 'rgba(0,0,0,0)', forward: 'rgba(78,121,167,0.10)', recompute: 'rgba(89,161,79,0.22)',
     backward: 'rgba(225,87,89,0.10)', optimizer: 'rgba(176,122,161,0.14)'
   };
-  const POLICY_COLORS = ['#1f77b4', '#d62728', '#2ca02c', '#ff7f0e', '#9467bd', '#8c564b', '#e377c2', '#17becf'];
+  // Twelve colours; past twelve policies the lines repeat them dashed (policyStyle).
+  const POLICY_COLORS = ['#1f77b4', '#d62728', '#2ca02c', '#ff7f0e', '#9467bd', '#8c564b', '#e377c2', '#17becf',
+                         '#7f7f7f', '#bcbd22', '#393b79', '#ad494a'];
+  function policyStyle(i) {
+    return { col: POLICY_COLORS[i % POLICY_COLORS.length], dash: i >= POLICY_COLORS.length ? [6, 3] : [] };
+  }
+  // A byte axis on round binary steps (1, 2 or 5 times a power of ten of GiB, MiB or KiB)
+  // from 0 to a little above `top`.
+  function byteAxis(top, title) {
+    top = Math.max(1, top);
+    const unit = top >= 2 ** 30 ? 2 ** 30 : top >= 2 ** 20 ? 2 ** 20 : 1024;
+    const raw = top / unit / 6, mag = Math.pow(10, Math.floor(Math.log10(raw)));
+    const step = [1, 2, 5, 10].map((m) => m * mag).find((v) => v >= raw) * unit;
+    return { min: 0, max: Math.ceil(top * 1.04 / step) * step, ticks: { stepSize: step, callback: (v) => fmtBytes(v) },
+             title: { display: true, text: title } };
+  }
   const $ = (id) => document.getElementById(id);
   function el(tag, text, cls) {
     const e = document.createElement(tag);
@@ -244,7 +261,7 @@ const char* const kScript = R"js(
     }));
     ds.push({
       label: 'reserved', stack: 'reserved', fill: false, borderWidth: 1.5, borderDash: [4, 3], pointRadius: 0,
-      borderColor: '#333', backgroundColor: '#333', data: tl.event.map((e, k) => ({ x: e, y: tl.reserved[k] }))
+      borderColor: '#333', backgroundColor: 'rgba(0,0,0,0)', data: tl.event.map((e, k) => ({ x: e, y: tl.reserved[k] }))
     });
     return ds;
   }
@@ -263,7 +280,7 @@ const char* const kScript = R"js(
         scales: {
           x: { type: 'linear', min: 0, max: Math.max(1, p.timeline.events - 1),
                title: { display: true, text: 'allocator events of one training step' } },
-          y: { stacked: true, min: 0, max: yMax(p), ticks: { callback: (v) => fmtBytes(v) },
+          y: { stacked: true, ...byteAxis(yMax(p) / 1.08, 'bytes live'),
                title: { display: true, text: 'bytes live' } }
         }
       },
@@ -363,10 +380,10 @@ const char* const kScript = R"js(
       const tl = p.timeline;
       if (!tl) return;
       const n = Math.max(1, tl.events - 1);
-      const col = POLICY_COLORS[i % POLICY_COLORS.length];
+      const { col, dash } = policyStyle(i);
       ds.push({
         label: pname(p) + ' (peak ' + fmtBytes(p.peak_bytes) + ')', borderColor: col, backgroundColor: col,
-        borderWidth: 1.5, pointRadius: 0, fill: false,
+        borderWidth: 1.5, borderDash: dash, pointRadius: 0, fill: false,
         data: tl.event.map((e, k) => { let t = 0; for (const s of tl.series) t += tl.values[s][k]; return { x: e / n, y: t }; })
       });
       ds.push({ label: pname(p) + ' peak', type: 'scatter', pointStyle: 'triangle', pointRadius: 6,
@@ -381,15 +398,14 @@ const char* const kScript = R"js(
         plugins: { legend: { labels: { filter: (item) => !item.text.endsWith(' peak') } },
                    tooltip: { callbacks: { label: (c) => c.dataset.label + ': ' + fmtBytes(c.parsed.y) } } },
         scales: { x: { type: 'linear', min: 0, max: 1, title: { display: true, text: 'progress through the step' } },
-                  y: { min: 0, max: Math.max(top, budget) * 1.08, ticks: { callback: (v) => fmtBytes(v) },
-                       title: { display: true, text: 'bytes allocated' } } }
+                  y: byteAxis(Math.max(top, budget), 'bytes allocated') }
       }
     });
   }
 
   // ---- the planner's Pareto front ---------------------------------------------------------
   function drawPareto() {
-    if (!R.pareto) { $('pareto-note').textContent = 'no planner data in this report'; return; }
+    if (!R.pareto) { $('pareto-section').hidden = true; return; }  // a run's page: no planner here
     const pt = (c) => ({ x: c.peak_bytes, y: c.recompute_flops, name: c.name });
     const ds = [
       { label: 'candidate plans', type: 'scatter', data: R.pareto.candidates.map(pt), backgroundColor: '#bbb', pointRadius: 3 },
@@ -397,15 +413,20 @@ const char* const kScript = R"js(
         backgroundColor: '#d62728', pointRadius: 4, fill: false, borderWidth: 1.5 }
     ];
     policies.forEach((p, i) => {
-      const col = POLICY_COLORS[i % POLICY_COLORS.length];
+      const { col } = policyStyle(i);
       ds.push({ label: 'policy ' + p.policy, type: 'scatter', pointStyle: 'rectRot', pointRadius: 8, borderColor: '#000',
                 backgroundColor: col, data: [{ x: p.peak_bytes, y: p.recompute_flops, name: p.policy }] });
     });
     let budget = 0;
     for (const p of policies) if (p.budget_bytes) budget = Math.max(budget, p.budget_bytes);
+    // The FLOP axis ends a little above the front and the policies; candidates above it
+    // (e.g. revolve:1's quadratic re-runs) are counted in the note instead of squashing the chart.
     let ymax = 1;
-    for (const c of R.pareto.candidates) ymax = Math.max(ymax, c.recompute_flops);
+    for (const c of R.pareto.front) ymax = Math.max(ymax, c.recompute_flops);
     for (const p of policies) ymax = Math.max(ymax, p.recompute_flops);
+    ymax *= 1.1;
+    const above = R.pareto.candidates.filter((c) => c.recompute_flops > ymax).length;
+    if (above) $('pareto-note').textContent += ' ' + above + ' candidate plan(s) re-run more than the chart shows.';
     if (budget) ds.push({ label: 'budget ' + fmtBytes(budget), type: 'line', data: [{ x: budget, y: 0 }, { x: budget, y: ymax }],
                           borderColor: '#c00', borderDash: [6, 4], pointRadius: 0, fill: false, borderWidth: 1.5 });
     window.rematPage.pareto = new Chart($('pareto'), {
@@ -414,8 +435,11 @@ const char* const kScript = R"js(
         animation: false, responsive: true, maintainAspectRatio: false,
         plugins: { tooltip: { callbacks: { label: (c) => (c.raw.name || c.dataset.label) + ': peak ' + fmtBytes(c.raw.x) +
                                                           ', recompute ' + fmtFlops(c.raw.y) } } },
-        scales: { x: { ticks: { callback: (v) => fmtBytes(v) }, title: { display: true, text: 'peak bytes' } },
-                  y: { min: 0, ticks: { callback: (v) => fmtFlops(v) }, title: { display: true, text: 'recomputed FLOPs' } } }
+        scales: { x: { ticks: { callback: (v) => fmtBytes(v) }, title: { display: true, text: 'peak bytes' },
+                       afterBuildTicks: (axis) => { const a = byteAxis(axis.max, ''); const t = [];
+                         for (let v = Math.ceil(axis.min / a.ticks.stepSize) * a.ticks.stepSize; v <= axis.max; v += a.ticks.stepSize) t.push({ value: v });
+                         axis.ticks = t; } },
+                  y: { min: 0, max: ymax, ticks: { callback: (v) => fmtFlops(v) }, title: { display: true, text: 'recomputed FLOPs' } } }
       }
     });
   }
@@ -503,9 +527,11 @@ to see what is live; click a layer to find it.</p>
 </div>
 <h2>Policies side by side</h2>
 <div class="chart small"><canvas id="compare"></canvas></div>
+<section id="pareto-section">
 <h2>Checkpoint plans: peak vs recompute</h2>
 <p class="note" id="pareto-note">Every plan the planner simulated (grey), its Pareto front (red) and the policies above.</p>
 <div class="chart small"><canvas id="pareto"></canvas></div>
+</section>
 <h2>Per layer (policy <span id="layer-policy"></span>)</h2>
 <p class="note">Kept bytes: what the layer's forward still holds when the forward pass ends. Click a column to sort, a
 row to highlight the layer in the timeline.</p>

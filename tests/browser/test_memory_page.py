@@ -16,6 +16,7 @@ Exits 77 (ctest SKIP_RETURN_CODE) saying why when there is no browser or no Play
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -142,6 +143,33 @@ def main():
         check(sel == [layer], "... and its row of the layer table: %s" % sel)
         check(page.evaluate("() => window.rematPage.state.layer") == layer, "... and its spans in the timeline")
         check(page.evaluate("() => typeof window.pwned") == "undefined", "no layer name ran as script")
+
+        # Readable at 1400 px: the page does not scroll sideways; byte axes step by round
+        # binary values (1, 2 or 5 x 10^k of KiB, MiB or GiB); every policy its own line
+        # style; the reserved swatch is not a filled block.
+        check(page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth"),
+              "no horizontal scrolling at 1400 px")
+        for chart in ("timeline", "compare"):
+            ticks = page.evaluate("c => window.rematPage[c].scales.y.ticks.map(x => x.value)", chart)
+            steps = [b - a for a, b in zip(ticks, ticks[1:])]
+            # The axis's unit is its largest tick's (GiB, MiB or KiB); steps are 1, 2 or 5
+            # times a power of ten of it.
+            unit = next((u for u in (2 ** 30, 2 ** 20, 2 ** 10) if max(ticks) >= u), 1)
+
+            def round_step(d):
+                m = d / unit
+                e = 10 ** math.floor(math.log10(m))
+                return any(abs(m - k * e) < 1e-9 * m for k in (1, 2, 5))
+            check(len(steps) >= 3 and all(round_step(d) for d in steps),
+                  "%s: byte ticks on round binary steps (%s)" % (chart, steps[:3]))
+        styles = page.evaluate("""() => window.rematPage.compare.data.datasets
+            .filter(d => d.label.includes('(peak ')).map(d => d.borderColor + '/' + (d.borderDash || []).join(','))""")
+        check(len(styles) == len(report["policies"]) and len(set(styles)) == len(styles),
+              "every policy drawn in its own colour or dash (%d policies)" % len(styles))
+        fill = page.evaluate("""() => window.rematPage.timeline.data.datasets.find(d => d.label === 'reserved').backgroundColor""")
+        check(fill in ("rgba(0,0,0,0)", "transparent"), "the reserved swatch is an outline, not a block: " + str(fill))
+        check(page.evaluate("() => !document.getElementById('pareto-section').hidden") == ("pareto" in report),
+              "the checkpoint-plan section is shown exactly when the report has planner data")
 
         page.mouse.move(box["x"] + px, box["y"] + py)
         shot = os.path.join(outdir, a.name + ".png")
