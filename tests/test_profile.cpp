@@ -397,3 +397,35 @@ TEST(Memprof, SvgWithManyPoliciesStaysReadable) {
   EXPECT_EQ(legend, static_cast<int>(policies.size()));
   EXPECT_NE(svg.find("<title>a policy name far longer than the legend column can hold</title>"), std::string::npos);
 }
+
+// When no micro-batch fits, the error names the lowest peak over all micro-batches, which
+// for a model whose parameters dominate is at the whole batch (each smaller micro-batch
+// adds a gradient-sized accumulation buffer), not micro-batch 1's.
+TEST(Planner, NothingFitsNamesTheLowestPeakOverAllMicroBatches) {
+  remat::Config cfg = chain_config(4);
+  cfg.training.batch = 4;
+  auto smallest_at = [&](int64_t b) {
+    remat::Config c = cfg;
+    c.training.micro_batch = b == cfg.training.batch ? 0 : b;
+    const remat::Graph g = remat::build_config_graph(c, b, 0);
+    try {
+      remat::plan_for_budget(c, g, 1);
+    } catch (const remat::Error& e) {
+      const std::string m = e.what();
+      const size_t end = m.find(" bytes), reached");
+      const size_t begin = m.rfind('(', end);
+      return static_cast<int64_t>(std::stoll(m.substr(begin + 1, end - begin - 1)));
+    }
+    ADD_FAILURE() << "a 1-byte budget fitted";
+    return int64_t{0};
+  };
+  const int64_t whole = smallest_at(4), two = smallest_at(2), one = smallest_at(1);
+  ASSERT_LT(whole, one);  // the premise: micro-batch 1 is not the lowest
+  const int64_t lowest = std::min({whole, two, one});
+  EXPECT_REMAT_ERROR(remat::plan_micro_batch_for_budget(cfg, 1),
+                     "the smallest achievable peak is " + remat::format_bytes(lowest) + " (" + std::to_string(lowest) +
+                         " bytes), reached at micro-batch " +
+                         std::to_string(lowest == whole ? 4
+                                        : lowest == two ? 2
+                                                        : 1));
+}

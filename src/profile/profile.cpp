@@ -382,32 +382,14 @@ PlanCandidate ordered_plan(const Config& cfg, const Graph& g, int64_t n, int64_t
 
 }  // namespace
 
-MicroBatchPlan plan_micro_batch_for_budget(const Config& cfg, int64_t budget, int64_t seq, Backend* ws) {
-  const int64_t batch = cfg.training.batch;
-  const int ranks = cfg.training.ranks;
-  REMAT_CHECK(batch % ranks == 0, cfg.source, ": /training/batch ", batch, " does not split over ", ranks, " ranks");
-  for (int64_t b = batch; b >= 1; --b) {
-    if (batch % b != 0 || (batch / b) % ranks != 0) continue;  // each rank the same micro-batches
-    MicroBatchPlan r;
-    r.micro_batch = b;
-    r.config = cfg;
-    r.config.training.micro_batch = b == batch ? 0 : b;
-    r.graph = build_config_graph(r.config, b, seq);
-    if (b > 1) {
-      try {
-        r.best = plan_for_budget(r.config, r.graph, budget, ws);
-      } catch (const Error&) {
-        continue;  // nothing fits at this micro-batch: try a smaller one
-      }
-    } else {
-      r.best = plan_for_budget(r.config, r.graph, budget, ws);  // its error says what the smallest peak is
-    }
-    return r;
-  }
-  REMAT_THROW("unreachable");  // b = 1 gives batch micro-batches, a multiple of ranks
-}
+namespace {
 
-PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget, Backend* ws) {
+struct BudgetSearch {
+  std::optional<PlanCandidate> best;  // the least recompute that fits, if any
+  PlanCandidate smallest;             // the lowest peak seen
+};
+
+BudgetSearch search_budget(const Config& cfg, const Graph& g, int64_t budget, Backend* ws) {
   REMAT_CHECK(budget > 0, "the memory budget must be positive");
   const int64_t n = unit_count(g);
   std::optional<PlanCandidate> best, smallest;
@@ -461,11 +443,49 @@ PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget,
         hi = mid - 1;
     }
   }
-  if (!best)
-    REMAT_THROW("no plan fits the budget of ", format_bytes(budget), " (", budget, " bytes) at batch ", g.batch,
-                ": the smallest achievable peak is ", format_bytes(smallest->peak_bytes), " (", smallest->peak_bytes,
-                " bytes), reached by plan ", smallest->name);
-  return *best;
+  return {best, *smallest};
+}
+
+[[noreturn]] void throw_nothing_fits(int64_t budget, const PlanCandidate& smallest, const std::string& where,
+                                     const std::string& reached) {
+  REMAT_THROW("no plan fits the budget of ", format_bytes(budget), " (", budget, " bytes)", where,
+              ": the smallest achievable peak is ", format_bytes(smallest.peak_bytes), " (", smallest.peak_bytes,
+              " bytes), reached", reached, " by plan ", smallest.name);
+}
+
+}  // namespace
+
+PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget, Backend* ws) {
+  BudgetSearch r = search_budget(cfg, g, budget, ws);
+  if (!r.best) throw_nothing_fits(budget, r.smallest, " at batch " + std::to_string(g.batch), "");
+  return *r.best;
+}
+
+// The largest micro-batch at which some plan fits, the cheapest plan there. When nothing
+// fits at any micro-batch, the error names the lowest peak over all of them (a smaller
+// micro-batch is not always lower: its accumulation buffer can cost more than it saves).
+MicroBatchPlan plan_micro_batch_for_budget(const Config& cfg, int64_t budget, int64_t seq, Backend* ws) {
+  const int64_t batch = cfg.training.batch;
+  const int ranks = cfg.training.ranks;
+  REMAT_CHECK(batch % ranks == 0, cfg.source, ": /training/batch ", batch, " does not split over ", ranks, " ranks");
+  std::optional<PlanCandidate> smallest;
+  int64_t smallest_at = 0;
+  for (int64_t b = batch; b >= 1; --b) {
+    if (batch % b != 0 || (batch / b) % ranks != 0) continue;  // each rank the same micro-batches
+    MicroBatchPlan r;
+    r.micro_batch = b;
+    r.config = cfg;
+    r.config.training.micro_batch = b == batch ? 0 : b;
+    r.graph = build_config_graph(r.config, b, seq);
+    BudgetSearch found = search_budget(r.config, r.graph, budget, ws);
+    if (found.best) {
+      r.best = *found.best;
+      return r;
+    }
+    if (!smallest || found.smallest.peak_bytes < smallest->peak_bytes) smallest = found.smallest, smallest_at = b;
+  }
+  throw_nothing_fits(budget, *smallest, " at batch " + std::to_string(batch) + " with any micro-batch",
+                     " at micro-batch " + std::to_string(smallest_at));
 }
 
 CheckpointPlan resolve_policy(const Config& cfg, const Graph& g, const std::string& policy, Backend* ws) {
