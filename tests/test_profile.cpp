@@ -9,6 +9,7 @@
 #include <functional>
 #include <set>
 
+#include "remat/log.h"
 #include "remat/profile.h"
 #include "support/expect_error.h"
 #include "support/models.h"
@@ -428,4 +429,26 @@ TEST(Planner, NothingFitsNamesTheLowestPeakOverAllMicroBatches) {
                          std::to_string(lowest == whole ? 4
                                         : lowest == two ? 2
                                                         : 1));
+}
+
+// A policy that recomputes nothing says so: all and selective on a model without repeat
+// blocks (each layer its own unit), not sqrt there, and not none.
+TEST(Planner, APolicyThatRecomputesNothingWarns) {
+  remat::Config cfg = chain_config(2);
+  cfg.model = nlohmann::json::parse(R"({"input": {"type": "image", "shape": [1, 4, 4]},
+    "layers": [{"type": "flatten"}, {"type": "linear", "out_features": 16}, {"type": "gelu"},
+               {"type": "linear", "out_features": 16}, {"type": "gelu"}, {"type": "linear", "out_features": 4}]})");
+  const remat::Graph g = remat::build_config_graph(cfg, 4, 0);
+  for (const char* policy : {"all", "selective", "sqrt", "none"}) {
+    remat::LogCapture capture;
+    const remat::CheckpointPlan plan = remat::resolve_policy(cfg, g, policy);
+    bool warned = false;
+    for (const auto& r : capture.records())
+      warned = warned || (r.level == spdlog::level::warn && r.message.find("recomputes nothing") != std::string::npos &&
+                          r.message.find("no repeat blocks") != std::string::npos);
+    EXPECT_EQ(warned, plan.recomputed_layers() == 0 && std::string(policy) != "none") << policy;
+    if (std::string(policy) == "all") {
+      EXPECT_TRUE(warned);
+    }
+  }
 }

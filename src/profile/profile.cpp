@@ -11,6 +11,7 @@
 #include "remat/data.h"
 #include "remat/error.h"
 #include "remat/executor.h"
+#include "remat/log.h"
 #include "remat/optim.h"
 
 namespace remat {
@@ -495,7 +496,15 @@ CheckpointPlan resolve_policy(const Config& cfg, const Graph& g, const std::stri
     c.plan.policy = policy + " -> " + c.name;
     return c.plan;
   }
-  return make_plan(g, policy);
+  CheckpointPlan plan = make_plan(g, policy);
+  // A policy that asked for recompute and got none: say why instead of profiling or
+  // training a plain step under its name.
+  if (policy != "none" && plan.recomputed_layers() == 0)
+    log().warn("policy {} recomputes nothing in this model: {}", policy,
+               g.num_units > 0 ? std::string("every product it would free is read across its segments")
+                               : std::string("it has no repeat blocks, so each layer is its own unit and each output "
+                                             "its own checkpoint; every:K or sqrt group layers into segments"));
+  return plan;
 }
 
 }  // namespace remat
