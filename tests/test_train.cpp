@@ -177,7 +177,7 @@ TEST(Train, ResumeContinuesBitwise) {
   first.out = dir + "/split";
   first.steps = 5;  // an interrupted run: 5 of 8 steps, then resumed
   // The schedule length is part of the run: stop after 5 of the 8 configured steps.
-  first.steps = -1;
+  first.steps.reset();
   first.on_step = [](int64_t step, float) {
     if (step == 5) throw remat::Error("interrupted");
   };
@@ -359,5 +359,30 @@ TEST(Train, EvaluatesAtTheEndOfEveryEpoch) {
   EXPECT_EQ(eval_steps, (std::vector<int64_t>{12, 24, 36}));
   // The held-out samples follow the same classes: well above chance (0.25).
   EXPECT_GT(r.eval_accuracy, 0.6);
+  fs::remove_all(dir);
+}
+
+// An option set out of range is an error naming it and its value, never taken for "unset"
+// (TrainOptions held -1 for "the config's" and ignored every negative value).
+TEST(Train, OutOfRangeOptionsAreErrors) {
+  const std::string dir = tmp_dir("range");
+  const std::string cfg = write_config(dir);
+  remat::TrainOptions o;
+  o.config = cfg;
+  o.quiet = true;
+  o.batch = -4;
+  EXPECT_REMAT_ERROR(remat::train(o), "--batch -4: must be positive");
+  o.batch.reset();
+  o.steps = -1;
+  EXPECT_REMAT_ERROR(remat::train(o), "--steps -1: must be positive");
+  o.steps.reset();
+  o.epochs = 0;
+  EXPECT_REMAT_ERROR(remat::train(o), "--epochs 0: must be positive");
+  o.epochs.reset();
+  o.micro_batch = -2;
+  EXPECT_REMAT_ERROR(remat::train(o), "--micro-batch -2: must be 0");
+  o.micro_batch.reset();
+  o.seed = -1;
+  EXPECT_REMAT_ERROR(remat::train(o), "--seed -1: must be 0 or more");
   fs::remove_all(dir);
 }

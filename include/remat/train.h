@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,17 +22,19 @@ struct TrainOptions {
   std::string policy;     // "" = the config's
   std::string precision;  // "" = the config's training.precision (fp32 | bf16)
   std::string device = "auto";
-  int64_t steps = -1;  // -1 = the config's
-  int64_t epochs = -1;
-  int64_t batch = -1;
-  int64_t micro_batch = -1;        // -1 = the config's training.micro_batch; 0 = the whole batch
-  std::string reduce = "ordered";  // data parallel: "ordered" (bitwise for any rank count) or "fast"
-  bool shard_optimizer = false;    // sets training.shard_optimizer (ZeRO-1)
+  // Unset: the config's. Set values are checked (a negative batch is an error, never the
+  // config's value in disguise).
+  std::optional<int64_t> steps;        // > 0
+  std::optional<int64_t> epochs;       // > 0
+  std::optional<int64_t> batch;        // > 0
+  std::optional<int64_t> micro_batch;  // >= 0; 0 = the whole batch
+  std::string reduce = "ordered";      // data parallel: "ordered" (bitwise for any rank count) or "fast"
+  bool shard_optimizer = false;        // sets training.shard_optimizer (ZeRO-1)
   // Data parallel on cpu: reduce buckets of gradients during the backward sweep (the same
   // bits as after it; docs/distributed.md), each bucket closing at bucket_kib KiB.
   bool overlap = true;
   int64_t bucket_kib = 512;
-  int64_t seed = -1;
+  std::optional<int64_t> seed;     // >= 0
   std::string out;                 // run folder: checkpoint/, metrics.jsonl, config.json, memory.html
   std::string resume;              // run folder to resume from
   std::string data_path;           // overrides data.path

@@ -78,18 +78,25 @@ Config resolve_config(const TrainOptions& o) {
     if (const std::string e = precision_error(o.precision); !e.empty()) REMAT_THROW("--precision: ", e);
     cfg.training.precision = o.precision;
   }
-  if (o.steps >= 0) cfg.training.steps = o.steps;
-  if (o.epochs >= 0) {
-    cfg.training.epochs = o.epochs;
-    if (o.steps < 0) cfg.training.steps = 0;
+  // Set values are checked here too (the command's parser checks them first): a value out
+  // of range is an error naming the option, never the config's value in disguise.
+  REMAT_CHECK(!o.steps || *o.steps > 0, "--steps ", o.steps.value_or(0), ": must be positive");
+  REMAT_CHECK(!o.epochs || *o.epochs > 0, "--epochs ", o.epochs.value_or(0), ": must be positive");
+  REMAT_CHECK(!o.batch || *o.batch > 0, "--batch ", o.batch.value_or(0), ": must be positive");
+  REMAT_CHECK(!o.micro_batch || *o.micro_batch >= 0, "--micro-batch ", o.micro_batch.value_or(0),
+              ": must be 0 (the whole batch) or more");
+  REMAT_CHECK(!o.seed || *o.seed >= 0, "--seed ", o.seed.value_or(0), ": must be 0 or more");
+  if (o.steps) cfg.training.steps = *o.steps;
+  if (o.epochs) {
+    cfg.training.epochs = *o.epochs;
+    if (!o.steps) cfg.training.steps = 0;
   }
-  if (o.batch == 0) REMAT_THROW("--batch must be positive");
-  if (o.batch > 0) cfg.training.batch = o.batch;
-  if (o.micro_batch >= 0) cfg.training.micro_batch = o.micro_batch;
+  if (o.batch) cfg.training.batch = *o.batch;
+  if (o.micro_batch) cfg.training.micro_batch = *o.micro_batch;
   if (o.shard_optimizer) cfg.training.shard_optimizer = true;
   check_micro_batch(cfg);
   REMAT_CHECK(o.reduce == "ordered" || o.reduce == "fast", "--reduce ", o.reduce, ": expected ordered or fast");
-  if (o.seed >= 0) cfg.training.seed = static_cast<uint64_t>(o.seed);
+  if (o.seed) cfg.training.seed = static_cast<uint64_t>(*o.seed);
   if (!o.data_path.empty()) cfg.data.path = o.data_path;
   return cfg;
 }

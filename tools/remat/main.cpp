@@ -40,7 +40,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version exit 0; every usage error (an unknown option, a missing or
+    // out-of-range value) exits 2, whatever CLI11's own code for its kind.
+    return app.exit(e) == 0 ? 0 : 2;
   }
   try {
     for (auto& run : runners) {

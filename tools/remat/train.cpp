@@ -22,12 +22,13 @@ Runner add_train_command(CLI::App& app) {
          "--device", opt->device,
          "cpu, cuda, cuda:N, cuda-emu (the CUDA kernels on the emulator: slow) or auto (cuda:0 when a GPU is present)")
       ->default_val("auto");
-  auto* steps = cmd->add_option("--steps", opt->steps, "Training steps (overrides the config)");
-  cmd->add_option("--epochs", opt->epochs, "Epochs (overrides the config)")->excludes(steps);
-  cmd->add_option("--batch", opt->batch, "Batch size (overrides the config)");
+  auto* steps = cmd->add_option("--steps", opt->steps, "Training steps (overrides the config)")->check(positive());
+  cmd->add_option("--epochs", opt->epochs, "Epochs (overrides the config)")->check(positive())->excludes(steps);
+  cmd->add_option("--batch", opt->batch, "Batch size (overrides the config)")->check(positive());
   cmd->add_option("--micro-batch", opt->micro_batch,
                   "Gradient accumulation: run each step as batch / N micro-batches of N samples (overrides "
-                  "training.micro_batch; 0 = the whole batch)");
+                  "training.micro_batch; 0 = the whole batch)")
+      ->check(non_negative("0 (the whole batch) or more"));
   cmd->add_option("--reduce", opt->reduce,
                   "Data parallel (mpirun -np N): ordered (bitwise the same weights for any N) or fast "
                   "(MPI_Allreduce, not bitwise)")
@@ -46,7 +47,7 @@ Runner add_train_command(CLI::App& app) {
                   "to this many KiB")
       ->check(CLI::PositiveNumber)
       ->default_val(opt->bucket_kib);
-  cmd->add_option("--seed", opt->seed, "Seed for initialisation, data order and dropout");
+  cmd->add_option("--seed", opt->seed, "Seed for initialisation, data order and dropout")->check(non_negative());
   cmd->add_option("--out", opt->out, "Run folder: checkpoint/, metrics.jsonl, config.json, memory.html");
   cmd->add_option("--resume", opt->resume, "Resume from a run folder (continues bitwise as if uninterrupted)")
       ->check(CLI::ExistingDirectory);

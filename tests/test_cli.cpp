@@ -1,0 +1,87 @@
+// The `remat` command as a user meets it: bad option values are usage errors naming the
+// option and the value, run folders are not overwritten by accident, errors carry no
+// source paths, --version and --quiet.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kTiny = std::string(REMAT_SOURCE_DIR) + "/tests/configs/mpi_tiny.json";
+
+struct Result {
+  int rc = -1;         // the exit status
+  std::string output;  // stdout and stderr together
+};
+
+// Runs `remat ARGS` with stdout and stderr captured; `env` is prepended (VAR=value ...).
+Result run(const std::string& args, const std::string& env = "") {
+  // ctest runs the cases of this file in parallel processes: one output file each.
+  const std::string out = (fs::temp_directory_path() / ("remat_cli_" + std::to_string(::getpid()) + ".txt")).string();
+  const int status = std::system((env + " " + std::string(REMAT_CLI) + " " + args + " > " + out + " 2>&1").c_str());
+  std::ifstream in(out);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  fs::remove(out);
+  Result r;
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.output = ss.str();
+  return r;
+}
+
+bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
+}  // namespace
+
+// A negative count was taken for "not given" (a -1 sentinel) and silently replaced by the
+// config's value; now every such option rejects it, naming the option and the value, with
+// the exit status of a usage error.
+TEST(Cli, NegativeNumbersAreUsageErrorsNamingTheOption) {
+  const struct {
+    std::string args, option, value;
+  } cases[] = {
+      {"train " + kTiny + " --batch -4", "--batch", "-4"},
+      {"train " + kTiny + " --batch -1", "--batch", "-1"},
+      {"train " + kTiny + " --batch 0", "--batch", "0"},
+      {"train " + kTiny + " --steps -1", "--steps", "-1"},
+      {"train " + kTiny + " --epochs -1", "--epochs", "-1"},
+      {"train " + kTiny + " --seed -1", "--seed", "-1"},
+      {"train " + kTiny + " --micro-batch -2", "--micro-batch", "-2"},
+      {"eval " + kTiny + " --batch -3", "--batch", "-3"},
+      {"eval " + kTiny + " --seed -1", "--seed", "-1"},
+      {"eval " + kTiny + " --max-batches -1", "--max-batches", "-1"},
+      {"memprof " + kTiny + " --batch -1", "--batch", "-1"},
+      {"memprof " + kTiny + " --micro-batch -1", "--micro-batch", "-1"},
+      {"memprof " + kTiny + " --seq -8", "--seq", "-8"},
+      {"plan " + kTiny + " --batch -1", "--batch", "-1"},
+      {"plan " + kTiny + " --micro-batch -5", "--micro-batch", "-5"},
+      {"plan " + kTiny + " --seq -1", "--seq", "-1"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.args);
+    const Result r = run(c.args);
+    EXPECT_EQ(r.rc, 2) << r.output;
+    EXPECT_TRUE(contains(r.output, c.option + ": " + c.value + ": must be")) << r.output;
+  }
+  // In range, the same options run.
+  const Result ok = run("memprof " + kTiny + " --batch 4 --micro-batch 0 --seq 8 --policy none");
+  EXPECT_EQ(ok.rc, 0) << ok.output;
+  EXPECT_TRUE(contains(ok.output, "batch 4")) << ok.output;
+}
+
+// Other usage errors of the option parser exit with the same status.
+TEST(Cli, UsageErrorsExitWithStatus2) {
+  const Result unknown = run("train " + kTiny + " --bogus");
+  EXPECT_EQ(unknown.rc, 2) << unknown.output;
+  EXPECT_TRUE(contains(unknown.output, "--bogus")) << unknown.output;
+  EXPECT_EQ(run("").rc, 2);  // no subcommand
+  EXPECT_EQ(run("train --help").rc, 0);
+}
