@@ -37,6 +37,22 @@ Result run(const std::string& args, const std::string& env = "") {
   return r;
 }
 
+bool contains_loss(const std::string& line) { return line.find("\"loss\"") != std::string::npos; }
+
+std::string tmp_dir(const std::string& name) {
+  const fs::path p = fs::temp_directory_path() / ("remat_cli_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(p);
+  return p.string();
+}
+
+// Records of metrics.jsonl with a loss (one per logged step).
+int loss_records(const std::string& run_dir) {
+  std::ifstream m(run_dir + "/metrics.jsonl");
+  int n = 0;
+  for (std::string l; std::getline(m, l);) n += contains_loss(l);
+  return n;
+}
+
 bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
 
 }  // namespace
@@ -84,4 +100,38 @@ TEST(Cli, UsageErrorsExitWithStatus2) {
   EXPECT_TRUE(contains(unknown.output, "--bogus")) << unknown.output;
   EXPECT_EQ(run("").rc, 2);  // no subcommand
   EXPECT_EQ(run("train --help").rc, 0);
+}
+
+// --out into a folder that holds a run used to overwrite its checkpoint and append to its
+// metrics.jsonl; now it is an error that names the folder and the ways on (--resume to
+// continue, --overwrite to start over, which truncates metrics.jsonl).
+TEST(Cli, OutIntoAnExistingRunNeedsResumeOrOverwrite) {
+  const std::string dir = tmp_dir("out");
+  const std::string train = "train " + kTiny + " --device cpu --quiet --steps 2 --out " + dir;
+  fs::create_directories(dir);  // an empty folder is fine
+  const Result first = run(train);
+  ASSERT_EQ(first.rc, 0) << first.output;
+  ASSERT_EQ(loss_records(dir), 2);
+  const Result again = run(train);
+  EXPECT_EQ(again.rc, 1) << again.output;
+  EXPECT_TRUE(contains(again.output, "--out " + dir + ": the folder holds a run (checkpoint, metrics.jsonl)"))
+      << again.output;
+  EXPECT_TRUE(contains(again.output, "--resume " + dir)) << again.output;
+  EXPECT_TRUE(contains(again.output, "--overwrite")) << again.output;
+  EXPECT_EQ(loss_records(dir), 2);  // untouched
+  // A folder with only metrics.jsonl (a run stopped before its first checkpoint) is a run too.
+  fs::remove_all(dir + "/checkpoint");
+  EXPECT_EQ(run(train).rc, 1);
+  const Result over = run(train + " --overwrite");
+  EXPECT_EQ(over.rc, 0) << over.output;
+  EXPECT_EQ(loss_records(dir), 2);  // started over, not appended to
+  EXPECT_TRUE(fs::exists(dir + "/checkpoint/state.json"));
+  const Result both = run(train + " --overwrite --resume " + dir);
+  EXPECT_EQ(both.rc, 2) << both.output;
+  // A path that cannot be a folder: a clear error naming it, not an unexpected one.
+  const Result proc = run("train " + kTiny + " --device cpu --quiet --steps 1 --out /proc/remat_no_such/run");
+  EXPECT_EQ(proc.rc, 1) << proc.output;
+  EXPECT_TRUE(contains(proc.output, "remat: error: --out /proc/remat_no_such/run: cannot create the run folder"))
+      << proc.output;
+  fs::remove_all(dir);
 }

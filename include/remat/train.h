@@ -34,9 +34,12 @@ struct TrainOptions {
   // bits as after it; docs/distributed.md), each bucket closing at bucket_kib KiB.
   bool overlap = true;
   int64_t bucket_kib = 512;
-  std::optional<int64_t> seed;     // >= 0
-  std::string out;                 // run folder: checkpoint/, metrics.jsonl, config.json, memory.html
-  std::string resume;              // run folder to resume from
+  std::optional<int64_t> seed;  // >= 0
+  std::string out;              // run folder: checkpoint/, metrics.jsonl, config.json, memory.html
+  std::string resume;           // run folder to resume from
+  // out may be a folder that holds a run (a checkpoint or metrics.jsonl) only with
+  // overwrite, which starts it over: its checkpoint is removed, metrics.jsonl truncated.
+  bool overwrite = false;
   std::string data_path;           // overrides data.path
   std::string dataset;             // overrides data.dataset (e.g. token_shards for a synthetic config)
   std::string init_from;           // weights to start from: a Hugging Face GPT-2 checkpoint or a remat run (interop.h)

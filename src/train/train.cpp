@@ -264,9 +264,41 @@ float read_step_loss(StepStats& st) {
   return loss;
 }
 
+// --out DIR: a folder that already holds a run (a checkpoint or metrics.jsonl) is not
+// overwritten by accident; --resume DIR continues it, --overwrite starts it over (its
+// checkpoint removed, metrics.jsonl truncated when the run folder opens). Rank 0 creates
+// the folder here, before any data is read, so that a path that cannot be one fails first.
+void prepare_out_folder(const TrainOptions& o, bool rank0) {
+  if (o.out.empty()) return;
+  REMAT_CHECK(!o.overwrite || o.resume.empty(), "--overwrite and --resume exclude each other");
+  const fs::path dir(o.out);
+  std::error_code ec;
+  if (!o.resume.empty() && fs::equivalent(dir, o.resume, ec)) return;  // --resume DIR --out DIR
+  std::vector<std::string> held;
+  for (const char* name : {"checkpoint", "checkpoint.new", "checkpoint.old", "metrics.jsonl"})
+    if (fs::exists(dir / name, ec)) held.push_back(name);
+  if (!held.empty() && !o.overwrite) {
+    std::string names;
+    for (const std::string& h : held) names += (names.empty() ? "" : ", ") + h;
+    REMAT_THROW("--out ", o.out, ": the folder holds a run (", names, "); pass --resume ", o.out,
+                " to continue it, or --overwrite to start it over (its checkpoint and metrics.jsonl are replaced), ",
+                "or choose another folder");
+  }
+  if (!rank0) return;
+  for (const std::string& h : held)
+    if (h != "metrics.jsonl") {
+      fs::remove_all(dir / h, ec);
+      REMAT_CHECK(!ec, "--out ", o.out, ": cannot remove ", (dir / h).string(), ": ", ec.message());
+    }
+  fs::create_directories(dir, ec);
+  REMAT_CHECK(!ec && fs::is_directory(dir, ec), "--out ", o.out, ": cannot create the run folder",
+              ec ? ": " + ec.message() : std::string(": a file of that name exists"));
+}
+
 std::unique_ptr<Trainer::State> set_up(TrainOptions o) {
   dist::Comm& comm = dist::world();
   if (comm.rank() != 0) o.quiet = true;  // rank 0 logs and writes the run folder
+  prepare_out_folder(o, comm.rank() == 0);
   Config cfg = resolve_config(o);
   check_same_run(comm, cfg, o);
   if (comm.size() > 1 && cfg.training.micro_batch == 0) {
@@ -370,7 +402,9 @@ void Trainer::open_run_folder() {
     }
     write_file_atomic(mpath, kept);
   }
-  s.metrics.open(mpath, std::ios::app);
+  // A fresh run (a new folder, or --overwrite) starts metrics.jsonl over; a resumed one
+  // appends to the records it kept.
+  s.metrics.open(mpath, s.opt.resume.empty() ? std::ios::trunc : std::ios::app);
   REMAT_CHECK(s.metrics.good(), "cannot open ", mpath);
   if (s.opt.resume.empty()) {
     // The initial weights, so that a reference implementation can start from them.

@@ -49,8 +49,13 @@ Runner add_train_command(CLI::App& app) {
       ->default_val(opt->bucket_kib);
   cmd->add_option("--seed", opt->seed, "Seed for initialisation, data order and dropout")->check(non_negative());
   cmd->add_option("--out", opt->out, "Run folder: checkpoint/, metrics.jsonl, config.json, memory.html");
-  cmd->add_option("--resume", opt->resume, "Resume from a run folder (continues bitwise as if uninterrupted)")
-      ->check(CLI::ExistingDirectory);
+  auto* resume =
+      cmd->add_option("--resume", opt->resume, "Resume from a run folder (continues bitwise as if uninterrupted)")
+          ->check(CLI::ExistingDirectory);
+  cmd->add_flag("--overwrite", opt->overwrite,
+                "Let --out name a folder that holds a run and start it over (its checkpoint is removed, "
+                "metrics.jsonl truncated); without it such a folder is an error")
+      ->excludes(resume);
   cmd->add_option("--data", opt->data_path, "Data folder, file or (token shards) glob (overrides data.path)");
   cmd->add_option("--dataset", opt->dataset, "Data set (overrides data.dataset), e.g. token_shards")
       ->check(CLI::IsMember({"fashion_mnist", "text", "synthetic_images", "synthetic_text", "token_shards"}));
