@@ -135,3 +135,30 @@ TEST(Cli, OutIntoAnExistingRunNeedsResumeOrOverwrite) {
       << proc.output;
   fs::remove_all(dir);
 }
+
+// A resume says which learning-rate schedule it follows: the run's own, or with
+// --reschedule one fitted to the new length.
+TEST(Cli, ResumeSaysWhichScheduleItUses) {
+  const std::string dir = tmp_dir("schedule");
+  fs::create_directories(dir);
+  std::ifstream in(kTiny);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string cfg = ss.str();
+  cfg.replace(cfg.find("\"optimizer\""), 0, R"("schedule": {"type": "cosine", "min_lr_ratio": 0.1}, )");
+  std::ofstream(dir + "/cosine.json") << cfg;
+  const std::string train = "train " + dir + "/cosine.json --device cpu ";
+  ASSERT_EQ(run(train + "--quiet --steps 2 --out " + dir + "/run").rc, 0);
+  const Result extended = run(train + "--steps 5 --resume " + dir + "/run");
+  EXPECT_EQ(extended.rc, 0) << extended.output;
+  EXPECT_TRUE(contains(extended.output,
+                       "schedule: cosine schedule of the run: 2 steps; steps 3-5 run at its final lr 1.000e-03 "
+                       "(--reschedule fits it to 5 steps)"))
+      << extended.output;
+  const Result fitted = run(train + "--steps 6 --reschedule --resume " + dir + "/run");
+  EXPECT_EQ(fitted.rc, 0) << fitted.output;
+  EXPECT_TRUE(contains(fitted.output, "schedule: cosine schedule fitted to 6 steps (--reschedule; the run's was 2)"))
+      << fitted.output;
+  EXPECT_EQ(run(train + "--steps 4 --reschedule").rc, 2);  // --reschedule needs --resume
+  fs::remove_all(dir);
+}

@@ -146,7 +146,8 @@ struct Trainer::State {
   CheckpointPlan plan;
   int64_t n_train = 0;
   BatchSampler sampler;
-  int64_t total = 0;  // steps of the whole run
+  int64_t total = 0;           // steps of the whole run
+  int64_t schedule_total = 0;  // the learning-rate schedule's length (total, or a resumed run's)
   ParamStore params;
   Optimizer optimizer;
   Executor executor;
@@ -181,6 +182,7 @@ struct Trainer::State {
         n_train(data.train_size()),
         sampler(checked_train_size(), cfg.training.batch, cfg.training.seed, cfg.data.shuffle),
         total(cfg.training.steps > 0 ? cfg.training.steps : cfg.training.epochs * sampler.batches_per_epoch()),
+        schedule_total(total),
         params(graph, dev, cfg.training.seed, /*initialise=*/o.init_from.empty()),  // init_from sets them
         // ZeRO-1: each rank keeps the optimizer state of its shard (docs/distributed.md).
         optimizer(cfg.optimizer, params, be, cm.rank(), cfg.training.shard_optimizer ? cm.size() : 0),
@@ -246,7 +248,8 @@ namespace {
 void check_same_run(dist::Comm& comm, const Config& cfg, const TrainOptions& o) {
   if (comm.size() == 1) return;
   const uint64_t h = fnv1a(cfg.resolved().dump() + "|" + o.reduce + "|" + o.init_from + "|" + o.resume + "|" +
-                           (o.overlap ? "overlap " : "no overlap ") + std::to_string(o.bucket_kib));
+                           (o.overlap ? "overlap " : "no overlap ") + std::to_string(o.bucket_kib) +
+                           (o.reschedule ? " reschedule" : ""));
   std::vector<uint64_t> all(static_cast<size_t>(comm.size()));
   comm.allgather(&h, all.data(), 1);
   for (int r = 1; r < comm.size(); ++r)
@@ -377,6 +380,43 @@ void Trainer::resume() {
   s.sampler.seek(c.epoch, c.position);
   s.step = c.step;
   if (!s.opt.quiet) std::printf("resumed %s at step %lld\n", s.opt.resume.c_str(), static_cast<long long>(s.step));
+  resume_schedule(c.schedule_steps);
+}
+
+// A resumed run keeps the learning-rate schedule recorded in its checkpoint, so that
+// --steps N extends the run rather than redrawing its rates; --reschedule fits the
+// schedule to the new length instead. One line says which.
+void Trainer::resume_schedule(int64_t recorded) {
+  State& s = *s_;
+  const ScheduleConfig& sc = s.cfg.schedule;
+  const auto lr_at = [&](int64_t step, int64_t length) { return scheduled_lr(s.cfg.optimizer, sc, step, length); };
+  const long long total = s.total;
+  std::string line;
+  if (recorded <= 0) {
+    s.schedule_total = s.total;  // a checkpoint older than the record: what every resume did then
+    line = "the checkpoint records no schedule length: " + sc.type + " schedule over this run's " +
+           std::to_string(total) + " steps";
+  } else if (s.opt.reschedule) {
+    s.schedule_total = s.total;
+    line = sc.type + " schedule fitted to " + std::to_string(total) + " steps (--reschedule; the run's was " +
+           std::to_string(recorded) + ")";
+  } else {
+    s.schedule_total = recorded;
+    line = sc.type + " schedule of the run: " + std::to_string(recorded) + " steps";
+    if (sc.type != "cosine") {
+      line += " (a " + sc.type + " schedule does not depend on them)";
+    } else if (s.total > recorded) {
+      char lr[32];
+      std::snprintf(lr, sizeof lr, "%.3e", lr_at(recorded, recorded));
+      const std::string past = s.total == recorded + 1
+                                   ? "step " + std::to_string(total) + " runs"
+                                   : "steps " + std::to_string(recorded + 1) + "-" + std::to_string(total) + " run";
+      line += "; " + past + " at its final lr " + lr + " (--reschedule fits it to " + std::to_string(total) + " steps)";
+    } else if (s.total < recorded) {
+      line += "; this run stops before its end (--reschedule fits it to " + std::to_string(total) + " steps)";
+    }
+  }
+  if (!s.opt.quiet) std::printf("schedule: %s\n", line.c_str());
 }
 
 void Trainer::open_run_folder() {
@@ -485,7 +525,7 @@ StepStats Trainer::step() {
   }
   if (s.reducer && s.opt.on_grads) s.opt.on_grads(-1, s.params.grads);
   ++s.step;
-  const double lr = scheduled_lr(s.cfg.optimizer, s.cfg.schedule, s.step, s.total);
+  const double lr = scheduled_lr(s.cfg.optimizer, s.cfg.schedule, s.step, s.schedule_total);
   s.optimizer.step(lr);
   if (s.optimizer.sharded() && s.reducer) s.reducer->gather_weights();
   s.be.synchronize();  // the step's device work is part of its time
@@ -608,7 +648,8 @@ void Trainer::checkpoint() {
                     tc.policy,
                     s.cfg.name,
                     tc.batch,
-                    s.n_train};
+                    s.n_train,
+                    s.schedule_total};
   save_checkpoint((fs::path(s.out_dir) / "checkpoint").string(), s.params, state, c);
 }
 

@@ -56,6 +56,10 @@ Runner add_train_command(CLI::App& app) {
                 "Let --out name a folder that holds a run and start it over (its checkpoint is removed, "
                 "metrics.jsonl truncated); without it such a folder is an error")
       ->excludes(resume);
+  cmd->add_flag("--reschedule", opt->reschedule,
+                "With --resume: fit the learning-rate schedule to this run's length (default: keep the length "
+                "recorded in the run, so that --steps extends it)")
+      ->needs(resume);
   cmd->add_option("--data", opt->data_path, "Data folder, file or (token shards) glob (overrides data.path)");
   cmd->add_option("--dataset", opt->dataset, "Data set (overrides data.dataset), e.g. token_shards")
       ->check(CLI::IsMember({"fashion_mnist", "text", "synthetic_images", "synthetic_text", "token_shards"}));
