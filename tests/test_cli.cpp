@@ -162,3 +162,44 @@ TEST(Cli, ResumeSaysWhichScheduleItUses) {
   EXPECT_EQ(run(train + "--steps 4 --reschedule").rc, 2);  // --reschedule needs --resume
   fs::remove_all(dir);
 }
+
+// Errors tell the user the file, field and value at fault, not remat's source file or the
+// text of a failed check (they were printed as "(src/graph/config.cpp:34)" and "[check
+// `in[0].rank() == 3 && ...` failed]"); REMAT_LOG=debug still shows them.
+TEST(Cli, ErrorsShowNoSourcePathsOrCheckText) {
+  const std::string dir = tmp_dir("errors");
+  fs::create_directories(dir);
+  std::ofstream(dir + "/no_model.json") << R"({"name": "bad", "training": {"batch": 4}})";
+  // A check inside a layer, wrapped by the graph builder with the layer's place in the config.
+  std::ofstream(dir + "/bad_attention.json") << R"({"name": "bad", "model": {
+    "input": {"type": "tokens", "seq_len": 8}, "layers": [
+      {"type": "embedding", "name": "embed", "vocab": 16, "dim": 16, "positions": 8},
+      {"type": "flatten"},
+      {"type": "linear", "name": "qkv", "out_features": 48},
+      {"type": "attention", "name": "attn", "heads": 2}]},
+    "data": {"dataset": "synthetic_text", "vocab": 16, "synthetic_size": 64},
+    "training": {"batch": 4, "steps": 1}})";
+  const struct {
+    std::string args, message;
+  } cases[] = {
+      {"memprof " + dir + "/no_model.json", "remat: error: " + dir + "/no_model.json: /model: missing (required)\n"},
+      {"memprof " + dir + "/bad_attention.json",
+       "remat: error: " + dir +
+           "/bad_attention.json: /model/layers/3: layer \"attn\" (attention): attention: input "
+           "[4, 48] must be [B, T, (heads + 2 kv_heads) d] with heads 2, kv_heads 2\n"},
+      {"plan " + kTiny + " --device meta",
+       "remat: error: plan --device meta: name the device to plan for (cpu, cuda, cuda-emu)\n"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.args);
+    const Result r = run(c.args);
+    EXPECT_EQ(r.rc, 1);
+    EXPECT_EQ(r.output, c.message);  // the whole output: nothing after the message
+    const Result debug = run(c.args, "REMAT_LOG=debug");
+    EXPECT_TRUE(contains(debug.output, "error source:")) << debug.output;
+    EXPECT_TRUE(contains(debug.output, ".cpp:")) << debug.output;
+  }
+  const Result check = run("plan " + kTiny + " --device meta", "REMAT_LOG=debug");
+  EXPECT_TRUE(contains(check.output, "[check `!dev.is_meta()` failed] (tools/remat/memprof.cpp:")) << check.output;
+  fs::remove_all(dir);
+}

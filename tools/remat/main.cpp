@@ -10,10 +10,11 @@
 #include "remat/backend.h"
 #include "remat/dist.h"
 #include "remat/error.h"
+#include "remat/log.h"
 
 // OpenMP threads that spin-wait between parallel regions steal the cores that BLAS and
 // the other OpenMP threads need; on a small or shared machine a training step ran 20x
-// slower. libgomp reads its wait policy before main(), so when the user has not chosen
+// slower. libgomp reads its wait policy before main runs, so when the user has not chosen
 // one, re-execute once with OMP_WAIT_POLICY=passive.
 static void prefer_passive_openmp_waits(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT") || std::getenv("REMAT_NO_REEXEC")) return;
@@ -50,7 +51,10 @@ int main(int argc, char** argv) {
       if (rc >= 0) return rc;
     }
   } catch (const remat::Error& e) {
-    std::fprintf(stderr, "remat: error: %s\n", e.what());
+    // The user reads what is at fault (file, field, option, value); the failed check and
+    // remat's source file and line are for REMAT_LOG=debug.
+    if (!e.source().empty()) remat::log().debug("error source:{}", e.source());
+    std::fprintf(stderr, "remat: error: %s\n", e.message().c_str());
     std::fflush(stderr);
     remat::dist::abort_job_on_error(1);  // no other rank waits for this one
     return 1;
