@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -202,4 +203,19 @@ TEST(Cli, ErrorsShowNoSourcePathsOrCheckText) {
   const Result check = run("plan " + kTiny + " --device meta", "REMAT_LOG=debug");
   EXPECT_TRUE(contains(check.output, "[check `!dev.is_meta()` failed] (tools/remat/memprof.cpp:")) << check.output;
   fs::remove_all(dir);
+}
+
+// `remat --version` prints the version CMake sets; `--quiet` keeps the final summary line
+// (it printed nothing at all).
+TEST(Cli, VersionAndQuietSummary) {
+  const Result version = run("--version");
+  EXPECT_EQ(version.rc, 0) << version.output;
+  EXPECT_EQ(version.output, std::string("remat ") + REMAT_VERSION + "\n");
+  const Result quiet = run("train " + kTiny + " --device cpu --quiet --steps 2");
+  EXPECT_EQ(quiet.rc, 0) << quiet.output;
+  EXPECT_EQ(quiet.output.rfind("done: 2 steps, final loss ", 0), 0u) << quiet.output;
+  EXPECT_EQ(std::count(quiet.output.begin(), quiet.output.end(), '\n'), 1) << quiet.output;
+  const Result loud = run("train " + kTiny + " --device cpu --steps 2");
+  EXPECT_TRUE(contains(loud.output, "\ndone: 2 steps, final loss ")) << loud.output;
+  EXPECT_TRUE(contains(loud.output, "memory at the peak of a training step")) << loud.output;
 }

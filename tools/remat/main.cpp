@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   remat::register_cuda_emu_backend();
 #endif
   CLI::App app{"remat: train deep models in less memory (gradient checkpointing on CUDA and CPU)"};
+  app.set_version_flag("--version", std::string("remat ") + REMAT_VERSION);
   app.require_subcommand(1);
   std::vector<remat::cli::Runner> runners;
   runners.push_back(remat::cli::add_info_command(app));

@@ -72,14 +72,16 @@ Runner add_train_command(CLI::App& app) {
       ->needs(init);
   cmd->add_flag("--verify-recompute", opt->verify_recompute,
                 "Hash every tensor freed for recompute and check the recomputed one against it");
-  cmd->add_flag("--quiet", opt->quiet, "No progress lines");
+  cmd->add_flag("--quiet", opt->quiet, "Only the final done: line (no progress lines, sample or memory report)");
   return [cmd, opt]() -> int {
     if (!cmd->parsed()) return -1;
     TrainResult r = train(*opt);
-    if (!opt->quiet && dist::world().rank() == 0) {  // with several ranks, rank 0 reports
-      std::printf("done: %lld steps, final loss %.4f", static_cast<long long>(r.steps), r.last_loss);
-      if (r.eval_accuracy >= 0) std::printf(", eval loss %.4f, eval accuracy %.4f", r.eval_loss, r.eval_accuracy);
-      std::printf(", peak %.1f MiB\n", static_cast<double>(r.peak_bytes) / (1 << 20));
+    if (dist::world().rank() != 0) return 0;  // with several ranks, rank 0 reports
+    // The summary line, --quiet or not.
+    std::printf("done: %lld steps, final loss %.4f", static_cast<long long>(r.steps), r.last_loss);
+    if (r.eval_accuracy >= 0) std::printf(", eval loss %.4f, eval accuracy %.4f", r.eval_loss, r.eval_accuracy);
+    std::printf(", peak %.1f MiB\n", static_cast<double>(r.peak_bytes) / (1 << 20));
+    if (!opt->quiet) {
       if (r.ranks > 1 && !r.losses.empty()) {
         const double steps = static_cast<double>(r.losses.size());
         std::printf(
