@@ -34,7 +34,21 @@ expect_in() {  # expect_in FILE PATTERN WHAT
   }
 }
 
-export GPU_CHECK_BUILD_DIR=$build GPU_CHECK_PYTHON=${GPU_CHECK_PYTHON:-/usr/bin/python3}
+# The torch stages need a Python with numpy and PyTorch: $GPU_CHECK_PYTHON, else the
+# system's, else the first python3 on PATH (a pyenv shim may have neither).
+python=""
+for p in ${GPU_CHECK_PYTHON:-} /usr/bin/python3 "$(command -v python3)"; do
+  if [[ -x $p ]] && "$p" -c 'import numpy, torch' >/dev/null 2>&1; then
+    python=$p
+    break
+  fi
+done
+if [[ -z $python ]]; then
+  echo "SKIPPED: no Python with numpy and torch (tried ${GPU_CHECK_PYTHON:-} /usr/bin/python3" \
+    "$(command -v python3)) for the dry run's torch stages; set GPU_CHECK_PYTHON"
+  exit 77
+fi
+export GPU_CHECK_BUILD_DIR=$build GPU_CHECK_PYTHON=$python
 
 # 1. the whole dry run
 echo "== 1. dry run"

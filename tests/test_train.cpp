@@ -177,7 +177,7 @@ TEST(Train, ResumeContinuesBitwise) {
   first.out = dir + "/split";
   first.steps = 5;  // an interrupted run: 5 of 8 steps, then resumed
   // The schedule length is part of the run: stop after 5 of the 8 configured steps.
-  first.steps = -1;
+  first.steps.reset();
   first.on_step = [](int64_t step, float) {
     if (step == 5) throw remat::Error("interrupted");
   };
@@ -359,5 +359,95 @@ TEST(Train, EvaluatesAtTheEndOfEveryEpoch) {
   EXPECT_EQ(eval_steps, (std::vector<int64_t>{12, 24, 36}));
   // The held-out samples follow the same classes: well above chance (0.25).
   EXPECT_GT(r.eval_accuracy, 0.6);
+  fs::remove_all(dir);
+}
+
+// An option set out of range is an error naming it and its value, never taken for "unset"
+// (TrainOptions held -1 for "the config's" and ignored every negative value).
+TEST(Train, OutOfRangeOptionsAreErrors) {
+  const std::string dir = tmp_dir("range");
+  const std::string cfg = write_config(dir);
+  remat::TrainOptions o;
+  o.config = cfg;
+  o.quiet = true;
+  o.batch = -4;
+  EXPECT_REMAT_ERROR(remat::train(o), "--batch -4: must be positive");
+  o.batch.reset();
+  o.steps = -1;
+  EXPECT_REMAT_ERROR(remat::train(o), "--steps -1: must be positive");
+  o.steps.reset();
+  o.epochs = 0;
+  EXPECT_REMAT_ERROR(remat::train(o), "--epochs 0: must be positive");
+  o.epochs.reset();
+  o.micro_batch = -2;
+  EXPECT_REMAT_ERROR(remat::train(o), "--micro-batch -2: must be 0");
+  o.micro_batch.reset();
+  o.seed = -1;
+  EXPECT_REMAT_ERROR(remat::train(o), "--seed -1: must be 0 or more");
+  fs::remove_all(dir);
+}
+
+namespace {
+
+// The lr of each logged step of a run folder's metrics.jsonl.
+std::map<int64_t, double> logged_lr(const std::string& run_dir) {
+  std::map<int64_t, double> lr;
+  std::ifstream m(run_dir + "/metrics.jsonl");
+  for (std::string l; std::getline(m, l);) {
+    const auto j = nlohmann::json::parse(l);
+    if (j.contains("lr")) lr[j["step"].get<int64_t>()] = j["lr"].get<double>();
+  }
+  return lr;
+}
+
+}  // namespace
+
+// `--resume RUN --steps N` extends a run: the cosine schedule keeps the length recorded in
+// the checkpoint (steps past it run at its final rate), through later resumes too; it was
+// rebuilt over N steps, so that the rates jumped back up with no word said. --reschedule
+// fits it to N.
+TEST(Train, ResumeWithMoreStepsKeepsTheRunsSchedule) {
+  const std::string dir = tmp_dir("reschedule");
+  std::string cfg = write_config(dir);
+  {  // a cosine floor of 0.1 lr: the final rate is not 0
+    std::string text = remat::read_file(cfg);
+    const std::string from = R"("warmup_steps": 2})";
+    text.replace(text.find(from), from.size(), R"("warmup_steps": 2, "min_lr_ratio": 0.1})");
+    std::ofstream(cfg) << text;
+  }
+  const remat::Config c = remat::load_config(cfg);
+  remat::TrainOptions o;
+  o.config = cfg;
+  o.quiet = true;
+  o.out = dir + "/run";
+  o.steps = 4;
+  remat::train(o);
+  fs::copy(dir + "/run", dir + "/stretched", fs::copy_options::recursive);
+  const double final_lr = remat::scheduled_lr(c.optimizer, c.schedule, 4, 4);
+  EXPECT_DOUBLE_EQ(final_lr, 0.001);
+
+  remat::TrainOptions r;
+  r.config = cfg;
+  r.quiet = true;
+  r.resume = dir + "/run";
+  r.steps = 6;
+  EXPECT_EQ(remat::train(r).losses.size(), 2u);
+  r.steps = 8;  // and again: the checkpoint of the extended run still records 4 steps
+  EXPECT_EQ(remat::train(r).losses.size(), 2u);
+  const std::map<int64_t, double> kept = logged_lr(dir + "/run");
+  ASSERT_EQ(kept.size(), 8u);
+  for (int64_t step = 1; step <= 8; ++step)
+    EXPECT_EQ(kept.at(step), remat::scheduled_lr(c.optimizer, c.schedule, step, 4)) << "step " << step;
+  for (int64_t step = 5; step <= 8; ++step) EXPECT_EQ(kept.at(step), final_lr) << "step " << step;
+
+  r.resume = dir + "/stretched";
+  r.steps = 6;
+  r.reschedule = true;
+  remat::train(r);
+  const std::map<int64_t, double> stretched = logged_lr(dir + "/stretched");
+  ASSERT_EQ(stretched.size(), 6u);
+  for (int64_t step = 5; step <= 6; ++step)
+    EXPECT_EQ(stretched.at(step), remat::scheduled_lr(c.optimizer, c.schedule, step, 6)) << "step " << step;
+  EXPECT_GT(stretched.at(5), final_lr);
   fs::remove_all(dir);
 }

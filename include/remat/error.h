@@ -1,8 +1,10 @@
 // remat::Error and the check macros every layer of remat uses.
 //
-// Every failure in remat is a remat::Error (a std::runtime_error) whose message names
-// the place: the expression or condition, and the file and line (relative to the
-// repository). CUDA, cuBLAS, cuDNN and cuRAND have their own macros in
+// Every failure in remat is a remat::Error (a std::runtime_error). Its message() is what a
+// user is told (the file, field, option and value at fault); its what() adds the place in
+// remat's source for developers: the condition of a failed check and the file and line
+// (relative to the repository). The remat command prints message() and logs the rest at
+// REMAT_LOG=debug. CUDA, cuBLAS, cuDNN and cuRAND have their own macros in
 // remat/cuda_check.h, which build on the same formatting.
 #pragma once
 
@@ -15,7 +17,17 @@ namespace remat {
 
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& message) : std::runtime_error(message) {}
+  explicit Error(const std::string& message) : std::runtime_error(message), message_(message) {}
+  // what() is message + source (" [check `cond` failed] (src/x.cpp:12)").
+  Error(const std::string& message, const std::string& source)
+      : std::runtime_error(message + source), message_(message), source_(source) {}
+  // The message without the place in remat's source: what the user reads.
+  const std::string& message() const noexcept { return message_; }
+  // The failed check and the source file and line; empty for an Error made without them.
+  const std::string& source() const noexcept { return source_; }
+
+ private:
+  std::string message_, source_;
 };
 
 namespace detail {
@@ -29,6 +41,7 @@ std::string str_cat(Args&&... args) {
 }
 
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message);
+[[noreturn]] void throw_check_error(const char* file, int line, const char* condition, const std::string& message);
 
 }  // namespace detail
 }  // namespace remat
@@ -40,7 +53,6 @@ std::string str_cat(Args&&... args) {
 #define REMAT_CHECK(cond, ...)                                                                              \
   do {                                                                                                      \
     if (!(cond)) {                                                                                          \
-      ::remat::detail::throw_error(__FILE__, __LINE__,                                                      \
-                                   ::remat::detail::str_cat(__VA_ARGS__, " [check `", #cond, "` failed]")); \
+      ::remat::detail::throw_check_error(__FILE__, __LINE__, #cond, ::remat::detail::str_cat(__VA_ARGS__)); \
     }                                                                                                       \
   } while (0)

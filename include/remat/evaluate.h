@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "remat/interop.h"
@@ -15,10 +16,10 @@ struct EvalOptions {
   bool init_from_partial = false;
   std::string data_path;  // token shards: a file, folder or glob; "" = the config's data.path
   std::string device = "auto";
-  int64_t batch = -1;       // -1 = the config's training.batch
-  int64_t seed = -1;        // -1 = the config's training.seed
-  int64_t max_batches = 0;  // 0 = every window
-  std::string save_logits;  // a safetensors file for the first batch's input_ids, targets and logits
+  std::optional<int64_t> batch;  // > 0; unset: the config's training.batch
+  std::optional<int64_t> seed;   // >= 0; unset: the config's training.seed
+  int64_t max_batches = 0;       // 0 = every window
+  std::string save_logits;       // a safetensors file for the first batch's input_ids, targets and logits
   bool quiet = false;
 };
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,19 +22,28 @@ struct TrainOptions {
   std::string policy;     // "" = the config's
   std::string precision;  // "" = the config's training.precision (fp32 | bf16)
   std::string device = "auto";
-  int64_t steps = -1;  // -1 = the config's
-  int64_t epochs = -1;
-  int64_t batch = -1;
-  int64_t micro_batch = -1;        // -1 = the config's training.micro_batch; 0 = the whole batch
-  std::string reduce = "ordered";  // data parallel: "ordered" (bitwise for any rank count) or "fast"
-  bool shard_optimizer = false;    // sets training.shard_optimizer (ZeRO-1)
+  // Unset: the config's. Set values are checked (a negative batch is an error, never the
+  // config's value in disguise).
+  std::optional<int64_t> steps;        // > 0
+  std::optional<int64_t> epochs;       // > 0
+  std::optional<int64_t> batch;        // > 0
+  std::optional<int64_t> micro_batch;  // >= 0; 0 = the whole batch
+  std::string reduce = "ordered";      // data parallel: "ordered" (bitwise for any rank count) or "fast"
+  bool shard_optimizer = false;        // sets training.shard_optimizer (ZeRO-1)
   // Data parallel on cpu: reduce buckets of gradients during the backward sweep (the same
   // bits as after it; docs/distributed.md), each bucket closing at bucket_kib KiB.
   bool overlap = true;
   int64_t bucket_kib = 512;
-  int64_t seed = -1;
-  std::string out;                 // run folder: checkpoint/, metrics.jsonl, config.json, memory.html
-  std::string resume;              // run folder to resume from
+  std::optional<int64_t> seed;  // >= 0
+  std::string out;              // run folder: checkpoint/, metrics.jsonl, config.json, memory.html
+  std::string resume;           // run folder to resume from
+  // out may be a folder that holds a run (a checkpoint or metrics.jsonl) only with
+  // overwrite, which starts it over: its checkpoint is removed, metrics.jsonl truncated.
+  bool overwrite = false;
+  // With resume: fit the learning-rate schedule to this run's length; by default it keeps
+  // the length recorded in the checkpoint (a run extended with --steps continues past the
+  // end of its schedule at the schedule's final rate).
+  bool reschedule = false;
   std::string data_path;           // overrides data.path
   std::string dataset;             // overrides data.dataset (e.g. token_shards for a synthetic config)
   std::string init_from;           // weights to start from: a Hugging Face GPT-2 checkpoint or a remat run (interop.h)
@@ -95,6 +105,7 @@ class Trainer {
  private:
   void init_weights();
   void resume();
+  void resume_schedule(int64_t recorded);  // the learning-rate schedule's length on resume
   void open_run_folder();
   void write_memory_page();
   void log_step(const StepStats& st, double lr, double ms, int64_t peak);
@@ -115,6 +126,9 @@ struct CheckpointState {
   int64_t optimizer_steps = 0;
   std::string policy, config_name;
   int64_t batch = 0, train_size = 0;  // the data order depends on them: checked on resume
+  // The learning-rate schedule's length (the run's total steps when it started, or at its
+  // last --reschedule); 0 in checkpoints made before it was recorded.
+  int64_t schedule_steps = 0;
 };
 // optimizer_state: Optimizer::checkpoint_state(), gathered from every rank when sharded.
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;

@@ -20,7 +20,11 @@ const char* repo_relative(const char* file) {
 }  // namespace
 
 void throw_error(const char* file, int line, const std::string& message) {
-  throw Error(str_cat(message, " (", repo_relative(file), ":", line, ")"));
+  throw Error(message, str_cat(" (", repo_relative(file), ":", line, ")"));
+}
+
+void throw_check_error(const char* file, int line, const char* condition, const std::string& message) {
+  throw Error(message, str_cat(" [check `", condition, "` failed] (", repo_relative(file), ":", line, ")"));
 }
 
 }  // namespace remat::detail

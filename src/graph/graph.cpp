@@ -49,7 +49,10 @@ struct Builder {
                       want == DType::i32 ? "i32 token ids" : dtype_name(want));
       }
     } catch (const Error& e) {
-      if (r) REMAT_THROW(source, ": ", r->pointer(), ": layer \"", layer->name, "\" (", layer->type, "): ", e.what());
+      if (r)
+        throw Error(detail::str_cat(source, ": ", r->pointer(), ": layer \"", layer->name, "\" (", layer->type,
+                                    "): ", e.message()),
+                    e.source());  // the place in remat's source is the layer's check
       throw;
     }
     std::vector<int> pidx;

@@ -37,7 +37,8 @@ void save_checkpoint(const std::string& dir, const ParamStore& params, const Nam
                    {"policy", s.policy},
                    {"config_name", s.config_name},
                    {"batch", s.batch},
-                   {"train_size", s.train_size}};
+                   {"train_size", s.train_size},
+                   {"schedule_steps", s.schedule_steps}};
   write_file_atomic((tmp / "state.json").string(), j.dump(2) + "\n");
   fs::remove_all(old, ec);
   if (fs::exists(final_dir)) {
@@ -97,6 +98,7 @@ CheckpointState load_checkpoint(const std::string& dir, ParamStore& params, cons
     s.config_name = j.at("config_name").get<std::string>();
     s.batch = j.at("batch").get<int64_t>();
     s.train_size = j.at("train_size").get<int64_t>();
+    s.schedule_steps = j.value("schedule_steps", int64_t{0});  // absent before it was recorded
   } catch (const nlohmann::json::exception& e) {
     REMAT_THROW(state_path, ": missing or malformed field: ", e.what());
   }

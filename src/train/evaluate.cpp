@@ -17,9 +17,11 @@ namespace remat {
 EvalResult evaluate_lm(const EvalOptions& o) {
   using Clock = std::chrono::steady_clock;
   Config cfg = load_config(o.config);
-  if (o.batch == 0) REMAT_THROW("--batch must be positive");
-  const int64_t batch = o.batch > 0 ? o.batch : cfg.training.batch;
-  const uint64_t seed = o.seed >= 0 ? static_cast<uint64_t>(o.seed) : cfg.training.seed;
+  REMAT_CHECK(!o.batch || *o.batch > 0, "--batch ", o.batch.value_or(0), ": must be positive");
+  REMAT_CHECK(!o.seed || *o.seed >= 0, "--seed ", o.seed.value_or(0), ": must be 0 or more");
+  REMAT_CHECK(o.max_batches >= 0, "--max-batches ", o.max_batches, ": must be 0 (every window) or more");
+  const int64_t batch = o.batch.value_or(cfg.training.batch);
+  const uint64_t seed = o.seed ? static_cast<uint64_t>(*o.seed) : cfg.training.seed;
   const bool shards_config = cfg.data.dataset == "token_shards";
   const std::string path = !o.data_path.empty() ? o.data_path : shards_config ? cfg.data.path : "";
   if (path.empty())

@@ -78,18 +78,25 @@ Config resolve_config(const TrainOptions& o) {
     if (const std::string e = precision_error(o.precision); !e.empty()) REMAT_THROW("--precision: ", e);
     cfg.training.precision = o.precision;
   }
-  if (o.steps >= 0) cfg.training.steps = o.steps;
-  if (o.epochs >= 0) {
-    cfg.training.epochs = o.epochs;
-    if (o.steps < 0) cfg.training.steps = 0;
+  // Set values are checked here too (the command's parser checks them first): a value out
+  // of range is an error naming the option, never the config's value in disguise.
+  REMAT_CHECK(!o.steps || *o.steps > 0, "--steps ", o.steps.value_or(0), ": must be positive");
+  REMAT_CHECK(!o.epochs || *o.epochs > 0, "--epochs ", o.epochs.value_or(0), ": must be positive");
+  REMAT_CHECK(!o.batch || *o.batch > 0, "--batch ", o.batch.value_or(0), ": must be positive");
+  REMAT_CHECK(!o.micro_batch || *o.micro_batch >= 0, "--micro-batch ", o.micro_batch.value_or(0),
+              ": must be 0 (the whole batch) or more");
+  REMAT_CHECK(!o.seed || *o.seed >= 0, "--seed ", o.seed.value_or(0), ": must be 0 or more");
+  if (o.steps) cfg.training.steps = *o.steps;
+  if (o.epochs) {
+    cfg.training.epochs = *o.epochs;
+    if (!o.steps) cfg.training.steps = 0;
   }
-  if (o.batch == 0) REMAT_THROW("--batch must be positive");
-  if (o.batch > 0) cfg.training.batch = o.batch;
-  if (o.micro_batch >= 0) cfg.training.micro_batch = o.micro_batch;
+  if (o.batch) cfg.training.batch = *o.batch;
+  if (o.micro_batch) cfg.training.micro_batch = *o.micro_batch;
   if (o.shard_optimizer) cfg.training.shard_optimizer = true;
   check_micro_batch(cfg);
   REMAT_CHECK(o.reduce == "ordered" || o.reduce == "fast", "--reduce ", o.reduce, ": expected ordered or fast");
-  if (o.seed >= 0) cfg.training.seed = static_cast<uint64_t>(o.seed);
+  if (o.seed) cfg.training.seed = static_cast<uint64_t>(*o.seed);
   if (!o.data_path.empty()) cfg.data.path = o.data_path;
   return cfg;
 }
@@ -139,7 +146,8 @@ struct Trainer::State {
   CheckpointPlan plan;
   int64_t n_train = 0;
   BatchSampler sampler;
-  int64_t total = 0;  // steps of the whole run
+  int64_t total = 0;           // steps of the whole run
+  int64_t schedule_total = 0;  // the learning-rate schedule's length (total, or a resumed run's)
   ParamStore params;
   Optimizer optimizer;
   Executor executor;
@@ -174,6 +182,7 @@ struct Trainer::State {
         n_train(data.train_size()),
         sampler(checked_train_size(), cfg.training.batch, cfg.training.seed, cfg.data.shuffle),
         total(cfg.training.steps > 0 ? cfg.training.steps : cfg.training.epochs * sampler.batches_per_epoch()),
+        schedule_total(total),
         params(graph, dev, cfg.training.seed, /*initialise=*/o.init_from.empty()),  // init_from sets them
         // ZeRO-1: each rank keeps the optimizer state of its shard (docs/distributed.md).
         optimizer(cfg.optimizer, params, be, cm.rank(), cfg.training.shard_optimizer ? cm.size() : 0),
@@ -239,7 +248,8 @@ namespace {
 void check_same_run(dist::Comm& comm, const Config& cfg, const TrainOptions& o) {
   if (comm.size() == 1) return;
   const uint64_t h = fnv1a(cfg.resolved().dump() + "|" + o.reduce + "|" + o.init_from + "|" + o.resume + "|" +
-                           (o.overlap ? "overlap " : "no overlap ") + std::to_string(o.bucket_kib));
+                           (o.overlap ? "overlap " : "no overlap ") + std::to_string(o.bucket_kib) +
+                           (o.reschedule ? " reschedule" : ""));
   std::vector<uint64_t> all(static_cast<size_t>(comm.size()));
   comm.allgather(&h, all.data(), 1);
   for (int r = 1; r < comm.size(); ++r)
@@ -257,9 +267,41 @@ float read_step_loss(StepStats& st) {
   return loss;
 }
 
+// --out DIR: a folder that already holds a run (a checkpoint or metrics.jsonl) is not
+// overwritten by accident; --resume DIR continues it, --overwrite starts it over (its
+// checkpoint removed, metrics.jsonl truncated when the run folder opens). Rank 0 creates
+// the folder here, before any data is read, so that a path that cannot be one fails first.
+void prepare_out_folder(const TrainOptions& o, bool rank0) {
+  if (o.out.empty()) return;
+  REMAT_CHECK(!o.overwrite || o.resume.empty(), "--overwrite and --resume exclude each other");
+  const fs::path dir(o.out);
+  std::error_code ec;
+  if (!o.resume.empty() && fs::equivalent(dir, o.resume, ec)) return;  // --resume DIR --out DIR
+  std::vector<std::string> held;
+  for (const char* name : {"checkpoint", "checkpoint.new", "checkpoint.old", "metrics.jsonl"})
+    if (fs::exists(dir / name, ec)) held.push_back(name);
+  if (!held.empty() && !o.overwrite) {
+    std::string names;
+    for (const std::string& h : held) names += (names.empty() ? "" : ", ") + h;
+    REMAT_THROW("--out ", o.out, ": the folder holds a run (", names, "); pass --resume ", o.out,
+                " to continue it, or --overwrite to start it over (its checkpoint and metrics.jsonl are replaced), ",
+                "or choose another folder");
+  }
+  if (!rank0) return;
+  for (const std::string& h : held)
+    if (h != "metrics.jsonl") {
+      fs::remove_all(dir / h, ec);
+      REMAT_CHECK(!ec, "--out ", o.out, ": cannot remove ", (dir / h).string(), ": ", ec.message());
+    }
+  fs::create_directories(dir, ec);
+  REMAT_CHECK(!ec && fs::is_directory(dir, ec), "--out ", o.out, ": cannot create the run folder",
+              ec ? ": " + ec.message() : std::string(": a file of that name exists"));
+}
+
 std::unique_ptr<Trainer::State> set_up(TrainOptions o) {
   dist::Comm& comm = dist::world();
   if (comm.rank() != 0) o.quiet = true;  // rank 0 logs and writes the run folder
+  prepare_out_folder(o, comm.rank() == 0);
   Config cfg = resolve_config(o);
   check_same_run(comm, cfg, o);
   if (comm.size() > 1 && cfg.training.micro_batch == 0) {
@@ -338,6 +380,43 @@ void Trainer::resume() {
   s.sampler.seek(c.epoch, c.position);
   s.step = c.step;
   if (!s.opt.quiet) std::printf("resumed %s at step %lld\n", s.opt.resume.c_str(), static_cast<long long>(s.step));
+  resume_schedule(c.schedule_steps);
+}
+
+// A resumed run keeps the learning-rate schedule recorded in its checkpoint, so that
+// --steps N extends the run rather than redrawing its rates; --reschedule fits the
+// schedule to the new length instead. One line says which.
+void Trainer::resume_schedule(int64_t recorded) {
+  State& s = *s_;
+  const ScheduleConfig& sc = s.cfg.schedule;
+  const auto lr_at = [&](int64_t step, int64_t length) { return scheduled_lr(s.cfg.optimizer, sc, step, length); };
+  const long long total = s.total;
+  std::string line;
+  if (recorded <= 0) {
+    s.schedule_total = s.total;  // a checkpoint older than the record: what every resume did then
+    line = "the checkpoint records no schedule length: " + sc.type + " schedule over this run's " +
+           std::to_string(total) + " steps";
+  } else if (s.opt.reschedule) {
+    s.schedule_total = s.total;
+    line = sc.type + " schedule fitted to " + std::to_string(total) + " steps (--reschedule; the run's was " +
+           std::to_string(recorded) + ")";
+  } else {
+    s.schedule_total = recorded;
+    line = sc.type + " schedule of the run: " + std::to_string(recorded) + " steps";
+    if (sc.type != "cosine") {
+      line += " (a " + sc.type + " schedule does not depend on them)";
+    } else if (s.total > recorded) {
+      char lr[32];
+      std::snprintf(lr, sizeof lr, "%.3e", lr_at(recorded, recorded));
+      const std::string past = s.total == recorded + 1
+                                   ? "step " + std::to_string(total) + " runs"
+                                   : "steps " + std::to_string(recorded + 1) + "-" + std::to_string(total) + " run";
+      line += "; " + past + " at its final lr " + lr + " (--reschedule fits it to " + std::to_string(total) + " steps)";
+    } else if (s.total < recorded) {
+      line += "; this run stops before its end (--reschedule fits it to " + std::to_string(total) + " steps)";
+    }
+  }
+  if (!s.opt.quiet) std::printf("schedule: %s\n", line.c_str());
 }
 
 void Trainer::open_run_folder() {
@@ -363,7 +442,9 @@ void Trainer::open_run_folder() {
     }
     write_file_atomic(mpath, kept);
   }
-  s.metrics.open(mpath, std::ios::app);
+  // A fresh run (a new folder, or --overwrite) starts metrics.jsonl over; a resumed one
+  // appends to the records it kept.
+  s.metrics.open(mpath, s.opt.resume.empty() ? std::ios::trunc : std::ios::app);
   REMAT_CHECK(s.metrics.good(), "cannot open ", mpath);
   if (s.opt.resume.empty()) {
     // The initial weights, so that a reference implementation can start from them.
@@ -444,7 +525,7 @@ StepStats Trainer::step() {
   }
   if (s.reducer && s.opt.on_grads) s.opt.on_grads(-1, s.params.grads);
   ++s.step;
-  const double lr = scheduled_lr(s.cfg.optimizer, s.cfg.schedule, s.step, s.total);
+  const double lr = scheduled_lr(s.cfg.optimizer, s.cfg.schedule, s.step, s.schedule_total);
   s.optimizer.step(lr);
   if (s.optimizer.sharded() && s.reducer) s.reducer->gather_weights();
   s.be.synchronize();  // the step's device work is part of its time
@@ -567,7 +648,8 @@ void Trainer::checkpoint() {
                     tc.policy,
                     s.cfg.name,
                     tc.batch,
-                    s.n_train};
+                    s.n_train,
+                    s.schedule_total};
   save_checkpoint((fs::path(s.out_dir) / "checkpoint").string(), s.params, state, c);
 }
 

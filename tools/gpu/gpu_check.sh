@@ -275,8 +275,8 @@ preflight() {
   for t in nvcc ninja cmake compute-sanitizer; do
     printf '  %-18s %s\n' "$t" "$(command -v "$t" || echo 'NOT FOUND')"
   done
-  if ! command -v ninja >/dev/null || ! command -v cmake >/dev/null; then
-    echo "FAIL: ninja and cmake are needed"
+  if ! command -v cmake >/dev/null || { ((!dry_run)) && ! command -v ninja >/dev/null; }; then
+    echo "FAIL: $(dry cmake 'ninja and cmake') needed"  # the dry run builds nothing: any generator's folder
     rc=1
   fi
   echo "== GPU and driver"
@@ -384,7 +384,10 @@ nccl_check() {
 # The GPU test binaries: the build's test_*gpu* targets (test_backend_ops_gpu,
 # test_device_exec_gpu, test_gpu_runtime, ...); the other tests are not built.
 gpu_test_targets() {
-  ninja -C "$build" -t targets all | grep -oE '^test_[A-Za-z0-9_]*gpu[A-Za-z0-9_]*:' | tr -d : | sort -u
+  # `cmake --build --target help` lists them for any generator: "... name" (Makefiles),
+  # "name: phony" (Ninja).
+  cmake --build "$build" --target help 2>/dev/null | sed -E 's/^\.\.\. //; s/:.*$//' |
+    grep -xE 'test_[A-Za-z0-9_]*gpu[A-Za-z0-9_]*' | sort -u
 }
 sanitizer_targets() {
   if [[ -n $sanitizer_binaries ]]; then tr ' ' '\n' <<<"$sanitizer_binaries"; else gpu_test_targets; fi

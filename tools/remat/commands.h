@@ -4,11 +4,34 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
 #include <functional>
+#include <string>
 
 namespace remat::cli {
 
 using Runner = std::function<int()>;
+
+// Validators of whole-number options: a value out of range is a usage error naming the
+// option and the value (`--batch -4: must be positive`), never ignored.
+inline CLI::Validator whole_number_at_least(int64_t min, const std::string& what) {
+  return CLI::Validator(
+      [min, what](std::string& s) -> std::string {
+        size_t used = 0;
+        int64_t v = 0;
+        try {
+          v = std::stoll(s, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != s.size()) return s + ": expected a whole number";
+        if (v < min) return s + ": must be " + what;
+        return "";
+      },
+      min > 0 ? "POSITIVE" : "NONNEGATIVE");
+}
+inline CLI::Validator positive() { return whole_number_at_least(1, "positive"); }
+inline CLI::Validator non_negative(const std::string& what = "0 or more") { return whole_number_at_least(0, what); }
 
 // Adds `info` to the app; the returned runner is called when it was selected.
 Runner add_info_command(CLI::App& app);

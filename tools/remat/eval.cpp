@@ -22,9 +22,10 @@ Runner add_eval_command(CLI::App& app) {
                   "all of them when none is named val); default: the config's data.path");
   cmd->add_option("--device", opt->device, "cpu, cuda, cuda:N, cuda-emu or auto (cuda:0 when a GPU is present)")
       ->default_val("auto");
-  cmd->add_option("--batch", opt->batch, "Windows per batch (default: the config's training.batch)");
-  cmd->add_option("--seed", opt->seed, "Seed for parameters not loaded by --init-from");
-  cmd->add_option("--max-batches", opt->max_batches, "Evaluate at most this many batches (default: every window)");
+  cmd->add_option("--batch", opt->batch, "Windows per batch (default: the config's training.batch)")->check(positive());
+  cmd->add_option("--seed", opt->seed, "Seed for parameters not loaded by --init-from")->check(non_negative());
+  cmd->add_option("--max-batches", opt->max_batches, "Evaluate at most this many batches (default: every window)")
+      ->check(non_negative("0 (every window) or more"));
   cmd->add_option("--save-logits", opt->save_logits,
                   "Write the first batch's input_ids, targets and logits to this safetensors file");
   cmd->add_flag("--quiet", opt->quiet, "Only the result line");

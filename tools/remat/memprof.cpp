@@ -71,11 +71,9 @@ std::string rank_note(const Config& cfg, int ranks) {
          (cfg.training.shard_optimizer ? " (optimizer state sharded, ZeRO-1)" : "");
 }
 
-void apply_batch_options(Config& cfg, int64_t batch, int64_t micro_batch) {
-  if (batch == 0 || batch < -1) REMAT_THROW("--batch must be positive, got ", batch);
-  if (micro_batch < -1) REMAT_THROW("--micro-batch must be positive (0 = the whole batch), got ", micro_batch);
-  if (batch > 0) cfg.training.batch = batch;
-  if (micro_batch >= 0) cfg.training.micro_batch = micro_batch;
+void apply_batch_options(Config& cfg, std::optional<int64_t> batch, std::optional<int64_t> micro_batch) {
+  if (batch) cfg.training.batch = *batch;  // the values were checked by the option parser
+  if (micro_batch) cfg.training.micro_batch = *micro_batch;
   check_micro_batch(cfg);
 }
 
@@ -96,18 +94,19 @@ std::string micro_note(const Config& cfg) {
 
 struct MemprofOptions {
   std::string config, policies = "none,all,sqrt,selective", device = "meta", json, trace, svg, html, precisions;
-  int64_t batch = -1, micro_batch = -1, seq = 0;
+  std::optional<int64_t> batch, micro_batch;  // unset: the config's
+  int64_t seq = 0;                            // 0: the config's
   int ranks = 1;
   bool layers = false, shard_optimizer = false;
 };
 
 void add_memprof_options(CLI::App* cmd, MemprofOptions& o) {
   cmd->add_option("config", o.config, "Model config (models/*.json)")->required()->check(CLI::ExistingFile);
-  cmd->add_option("--batch", o.batch, "Batch size (default: the config's)");
-  cmd->add_option(
-      "--micro-batch", o.micro_batch,
-      "Profile a step of batch / N micro-batches of N samples (default: the config's training.micro_batch)");
-  cmd->add_option("--seq", o.seq, "Sequence length for token models (default: the config's)");
+  cmd->add_option("--batch", o.batch, "Batch size (default: the config's)")->check(positive());
+  cmd->add_option("--micro-batch", o.micro_batch,
+                  "Profile a step of batch / N micro-batches of N samples (default: the config's training.micro_batch)")
+      ->check(non_negative("0 (the whole batch) or more"));
+  cmd->add_option("--seq", o.seq, "Sequence length for token models (default: the config's)")->check(positive());
   cmd->add_option("--ranks", o.ranks,
                   "Profile one rank of N data-parallel ranks (mpirun -np N): its micro-batches, its optimizer "
                   "shard with --shard-optimizer")
@@ -208,7 +207,6 @@ int run_memprof(const MemprofOptions& o) {
   apply_batch_options(cfg, o.batch, o.micro_batch);
   apply_rank_options(cfg, o.ranks, o.shard_optimizer);
   const int64_t batch = cfg.training.batch;
-  if (o.seq < 0) REMAT_THROW("--seq must be positive, got ", o.seq);
   const Device dev = Device::parse(o.device);
   require_available(dev);
   set_device_collectives(cfg, dev);
@@ -255,7 +253,8 @@ Runner add_plan_command(CLI::App& app) {
       app.add_subcommand("plan", "Find the cheapest checkpoint plan that fits a memory budget; print the Pareto front");
   struct Opts {
     std::string config, budget, svg, device = "cpu";
-    int64_t batch = -1, micro_batch = -1, seq = 0;
+    std::optional<int64_t> batch, micro_batch;  // unset: the config's
+    int64_t seq = 0;                            // 0: the config's
     int ranks = 1;
     bool shard_optimizer = false;
   };
@@ -265,11 +264,12 @@ Runner add_plan_command(CLI::App& app) {
   cmd->add_option("--device", o->device,
                   "Plan for this device's workspace sizes: cpu, cuda[:N] or cuda-emu (simulated on meta either way)")
       ->default_val("cpu");
-  cmd->add_option("--batch", o->batch, "Batch size (default: the config's)");
+  cmd->add_option("--batch", o->batch, "Batch size (default: the config's)")->check(positive());
   cmd->add_option("--micro-batch", o->micro_batch,
                   "Plan at this micro-batch (default: with --budget, the largest micro-batch dividing the batch at "
-                  "which a plan fits)");
-  cmd->add_option("--seq", o->seq, "Sequence length for token models (default: the config's)");
+                  "which a plan fits)")
+      ->check(non_negative("0 (the whole batch) or more"));
+  cmd->add_option("--seq", o->seq, "Sequence length for token models (default: the config's)")->check(positive());
   cmd->add_option("--ranks", o->ranks, "Plan one rank's step of N data-parallel ranks (mpirun -np N)")
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--shard-optimizer", o->shard_optimizer,
@@ -279,7 +279,6 @@ Runner add_plan_command(CLI::App& app) {
     if (!cmd->parsed()) return -1;
     Config cfg = load_config(o->config);
     apply_batch_options(cfg, o->batch, o->micro_batch);
-    if (o->seq < 0) REMAT_THROW("--seq must be positive, got ", o->seq);
     const int64_t batch = cfg.training.batch;
     const int64_t budget = o->budget.empty() ? 0 : parse_size(o->budget);
     const Device dev = Device::parse(o->device);
@@ -287,7 +286,7 @@ Runner add_plan_command(CLI::App& app) {
     require_available(dev);
     Backend* ws = &backend_for(dev);
     std::optional<MicroBatchPlan> searched;
-    const bool search_micro = budget > 0 && o->micro_batch < 0;
+    const bool search_micro = budget > 0 && !o->micro_batch;
     if (search_micro) {  // the search picks a micro-batch that splits over the ranks
       if (o->shard_optimizer) cfg.training.shard_optimizer = true;
       cfg.training.ranks = o->ranks;

@@ -22,12 +22,13 @@ Runner add_train_command(CLI::App& app) {
          "--device", opt->device,
          "cpu, cuda, cuda:N, cuda-emu (the CUDA kernels on the emulator: slow) or auto (cuda:0 when a GPU is present)")
       ->default_val("auto");
-  auto* steps = cmd->add_option("--steps", opt->steps, "Training steps (overrides the config)");
-  cmd->add_option("--epochs", opt->epochs, "Epochs (overrides the config)")->excludes(steps);
-  cmd->add_option("--batch", opt->batch, "Batch size (overrides the config)");
+  auto* steps = cmd->add_option("--steps", opt->steps, "Training steps (overrides the config)")->check(positive());
+  cmd->add_option("--epochs", opt->epochs, "Epochs (overrides the config)")->check(positive())->excludes(steps);
+  cmd->add_option("--batch", opt->batch, "Batch size (overrides the config)")->check(positive());
   cmd->add_option("--micro-batch", opt->micro_batch,
                   "Gradient accumulation: run each step as batch / N micro-batches of N samples (overrides "
-                  "training.micro_batch; 0 = the whole batch)");
+                  "training.micro_batch; 0 = the whole batch)")
+      ->check(non_negative("0 (the whole batch) or more"));
   cmd->add_option("--reduce", opt->reduce,
                   "Data parallel (mpirun -np N): ordered (bitwise the same weights for any N) or fast "
                   "(MPI_Allreduce, not bitwise)")
@@ -46,10 +47,19 @@ Runner add_train_command(CLI::App& app) {
                   "to this many KiB")
       ->check(CLI::PositiveNumber)
       ->default_val(opt->bucket_kib);
-  cmd->add_option("--seed", opt->seed, "Seed for initialisation, data order and dropout");
+  cmd->add_option("--seed", opt->seed, "Seed for initialisation, data order and dropout")->check(non_negative());
   cmd->add_option("--out", opt->out, "Run folder: checkpoint/, metrics.jsonl, config.json, memory.html");
-  cmd->add_option("--resume", opt->resume, "Resume from a run folder (continues bitwise as if uninterrupted)")
-      ->check(CLI::ExistingDirectory);
+  auto* resume =
+      cmd->add_option("--resume", opt->resume, "Resume from a run folder (continues bitwise as if uninterrupted)")
+          ->check(CLI::ExistingDirectory);
+  cmd->add_flag("--overwrite", opt->overwrite,
+                "Let --out name a folder that holds a run and start it over (its checkpoint is removed, "
+                "metrics.jsonl truncated); without it such a folder is an error")
+      ->excludes(resume);
+  cmd->add_flag("--reschedule", opt->reschedule,
+                "With --resume: fit the learning-rate schedule to this run's length (default: keep the length "
+                "recorded in the run, so that --steps extends it)")
+      ->needs(resume);
   cmd->add_option("--data", opt->data_path, "Data folder, file or (token shards) glob (overrides data.path)");
   cmd->add_option("--dataset", opt->dataset, "Data set (overrides data.dataset), e.g. token_shards")
       ->check(CLI::IsMember({"fashion_mnist", "text", "synthetic_images", "synthetic_text", "token_shards"}));
@@ -62,14 +72,16 @@ Runner add_train_command(CLI::App& app) {
       ->needs(init);
   cmd->add_flag("--verify-recompute", opt->verify_recompute,
                 "Hash every tensor freed for recompute and check the recomputed one against it");
-  cmd->add_flag("--quiet", opt->quiet, "No progress lines");
+  cmd->add_flag("--quiet", opt->quiet, "Only the final done: line (no progress lines, sample or memory report)");
   return [cmd, opt]() -> int {
     if (!cmd->parsed()) return -1;
     TrainResult r = train(*opt);
-    if (!opt->quiet && dist::world().rank() == 0) {  // with several ranks, rank 0 reports
-      std::printf("done: %lld steps, final loss %.4f", static_cast<long long>(r.steps), r.last_loss);
-      if (r.eval_accuracy >= 0) std::printf(", eval loss %.4f, eval accuracy %.4f", r.eval_loss, r.eval_accuracy);
-      std::printf(", peak %.1f MiB\n", static_cast<double>(r.peak_bytes) / (1 << 20));
+    if (dist::world().rank() != 0) return 0;  // with several ranks, rank 0 reports
+    // The summary line, --quiet or not.
+    std::printf("done: %lld steps, final loss %.4f", static_cast<long long>(r.steps), r.last_loss);
+    if (r.eval_accuracy >= 0) std::printf(", eval loss %.4f, eval accuracy %.4f", r.eval_loss, r.eval_accuracy);
+    std::printf(", peak %.1f MiB\n", static_cast<double>(r.peak_bytes) / (1 << 20));
+    if (!opt->quiet) {
       if (r.ranks > 1 && !r.losses.empty()) {
         const double steps = static_cast<double>(r.losses.size());
         std::printf(
