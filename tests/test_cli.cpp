@@ -219,3 +219,14 @@ TEST(Cli, VersionAndQuietSummary) {
   EXPECT_TRUE(contains(loud.output, "\ndone: 2 steps, final loss ")) << loud.output;
   EXPECT_TRUE(contains(loud.output, "memory at the peak of a training step")) << loud.output;
 }
+
+// The progress line's peak on a device holding the whole data set says how much of it the
+// data is (memory.html and memprof show the step without it).
+TEST(Cli, ProgressPeakSaysHowMuchIsTheStagedData) {
+  const std::string dir = tmp_dir("staged");
+  const Result r = run("train " + std::string(REMAT_SOURCE_DIR) +
+                       "/tests/configs/fashion_cnn_tiny.json --steps 2 --out " + dir + " --device cpu");
+  EXPECT_EQ(r.rc, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "of it the staged data)")) << r.output;
+  fs::remove_all(dir);
+}

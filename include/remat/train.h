@@ -108,7 +108,7 @@ class Trainer {
   void resume_schedule(int64_t recorded);  // the learning-rate schedule's length on resume
   void open_run_folder();
   void write_memory_page();
-  void log_step(const StepStats& st, double lr, double ms, int64_t peak);
+  void log_step(const StepStats& st, double lr, double ms, const MemoryStats& mem);
 
   std::unique_ptr<State> s_;
 };

@@ -551,13 +551,16 @@ StepStats Trainer::step() {
   s.result.last_loss = st.loss;
   if (s.opt.on_step) s.opt.on_step(s.step, st.loss);
   const TrainingConfig& tc = s.cfg.training;
-  if (s.step % tc.log_every == 0 || s.step == s.total || s.step == s.first + 1)
-    log_step(st, lr, ms, now.peak_allocated);
+  if (s.step % tc.log_every == 0 || s.step == s.total || s.step == s.first + 1) log_step(st, lr, ms, now);
   return st;
 }
 
-void Trainer::log_step(const StepStats& st, double lr, double ms, int64_t peak) {
+void Trainer::log_step(const StepStats& st, double lr, double ms, const MemoryStats& mem) {
   State& s = *s_;
+  const int64_t peak = mem.peak_allocated;
+  // On a device that holds the whole data set, the peak includes it: say how much, so
+  // that the figure is not read as the step's (memory.html and memprof profile the step).
+  const int64_t data = mem.by_category_at_peak[MemoryCategory::input];
   const int64_t per_sample = s.data.text ? s.data.seq_len : 1;
   const double avg = s.time_ms / static_cast<double>(s.step - s.first);
   const double rate = static_cast<double>(s.cfg.training.batch * per_sample) / (avg / 1000.0);
@@ -579,9 +582,11 @@ void Trainer::log_step(const StepStats& st, double lr, double ms, int64_t peak) 
                   cs.ms > 0 ? 100.0 * cs.hidden_ms() / cs.ms : 0.0);
     comm = buf;
   }
+  const std::string peak_text =
+      format_bytes(peak) + (data > peak / 10 ? " (" + format_bytes(data) + " of it the staged data)" : std::string());
   std::printf("step %lld/%lld | loss %.4f | %.0f %s/s | %.1f ms/step | peak %s%s | lr %.2e | ETA %s\n",
               static_cast<long long>(s.step), static_cast<long long>(s.total), st.loss, rate,
-              s.data.text ? "tok" : "img", avg, format_bytes(peak).c_str(), comm.c_str(), lr,
+              s.data.text ? "tok" : "img", avg, peak_text.c_str(), comm.c_str(), lr,
               format_duration(avg * static_cast<double>(s.total - s.step) / 1000.0).c_str());
   std::fflush(stdout);
 }
