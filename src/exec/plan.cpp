@@ -89,18 +89,22 @@ void add_nests(const Graph& g, CheckpointPlan& p, std::vector<Nest> nests, const
         if (a == by) return true;
       return false;
     };
-    std::vector<bool> need(n, false);
+    // Backwards over the advance: a layer is run if it is not live and its output is kept
+    // here or read by a layer that is run (one pass, marking inputs as read).
+    const auto width = static_cast<size_t>(m.last_child_begin - m.begin);
+    std::vector<bool> need(width, false), read(width, false);
     for (int i = m.last_child_begin - 1; i >= m.begin; --i) {
-      if (live(i)) continue;
-      bool nd = p.kept_by[static_cast<size_t>(i)] == static_cast<int>(k) && p.keep[static_cast<size_t>(i)];
-      for (int r = i + 1; r < m.last_child_begin && !nd; ++r)
-        if (need[static_cast<size_t>(r)])
-          for (int in : g.layer(r).inputs) nd = nd || in == i;
-      need[static_cast<size_t>(i)] = nd;
+      const auto at = static_cast<size_t>(i - m.begin);
+      if (live(i) ||
+          !(read[at] || (p.kept_by[static_cast<size_t>(i)] == static_cast<int>(k) && p.keep[static_cast<size_t>(i)])))
+        continue;
+      need[at] = true;
+      for (int in : g.layer(i).inputs)
+        if (in >= m.begin && in < i) read[static_cast<size_t>(in - m.begin)] = true;
     }
     m.advance.clear();
     for (int i = m.begin; i < m.last_child_begin; ++i)
-      if (need[static_cast<size_t>(i)]) m.advance.push_back(i);
+      if (need[static_cast<size_t>(i - m.begin)]) m.advance.push_back(i);
   }
   p.nests = std::move(nests);
 }
