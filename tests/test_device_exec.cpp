@@ -293,7 +293,87 @@ TEST(DeviceExec, MeasuredPeakEqualsThePrediction) {
     }
 }
 
+// Activation offload (docs/checkpointing.md, "Offload"): the products a plan keeps wait in
+// pinned host memory, copied out and back on the copy stream. Every model (shipped configs
+// scaled down, the tiny test configs), fp32 and bf16, offload over four policies: bitwise
+// the plain step's losses, gradients and weights, with --verify-recompute checking each
+// product after its round trip. On cuda-emu the copies run only when the executor waits for
+// them (kernels/emu/emu.cpp, "PendingCopy"), so a missing wait shows here as wrong bits.
+TEST(DeviceExec, OffloadIsBitwiseThePlainStep) {
+  if (skip_without_device()) GTEST_SKIP() << "no CUDA device: " << remat::cuda_status().error;
+  for (remat::DType precision : {remat::DType::f32, remat::DType::bf16})
+    for (const Model& m : test_models()) {
+      SCOPED_TRACE(m.name + (precision == remat::DType::bf16 ? " bf16" : " fp32"));
+      const StepRun plain = run(m.graph, dut(), "none", precision);
+      for (const char* policy : {"none+offload", "sqrt+offload", "selective+offload", "revolve:2+offload"}) {
+        ASSERT_TRUE(remat::make_plan(m.graph, policy).offloads() || remat::plan_units(m.graph).size() < 2) << policy;
+        const StepRun r = run(m.graph, dut(), policy, precision);
+        EXPECT_EQ(r.losses, plain.losses) << policy;
+        ASSERT_EQ(r.state.size(), plain.state.size());
+        for (size_t k = 0; k < r.state.size(); ++k)
+          EXPECT_TRUE(bitwise_equal(r.state[k], plain.state[k])) << policy << " " << r.names[k];
+      }
+    }
+}
+
+// Offload's accounting: the device peak and the pinned host pool's peak measured on the
+// device equal the meta prediction to the byte, and offload lowers the plain step's device
+// peak (at the end of forward) by moving bytes to the host tier. Under a checkpointing
+// policy the peak may lie in backward, where a product prefetched one unit ahead adds to
+// it (fashion_cnn_tiny: sqrt+offload 1 KiB above sqrt): which to offload is the planner's
+// choice.
+TEST(DeviceExec, OffloadPeaksEqualThePrediction) {
+  if (skip_without_device()) GTEST_SKIP() << "no CUDA device: " << remat::cuda_status().error;
+  for (const char* precision : {"fp32", "bf16"})
+    for (const char* name : {"gpt_char_tiny.json", "fashion_cnn_tiny.json", "conv_mix_tiny.json"}) {
+      SCOPED_TRACE(std::string(name) + " " + precision);
+      const std::string path = std::string(REMAT_SOURCE_DIR) + "/tests/configs/" + name;
+      remat::Config cfg = remat::load_config(path);
+      cfg.training.batch = 2;
+      cfg.training.precision = precision;
+      remat::Graph g = remat::build_graph(cfg.model, 2, path, {{"vocab", 24}});
+      remat::Backend* ws = &remat::backend_for(dut());
+      for (std::string base : {"none", "sqrt", "selective"}) {
+        const auto without = remat::profile_step(cfg, g, remat::make_plan(g, base), Device::meta(), false, ws);
+        remat::CheckpointPlan plan = remat::make_plan(g, base + "+offload");
+        const auto predicted = remat::profile_step(cfg, g, plan, Device::meta(), false, ws);
+        const auto measured = remat::profile_step(cfg, g, plan, dut(), false);
+        EXPECT_EQ(measured.peak_bytes, predicted.peak_bytes) << plan.policy;
+        EXPECT_EQ(measured.peak_by_category.bytes, predicted.peak_by_category.bytes) << plan.policy;
+        EXPECT_EQ(measured.host_peak_bytes, predicted.host_peak_bytes) << plan.policy;
+        EXPECT_GT(predicted.host_peak_bytes, 0) << plan.policy;
+        if (base == "none") {
+          EXPECT_LT(predicted.peak_bytes, without.peak_bytes) << plan.policy;
+        }
+        EXPECT_EQ(without.host_peak_bytes, 0) << base;
+      }
+    }
+}
+
 #if defined(REMAT_TEST_EMU)
+// The emulator's copy stream (a non-blocking stream) is stricter than a GPU's: a copy runs
+// only when something waits for it, so data read before the wait is stale however the
+// timing would fall on a GPU; the wait (an event, the stream's synchronisation) runs it.
+TEST(DeviceExec, EmulatedCopyStreamCopiesOnlyWhenWaitedFor) {
+  remat::Backend& be = remat::backend_for(dut());
+  remat::CachingAllocator pool(Device::cpu(), be.make_pinned_allocator(1 << 20));
+  const remat::AllocTag tag{remat::MemoryCategory::activation, "test", remat::Phase::forward};
+  Tensor host = Tensor::empty_in(pool, remat::Shape{4}, remat::DType::f32, tag);
+  Tensor dev = Tensor::from_vector({1.0f, 2.0f, 3.0f, 4.0f}, remat::Shape{4}, dut());
+  Tensor back = Tensor::zeros(remat::Shape{4}, dut());
+  std::fill(host.f32(), host.f32() + 4, -1.0f);
+  const uint64_t out = be.copy_async(host, dev);
+  EXPECT_EQ(host.to_vector(), (std::vector<float>{-1.0f, -1.0f, -1.0f, -1.0f})) << "ran before any wait";
+  dev.fill_(9.0f);  // compute reuses the source before waiting: the copy reads 9s
+  be.wait_copy(out);
+  EXPECT_EQ(host.to_vector(), (std::vector<float>{9.0f, 9.0f, 9.0f, 9.0f}));
+  const uint64_t in = be.copy_async(back, host);
+  EXPECT_EQ(back.to_vector(), (std::vector<float>{0.0f, 0.0f, 0.0f, 0.0f})) << "ran before any wait";
+  be.wait_copy(in);
+  EXPECT_EQ(back.to_vector(), (std::vector<float>{9.0f, 9.0f, 9.0f, 9.0f}));
+  EXPECT_THROW(be.wait_copy(in), remat::Error) << "a ticket is waited for once";
+}
+
 // The cuda-emu device's tensors live in the emulator's device memory, which host code
 // cannot address, as a GPU's: reading or writing one through its data pointer dies with
 // the emulator's message naming the allocation, while copies and ops reach it.

@@ -3,6 +3,7 @@
 // brute force over all unit-mode plans of small chains; sizes; bad input.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -98,6 +99,111 @@ TEST(Planner, MatchesBruteForceOverAllUnitModeAndRevolvePlansOfSmallChains) {
     }
     // Below the smallest achievable peak: a clear error with the minimum and its plan.
     EXPECT_REMAT_ERROR(remat::plan_for_budget(cfg, g, budgets.front() - 1), "the smallest achievable peak is");
+  }
+}
+
+// The offload model's arithmetic (docs/memory.md, "Planning with offload"): 1 TFLOP of
+// forward and 2 of the rest at 1 TFLOP/s, 100 GB offloaded over 50 GB/s each way: the
+// copies out take 2 s against 1 s of forward (1 s exposed), the copies back 2 s against 2 s
+// of backward (hidden): 4 s.
+TEST(Planner, OffloadModelAddsTheCopiesComputeCannotHide) {
+  remat::OffloadModel m;
+  m.flops_per_s = 1e12;
+  m.d2h_bytes_per_s = m.h2d_bytes_per_s = 50e9;
+  remat::PlanCandidate c;
+  c.forward_flops = 1e12;
+  c.step_flops = 3e12;
+  c.host_peak_bytes = 100'000'000'000;
+  EXPECT_DOUBLE_EQ(m.step_ms(c), 4000.0);
+  c.host_peak_bytes = 0;
+  EXPECT_DOUBLE_EQ(m.step_ms(c), 3000.0);
+  m.h2d_bytes_per_s = 25e9;  // back at half the rate: 4 s against 2 s
+  c.host_peak_bytes = 100'000'000'000;
+  EXPECT_DOUBLE_EQ(m.step_ms(c), 6000.0);
+  EXPECT_REMAT_ERROR(remat::declared_offload_model("a100", "fp32"), "unknown device model \"a100\" (known: h100)");
+  EXPECT_DOUBLE_EQ(remat::declared_offload_model("h100", "bf16").flops_per_s, 494.5e12);
+}
+
+// With offload weighed, the budget planner against brute force: every unit-mode plan of
+// small chains and every revolve:S, each also with +offload, ranked by the modelled step
+// time; the planner's choice fits and is the fastest that fits, under a link that hides
+// every copy (offload is free: the planner reaches below every plan without it at no
+// cost) and one that hides none (offload only where nothing else fits), and within a host
+// budget.
+TEST(Planner, WithOffloadMatchesBruteForceOfSmallChains) {
+  for (int n : {3, 4}) {
+    SCOPED_TRACE("blocks " + std::to_string(n));
+    remat::Config cfg = chain_config(n);
+    remat::Graph g = remat::build_config_graph(cfg, 16, 0);
+    std::vector<remat::CheckpointPlan> plans;
+    std::vector<remat::UnitModeSpec> modes(static_cast<size_t>(n));
+    std::function<void(int, int)> rec = [&](int u, int group) {
+      if (u == n) {
+        plans.push_back(remat::plan_from_unit_modes(g, "brute", modes));
+        return;
+      }
+      for (int m = 0; m < 3; ++m) {
+        modes[static_cast<size_t>(u)] = {m, m == 2 ? group : 0};
+        rec(u + 1, group);
+        if (m == 2) {
+          modes[static_cast<size_t>(u)] = {2, group + 1};
+          rec(u + 1, group + 1);
+        }
+      }
+    };
+    rec(0, 0);
+    for (int slots = 1; slots < n; ++slots) plans.push_back(remat::make_plan(g, "revolve:" + std::to_string(slots)));
+    const size_t plain = plans.size();
+    for (size_t i = 0; i < plain; ++i) {
+      remat::CheckpointPlan p = plans[i];
+      remat::add_offload(g, p);
+      plans.push_back(p);
+    }
+    for (double link : {1e18, 1e3}) {
+      for (int64_t host_budget : {int64_t{0}, int64_t{40000}}) {
+        SCOPED_TRACE("link " + std::to_string(link) + " B/s, host budget " + std::to_string(host_budget));
+        remat::OffloadModel m;
+        m.name = "test";
+        m.flops_per_s = 1e9;
+        m.d2h_bytes_per_s = m.h2d_bytes_per_s = link;
+        m.host_budget = host_budget;
+        std::vector<remat::PlanCandidate> all;
+        for (const auto& plan : plans) {
+          const auto p = remat::profile_step(cfg, g, plan, remat::Device::meta(), false);
+          remat::PlanCandidate c{"brute", plan, p.peak_bytes, p.recompute_flops};
+          c.host_peak_bytes = p.host_peak_bytes;
+          c.forward_flops = p.forward_flops;
+          c.step_flops = p.step_flops();
+          c.modelled_ms = m.step_ms(c);
+          if (host_budget == 0 || c.host_peak_bytes <= host_budget) all.push_back(c);
+        }
+        std::vector<int64_t> budgets;
+        for (const auto& c : all) budgets.push_back(c.peak_bytes);
+        std::sort(budgets.begin(), budgets.end());
+        budgets.erase(std::unique(budgets.begin(), budgets.end()), budgets.end());
+        for (int64_t budget : budgets) {
+          double best = INFINITY;
+          for (const auto& c : all)
+            if (c.peak_bytes <= budget) best = std::min(best, c.modelled_ms);
+          const remat::PlanCandidate chosen = remat::plan_for_budget(cfg, g, budget, nullptr, &m);
+          EXPECT_LE(chosen.peak_bytes, budget);
+          if (host_budget > 0) {
+            EXPECT_LE(chosen.host_peak_bytes, host_budget) << chosen.name;
+          }
+          EXPECT_LE(chosen.modelled_ms, best * (1 + 1e-12)) << "budget " << budget << ": planner chose " << chosen.name;
+        }
+        // Offload lowers the peak of the plain step: `none+offload` below `none`.
+        if (host_budget == 0) {
+          int64_t none_peak = 0, none_offload_peak = 0;
+          for (size_t i = 0; i < plans.size(); ++i) {
+            const bool keeps_all = std::find(plans[i].keep.begin(), plans[i].keep.end(), false) == plans[i].keep.end();
+            if (keeps_all) (plans[i].offloads() ? none_offload_peak : none_peak) = all[i].peak_bytes;
+          }
+          EXPECT_GT(none_offload_peak, 0);
+          EXPECT_LT(none_offload_peak, none_peak);
+        }
+      }
+    }
   }
 }
 

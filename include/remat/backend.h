@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "remat/memory.h"
 #include "remat/rng.h"
 #include "remat/tensor.h"
 
@@ -164,6 +165,22 @@ class Backend {
   // working weights, fp32 math; docs/memory.md "Mixed precision"). Which layers do is the
   // graph's question (Layer::runs_in_bf16).
   virtual bool supports_bf16() const { return false; }
+
+  // ---- Activation offload (docs/checkpointing.md, "Offload") ----------------------------
+  // Empty where the backend can keep activations in pinned host memory between forward and
+  // backward; else why it cannot (cpu: its memory is host memory already).
+  virtual std::string offload_unsupported() const;
+  // Raw page-locked host memory for an executor's host pool, taken from the system in
+  // chunks of at least `chunk` bytes (one chunk when the plan's estimate holds), returned
+  // when the allocator goes. Only the copies below read or write it.
+  virtual std::unique_ptr<RawAllocator> make_pinned_allocator(size_t chunk);
+  // Starts copying `src` into `dst` (the same byte count: one in this device's memory, the
+  // other from make_pinned_allocator's) on a second stream, after every op enqueued so far;
+  // returns the copy's ticket. Copies run in the order they were started.
+  virtual uint64_t copy_async(const Tensor& dst, const Tensor& src);
+  // The ops enqueued from now on run after copy `ticket` completed (the compute stream waits
+  // for it; the host does not). Each ticket is waited for once.
+  virtual void wait_copy(uint64_t ticket);
 
   // What benchmarks and tests turn and read besides the ops (remat/backend_tuning.h): the
   // device's clock, TF32 and attention's scratch groups, the emulator's traffic counters.

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -81,6 +82,10 @@ class Executor {
   Tensor evaluate(const Batch& batch, float* loss);
 
   const CheckpointPlan& plan() const { return plan_; }
+  // The pinned host pool offloaded products live in (the plan offloads: CheckpointPlan::
+  // offload), made once with the executor; null where nothing is offloaded. Its stats are
+  // the host tier's (allocated, peak), exact on meta as on the device.
+  const CachingAllocator* host_pool() const { return host_pool_.get(); }
   // Sets ExecOptions::on_grads_final after construction (an empty function: none).
   void set_on_grads_final(std::function<void(const std::vector<int>& params)> hook);
 
@@ -103,6 +108,12 @@ class Executor {
     std::vector<Tensor> extras;
     RngState rng;  // the range it drew in forward, replayed by recompute and backward
     Tensor dout;   // the gradient of its output, accumulated over its consumers
+    // Offload: the products' copies in the host pool (forward to prefetch), and the tickets
+    // of the copies in flight (copy-out until the device products go, copy-in until need_at).
+    Tensor host_out;
+    std::vector<Tensor> host_extras;
+    std::vector<uint64_t> copies;
+    std::vector<uint64_t> hashes;  // --verify-recompute: the products' hashes before the trip
   };
 
   void begin_step(const Batch& batch);
@@ -118,6 +129,11 @@ class Executor {
   void verify_recomputed(int i, bool extras_only);
   void forward_layer(int i, bool training, bool recompute, Phase phase, bool extras_only = false);
   void drop_output(int j, bool record_hash);
+  void plan_offload();
+  void start_offload(int j);
+  void finish_offload(int j);
+  void start_prefetch(int j);
+  void finish_prefetch(int j);
   void end_step();
 
   const Graph& g_;
@@ -126,6 +142,10 @@ class Executor {
   CheckpointPlan plan_;
   ExecOptions opt_;
 
+  std::unique_ptr<CachingAllocator> host_pool_;  // before live_: outlives the host copies
+  PerLayer<std::vector<int>> offload_done_;      // per layer: offloads whose device products go before its forward
+  PerLayer<std::vector<int>> prefetch_;          // per layer: prefetches its backward step starts
+  PerLayer<std::vector<int>> prefetch_done_;     // per layer: prefetches its backward step waits for
   PerLayer<Lifetime> life_;
   PerLayer<std::vector<int>> grads_final_;  // per layer: parameters whose gradients its backward completes
   PerLayer<Live> live_;

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -121,6 +122,12 @@ class RawAllocator {
 };
 std::unique_ptr<RawAllocator> make_cpu_raw_allocator();
 std::unique_ptr<RawAllocator> make_meta_raw_allocator();
+// Raw memory carved from large chunks that `get` takes from the system (each at least
+// `chunk` bytes; null: out of memory) and `put` returns when the allocator goes: a handful
+// of system calls per run for memory that is slow to obtain (pinned host memory, whose
+// cudaMallocHost pins every page). Host memory (capacity: the machine's).
+std::unique_ptr<RawAllocator> make_chunked_raw_allocator(std::function<void*(size_t)> get,
+                                                         std::function<void(void*)> put, size_t chunk);
 
 class CachingAllocator;
 

@@ -52,12 +52,23 @@ struct CheckpointPlan {
   // keeps it (a sub-checkpoint: forward drops it).
   std::vector<int> kept_by;
   std::vector<int> nest_of;  // per segment: the innermost nest holding it, -1 if none
+  // Activation offload (docs/checkpointing.md, "Offload"). Per layer: the products forward
+  // keeps (its output, and its extras where kept) wait in pinned host memory between their
+  // last forward reader and backward: copied out right after the layer's forward, copied
+  // back (prefetched) when backward reaches prefetch_at[layer], ahead of need_at[layer],
+  // the first backward step that reads them (its own backward, a reader's, or the
+  // recompute or advance that re-runs a reader). Empty: nothing offloaded.
+  std::vector<bool> offload;
+  std::vector<int> prefetch_at;  // per layer; -1 where not offloaded
+  std::vector<int> need_at;      // per layer; -1 where not offloaded
+  bool offloads() const;
 
   int recomputed_layers() const;  // layer forwards re-run in each backward (advances included)
   std::string describe(const Graph& g) const;
 };
 
-// Policies: none, all, every:K, sqrt, selective, manual (see docs/checkpointing.md).
+// Policies: none, all, every:K, sqrt, revolve:S, selective, manual, each optionally
+// followed by "+offload" (see docs/checkpointing.md).
 // Units are the repeated-block instances of the model, or, in a model without repeated
 // blocks, its layers.
 CheckpointPlan make_plan(const Graph& g, const std::string& policy);
@@ -79,6 +90,13 @@ void keep_selective(const Graph& g, const Segment& s, std::vector<bool>& keep, s
 CheckpointPlan make_plan_from_segments(const Graph& g, const std::string& name, const std::vector<Segment>& segments,
                                        const std::vector<bool>& keep, const std::vector<bool>& keep_extras = {},
                                        std::vector<Nest> nests = {});
+
+// Marks for offload every product the plan keeps from forward to backward in the units
+// before the last (and the layers before the first unit; in a model of fewer than two
+// units, every layer counts as one), except views (their bytes are
+// another tensor's) and the tensors kept views read; sets prefetch_at one unit ahead of
+// need_at. Appends "+offload" to the policy name.
+void add_offload(const Graph& g, CheckpointPlan& p);
 
 // Revolve (Griewank and Walther 2000): the fewest unit forwards re-run in backward to
 // train a chain of `n` equal units holding at most `slots` unit boundaries at a time (the

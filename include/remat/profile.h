@@ -43,6 +43,10 @@ struct StepProfile {
   CategoryCounts peak_by_category;  // split of that peak
   CategoryCounts category_peaks;    // each category's own high-water mark in the step (e.g. activations)
   int64_t peak_reserved_bytes = 0;
+  // Activation offload (the plan offloads): the pinned host pool's peak allocated and the
+  // bytes it reserved from the system (Executor::host_pool); 0 without offload.
+  int64_t host_peak_bytes = 0;
+  int64_t host_reserved_bytes = 0;
   double forward_flops = 0, backward_flops = 0, recompute_flops = 0, optimizer_flops = 0;
   double step_flops() const { return forward_flops + backward_flops + recompute_flops + optimizer_flops; }
   int64_t recomputed_layers = 0;
@@ -83,7 +87,29 @@ struct PlanCandidate {
   CheckpointPlan plan;
   int64_t peak_bytes = 0;
   double recompute_flops = 0.0;
+  int64_t host_peak_bytes = 0;  // pinned host memory of an offloading plan (0: none)
+  double forward_flops = 0.0, backward_flops = 0.0, step_flops = 0.0;
+  double modelled_ms = 0.0;  // under the planner's OffloadModel; 0 without one
+  // What the planner ranks by: modelled_ms where modelled, else recompute FLOPs.
+  double cost() const { return modelled_ms > 0.0 ? modelled_ms : recompute_flops; }
 };
+
+// What the planner weighs offload with (docs/memory.md, "Planning with offload"): the
+// device's sustained FLOP rate and the host link's bandwidth each way, and the pinned host
+// memory a plan may hold. A step is modelled as its FLOPs at that rate plus the copies'
+// time that compute cannot hide: the copies out overlap forward, the copies back overlap
+// backward and recompute, each beyond them adds.
+struct OffloadModel {
+  std::string name;  // what the figures are, e.g. "h100 (declared)"
+  double flops_per_s = 0.0;
+  double d2h_bytes_per_s = 0.0, h2d_bytes_per_s = 0.0;
+  int64_t host_budget = 0;  // 0: no limit
+  double step_ms(const PlanCandidate& c) const;
+};
+// The declared model of a device kind: "h100" (FACTS: H100 SXM; sustained at half the
+// dense peak of the precision, fp32 67 and bf16 989 TFLOP/s; its PCIe Gen5 x16 host link
+// at 50 GB/s each way of 64). Throws naming the kinds known.
+OffloadModel declared_offload_model(const std::string& kind, const std::string& precision);
 
 // A plan from a mode per unit: 0 keep, 1 selective (GEMM/conv/embedding outputs kept, the
 // rest recomputed), 2 full recompute; consecutive full units with the same group form one
@@ -102,12 +128,19 @@ int64_t unit_count(const Graph& g);
 // models 1-8, then steps of a quarter, √n and its neighbours, and n (about 4 log n values).
 // `workspace_model` (here and below): the backend whose workspace sizes the simulation
 // uses (default: cpu's); pass the target device's backend to plan for a GPU.
-std::vector<PlanCandidate> plan_candidates(const Config& cfg, const Graph& g, Backend* workspace_model = nullptr);
-// The Pareto front (peak vs recompute FLOPs) of the candidates, by increasing peak.
+// With `offload`, each candidate also with "+offload" (add_offload), every one ranked by
+// its modelled step time.
+std::vector<PlanCandidate> plan_candidates(const Config& cfg, const Graph& g, Backend* workspace_model = nullptr,
+                                           const OffloadModel* offload = nullptr);
+// The Pareto front (peak vs cost(): modelled time, or recompute FLOPs) of the candidates,
+// by increasing peak.
 std::vector<PlanCandidate> pareto_front(std::vector<PlanCandidate> c);
-// The candidate with the least recompute FLOPs whose peak fits; if none fits, an error
-// that gives the smallest achievable peak and the plan that reaches it.
-PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget, Backend* workspace_model = nullptr);
+// The candidate of least cost() whose peak fits (and, with `offload`, whose pinned host
+// peak fits its host budget; the search runs over the plans with and without offload);
+// if none fits, an error that gives the smallest achievable peak and the plan that
+// reaches it.
+PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget, Backend* workspace_model = nullptr,
+                              const OffloadModel* offload = nullptr);
 
 // Gradient accumulation as a second lever: the largest micro-batch dividing
 // cfg.training.batch (the whole batch first; with cfg.training.ranks R, one that gives a
@@ -121,9 +154,10 @@ struct MicroBatchPlan {
   PlanCandidate best;
 };
 MicroBatchPlan plan_micro_batch_for_budget(const Config& cfg, int64_t budget, int64_t seq = 0,
-                                           Backend* workspace_model = nullptr);
+                                           Backend* workspace_model = nullptr, const OffloadModel* offload = nullptr);
 
-// A plan for a policy string, including "budget:SIZE".
+// A plan for a policy string, including "budget:SIZE" and "budget:SIZE+offload" (the
+// latter with declared_offload_model("h100", the config's precision), no host limit).
 CheckpointPlan resolve_policy(const Config& cfg, const Graph& g, const std::string& policy,
                               Backend* workspace_model = nullptr);
 

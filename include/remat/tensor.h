@@ -63,6 +63,9 @@ class Tensor {
   // Uninitialised storage tagged with the thread's current tag (see TagScope) or `tag`.
   static Tensor empty(const Shape& shape, Device device = Device::cpu(), DType dtype = DType::f32);
   static Tensor empty(const Shape& shape, Device device, DType dtype, const AllocTag& tag);
+  // As empty, from a given allocator (an executor's pinned host pool, remat/executor.h);
+  // the tensor's device is the allocator's. The allocator must outlive the tensor.
+  static Tensor empty_in(CachingAllocator& allocator, const Shape& shape, DType dtype, const AllocTag& tag);
   static Tensor zeros(const Shape& shape, Device device = Device::cpu(), DType dtype = DType::f32);
   static Tensor full(const Shape& shape, float value, Device device = Device::cpu());
   static Tensor from_vector(const std::vector<float>& values, const Shape& shape, Device device = Device::cpu());

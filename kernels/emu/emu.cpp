@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -897,13 +898,52 @@ struct EmuEvent {
 
 }  // namespace
 
+// A non-blocking stream (cudaStreamNonBlocking: remat's copy stream) is where a GPU's
+// copy engine runs beside the compute: the emulator defers its copies to the latest point
+// a GPU could run them, the moment something waits for them (an event recorded after them
+// is waited for or synchronised, the stream is synchronised, or work is launched on it).
+// A program that frees, reuses or reads a copy's memory before waiting for the copy sees
+// stale or overwritten bytes here, however lucky its timing on a GPU.
+struct PendingCopy {
+  void* dst;
+  const void* src;
+  size_t bytes;
+};
 struct remat_emu_stream {
   unsigned flags = 0;
+  std::vector<PendingCopy> pending;  // deferred copies, in stream order
+  uint64_t enqueued = 0;             // copies ever deferred on this stream
+  uint64_t done = 0;                 // ... and run
 };
 struct remat_emu_event {
   EmuEvent e;
   unsigned flags = 0;
+  remat_emu_stream* stream = nullptr;  // the deferring stream it was last recorded on
+  uint64_t upto = 0;                   // the copies of that stream it waits for
 };
+
+namespace {
+std::mutex g_streams_mutex;
+std::vector<remat_emu_stream*> g_deferring_streams;  // live non-blocking streams
+
+bool defers(cudaStream_t s) { return s && (s->flags & cudaStreamNonBlocking); }
+
+// Runs the deferred copies of `s` up to its `upto`-th.
+void run_deferred(remat_emu_stream* s, uint64_t upto) {
+  if (!s) return;
+  std::lock_guard<std::mutex> lock(g_streams_mutex);
+  while (s->done < upto && !s->pending.empty()) {
+    const PendingCopy c = s->pending.front();
+    s->pending.erase(s->pending.begin());
+    ++s->done;
+    remat::emu::DeviceAccess open;
+    std::memmove(c.dst, c.src, c.bytes);
+  }
+}
+void run_all_deferred(remat_emu_stream* s) {
+  if (s) run_deferred(s, s->enqueued);
+}
+}  // namespace
 
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   if (!ptr) return cudaErrorInvalidValue;
@@ -938,6 +978,7 @@ std::atomic<uint64_t> g_default_stream_uses{0};
 }
 void note_stream(cudaStream_t stream) {
   if (!stream) g_default_stream_uses.fetch_add(1, std::memory_order_relaxed);
+  if (defers(stream)) run_all_deferred(stream);  // work on the stream runs after its copies
 }
 uint64_t default_stream_uses() { return g_default_stream_uses.load(std::memory_order_relaxed); }
 }  // namespace remat::emu
@@ -967,6 +1008,15 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+  if (defers(stream)) {
+    if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return cudaErrorInvalidMemcpyDirection;
+    if (bytes == 0) return cudaSuccess;
+    if (!dst || !src) return cudaErrorInvalidValue;
+    std::lock_guard<std::mutex> lock(g_streams_mutex);
+    stream->pending.push_back({dst, src, bytes});
+    ++stream->enqueued;
+    return cudaSuccess;
+  }
   remat::emu::note_stream(stream);
   return memcpy_on(dst, src, bytes, kind);
 }
@@ -1073,24 +1123,50 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   return cudaSuccess;
 }
 
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() {
+  std::vector<remat_emu_stream*> streams;
+  {
+    std::lock_guard<std::mutex> lock(g_streams_mutex);
+    streams = g_deferring_streams;
+  }
+  for (remat_emu_stream* s : streams) run_all_deferred(s);
+  return cudaSuccess;
+}
 cudaError_t cudaDeviceReset() { return cudaSuccess; }
 
 cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, cudaStreamDefault); }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
   if (!stream) return cudaErrorInvalidValue;
-  *stream = new remat_emu_stream{flags};
+  *stream = new remat_emu_stream{flags, {}, 0, 0};
+  if (defers(*stream)) {
+    std::lock_guard<std::mutex> lock(g_streams_mutex);
+    g_deferring_streams.push_back(*stream);
+  }
   return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (!stream) return cudaErrorInvalidResourceHandle;
+  run_all_deferred(stream);  // as a GPU, which completes the stream's work first
+  {
+    std::lock_guard<std::mutex> lock(g_streams_mutex);
+    auto& v = g_deferring_streams;
+    v.erase(std::remove(v.begin(), v.end(), stream), v.end());
+  }
   delete stream;
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  if (defers(stream)) run_all_deferred(stream);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  if (defers(stream) && stream->done < stream->enqueued) return cudaErrorNotReady;
+  return cudaSuccess;
+}
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t event, unsigned int) {
-  return event ? cudaSuccess : cudaErrorInvalidResourceHandle;
+  if (!event) return cudaErrorInvalidResourceHandle;
+  run_deferred(event->stream, event->upto);  // the waiting stream's later work sees the copies
+  return cudaSuccess;
 }
 
 cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, cudaEventDefault); }
@@ -1104,14 +1180,26 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   delete event;
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (!event) return cudaErrorInvalidResourceHandle;
   event->e.when = std::chrono::steady_clock::now();
   event->e.recorded = true;
+  event->stream = defers(stream) ? stream : nullptr;
+  event->upto = defers(stream) ? stream->enqueued : 0;
   return cudaSuccess;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t event) { return event ? cudaSuccess : cudaErrorInvalidResourceHandle; }
-cudaError_t cudaEventQuery(cudaEvent_t event) { return event ? cudaSuccess : cudaErrorInvalidResourceHandle; }
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  if (!event) return cudaErrorInvalidResourceHandle;
+  run_deferred(event->stream, event->upto);
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  if (!event) return cudaErrorInvalidResourceHandle;
+  // Not ready while its copies wait: a caller polling it must synchronise (as on a GPU,
+  // whose copy may still run).
+  if (event->stream && event->stream->done < event->upto) return cudaErrorNotReady;
+  return cudaSuccess;
+}
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   if (!ms) return cudaErrorInvalidValue;
   if (!start || !end) return cudaErrorInvalidResourceHandle;

@@ -559,7 +559,9 @@ inline long long clock64() { return static_cast<long long>(::remat::emu::switch_
 
 // ---------------------------------------------------------------------------
 // Host runtime: device memory in the emulator's arena (below); streams and events are
-// ordered by construction (every launch runs to completion before it returns).
+// ordered by construction (every launch runs to completion before it returns), except
+// the copies on a non-blocking stream, which wait until something waits for them
+// (emu.cpp, "PendingCopy"): stricter than a GPU about ordering copies with events.
 // ---------------------------------------------------------------------------
 enum cudaError {
   cudaSuccess = 0,

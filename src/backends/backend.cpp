@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "backends/validate/check.h"
+#include "remat/error.h"
 
 namespace remat {
 
@@ -29,5 +30,21 @@ namespace remat {
 #include "remat/backend_ops.def"
 #undef REMAT_OP
 #undef REMAT_ARGS
+
+// ---- Activation offload: what a backend without a second memory answers ---------------------
+// (cpu; meta and the CUDA backend override these: meta_backend.cpp, cuda_memory.cpp)
+
+std::string Backend::offload_unsupported() const {
+  return "the " + name() + " backend has no memory apart from the host's to offload to";
+}
+std::unique_ptr<RawAllocator> Backend::make_pinned_allocator(size_t) {
+  REMAT_THROW("activation offload on ", device().str(), ": ", offload_unsupported());
+}
+uint64_t Backend::copy_async(const Tensor&, const Tensor&) {
+  REMAT_THROW("activation offload on ", device().str(), ": ", offload_unsupported());
+}
+void Backend::wait_copy(uint64_t) {
+  REMAT_THROW("activation offload on ", device().str(), ": ", offload_unsupported());
+}
 
 }  // namespace remat

@@ -104,6 +104,95 @@ Executor::Executor(const Graph& g, ParamStore& params, Backend& be, CheckpointPl
     for (int j : g.layer(i).inputs)
       if (life_[j].segment == life_[i].segment) life_[j].rec_last = std::max(life_[j].rec_last, i);
   }
+  if (plan_.offloads()) plan_offload();
+}
+
+// Offload: when each offloaded product's device copy goes (after the forward of its last
+// forward reader, and not before that of the next layer, so that its copy-out overlaps at
+// least one layer's compute), and when backward brings it back; the host pool, sized by
+// the outputs.
+void Executor::plan_offload() {
+  const std::string why = be_.offload_unsupported();
+  REMAT_CHECK(why.empty(), "policy \"", plan_.policy, "\" offloads activations to host memory, which ", be_.name(),
+              " cannot do: ", why, " (offload needs a GPU: --device cuda, or cuda-emu to try it)");
+  const int n = g_.size();
+  REMAT_CHECK(static_cast<int>(plan_.offload.size()) == n && static_cast<int>(plan_.prefetch_at.size()) == n &&
+                  static_cast<int>(plan_.need_at.size()) == n,
+              "executor: offload flags do not match the graph");
+  offload_done_ = PerLayer<std::vector<int>>(n + 1);  // [n]: when forward ends
+  prefetch_ = PerLayer<std::vector<int>>(n);
+  prefetch_done_ = PerLayer<std::vector<int>>(n);
+  size_t estimate = 0;
+  for (int j = 0; j < n; ++j) {
+    if (!plan_.offload[static_cast<size_t>(j)]) continue;
+    const int need = plan_.need_at[static_cast<size_t>(j)], at = plan_.prefetch_at[static_cast<size_t>(j)];
+    REMAT_CHECK(life_[j].keep && life_[j].kept_by < 0 && need >= j && at >= need && at < n, "executor: offload of \"",
+                g_.layer(j).name, "\" is not planned consistently (plan bug)");
+    offload_done_[std::min(n, std::max(life_[j].fwd_last, j + 1) + 1)].push_back(j);
+    prefetch_[at].push_back(j);
+    prefetch_done_[need].push_back(j);
+    const Layer& l = g_.layer(j);
+    estimate += CachingAllocator::round_size(static_cast<size_t>(l.out_shape.numel()) * dtype_size(l.out_dtype));
+  }
+  // Extras and rounding: a quarter more; the pool takes another chunk if that is short.
+  host_pool_ = std::make_unique<CachingAllocator>(be_.device().is_meta() ? Device::meta() : Device::cpu(),
+                                                  be_.make_pinned_allocator(estimate + estimate / 4 + (1 << 20)));
+}
+
+// The products a layer keeps go to the host pool, on the copy stream, from the end of its
+// forward; the device copies stay until finish_offload.
+void Executor::start_offload(int j) {
+  Live& L = live_[j];
+  const AllocTag tag{MemoryCategory::activation, g_.layer(j).name, Phase::forward};
+  auto copy_out = [&](const Tensor& t) {
+    if (opt_.verify_recompute) L.hashes.push_back(tensor_hash(t));
+    Tensor h = Tensor::empty_in(*host_pool_, t.shape(), t.dtype(), tag);
+    L.copies.push_back(be_.copy_async(h, t));
+    return h;
+  };
+  L.host_out = copy_out(L.out);
+  for (const Tensor& e : L.extras) L.host_extras.push_back(copy_out(e));
+}
+
+// Compute waits for the copies (it may reuse their source blocks from here on); the
+// device products go.
+void Executor::finish_offload(int j) {
+  Live& L = live_[j];
+  for (uint64_t t : L.copies) be_.wait_copy(t);
+  L.copies.clear();
+  L.out = Tensor();
+  L.extras.clear();
+}
+
+// Backward brings the products back into fresh device blocks; the host copies return to
+// the pool at once (only the copy stream, in order, touches the pool's memory).
+void Executor::start_prefetch(int j) {
+  Live& L = live_[j];
+  TagScope scope(MemoryCategory::activation, g_.layer(j).name, Phase::backward);
+  auto copy_in = [&](Tensor& h) {
+    Tensor d = Tensor::empty(h.shape(), be_.device(), h.dtype());
+    L.copies.push_back(be_.copy_async(d, h));
+    h = Tensor();
+    return d;
+  };
+  L.out = copy_in(L.host_out);
+  for (Tensor& h : L.host_extras) L.extras.push_back(copy_in(h));
+  L.host_extras.clear();
+}
+
+// Before the first backward step that reads them: compute waits for the copies back.
+void Executor::finish_prefetch(int j) {
+  Live& L = live_[j];
+  for (uint64_t t : L.copies) be_.wait_copy(t);
+  L.copies.clear();
+  if (!opt_.verify_recompute) return;
+  std::vector<const Tensor*> products{&L.out};
+  for (const Tensor& e : L.extras) products.push_back(&e);
+  for (size_t k = 0; k < products.size() && k < L.hashes.size(); ++k)
+    REMAT_CHECK(tensor_hash(*products[k]) == L.hashes[k], "verify-recompute: layer \"", g_.layer(j).name,
+                "\": ", k == 0 ? std::string("its output") : "extra " + std::to_string(k - 1),
+                " differs after its round trip through host memory (offload)");
+  L.hashes.clear();
 }
 
 void Executor::forward_layer(int i, bool training, bool recompute, Phase phase, bool extras_only) {
@@ -186,6 +275,8 @@ void Executor::end_step() {
 void Executor::forward_pass(RngGenerator& gen, StepStats& st) {
   for (int i = 0; i < g_.size(); ++i) {
     const Layer& l = g_.layer(i);
+    if (host_pool_)
+      for (int j : offload_done_[i]) finish_offload(j);  // after the forward of layer i - 1
     if (l.kind() == LayerKind::input) continue;
     if (const uint64_t words = l.rng_words()) live_[i].rng = gen.reserve(words, l.name);
     forward_layer(i, /*training=*/true, /*recompute=*/false, Phase::forward);
@@ -196,10 +287,13 @@ void Executor::forward_pass(RngGenerator& gen, StepStats& st) {
         for (size_t k = 0; k < extras.size(); ++k) hashes_[{i, static_cast<int>(k)}] = tensor_hash(extras[k]);
       extras.clear();
     }
+    if (host_pool_ && plan_.offload[static_cast<size_t>(i)]) start_offload(i);
     for (int j : l.inputs)
       if (life_[j].fwd_last == i) release_after_forward(j);
     if (life_[i].fwd_last < 0) release_after_forward(i);
   }
+  if (host_pool_)
+    for (int j : offload_done_[g_.size()]) finish_offload(j);
 }
 
 // An output whose forward life ended: kept only if backward (or a recompute) reads it and
@@ -214,6 +308,10 @@ void Executor::release_after_forward(int j) {
 void Executor::backward_pass(StepStats& st) {
   for (int i = g_.size() - 1; i >= 0; --i) {
     const Layer& l = g_.layer(i);
+    if (host_pool_) {
+      for (int j : prefetch_[i]) start_prefetch(j);
+      for (int j : prefetch_done_[i]) finish_prefetch(j);
+    }
     if (l.kind() == LayerKind::input) continue;
     rebuild_for(i, st);
     if (i == g_.loss_id || live_[i].dout.defined()) backward_layer(i, st);

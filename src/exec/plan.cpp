@@ -279,7 +279,75 @@ CheckpointPlan revolve_plan(const Graph& g, const std::string& policy, int slots
 
 }  // namespace
 
+bool CheckpointPlan::offloads() const { return std::find(offload.begin(), offload.end(), true) != offload.end(); }
+
+void add_offload(const Graph& g, CheckpointPlan& p) {
+  const auto n = static_cast<size_t>(g.size());
+  // The units of the plan; with fewer than two (one repeated block), every layer.
+  std::vector<Segment> units = plan_units(g);
+  if (units.size() < 2) {
+    units.clear();
+    for (int i = 0; i < g.size(); ++i)
+      if (!always_kept(g.layer(i))) units.push_back({i, i + 1, false});
+  }
+  p.offload.assign(n, false);
+  p.prefetch_at.assign(n, -1);
+  p.need_at.assign(n, -1);
+  if (!p.policy.empty()) p.policy += "+offload";
+  if (units.size() < 2) return;
+  // The first backward step that reads each product (-1: none).
+  std::vector<int> need(n, -1);
+  auto read_at = [&](int j, int step) { need[static_cast<size_t>(j)] = std::max(need[static_cast<size_t>(j)], step); };
+  for (int i = 0; i < g.size(); ++i) {
+    const Layer& l = g.layer(i);
+    for (int k : l.backward_inputs()) read_at(l.inputs[static_cast<size_t>(k)], i);
+    if (l.backward_uses_output() || (p.keep_extras[static_cast<size_t>(i)] && !l.extra_names().empty())) read_at(i, i);
+    if (p.rerun[static_cast<size_t>(i)]) {
+      const int rebuilt_at = p.segments[static_cast<size_t>(p.segment_of[static_cast<size_t>(i)])].end - 1;
+      for (int j : l.inputs)
+        if (p.keep[static_cast<size_t>(j)]) read_at(j, rebuilt_at);
+    }
+  }
+  for (const Nest& m : p.nests)
+    for (int i : m.advance)
+      for (int j : g.layer(i).inputs)
+        if (!std::binary_search(m.advance.begin(), m.advance.end(), j)) read_at(j, m.end - 1);
+  // Views share their source's bytes: neither they nor what a kept view reads (through
+  // views) move.
+  std::vector<bool> pinned(n, false);
+  for (int i = g.size() - 1; i >= 0; --i) {
+    const Layer& l = g.layer(i);
+    if (l.kind() != LayerKind::view) continue;
+    if (p.keep[static_cast<size_t>(i)] || pinned[static_cast<size_t>(i)])
+      for (int j : l.inputs) pinned[static_cast<size_t>(j)] = true;
+    pinned[static_cast<size_t>(i)] = true;
+  }
+  const int last_unit_begin = units.back().begin;
+  for (int j = 0; j < last_unit_begin; ++j) {
+    const auto k = static_cast<size_t>(j);
+    if (always_kept(g.layer(j)) || !p.keep[k] || p.kept_by[k] >= 0 || pinned[k] || need[k] < 0) continue;
+    p.offload[k] = true;
+    p.need_at[k] = need[k];
+    // One unit ahead: the last layer of the first unit that starts after need_at, whose
+    // backward comes just before; the loss's step where none does.
+    int at = g.size() - 1;
+    for (const Segment& u : units)
+      if (u.begin > need[k]) {
+        at = u.end - 1;
+        break;
+      }
+    p.prefetch_at[k] = at;
+  }
+}
+
 CheckpointPlan make_plan(const Graph& g, const std::string& policy) {
+  static const std::string kOffload = "+offload";
+  if (policy.size() > kOffload.size() &&
+      policy.compare(policy.size() - kOffload.size(), kOffload.size(), kOffload) == 0) {
+    CheckpointPlan p = make_plan(g, policy.substr(0, policy.size() - kOffload.size()));
+    add_offload(g, p);
+    return p;
+  }
   const std::vector<Segment> units = plan_units(g);
   std::vector<bool> keep(static_cast<size_t>(g.size()), true), keep_extras = keep;
   auto recompute_all = [&](const std::vector<Segment>& segs) {
@@ -329,7 +397,8 @@ CheckpointPlan make_plan(const Graph& g, const std::string& policy) {
     return make_plan_from_segments(g, policy, segs, keep);
   }
   REMAT_THROW("unknown checkpoint policy \"", policy,
-              "\" (expected none, all, every:K, sqrt, revolve:S, selective or manual)");
+              "\" (expected none, all, every:K, sqrt, revolve:S, selective or manual, each optionally followed by "
+              "+offload)");
 }
 
 int CheckpointPlan::recomputed_layers() const {
@@ -349,6 +418,8 @@ std::string CheckpointPlan::describe(const Graph& g) const {
   else
     out += std::to_string(nests.size()) + " nest(s), " + std::to_string(recomputed_layers()) +
            " layer forwards re-run (" + std::to_string(g.size()) + " layers)";
+  if (offloads())
+    out += ", " + std::to_string(std::count(offload.begin(), offload.end(), true)) + " layers' products offloaded";
   return out;
 }
 

@@ -1,8 +1,10 @@
 #include <unistd.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <limits>
 
 #include "remat/device_registry.h"
@@ -73,6 +75,11 @@ TagScope::~TagScope() { t_current_tag = std::move(saved_); }
 
 namespace {
 
+int64_t host_memory_bytes() {
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : std::numeric_limits<int64_t>::max();
+}
+
 class CpuRawAllocator final : public RawAllocator {
  public:
   void* allocate(size_t bytes) override {
@@ -80,10 +87,7 @@ class CpuRawAllocator final : public RawAllocator {
     return std::aligned_alloc(64, (bytes + 63) / 64 * 64);
   }
   void deallocate(void* ptr, size_t) override { std::free(ptr); }
-  int64_t capacity() const override {
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : std::numeric_limits<int64_t>::max();
-  }
+  int64_t capacity() const override { return host_memory_bytes(); }
 };
 
 // Hands out distinct fake addresses; nothing may dereference them.
@@ -102,7 +106,66 @@ class MetaRawAllocator final : public RawAllocator {
   uintptr_t next_ = 0x10000;
 };
 
+// First fit over the free ranges of its chunks, neighbours merged when returned.
+class ChunkedRawAllocator final : public RawAllocator {
+ public:
+  static constexpr size_t kAlign = 256;
+  ChunkedRawAllocator(std::function<void*(size_t)> get, std::function<void(void*)> put, size_t chunk)
+      : get_(std::move(get)), put_(std::move(put)), chunk_(std::max<size_t>(chunk, kAlign)) {}
+  ~ChunkedRawAllocator() override {
+    for (void* c : chunks_) put_(c);
+  }
+  void* allocate(size_t bytes) override {
+    bytes = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->second < bytes) continue;
+      const uintptr_t p = it->first;
+      const size_t left = it->second - bytes;
+      free_.erase(it);
+      if (left) free_[p + bytes] = left;
+      return reinterpret_cast<void*>(p);
+    }
+    const size_t size = std::max(bytes, (chunk_ + kAlign - 1) / kAlign * kAlign);
+    void* c = get_(size);
+    if (!c) return nullptr;
+    chunks_.push_back(c);
+    const auto p = reinterpret_cast<uintptr_t>(c);
+    if (size > bytes) free_[p + bytes] = size - bytes;
+    return c;
+  }
+  void deallocate(void* ptr, size_t bytes) override {
+    bytes = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+    auto p = reinterpret_cast<uintptr_t>(ptr);
+    auto next = free_.lower_bound(p);
+    if (next != free_.end() && p + bytes == next->first) {  // merge with the range after
+      bytes += next->second;
+      next = free_.erase(next);
+    }
+    if (next != free_.begin()) {  // ... and the one before
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == p) {
+        prev->second += bytes;
+        return;
+      }
+    }
+    free_[p] = bytes;
+  }
+  int64_t capacity() const override { return host_memory_bytes(); }
+
+ private:
+  std::function<void*(size_t)> get_;
+  std::function<void(void*)> put_;
+  size_t chunk_;
+  std::vector<void*> chunks_;
+  std::map<uintptr_t, size_t> free_;  // address -> bytes (adjacent ranges of one chunk merged)
+};
+
 }  // namespace
+
+std::unique_ptr<RawAllocator> make_chunked_raw_allocator(std::function<void*(size_t)> get,
+                                                         std::function<void(void*)> put, size_t chunk) {
+  return std::make_unique<ChunkedRawAllocator>(std::move(get), std::move(put), chunk);
+}
 
 std::unique_ptr<RawAllocator> make_cpu_raw_allocator() { return std::make_unique<CpuRawAllocator>(); }
 std::unique_ptr<RawAllocator> make_meta_raw_allocator() { return std::make_unique<MetaRawAllocator>(); }

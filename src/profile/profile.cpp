@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <random>
 
 #include "remat/data.h"
@@ -122,6 +123,11 @@ void run_step(const Config& cfg, const Graph& g, const CheckpointPlan& plan, Dev
   p.backward_flops = st.backward_flops;
   p.recompute_flops = st.recompute_flops;
   p.recomputed_layers = st.recomputed_layers;
+  if (const CachingAllocator* host = ex.host_pool()) {
+    const MemoryStats hs = host->stats();
+    p.host_peak_bytes = hs.peak_allocated;
+    p.host_reserved_bytes = hs.peak_reserved;
+  }
   p.optimizer_flops = (cfg.optimizer.type == "adamw" ? 12.0 : 4.0) * static_cast<double>(g.parameter_count());
 }
 
@@ -251,11 +257,27 @@ int64_t parse_size(const std::string& s) {
 namespace {
 
 PlanCandidate simulate(const Config& cfg, const Graph& g, const std::string& name, const CheckpointPlan& plan,
-                       Backend* ws) {
+                       Backend* ws, const OffloadModel* om = nullptr) {
   StepProfile p = profile_step(cfg, g, plan, Device::meta(), /*keep_events=*/false, ws);
   CheckpointPlan named = plan;
   named.policy = name;
-  return {name, named, p.peak_bytes, p.recompute_flops};
+  PlanCandidate c{name, named, p.peak_bytes, p.recompute_flops};
+  c.host_peak_bytes = p.host_peak_bytes;
+  c.forward_flops = p.forward_flops;
+  c.backward_flops = p.backward_flops;
+  c.step_flops = p.step_flops();
+  if (om) c.modelled_ms = om->step_ms(c);
+  return c;
+}
+
+// The same plan with what it keeps offloaded (add_offload), simulated; nullopt where it
+// offloads nothing (one unit).
+std::optional<PlanCandidate> simulate_offloaded(const Config& cfg, const Graph& g, const PlanCandidate& c, Backend* ws,
+                                                const OffloadModel* om) {
+  CheckpointPlan p = c.plan;
+  add_offload(g, p);
+  if (!p.offloads()) return std::nullopt;
+  return simulate(cfg, g, c.name + "+offload", p, ws, om);
 }
 
 }  // namespace
@@ -284,7 +306,52 @@ CheckpointPlan plan_from_unit_modes(const Graph& g, const std::string& name, con
   return make_plan_from_segments(g, name, segs, keep, keep_extras);
 }
 
-std::vector<PlanCandidate> plan_candidates(const Config& cfg, const Graph& g, Backend* ws) {
+double OffloadModel::step_ms(const PlanCandidate& c) const {
+  REMAT_CHECK(flops_per_s > 0 && d2h_bytes_per_s > 0 && h2d_bytes_per_s > 0, "offload model \"", name,
+              "\": the FLOP rate and both link bandwidths must be positive");
+  const double forward_s = c.forward_flops / flops_per_s;
+  const double backward_s = (c.step_flops - c.forward_flops) / flops_per_s;  // backward, recompute, optimizer
+  const auto bytes = static_cast<double>(c.host_peak_bytes);  // every offloaded byte goes out and back once
+  const double exposed =
+      std::max(0.0, bytes / d2h_bytes_per_s - forward_s) + std::max(0.0, bytes / h2d_bytes_per_s - backward_s);
+  return 1e3 * (forward_s + backward_s + exposed);
+}
+
+OffloadModel declared_offload_model(const std::string& kind, const std::string& precision) {
+  REMAT_CHECK(kind == "h100", "unknown device model \"", kind, "\" (known: h100)");
+  REMAT_CHECK(precision == "fp32" || precision == "bf16", "offload model: precision \"", precision,
+              "\" (expected fp32 or bf16)");
+  OffloadModel m;
+  m.name = "h100 (declared: " + precision + " at half of " + (precision == "bf16" ? "989" : "67") +
+           " TFLOP/s, PCIe Gen5 x16 at 50 GB/s each way)";
+  m.flops_per_s = 0.5 * (precision == "bf16" ? 989e12 : 67e12);
+  m.d2h_bytes_per_s = m.h2d_bytes_per_s = 50e9;
+  return m;
+}
+
+namespace {
+std::vector<PlanCandidate> plain_candidates(const Config& cfg, const Graph& g, Backend* ws);
+}
+
+std::vector<PlanCandidate> plan_candidates(const Config& cfg, const Graph& g, Backend* ws_in, const OffloadModel* om) {
+  std::vector<PlanCandidate> out = plain_candidates(cfg, g, ws_in);
+  if (!om) return out;
+  const size_t plain = out.size();
+  for (size_t i = 0; i < plain; ++i) {
+    out[i].modelled_ms = om->step_ms(out[i]);
+    if (auto c = simulate_offloaded(cfg, g, out[i], ws_in, om)) out.push_back(*c);
+  }
+  if (om->host_budget > 0)  // what the host cannot hold is no candidate
+    out.erase(std::remove_if(out.begin(), out.end(),
+                             [&](const PlanCandidate& c) { return c.host_peak_bytes > om->host_budget; }),
+              out.end());
+  return out;
+}
+
+namespace {
+
+// The candidates without offload (plan_candidates' list).
+std::vector<PlanCandidate> plain_candidates(const Config& cfg, const Graph& g, Backend* ws) {
   std::vector<PlanCandidate> out;
   out.push_back(simulate(cfg, g, "none", make_plan(g, "none"), ws));
   out.push_back(simulate(cfg, g, "selective", make_plan(g, "selective"), ws));
@@ -339,17 +406,19 @@ std::vector<PlanCandidate> plan_candidates(const Config& cfg, const Graph& g, Ba
   return out;
 }
 
+}  // namespace
+
 int64_t unit_count(const Graph& g) { return static_cast<int64_t>(plan_units(g).size()); }
 
 std::vector<PlanCandidate> pareto_front(std::vector<PlanCandidate> c) {
   std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) {
-    return a.peak_bytes != b.peak_bytes ? a.peak_bytes < b.peak_bytes : a.recompute_flops < b.recompute_flops;
+    return a.peak_bytes != b.peak_bytes ? a.peak_bytes < b.peak_bytes : a.cost() < b.cost();
   });
   std::vector<PlanCandidate> front;
   double best = INFINITY;
   for (auto& p : c) {
-    if (p.recompute_flops < best) {
-      best = p.recompute_flops;
+    if (p.cost() < best) {
+      best = p.cost();
       front.push_back(p);
     }
   }
@@ -363,7 +432,7 @@ namespace {
 // Recomputed units come first: their recompute then happens last in backward, after the
 // later units' activations have been freed, which keeps the peak lowest.
 PlanCandidate ordered_plan(const Config& cfg, const Graph& g, int64_t n, int64_t m_full, int64_t k, int64_t m_sel,
-                           Backend* ws) {
+                           Backend* ws, const OffloadModel* om, bool offload) {
   std::vector<UnitModeSpec> modes(static_cast<size_t>(n));
   for (int64_t u = 0; u < n; ++u) {
     if (u < m_full)
@@ -378,7 +447,12 @@ PlanCandidate ordered_plan(const Config& cfg, const Graph& g, int64_t n, int64_t
   if (m_sel > 0) name += (name.empty() ? "" : " + ") + std::to_string(m_sel) + " selective";
   if (n - m_full - m_sel > 0 && !(m_full == 0 && m_sel == 0))
     name += " + " + std::to_string(n - m_full - m_sel) + " kept";
-  return simulate(cfg, g, name, plan_from_unit_modes(g, name, modes), ws);
+  CheckpointPlan plan = plan_from_unit_modes(g, name, modes);
+  if (offload) {
+    add_offload(g, plan);
+    name += " +offload";
+  }
+  return simulate(cfg, g, name, plan, ws, om);
 }
 
 }  // namespace
@@ -386,22 +460,31 @@ PlanCandidate ordered_plan(const Config& cfg, const Graph& g, int64_t n, int64_t
 namespace {
 
 struct BudgetSearch {
-  std::optional<PlanCandidate> best;  // the least recompute that fits, if any
+  std::optional<PlanCandidate> best;  // the least cost() that fits, if any
   PlanCandidate smallest;             // the lowest peak seen
 };
 
-BudgetSearch search_budget(const Config& cfg, const Graph& g, int64_t budget, Backend* ws) {
-  REMAT_CHECK(budget > 0, "the memory budget must be positive");
+// One pass of the search over the plans without offload, or (offload) each with what it
+// keeps offloaded; `best` and `smallest` carry over from an earlier pass.
+void search_budget_pass(const Config& cfg, const Graph& g, int64_t budget, Backend* ws, const OffloadModel* om,
+                        bool offload, std::optional<PlanCandidate>& best, std::optional<PlanCandidate>& smallest) {
   const int64_t n = unit_count(g);
-  std::optional<PlanCandidate> best, smallest;
+  const int64_t host_budget = om && om->host_budget > 0 ? om->host_budget : INT64_MAX;
   auto consider = [&](const PlanCandidate& c) {
+    if (c.host_peak_bytes > host_budget) return;
     if (!smallest || c.peak_bytes < smallest->peak_bytes ||
-        (c.peak_bytes == smallest->peak_bytes && c.recompute_flops < smallest->recompute_flops))
+        (c.peak_bytes == smallest->peak_bytes && c.cost() < smallest->cost()))
       smallest = c;
-    if (c.peak_bytes <= budget && (!best || c.recompute_flops < best->recompute_flops ||
-                                   (c.recompute_flops == best->recompute_flops && c.peak_bytes < best->peak_bytes)))
+    // Ties (offload the model hides entirely): the least host memory, then the least peak.
+    if (c.peak_bytes <= budget && (!best || c.cost() < best->cost() ||
+                                   (c.cost() == best->cost() &&
+                                    (c.host_peak_bytes < best->host_peak_bytes ||
+                                     (c.host_peak_bytes == best->host_peak_bytes && c.peak_bytes < best->peak_bytes)))))
       best = c;
   };
+  // Whether c fits the device budget (the host budget is a filter above: a plan over it is
+  // treated as not fitting, so the searches move on to more recompute).
+  auto fits = [&](const PlanCandidate& c) { return c.peak_bytes <= budget && c.host_peak_bytes <= host_budget; };
   for (int64_t m_full = 0; m_full <= n; ++m_full) {
     std::vector<int64_t> ks{1};
     if (m_full > 1) {
@@ -413,15 +496,15 @@ BudgetSearch search_budget(const Config& cfg, const Graph& g, int64_t budget, Ba
       // Peak falls as kept units become selective: find the fewest selective units that
       // fit (binary search), which is the cheapest plan of this (m_full, k).
       const int64_t rest = n - m_full;
-      PlanCandidate hi = ordered_plan(cfg, g, n, m_full, k, rest, ws);
+      PlanCandidate hi = ordered_plan(cfg, g, n, m_full, k, rest, ws, om, offload);
       consider(hi);
-      if (hi.peak_bytes > budget) continue;
+      if (!fits(hi)) continue;
       int64_t lo_sel = 0, hi_sel = rest;
       while (lo_sel < hi_sel) {
         const int64_t mid = (lo_sel + hi_sel) / 2;
-        PlanCandidate c = ordered_plan(cfg, g, n, m_full, k, mid, ws);
+        PlanCandidate c = ordered_plan(cfg, g, n, m_full, k, mid, ws, om, offload);
         consider(c);
-        if (c.peak_bytes <= budget)
+        if (fits(c))
           hi_sel = mid;
         else
           lo_sel = mid + 1;
@@ -435,15 +518,23 @@ BudgetSearch search_budget(const Config& cfg, const Graph& g, int64_t budget, Ba
     int64_t lo = 0, hi = n - 1;  // the largest S that fits lies in [lo, hi]; 0: none
     while (lo < hi) {
       const int64_t mid = (lo + hi + 1) / 2;
-      const std::string name = "revolve:" + std::to_string(mid);
-      PlanCandidate c = simulate(cfg, g, name, make_plan(g, name), ws);
+      const std::string name = "revolve:" + std::to_string(mid) + (offload ? "+offload" : "");
+      PlanCandidate c = simulate(cfg, g, name, make_plan(g, name), ws, om);
       consider(c);
-      if (c.peak_bytes <= budget)
+      if (fits(c))
         lo = mid;
       else
         hi = mid - 1;
     }
   }
+}
+
+BudgetSearch search_budget(const Config& cfg, const Graph& g, int64_t budget, Backend* ws, const OffloadModel* om) {
+  REMAT_CHECK(budget > 0, "the memory budget must be positive");
+  std::optional<PlanCandidate> best, smallest;
+  search_budget_pass(cfg, g, budget, ws, om, false, best, smallest);
+  if (om) search_budget_pass(cfg, g, budget, ws, om, true, best, smallest);
+  REMAT_CHECK(smallest, "no plan holds within the host budget of ", format_bytes(om ? om->host_budget : 0));
   return {best, *smallest};
 }
 
@@ -456,8 +547,8 @@ BudgetSearch search_budget(const Config& cfg, const Graph& g, int64_t budget, Ba
 
 }  // namespace
 
-PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget, Backend* ws) {
-  BudgetSearch r = search_budget(cfg, g, budget, ws);
+PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget, Backend* ws, const OffloadModel* om) {
+  BudgetSearch r = search_budget(cfg, g, budget, ws, om);
   if (!r.best) throw_nothing_fits(budget, r.smallest, " at batch " + std::to_string(g.batch), "");
   return *r.best;
 }
@@ -465,7 +556,8 @@ PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget,
 // The largest micro-batch at which some plan fits, the cheapest plan there. When nothing
 // fits at any micro-batch, the error names the lowest peak over all of them (a smaller
 // micro-batch is not always lower: its accumulation buffer can cost more than it saves).
-MicroBatchPlan plan_micro_batch_for_budget(const Config& cfg, int64_t budget, int64_t seq, Backend* ws) {
+MicroBatchPlan plan_micro_batch_for_budget(const Config& cfg, int64_t budget, int64_t seq, Backend* ws,
+                                           const OffloadModel* om) {
   const int64_t batch = cfg.training.batch;
   const int ranks = cfg.training.ranks;
   REMAT_CHECK(batch % ranks == 0, cfg.source, ": /training/batch ", batch, " does not split over ", ranks, " ranks");
@@ -478,7 +570,7 @@ MicroBatchPlan plan_micro_batch_for_budget(const Config& cfg, int64_t budget, in
     r.config = cfg;
     r.config.training.micro_batch = b == batch ? 0 : b;
     r.graph = build_config_graph(r.config, b, seq);
-    BudgetSearch found = search_budget(r.config, r.graph, budget, ws);
+    BudgetSearch found = search_budget(r.config, r.graph, budget, ws, om);
     if (found.best) {
       r.best = *found.best;
       return r;
@@ -491,15 +583,19 @@ MicroBatchPlan plan_micro_batch_for_budget(const Config& cfg, int64_t budget, in
 
 CheckpointPlan resolve_policy(const Config& cfg, const Graph& g, const std::string& policy, Backend* ws) {
   if (policy.rfind("budget:", 0) == 0) {
-    const int64_t budget = parse_size(policy.substr(7));
-    PlanCandidate c = plan_for_budget(cfg, g, budget, ws);
+    static const std::string kOffload = "+offload";
+    const bool offload = policy.size() > kOffload.size() &&
+                         policy.compare(policy.size() - kOffload.size(), kOffload.size(), kOffload) == 0;
+    const int64_t budget = parse_size(policy.substr(7, policy.size() - 7 - (offload ? kOffload.size() : 0)));
+    const OffloadModel om = declared_offload_model("h100", cfg.training.precision);
+    PlanCandidate c = plan_for_budget(cfg, g, budget, ws, offload ? &om : nullptr);
     c.plan.policy = policy + " -> " + c.name;
     return c.plan;
   }
   CheckpointPlan plan = make_plan(g, policy);
   // A policy that asked for recompute and got none: say why instead of profiling or
   // training a plain step under its name.
-  if (policy != "none" && plan.recomputed_layers() == 0)
+  if (policy != "none" && policy != "none+offload" && plan.recomputed_layers() == 0)
     log().warn("policy {} recomputes nothing in this model: {}", policy,
                g.num_units > 0 ? std::string("every product it would free is read across its segments")
                                : std::string("it has no repeat blocks, so each layer is its own unit and each output "

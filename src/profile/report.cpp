@@ -55,7 +55,11 @@ std::string shown_name(const StepProfile& p) { return p.precision == "fp32" ? p.
 }  // namespace
 
 std::string profile_table(const std::vector<StepProfile>& ps, const std::vector<StepProfile>* measured) {
-  const size_t w0 = 22, w = 16;
+  const size_t w0 = 22;
+  size_t w = 16;  // wide enough for every policy's name and a space
+  for (const auto& p : ps) w = std::max(w, shown_name(p).size() + 2);
+  bool offload = false;  // a host tier to show
+  for (const auto& p : ps) offload = offload || p.host_peak_bytes > 0;
   std::string out = pad("", w0, false);
   for (const auto& p : ps) out += pad(shown_name(p), w);
   out += "\n";
@@ -69,6 +73,10 @@ std::string profile_table(const std::vector<StepProfile>& ps, const std::vector<
     row(std::string("  ") + category_name(static_cast<MemoryCategory>(c)),
         [&](size_t i) { return format_bytes(ps[i].peak_by_category.bytes[static_cast<size_t>(c)]); });
   row("peak reserved", [&](size_t i) { return format_bytes(ps[i].peak_reserved_bytes); });
+  if (offload) {
+    row("host (pinned) peak", [&](size_t i) { return format_bytes(ps[i].host_peak_bytes); });
+    row("  reserved", [&](size_t i) { return format_bytes(ps[i].host_reserved_bytes); });
+  }
   row("activation high-water", [&](size_t i) {
     return format_bytes(ps[i].category_peaks.bytes[static_cast<size_t>(MemoryCategory::activation)]);
   });
@@ -81,6 +89,12 @@ std::string profile_table(const std::vector<StepProfile>& ps, const std::vector<
     row("measured peak", [&](size_t i) { return format_bytes((*measured)[i].peak_bytes); });
     row("  = predicted",
         [&](size_t i) { return std::string((*measured)[i].peak_bytes == ps[i].peak_bytes ? "yes" : "NO"); });
+    if (offload) {
+      row("measured host peak", [&](size_t i) { return format_bytes((*measured)[i].host_peak_bytes); });
+      row("  = predicted", [&](size_t i) {
+        return std::string((*measured)[i].host_peak_bytes == ps[i].host_peak_bytes ? "yes" : "NO");
+      });
+    }
     row("step time", [&](size_t i) { return fmt("%.1f ms", (*measured)[i].step_ms.value_or(NAN)); });
   }
   return out;
@@ -147,6 +161,8 @@ nlohmann::json profile_json(const std::vector<StepProfile>& predicted, const std
         {"peak_by_category", cats},
         {"category_peaks", highs},
         {"peak_reserved_bytes", shown.peak_reserved_bytes},
+        {"host_peak_bytes", shown.host_peak_bytes},
+        {"host_reserved_bytes", shown.host_reserved_bytes},
         {"recomputed_layers", shown.recomputed_layers},
         {"recompute_flops", shown.recompute_flops},
         {"step_flops", shown.step_flops()},

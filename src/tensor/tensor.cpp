@@ -70,11 +70,14 @@ Tensor Tensor::empty(const Shape& shape, Device device, DType dtype) {
 
 Tensor Tensor::empty(const Shape& shape, Device device, DType dtype, const AllocTag& tag) {
   require_available(device);
+  return empty_in(allocator_for(device), shape, dtype, tag);
+}
+
+Tensor Tensor::empty_in(CachingAllocator& alloc, const Shape& shape, DType dtype, const AllocTag& tag) {
   const auto esize = static_cast<int64_t>(dtype_size(dtype));
   REMAT_CHECK(shape.numel() <= INT64_MAX / esize, "tensor of shape ", shape.str(), " and dtype ", dtype_name(dtype),
               " is too large to address");
   Tensor t;
-  CachingAllocator& alloc = allocator_for(device);
   t.storage_ = std::make_shared<Storage>(alloc, static_cast<size_t>(shape.numel() * esize), tag);
   if (alloc.event_logging()) alloc.note_shape(&t.storage_->block(), shape.str() + " " + dtype_name(dtype));
   t.shape_ = shape;

@@ -542,6 +542,12 @@ TEST(EmuRuntime, MemoryStreamsEventsAndErrors) {
   EXPECT_GE(ms, 0.0f);
   std::vector<float> h(64);
   ASSERT_EQ(cudaMemcpyAsync(h.data(), d, 64 * sizeof(float), cudaMemcpyDeviceToHost, s), cudaSuccess);
+  // A copy on a non-blocking stream runs when something waits for it (stricter than a GPU,
+  // where it may or may not have run by now): not yet, then after the synchronisation.
+  EXPECT_EQ(cudaStreamQuery(s), cudaErrorNotReady);
+  EXPECT_EQ(h[9], 0.0f);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_EQ(cudaStreamQuery(s), cudaSuccess);
   EXPECT_EQ(h[9], 1.5f);
   EXPECT_EQ(h[10], 0.0f);
   EXPECT_EQ(cudaEventDestroy(e0), cudaSuccess);

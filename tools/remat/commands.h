@@ -31,6 +31,23 @@ inline CLI::Validator whole_number_at_least(int64_t min, const std::string& what
       min > 0 ? "POSITIVE" : "NONNEGATIVE");
 }
 inline CLI::Validator positive() { return whole_number_at_least(1, "positive"); }
+// A real number above 0 (`--link-gbps 0: must be above 0`).
+inline CLI::Validator positive_real() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        size_t used = 0;
+        double v = 0;
+        try {
+          v = std::stod(s, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != s.size()) return s + ": expected a number";
+        if (!(v > 0)) return s + ": must be above 0";
+        return "";
+      },
+      "POSITIVE");
+}
 inline CLI::Validator non_negative(const std::string& what = "0 or more") { return whole_number_at_least(0, what); }
 
 // Adds `info` to the app; the returned runner is called when it was selected.

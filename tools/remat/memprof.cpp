@@ -115,10 +115,10 @@ void add_memprof_options(CLI::App* cmd, MemprofOptions& o) {
                 "ZeRO-1: each rank keeps the optimizer state of 1/N of the parameters (sets "
                 "training.shard_optimizer)");
   cmd->add_option("--policy", o.policies,
-                  "Comma-separated policies, e.g. none,all,every:4,sqrt,revolve:2,selective,budget:8GiB");
+                  "Comma-separated policies, e.g. none,all,every:4,sqrt,revolve:2,selective,sqrt+offload,budget:8GiB");
   cmd->add_option("--precision", o.precisions,
                   "Comma-separated precisions side by side, e.g. fp32,bf16 (default: the config's training.precision; "
-                  "bf16 measured where the device computes it, cpu today)");
+                  "bf16 measured on cpu, cuda and cuda-emu, predicted on meta)");
   cmd->add_option("--device", o.device, "meta (predict, computes nothing); cpu, cuda[:N] or cuda-emu (measure too)")
       ->default_val("meta");
   cmd->add_option("--json", o.json, "Write a machine-readable report");
@@ -257,10 +257,25 @@ Runner add_plan_command(CLI::App& app) {
     int64_t seq = 0;                            // 0: the config's
     int ranks = 1;
     bool shard_optimizer = false;
+    bool offload = false;
+    std::string host_budget, precision;
+    double link_gbps = 0, tflops = 0;  // 0: the declared model's
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("config", o->config, "Model config (models/*.json)")->required()->check(CLI::ExistingFile);
   cmd->add_option("--budget", o->budget, "Memory budget, e.g. 8GiB, 512MiB, 12GB");
+  cmd->add_option("--precision", o->precision, "fp32 or bf16 (default: the config's training.precision)");
+  cmd->add_flag("--offload", o->offload,
+                "Weigh activation offload too: each plan also with +offload, ranked by modelled step time (the "
+                "declared h100 model unless --link-gbps / --tflops say otherwise)");
+  cmd->add_option("--host-budget", o->host_budget,
+                  "With --offload: the pinned host memory a plan may hold, e.g. 64GiB");
+  cmd->add_option("--link-gbps", o->link_gbps, "With --offload: host link bandwidth each way, GB/s (default 50)")
+      ->check(positive_real());
+  cmd->add_option("--tflops", o->tflops,
+                  "With --offload: the device's sustained TFLOP/s at the config's precision (default: half the H100's "
+                  "dense peak)")
+      ->check(positive_real());
   cmd->add_option("--device", o->device,
                   "Plan for this device's workspace sizes: cpu, cuda[:N] or cuda-emu (simulated on meta either way)")
       ->default_val("cpu");
@@ -279,6 +294,10 @@ Runner add_plan_command(CLI::App& app) {
     if (!cmd->parsed()) return -1;
     Config cfg = load_config(o->config);
     apply_batch_options(cfg, o->batch, o->micro_batch);
+    if (!o->precision.empty()) {
+      if (const std::string e = precision_error(o->precision); !e.empty()) REMAT_THROW("--precision: ", e);
+      cfg.training.precision = o->precision;
+    }
     const int64_t batch = cfg.training.batch;
     const int64_t budget = o->budget.empty() ? 0 : parse_size(o->budget);
     const Device dev = Device::parse(o->device);
@@ -294,25 +313,51 @@ Runner add_plan_command(CLI::App& app) {
       apply_rank_options(cfg, o->ranks, o->shard_optimizer);
     }
     set_device_collectives(cfg, dev);
+    REMAT_CHECK(o->offload || (o->host_budget.empty() && o->link_gbps == 0 && o->tflops == 0),
+                "plan: --host-budget, --link-gbps and --tflops weigh offload: add --offload");
+    std::optional<OffloadModel> om;
+    if (o->offload) {
+      om = declared_offload_model("h100", cfg.training.precision);
+      if (o->link_gbps > 0 || o->tflops > 0) {
+        if (o->link_gbps > 0) om->d2h_bytes_per_s = om->h2d_bytes_per_s = o->link_gbps * 1e9;
+        if (o->tflops > 0) om->flops_per_s = o->tflops * 1e12;
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "declared: %g TFLOP/s, link %g GB/s each way", om->flops_per_s / 1e12,
+                      om->d2h_bytes_per_s / 1e9);
+        om->name = buf;
+      }
+      if (!o->host_budget.empty()) om->host_budget = parse_size(o->host_budget);
+    }
+    const OffloadModel* model = om ? &*om : nullptr;
     if (search_micro) {
       // Search the micro-batch too: the front and the answer are then at the one found.
-      searched = plan_micro_batch_for_budget(cfg, budget, o->seq, ws);
+      searched = plan_micro_batch_for_budget(cfg, budget, o->seq, ws, model);
       cfg = searched->config;
     }
     Graph g = build_config_graph(cfg, cfg.training.micro(), o->seq);
-    std::vector<PlanCandidate> all = plan_candidates(cfg, g, ws);
+    std::vector<PlanCandidate> all = plan_candidates(cfg, g, ws, model);
     std::vector<PlanCandidate> front = pareto_front(all);
-    std::printf("remat plan %s: %s, batch %lld%s%s: %zu candidate plans simulated on meta\n\n", o->config.c_str(),
+    std::printf("remat plan %s: %s, batch %lld%s%s: %zu candidate plans simulated on meta\n", o->config.c_str(),
                 cfg.name.c_str(), static_cast<long long>(batch), micro_note(cfg).c_str(),
                 rank_note(cfg, o->ranks).c_str(), all.size());
-    std::printf("Pareto front (peak vs recompute FLOPs):\n%-24s %14s %18s\n", "plan", "peak", "recompute GFLOP");
-    for (const auto& c : front)
-      std::printf("%-24s %14s %18.3f\n", c.name.c_str(), format_bytes(c.peak_bytes).c_str(), c.recompute_flops / 1e9);
+    if (model) {
+      std::printf("offload weighed with the model %s%s\n", model->name.c_str(),
+                  model->host_budget > 0 ? (", host budget " + format_bytes(model->host_budget)).c_str() : "");
+      std::printf("\nPareto front (peak vs modelled step time):\n%-34s %12s %12s %16s %10s\n", "plan", "peak", "host",
+                  "recompute GFLOP", "step ms");
+      for (const auto& c : front)
+        std::printf("%-34s %12s %12s %16.3f %10.2f\n", c.name.c_str(), format_bytes(c.peak_bytes).c_str(),
+                    format_bytes(c.host_peak_bytes).c_str(), c.recompute_flops / 1e9, c.modelled_ms);
+    } else {
+      std::printf("\nPareto front (peak vs recompute FLOPs):\n%-24s %14s %18s\n", "plan", "peak", "recompute GFLOP");
+      for (const auto& c : front)
+        std::printf("%-24s %14s %18.3f\n", c.name.c_str(), format_bytes(c.peak_bytes).c_str(), c.recompute_flops / 1e9);
+    }
     if (!o->svg.empty())
       write_file_atomic(o->svg,
                         pareto_svg(all, front, cfg.name + ", batch " + std::to_string(batch) + ": checkpoint plans"));
     if (budget > 0) {
-      PlanCandidate best = searched ? searched->best : plan_for_budget(cfg, g, budget, ws);
+      PlanCandidate best = searched ? searched->best : plan_for_budget(cfg, g, budget, ws, model);
       std::string micro;
       if (cfg.training.micro_batches() > 1)
         micro = ", micro-batch " + std::to_string(cfg.training.micro()) + " (" +
@@ -320,6 +365,9 @@ Runner add_plan_command(CLI::App& app) {
       std::printf("\nbudget %s: plan %s%s, peak %s, recompute %.3f GFLOP per micro-batch\n  %s\n",
                   format_bytes(budget).c_str(), best.name.c_str(), micro.c_str(), format_bytes(best.peak_bytes).c_str(),
                   best.recompute_flops / 1e9, best.plan.describe(g).c_str());
+      if (model)
+        std::printf("  pinned host peak %s, modelled step %.2f ms\n", format_bytes(best.host_peak_bytes).c_str(),
+                    best.modelled_ms);
     }
     return 0;
   };

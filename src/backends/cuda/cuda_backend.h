@@ -20,6 +20,9 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <map>
+#include <memory>
+#include <vector>
 
 #include "kernels/bf16.cuh"
 #include "kernels/common.cuh"
@@ -86,6 +89,12 @@ class CudaBackend : public Backend, public BackendTuning {
   Properties properties() const override;
   // Every op takes bf16 activations (kernels/bf16.cuh; docs/kernels.md "bf16 kernels").
   bool supports_bf16() const override { return true; }
+  // Activation offload (cuda_memory.cpp): copies on a non-blocking copy stream, ordered
+  // with the ops by events; pinned host memory from cudaMallocHost in large chunks.
+  std::string offload_unsupported() const override { return ""; }
+  std::unique_ptr<RawAllocator> make_pinned_allocator(size_t chunk) override;
+  uint64_t copy_async(const Tensor& dst, const Tensor& src) override;
+  void wait_copy(uint64_t ticket) override;
 #if defined(REMAT_EMULATE)
   // The emulator's traffic counter (kernels/emu/traffic.cpp).
   bool count_traffic(bool on) override;
@@ -111,6 +120,12 @@ class CudaBackend : public Backend, public BackendTuning {
   mutable int64_t drains_ = 0;
   int64_t attn_group_bytes_ = 0;
   void apply_math_mode();
+  // Offload's copy stream and events, made on first use; a ticket's event until waited for.
+  cudaStream_t copy_stream_ = nullptr;
+  std::vector<cudaEvent_t> spare_events_;
+  std::map<uint64_t, cudaEvent_t> copies_;
+  uint64_t next_ticket_ = 0;
+  cudaEvent_t take_event();
   // For time_ms and flush_caches, made on first use.
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
   void* flush_ = nullptr;

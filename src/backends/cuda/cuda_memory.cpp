@@ -66,6 +66,65 @@ cudaStream_t stream_of(Device d) { return backend_of(d).stream(); }
 
 }  // namespace
 
+// ---- Activation offload: pinned host memory, the copy stream, tickets ----------------------
+
+std::unique_ptr<RawAllocator> CudaBackend::make_pinned_allocator(size_t chunk) {
+  const Device dev = device_;
+  return make_chunked_raw_allocator(
+      [dev](size_t bytes) -> void* {
+        if (dev.is_cuda()) REMAT_CUDA_CHECK(cudaSetDevice(dev.index));
+        void* p = nullptr;
+        if (cudaMallocHost(&p, bytes) != cudaSuccess) {
+          (void)cudaGetLastError();  // out of pinned memory is not sticky
+          return nullptr;
+        }
+        return p;
+      },
+      [](void* p) { cudaFreeHost(p); }, chunk);
+}
+
+cudaEvent_t CudaBackend::take_event() {
+  if (spare_events_.empty()) {
+    cudaEvent_t e = nullptr;
+    REMAT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+  cudaEvent_t e = spare_events_.back();
+  spare_events_.pop_back();
+  return e;
+}
+
+uint64_t CudaBackend::copy_async(const Tensor& dst, const Tensor& src) {
+  REMAT_CHECK(dst.nbytes() == src.nbytes(), "offload copy of ", src.str(), " into ", dst.str());
+  const bool in = on_gpu(dst.device()) && src.device().is_cpu();
+  const bool out = dst.device().is_cpu() && on_gpu(src.device());
+  REMAT_CHECK(in || out, "offload copies between ", device_.str(), " and pinned host memory, not from ",
+              src.device().str(), " to ", dst.device().str());
+  activate();
+  if (!copy_stream_) REMAT_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+  // The copy waits for every op enqueued so far: the producer of a copy-out's source, the
+  // last readers of a copy-in's destination block (the allocator may have just reused it).
+  cudaEvent_t ready = take_event();
+  REMAT_CUDA_CHECK(cudaEventRecord(ready, stream_));
+  REMAT_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, ready, 0));
+  spare_events_.push_back(ready);  // the wait is enqueued: the event may be recorded again
+  REMAT_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), src.nbytes(),
+                                   in ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, copy_stream_));
+  cudaEvent_t done = take_event();
+  REMAT_CUDA_CHECK(cudaEventRecord(done, copy_stream_));
+  copies_[++next_ticket_] = done;
+  return next_ticket_;
+}
+
+void CudaBackend::wait_copy(uint64_t ticket) {
+  auto it = copies_.find(ticket);
+  REMAT_CHECK(it != copies_.end(), "offload: copy ", ticket, " is not pending (waited for twice?)");
+  activate();
+  REMAT_CUDA_CHECK(cudaStreamWaitEvent(stream_, it->second, 0));
+  spare_events_.push_back(it->second);
+  copies_.erase(it);
+}
+
 namespace cuda_device {
 
 std::unique_ptr<RawAllocator> make_raw_allocator(Device d) { return std::make_unique<CudaRawAllocator>(d.index); }

@@ -50,6 +50,11 @@ class MetaBackend final : public Backend {
   Device device() const override { return Device::meta(); }
   std::string name() const override { return "meta"; }
   bool supports_bf16() const override { return true; }  // the memory model of every precision
+  // Offload's memory model: a host pool that holds no data, copies that do nothing.
+  std::string offload_unsupported() const override { return ""; }
+  std::unique_ptr<RawAllocator> make_pinned_allocator(size_t) override { return make_meta_raw_allocator(); }
+  uint64_t copy_async(const Tensor&, const Tensor&) override { return ++copies_; }
+  void wait_copy(uint64_t) override {}
 
  protected:
 #define REMAT_META_op(R, name, params, args) \
@@ -67,6 +72,7 @@ class MetaBackend final : public Backend {
 
  private:
   Backend* model_;  // answers the workspace queries when set
+  uint64_t copies_ = 0;
 };
 
 #pragma GCC diagnostic pop
