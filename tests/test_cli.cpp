@@ -81,6 +81,8 @@ TEST(Cli, NegativeNumbersAreUsageErrorsNamingTheOption) {
       {"plan " + kTiny + " --batch -1", "--batch", "-1"},
       {"plan " + kTiny + " --micro-batch -5", "--micro-batch", "-5"},
       {"plan " + kTiny + " --seq -1", "--seq", "-1"},
+      {"plan " + kTiny + " --offload --link-gbps 0", "--link-gbps", "0"},
+      {"plan " + kTiny + " --offload --tflops -3", "--tflops", "-3"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.args);
@@ -88,6 +90,11 @@ TEST(Cli, NegativeNumbersAreUsageErrorsNamingTheOption) {
     EXPECT_EQ(r.rc, 2) << r.output;
     EXPECT_TRUE(contains(r.output, c.option + ": " + c.value + ": must be")) << r.output;
   }
+  // The offload model's options without --offload: an error saying what is missing.
+  const Result lone = run("plan " + kTiny + " --host-budget 1GiB");
+  EXPECT_NE(lone.rc, 0);
+  EXPECT_TRUE(contains(lone.output, "--host-budget, --link-gbps and --tflops weigh offload: add --offload"))
+      << lone.output;
   // In range, the same options run.
   const Result ok = run("memprof " + kTiny + " --batch 4 --micro-batch 0 --seq 8 --policy none");
   EXPECT_EQ(ok.rc, 0) << ok.output;
