@@ -28,13 +28,15 @@
 #                 square and at GPT-2 124M's shapes, % of the dense bf16 peak; the fused
 #                 attention's forward and forward + backward TFLOP/s, causal, bf16 at T 1024
 #                 and 4096, head dims 64 and 128, against FlashAttention-2's published figures)
+#   link       5  `remat bench link`: the host link each way as activation offload copies
+#                 (pinned memory, the copy stream), for `remat plan --offload --link-gbps`
 #   train_gpt2_124m_{none,sqrt,selective}  20 each: 30 steps (step time, peak memory), TF32 GEMMs
 #   torch     25  the same GPT-2 step in PyTorch eager on the same GPU (tools/reference/torch_reference.py)
 #   train_gpt2_124m_bf16_none  20  the GPT-2 step in bf16 (--precision bf16)
 #   torch_bf16 25  PyTorch's GPT-2 step under autocast bf16
 #   train_resnet_tiny_{none,sqrt,selective}  8 each
 #   memcheck  20  the op cases (test_backend_ops_gpu) under compute-sanitizer --tool memcheck
-#   racecheck 10  the same under --tool racecheck
+#   racecheck  5  the same under --tool racecheck (and what earlier stages left over)
 # then the summary (tools/gpu/gpu_check_summary.py): rewritten after every stage, and printed
 # on exit whatever happened (an EXIT trap; INT and TERM stop the running stage first), so
 # a cut run still reports what it measured. Logs, run metrics and JSON go to the work
@@ -160,6 +162,7 @@ add_plan device 5
 add_plan ctest 55
 add_plan nccl 8
 add_plan bench 25
+add_plan link 5
 torch_added=0
 torch_plan() {  # PyTorch's fp32 step, then remat's and PyTorch's bf16 steps (GPT-2: issue 14's target)
   add_plan torch 25
@@ -172,7 +175,7 @@ for m in "${models[@]}"; do
 done
 ((torch_added)) || torch_plan
 add_plan memcheck 20
-add_plan racecheck 10
+add_plan racecheck 5
 
 note() { printf '[gpu_check %4ds] %s\n' "$(($(date +%s) - start))" "$*"; }
 loud() {
@@ -663,6 +666,7 @@ fatal_stage device device_check
 stage ctest ctest_run
 stage nccl nccl_check
 stage bench "$build/remat" bench kernels --device "$device" --json "$work/bench_kernels.json" "${bench_args[@]}"
+stage link "$build/remat" bench link --device "$device" --size "$(dry 8MiB 256MiB)"
 torch_args=(time "$work/configs/$torch_model.json" --steps "$torch_steps" --json "$work/torch_$torch_model.json")
 if [[ $train_device == cuda* && $train_device != cuda-emu ]]; then
   torch_args+=(--device "$train_device")

@@ -2,6 +2,7 @@
 // backend (median of N runs after a warm-up). tools/bench/bench_torch.py times the same cases
 // in PyTorch; tools/bench/bench_compare.py prints the ratios (docs/performance.md).
 // `remat bench kernels` (bench_kernels.cpp): memory-bound ops of a device in GB/s.
+// `remat bench link`: the host link each way, as offload copies.
 #include <omp.h>
 
 #include <algorithm>
@@ -14,8 +15,10 @@
 
 #include "commands.h"
 #include "remat/backend.h"
+#include "remat/error.h"
 #include "remat/io.h"
 #include "remat/ops.h"
+#include "remat/profile.h"
 
 namespace remat::cli {
 
@@ -256,14 +259,63 @@ std::vector<Case> cases(Backend& be) {
   return cs;
 }
 
+// `remat bench link`: the host link's bandwidth each way, as activation offload uses it
+// (pinned host memory from the backend's pool, copies on its copy stream, the compute
+// stream waiting for each): the best of N timed rounds of one copy of SIZE each way.
+struct LinkOptions {
+  std::string device = "cuda", size = "256MiB";
+  int repeat = 5;
+};
+
+int run_bench_link(const LinkOptions& o) {
+  const Device dev = Device::parse(o.device);
+  require_available(dev);
+  Backend& be = backend_for(dev);
+  const std::string why = be.offload_unsupported();
+  REMAT_CHECK(why.empty(), "bench link on ", dev.str(), ": ", why, " (a GPU's link: --device cuda, or cuda-emu)");
+  const int64_t bytes = parse_size(o.size);
+  REMAT_CHECK(bytes >= 4, "bench link --size ", o.size, ": at least 4 bytes");
+  CachingAllocator pool(Device::cpu(), be.make_pinned_allocator(static_cast<size_t>(bytes)));
+  const AllocTag tag{MemoryCategory::temporary, "bench", Phase::setup};
+  const Shape shape{bytes / 4};
+  Tensor host = Tensor::empty_in(pool, shape, DType::f32, tag);
+  Tensor device = Tensor::empty(shape, dev, DType::f32, tag);
+  device.zero_();
+  auto best_gbps = [&](bool out) {
+    double best = 0.0;
+    for (int r = 0; r <= o.repeat; ++r) {  // round 0 warms up
+      be.synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      be.wait_copy(out ? be.copy_async(host, device) : be.copy_async(device, host));
+      be.synchronize();
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (r > 0) best = std::max(best, static_cast<double>(host.nbytes()) / s / 1e9);
+    }
+    return best;
+  };
+  const double d2h = best_gbps(true), h2d = best_gbps(false);
+  std::printf("remat bench link: %s, %s each way, best of %d\n", dev.str().c_str(),
+              format_bytes(static_cast<int64_t>(host.nbytes())).c_str(), o.repeat);
+  std::printf("device to host %8.2f GB/s\nhost to device %8.2f GB/s\n", d2h, h2d);
+  std::printf("plan with it: remat plan CONFIG --offload --link-gbps %.1f\n", std::min(d2h, h2d));
+  return 0;
+}
+
 }  // namespace
 
 Runner add_bench_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench",
                                  "Benchmarks: `remat bench ops` times every op forward+backward, "
-                                 "`remat bench kernels` the memory-bound ops of a device in GB/s");
+                                 "`remat bench kernels` the memory-bound ops of a device in GB/s, "
+                                 "`remat bench link` the host link each way");
   auto* ops_cmd = cmd->add_subcommand("ops", "Time each CPU op forward + backward at realistic sizes");
   Runner kernels = add_bench_kernels_command(*cmd);  // bench_kernels.cpp
+  auto* link_cmd = cmd->add_subcommand(
+      "link", "The host link's bandwidth each way, as activation offload copies (pinned memory, copy stream)");
+  auto link = std::make_shared<LinkOptions>();
+  link_cmd->add_option("--device", link->device, "cuda[:N] or cuda-emu")->default_val("cuda");
+  link_cmd->add_option("--size", link->size, "Bytes per copy, e.g. 256MiB")->default_val("256MiB");
+  link_cmd->add_option("--repeat", link->repeat, "Timed rounds each way (the best is reported)")->check(positive());
   cmd->require_subcommand(1);
   auto filter = std::make_shared<std::string>();
   auto repeat = std::make_shared<int>(5);
@@ -271,7 +323,8 @@ Runner add_bench_command(CLI::App& app) {
   ops_cmd->add_option("--filter", *filter, "Only cases whose name contains this");
   ops_cmd->add_option("--repeat", *repeat, "Timed runs per case (the median is reported)")->check(CLI::PositiveNumber);
   ops_cmd->add_option("--json", *json, "Also write the results as JSON");
-  return [ops_cmd, kernels, filter, repeat, json]() -> int {
+  return [ops_cmd, link_cmd, link, kernels, filter, repeat, json]() -> int {
+    if (link_cmd->parsed()) return run_bench_link(*link);
     if (!ops_cmd->parsed()) return kernels();
     Backend& be = backend_for(Device::cpu());
     nlohmann::json out = {{"threads", omp_get_max_threads()}, {"cases", nlohmann::json::object()}};
