@@ -175,7 +175,12 @@ const char* const kScript = R"js(
     label: c, key: (p) => p.peak_by_category[c], cell: (p) => fmtBytes(p.peak_by_category[c]),
     title: (p) => exact(p.peak_by_category[c])
   }))).concat([
-    { label: 'peak reserved', key: (p) => p.peak_reserved_bytes, cell: (p) => fmtBytes(p.peak_reserved_bytes) },
+    { label: 'peak reserved', key: (p) => p.peak_reserved_bytes, cell: (p) => fmtBytes(p.peak_reserved_bytes) }
+  ]).concat(policies.some((p) => p.host_peak_bytes > 0) ? [
+    // The host tier of offloading policies (POLICY+offload): the pinned pool's peak.
+    { label: 'pinned host peak', key: (p) => p.host_peak_bytes || 0, cell: (p) => fmtBytes(p.host_peak_bytes || 0),
+      title: (p) => exact(p.host_peak_bytes || 0) }
+  ] : []).concat([
     { label: 'recomputed layers', key: (p) => p.recomputed_layers, cell: (p) => p.recomputed_layers },
     { label: 'recompute FLOPs', key: (p) => p.recompute_flops, cell: (p) => fmtFlops(p.recompute_flops) },
     { label: 'share of step', key: (p) => p.recompute_flops / Math.max(1, p.step_flops),
