@@ -485,7 +485,61 @@ void search_budget_pass(const Config& cfg, const Graph& g, int64_t budget, Backe
   // Whether c fits the device budget (the host budget is a filter above: a plan over it is
   // treated as not fitting, so the searches move on to more recompute).
   auto fits = [&](const PlanCandidate& c) { return c.peak_bytes <= budget && c.host_peak_bytes <= host_budget; };
-  for (int64_t m_full = 0; m_full <= n; ++m_full) {
+  // Nested recompute (revolve:S) reaches below the family below; its peak grows and its
+  // re-runs fall with S: the largest S that fits is its cheapest fitting plan. Searched
+  // first: a fitting plan early bounds the search below.
+  if (n > 2) {
+    int64_t lo = 0, hi = n - 1;  // the largest S that fits lies in [lo, hi]; 0: none
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      const std::string name = "revolve:" + std::to_string(mid) + (offload ? "+offload" : "");
+      PlanCandidate c = simulate(cfg, g, name, make_plan(g, name), ws, om);
+      consider(c);
+      if (fits(c))
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+  }
+  // A lower bound on the cost of a plan of the family with m_full units recomputed: their
+  // re-runs in segments of one unit (larger segments and selective units only add), the
+  // plain step's FLOPs besides. Costs grow with m_full, so once the bound reaches the best
+  // fitting plan's cost no larger m_full can win.
+  const std::vector<Segment> us = plan_units(g);
+  const CheckpointPlan per_unit = make_plan(g, "all");
+  std::vector<double> rerun_prefix(static_cast<size_t>(n) + 1, 0.0);
+  for (int64_t u = 0; u < n; ++u) {
+    double f = 0.0;
+    for (int i = us[static_cast<size_t>(u)].begin; i < us[static_cast<size_t>(u)].end; ++i)
+      if (per_unit.rerun[static_cast<size_t>(i)]) f += g.layer(i).forward_flops();
+    rerun_prefix[static_cast<size_t>(u) + 1] = rerun_prefix[static_cast<size_t>(u)] + f;
+  }
+  std::optional<PlanCandidate> plain;  // the plain step, for the modelled bound
+  auto lower_bound = [&](int64_t m_full) {
+    const double rerun = rerun_prefix[static_cast<size_t>(m_full)];
+    if (!om) return rerun;
+    if (!plain) plain = simulate(cfg, g, "none", make_plan(g, "none"), ws, om);
+    PlanCandidate c = *plain;
+    c.step_flops += rerun;
+    c.host_peak_bytes = 0;
+    return om->step_ms(c);
+  };
+  // Every m_full up to 64 units; on deeper chains the candidates' grid (1-8, then steps of
+  // a quarter, the square root and its neighbours, n: about 4 log n values), so that a
+  // 1024-unit chain plans in minutes; each plan is still simulated exactly.
+  std::vector<int64_t> m_grid;
+  if (n <= 64) {
+    for (int64_t m = 0; m <= n; ++m) m_grid.push_back(m);
+  } else {
+    m_grid.push_back(0);
+    for (int64_t k = 1; k <= n; k = k < 8 ? k + 1 : std::max(k + 1, k + k / 4)) m_grid.push_back(k);
+    const auto root = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(n))));
+    for (int64_t k : {root - 1, root, root + 1, n}) m_grid.push_back(k);
+    std::sort(m_grid.begin(), m_grid.end());
+    m_grid.erase(std::unique(m_grid.begin(), m_grid.end()), m_grid.end());
+  }
+  for (int64_t m_full : m_grid) {
+    if (best && lower_bound(m_full) >= best->cost()) break;
     std::vector<int64_t> ks{1};
     if (m_full > 1) {
       const auto r = std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(m_full))));
@@ -509,22 +563,6 @@ void search_budget_pass(const Config& cfg, const Graph& g, int64_t budget, Backe
         else
           lo_sel = mid + 1;
       }  // lo_sel's plan was simulated: the last fitting mid, or the all-selective one
-    }
-  }
-  // Nested recompute (revolve:S) reaches below the family above; its peak grows and its
-  // re-runs fall with S: the largest S that fits is its cheapest fitting plan.
-  // (revolve:1 re-runs n^2/2 units and is the slowest to simulate: tried last.)
-  if (n > 2) {
-    int64_t lo = 0, hi = n - 1;  // the largest S that fits lies in [lo, hi]; 0: none
-    while (lo < hi) {
-      const int64_t mid = (lo + hi + 1) / 2;
-      const std::string name = "revolve:" + std::to_string(mid) + (offload ? "+offload" : "");
-      PlanCandidate c = simulate(cfg, g, name, make_plan(g, name), ws, om);
-      consider(c);
-      if (fits(c))
-        lo = mid;
-      else
-        hi = mid - 1;
     }
   }
 }

@@ -340,18 +340,21 @@ Runner add_plan_command(CLI::App& app) {
     std::printf("remat plan %s: %s, batch %lld%s%s: %zu candidate plans simulated on meta\n", o->config.c_str(),
                 cfg.name.c_str(), static_cast<long long>(batch), micro_note(cfg).c_str(),
                 rank_note(cfg, o->ranks).c_str(), all.size());
+    int w = 24;  // the plan column: its longest name
+    for (const auto& c : front) w = std::max(w, static_cast<int>(c.name.size()) + 1);
     if (model) {
       std::printf("offload weighed with the model %s%s\n", model->name.c_str(),
                   model->host_budget > 0 ? (", host budget " + format_bytes(model->host_budget)).c_str() : "");
-      std::printf("\nPareto front (peak vs modelled step time):\n%-34s %12s %12s %16s %10s\n", "plan", "peak", "host",
+      std::printf("\nPareto front (peak vs modelled step time):\n%-*s %12s %12s %16s %10s\n", w, "plan", "peak", "host",
                   "recompute GFLOP", "step ms");
       for (const auto& c : front)
-        std::printf("%-34s %12s %12s %16.3f %10.2f\n", c.name.c_str(), format_bytes(c.peak_bytes).c_str(),
+        std::printf("%-*s %12s %12s %16.3f %10.2f\n", w, c.name.c_str(), format_bytes(c.peak_bytes).c_str(),
                     format_bytes(c.host_peak_bytes).c_str(), c.recompute_flops / 1e9, c.modelled_ms);
     } else {
-      std::printf("\nPareto front (peak vs recompute FLOPs):\n%-24s %14s %18s\n", "plan", "peak", "recompute GFLOP");
+      std::printf("\nPareto front (peak vs recompute FLOPs):\n%-*s %14s %18s\n", w, "plan", "peak", "recompute GFLOP");
       for (const auto& c : front)
-        std::printf("%-24s %14s %18.3f\n", c.name.c_str(), format_bytes(c.peak_bytes).c_str(), c.recompute_flops / 1e9);
+        std::printf("%-*s %14s %18.3f\n", w, c.name.c_str(), format_bytes(c.peak_bytes).c_str(),
+                    c.recompute_flops / 1e9);
     }
     if (!o->svg.empty())
       write_file_atomic(o->svg,
