@@ -309,6 +309,13 @@ TEST(Train, BadOptionsAreClearErrors) {
   o.device = "cpu";
   o.batch = 1000;
   EXPECT_REMAT_ERROR(remat::train(o), "fewer than one batch");
+  // An encoder-decoder (inputs src, src_len, tgt, targets): no built-in data set fills it.
+  remat::TrainOptions nmt;
+  nmt.config = std::string(REMAT_SOURCE_DIR) + "/tests/configs/nmt_tiny.json";
+  nmt.quiet = true;
+  EXPECT_REMAT_ERROR(remat::train(nmt),
+                     "nmt_tiny.json: /data/dataset: synthetic_text fills the model inputs \"input\" and \"targets\", "
+                     "but the model declares no \"input\" (its inputs: src, src_len, tgt, targets)");
   fs::remove_all(dir);
 }
 

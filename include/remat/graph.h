@@ -109,6 +109,8 @@ class Layer {
   // For an i32 input k: the ids it may hold are [0, range) (an embedding's vocabulary;
   // synthetic data draws from it). 0: not an id input, or no bound.
   virtual int64_t input_id_range(int /*k*/) const { return 0; }
+  // ... and at least this (attention's key lengths: 1; the default 0).
+  virtual int64_t input_id_min(int /*k*/) const { return 0; }
   virtual std::vector<ParamSpec> param_specs() const { return {}; }
   // Random words one training forward draws. (Other side effects, batchnorm's running
   // statistics, are skipped when ForwardContext::recompute is set.)

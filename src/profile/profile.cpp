@@ -40,7 +40,8 @@ namespace {
 
 // A batch of random values for every model input, drawn in the order the model declares
 // them: f32 inputs uniform in [-1, 1), i32 inputs ids below the smallest bound their
-// readers state (Layer::input_id_range: an embedding's vocabulary, a loss's classes).
+// readers state (Layer::input_id_range: an embedding's vocabulary, a loss's classes) and
+// at least the largest least value (Layer::input_id_min: attention's key lengths, 1).
 Batch synthetic_batch(const Graph& g, Device d, uint64_t seed) {
   TagScope scope(MemoryCategory::input, "data", Phase::setup);
   Batch b;
@@ -52,14 +53,18 @@ Batch synthetic_batch(const Graph& g, Device d, uint64_t seed) {
       continue;
     }
     if (in.out_dtype == DType::i32) {
-      int64_t range = 0;  // the ids every reader of the input accepts (0: no bound stated)
+      int64_t range = 0, lo = 0;  // the ids every reader of the input accepts (range 0: no bound stated)
       for (int i = 0; i < g.size(); ++i)
-        for (size_t k = 0; k < g.layer(i).inputs.size(); ++k)
-          if (const int64_t r = g.layer(i).input_id_range(static_cast<int>(k)); g.layer(i).inputs[k] == id && r > 0)
+        for (size_t k = 0; k < g.layer(i).inputs.size(); ++k) {
+          if (g.layer(i).inputs[k] != id) continue;
+          if (const int64_t r = g.layer(i).input_id_range(static_cast<int>(k)); r > 0)
             range = range > 0 ? std::min(range, r) : r;
-      range = std::max<int64_t>(range, 1);
+          lo = std::max(lo, g.layer(i).input_id_min(static_cast<int>(k)));
+        }
+      range = std::max<int64_t>(range, lo + 1);
       std::vector<int32_t> ids(static_cast<size_t>(in.out_shape.numel()));
-      for (auto& x : ids) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(range));
+      for (auto& x : ids)
+        x = static_cast<int32_t>(lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(range - lo)));
       b.set(in.name, Tensor::from_ints(ids, in.out_shape, d));
     } else {
       std::vector<float> v(static_cast<size_t>(in.out_shape.numel()));

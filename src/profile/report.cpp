@@ -56,16 +56,16 @@ std::string shown_name(const StepProfile& p) { return p.precision == "fp32" ? p.
 
 std::string profile_table(const std::vector<StepProfile>& ps, const std::vector<StepProfile>* measured) {
   const size_t w0 = 22;
-  size_t w = 16;  // wide enough for every policy's name and a space
-  for (const auto& p : ps) w = std::max(w, shown_name(p).size() + 2);
+  std::vector<size_t> w;  // per column: 16, or its policy's name and two spaces
+  for (const auto& p : ps) w.push_back(std::max<size_t>(16, shown_name(p).size() + 2));
   bool offload = false;  // a host tier to show
   for (const auto& p : ps) offload = offload || p.host_peak_bytes > 0;
   std::string out = pad("", w0, false);
-  for (const auto& p : ps) out += pad(shown_name(p), w);
+  for (size_t i = 0; i < ps.size(); ++i) out += pad(shown_name(ps[i]), w[i]);
   out += "\n";
   auto row = [&](const std::string& label, auto value) {
     out += pad(label, w0, false);
-    for (size_t i = 0; i < ps.size(); ++i) out += pad(value(i), w);
+    for (size_t i = 0; i < ps.size(); ++i) out += pad(value(i), w[i]);
     out += "\n";
   };
   row("peak allocated", [&](size_t i) { return format_bytes(ps[i].peak_bytes); });

@@ -36,7 +36,22 @@ RunData load_run_data(const Config& cfg, const nlohmann::json& model) {
   const DataConfig& dc = cfg.data;
   d.hflip = dc.augment.hflip;
   d.seed = cfg.training.seed;
-  const bool tokens = declared_input_type(model, kInputName) == "tokens";
+  const std::string input_type = declared_input_type(model, kInputName);
+  // The built-in data sets fill "input" and "targets"; a model whose inputs are named
+  // otherwise (an encoder-decoder's src, tgt, ...) has no data set yet.
+  if (input_type.empty()) {
+    std::string names;
+    if (model.contains("inputs") && model["inputs"].is_array())
+      for (const auto& in : model["inputs"])
+        if (in.is_object() && in.contains("name") && in["name"].is_string())
+          names += (names.empty() ? "" : ", ") + in["name"].get<std::string>();
+    REMAT_THROW(
+        cfg.source, ": /data/dataset: ", dc.dataset,
+        " fills the model inputs \"input\" and \"targets\", but the model declares no \"input\" (its inputs: ", names,
+        "); no built-in data set fills these yet; `remat memprof` and "
+        "`remat plan` profile it on synthetic batches");
+  }
+  const bool tokens = input_type == "tokens";
   if (dc.dataset == "fashion_mnist" || dc.dataset == "synthetic_images") {
     if (tokens) REMAT_THROW(cfg.source, ": /data/dataset: ", dc.dataset, " gives images but the model takes tokens");
     if (dc.dataset == "fashion_mnist") {

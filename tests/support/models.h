@@ -16,7 +16,8 @@ namespace remat::test {
 // Deterministic values for every input of `g`, built on the host and moved to `d`: f32
 // inputs random_tensor(seed); i32 inputs (i * m + seed) mod the smallest id range their
 // readers state (Layer::input_id_range: an embedding's vocabulary, a loss's classes), with
-// m = 3 for the loss's targets and 5 for the others.
+// m = 3 for the loss's targets and 5 for the others, shifted to start at the largest least
+// value its readers state (Layer::input_id_min: attention's key lengths start at 1).
 inline Batch batch_for(const Graph& g, uint32_t seed, Device d = Device::cpu()) {
   Batch b;
   for (int id : g.input_ids) {
@@ -26,15 +27,19 @@ inline Batch batch_for(const Graph& g, uint32_t seed, Device d = Device::cpu()) 
       b.set(in.name, d.is_cpu() ? host : host.to(d));
       continue;
     }
-    int64_t range = 0;
+    int64_t range = 0, lo = 0;
     for (int i = 0; i < g.size(); ++i)
-      for (size_t k = 0; k < g.layer(i).inputs.size(); ++k)
-        if (const int64_t r = g.layer(i).input_id_range(static_cast<int>(k)); g.layer(i).inputs[k] == id && r > 0)
+      for (size_t k = 0; k < g.layer(i).inputs.size(); ++k) {
+        if (g.layer(i).inputs[k] != id) continue;
+        if (const int64_t r = g.layer(i).input_id_range(static_cast<int>(k)); r > 0)
           range = range > 0 ? std::min(range, r) : r;
-    range = std::max<int64_t>(range, 1);
+        lo = std::max(lo, g.layer(i).input_id_min(static_cast<int>(k)));
+      }
+    range = std::max<int64_t>(range, lo + 1);
     const size_t m = id == g.targets_id ? 3 : 5;
     std::vector<int32_t> ids(static_cast<size_t>(in.out_shape.numel()));
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * m + seed) % static_cast<size_t>(range));
+    for (size_t i = 0; i < ids.size(); ++i)
+      ids[i] = static_cast<int32_t>(lo + static_cast<int64_t>((i * m + seed) % static_cast<size_t>(range - lo)));
     b.set(in.name, Tensor::from_ints(ids, in.out_shape, d));
   }
   return b;

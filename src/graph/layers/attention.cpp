@@ -42,6 +42,9 @@ class Attention final : public Layer {
   SelectiveKeep selective_keep() const override { return fused_ ? SelectiveKeep::all : SelectiveKeep::output; }
   DType input_dtype(int k) const override { return lengths_ && k == inputs_used() - 1 ? DType::i32 : DType::f32; }
   bool input_differentiable(int k) const override { return !(lengths_ && k == inputs_used() - 1); }
+  // Key lengths: 1 to tk (synthetic data draws from that).
+  int64_t input_id_range(int k) const override { return lengths_ && k == inputs_used() - 1 ? tk_ + 1 : 0; }
+  int64_t input_id_min(int k) const override { return lengths_ && k == inputs_used() - 1 ? 1 : 0; }
   Shape infer(const std::vector<Shape>& in) override {
     expect_inputs(in, static_cast<size_t>(inputs_used()));
     const int64_t per = cross_ ? heads_ : heads_ + 2 * int64_t{kv_heads_};
