@@ -106,6 +106,13 @@ TEST(Cli, UsageErrorsExitWithStatus2) {
   const Result unknown = run("train " + kTiny + " --bogus");
   EXPECT_EQ(unknown.rc, 2) << unknown.output;
   EXPECT_TRUE(contains(unknown.output, "--bogus")) << unknown.output;
+  EXPECT_FALSE(contains(unknown.output, "did you mean")) << "--bogus is near no option: " << unknown.output;
+  // A typo gets the command's nearest option.
+  const Result typo = run("train " + kTiny + " --stpes 3");
+  EXPECT_EQ(typo.rc, 2) << typo.output;
+  EXPECT_TRUE(contains(typo.output, "unknown option --stpes; did you mean --steps?")) << typo.output;
+  const Result plan_typo = run("plan " + kTiny + " --bugdet=8GiB");
+  EXPECT_TRUE(contains(plan_typo.output, "did you mean --budget?")) << plan_typo.output;
   EXPECT_EQ(run("").rc, 2);  // no subcommand
   EXPECT_EQ(run("train --help").rc, 0);
 }
@@ -225,6 +232,12 @@ TEST(Cli, VersionAndQuietSummary) {
   const Result loud = run("train " + kTiny + " --device cpu --steps 2");
   EXPECT_TRUE(contains(loud.output, "\ndone: 2 steps, final loss ")) << loud.output;
   EXPECT_TRUE(contains(loud.output, "memory at the peak of a training step")) << loud.output;
+  // The console states the precision up front and names the plan in the report (it said
+  // "policy from the config").
+  EXPECT_TRUE(contains(loud.output, "2 steps on cpu in fp32\n")) << loud.output;
+  const Result bf16 = run("train " + kTiny + " --device cpu --steps 1 --precision bf16 --policy every:2");
+  EXPECT_TRUE(contains(bf16.output, "1 steps on cpu in bf16\n")) << bf16.output;
+  EXPECT_TRUE(contains(bf16.output, "memory at the peak of a training step (policy every:2, bf16):")) << bf16.output;
 }
 
 // The progress line's peak on a device holding the whole data set says how much of it the

@@ -252,7 +252,20 @@ TEST(Config, ErrorsNameFileAndPointer) {
   EXPECT_REMAT_ERROR(remat::parse_config(nlohmann::json::parse(R"({"model": {}, "training": {"batch": 0}})"), "c.json"),
                      "c.json: /training/batch: expected a positive integer, got 0");
   EXPECT_REMAT_ERROR(remat::parse_config(nlohmann::json::parse(R"({"model": {}, "optimiser": {}})"), "c.json"),
-                     "c.json: /optimiser: unknown key");
+                     "c.json: /optimiser: unknown key (did you mean \"optimizer\"?)");
+  // A typo gets the nearest key the object knows; a key near none gets no guess.
+  EXPECT_REMAT_ERROR(remat::parse_config(nlohmann::json::parse(R"({"model": {}, "training": {"stpes": 3}})"), "c.json"),
+                     "c.json: /training/stpes: unknown key (did you mean \"steps\"?)");
+  bad("{" + in + R"("layers": [{"type": "linear", "out_featurs": 4}]})",
+      "/model/layers/0/out_features: missing (required; the object has \"out_featurs\": a typo?)");
+  bad("{" + in + R"("layers": [{"type": "linear", "out_features": 4, "bais": false}]})",
+      "/model/layers/0/bais: unknown key (did you mean \"bias\"?)");
+  try {
+    remat::parse_config(nlohmann::json::parse(R"({"model": {}, "training": {"colour": 3}})"), "c.json");
+    ADD_FAILURE() << "an unknown key was accepted";
+  } catch (const remat::Error& e) {
+    EXPECT_EQ(std::string(e.message()), "c.json: /training/colour: unknown key");
+  }
   EXPECT_REMAT_ERROR(remat::load_config("/nonexistent/m.json"), "cannot open /nonexistent/m.json");
   // training.precision: fp32 (default) or bf16; fp16 refused with the reason.
   auto training = [](const std::string& t) {

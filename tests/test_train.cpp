@@ -314,8 +314,8 @@ TEST(Train, BadOptionsAreClearErrors) {
   nmt.config = std::string(REMAT_SOURCE_DIR) + "/tests/configs/nmt_tiny.json";
   nmt.quiet = true;
   EXPECT_REMAT_ERROR(remat::train(nmt),
-                     "nmt_tiny.json: /data/dataset: synthetic_text fills the model inputs \"input\" and \"targets\", "
-                     "but the model declares no \"input\" (its inputs: src, src_len, tgt, targets)");
+                     "nmt_tiny.json: data.dataset synthetic_text needs a model input \"input\"; the "
+                     "model declares src, src_len, tgt, targets");
   fs::remove_all(dir);
 }
 

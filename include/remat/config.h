@@ -18,6 +18,10 @@ namespace remat {
 
 // Reads one JSON object, tracking which keys were consumed. Integer fields may be given
 // as "$name" to take a value from `vars` (e.g. "$vocab", filled from the data set).
+// The name of `names` nearest to `typo` (edit distance at most 2, or a third of its
+// length), if one is nearest alone; "" otherwise. For "did you mean" in errors.
+std::string nearest_name(const std::string& typo, const std::vector<std::string>& names);
+
 class ConfigReader {
  public:
   ConfigReader(const nlohmann::json& obj, std::string pointer, std::string source,
@@ -40,7 +44,8 @@ class ConfigReader {
   ConfigReader child(const std::string& key, size_t index);  // element of an array of objects
   size_t array_size(const std::string& key);                 // marks consumed; must be an array
 
-  // Throws for the first key never consumed ("unknown key").
+  // Throws for the first key never consumed ("unknown key", with "did you mean" the nearest
+  // key looked up when it is within 2 edits, or a third of the key's length, and unique).
   void finish() const;
   [[noreturn]] void fail(const std::string& key, const std::string& message) const;
   const std::string& pointer() const { return pointer_; }
@@ -54,6 +59,7 @@ class ConfigReader {
   std::string pointer_, source_;
   const std::map<std::string, int64_t>* vars_;
   std::set<std::string> used_;
+  mutable std::set<std::string> asked_;  // every key looked up, present or not (finish's suggestions)
 };
 
 constexpr int64_t kGpt2Vocab = 50257;  // GPT-2's tokenizer: the default vocabulary of token shards

@@ -1,5 +1,6 @@
 #include "remat/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -16,6 +17,42 @@ std::string escape(const std::string& key) {
   for (char c : key) o += c == '~' ? "~0" : c == '/' ? "~1" : std::string(1, c);
   return o;
 }
+
+}  // namespace
+
+// Levenshtein distance (small strings: config keys, option names).
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string nearest_name(const std::string& typo, const std::vector<std::string>& names) {
+  std::string best;
+  size_t best_d = std::max<size_t>(2, typo.size() / 3) + 1;
+  bool unique = false;
+  for (const std::string& k : names) {
+    if (k == typo) continue;
+    const size_t d = edit_distance(typo, k);
+    if (d < best_d) {
+      best_d = d, best = k, unique = true;
+    } else if (d == best_d && k != best) {
+      unique = false;
+    }
+  }
+  return unique ? best : std::string();
+}
+
+namespace {
 
 std::string show(const nlohmann::json& v) {
   std::string s = v.dump();
@@ -34,10 +71,19 @@ void ConfigReader::fail(const std::string& key, const std::string& message) cons
   REMAT_THROW(source_, ": ", pointer_, "/", escape(key), ": ", message);
 }
 
-bool ConfigReader::has(const std::string& key) const { return obj_.contains(key); }
+bool ConfigReader::has(const std::string& key) const {
+  asked_.insert(key);
+  return obj_.contains(key);
+}
 
 const nlohmann::json& ConfigReader::get(const std::string& key) {
-  if (!obj_.contains(key)) fail(key, "missing (required)");
+  asked_.insert(key);
+  if (!obj_.contains(key)) {
+    std::vector<std::string> present;  // a near key the object has is likely this one mistyped
+    for (auto it = obj_.begin(); it != obj_.end(); ++it) present.push_back(it.key());
+    const std::string near = nearest_name(key, present);
+    fail(key, near.empty() ? "missing (required)" : "missing (required; the object has \"" + near + "\": a typo?)");
+  }
   used_.insert(key);
   return obj_.at(key);
 }
@@ -166,7 +212,10 @@ size_t ConfigReader::array_size(const std::string& key) {
 
 void ConfigReader::finish() const {
   for (auto it = obj_.begin(); it != obj_.end(); ++it) {
-    if (!used_.count(it.key())) fail(it.key(), "unknown key");
+    if (used_.count(it.key())) continue;
+    // The nearest key this object was asked for, when it is near (a typo) and unique.
+    const std::string best = nearest_name(it.key(), std::vector<std::string>(asked_.begin(), asked_.end()));
+    fail(it.key(), best.empty() ? "unknown key" : "unknown key (did you mean \"" + best + "\"?)");
   }
 }
 

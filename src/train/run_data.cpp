@@ -36,21 +36,9 @@ RunData load_run_data(const Config& cfg, const nlohmann::json& model) {
   const DataConfig& dc = cfg.data;
   d.hflip = dc.augment.hflip;
   d.seed = cfg.training.seed;
+  // A model without an "input" (an encoder-decoder's src, tgt, ...): fit_data_to_model
+  // names what the data set fills and what the model declares.
   const std::string input_type = declared_input_type(model, kInputName);
-  // The built-in data sets fill "input" and "targets"; a model whose inputs are named
-  // otherwise (an encoder-decoder's src, tgt, ...) has no data set yet.
-  if (input_type.empty()) {
-    std::string names;
-    if (model.contains("inputs") && model["inputs"].is_array())
-      for (const auto& in : model["inputs"])
-        if (in.is_object() && in.contains("name") && in["name"].is_string())
-          names += (names.empty() ? "" : ", ") + in["name"].get<std::string>();
-    REMAT_THROW(
-        cfg.source, ": /data/dataset: ", dc.dataset,
-        " fills the model inputs \"input\" and \"targets\", but the model declares no \"input\" (its inputs: ", names,
-        "); no built-in data set fills these yet; `remat memprof` and "
-        "`remat plan` profile it on synthetic batches");
-  }
   const bool tokens = input_type == "tokens";
   if (dc.dataset == "fashion_mnist" || dc.dataset == "synthetic_images") {
     if (tokens) REMAT_THROW(cfg.source, ": /data/dataset: ", dc.dataset, " gives images but the model takes tokens");
@@ -85,7 +73,8 @@ RunData load_run_data(const Config& cfg, const nlohmann::json& model) {
     }
     return d;
   }
-  if (!tokens) REMAT_THROW(cfg.source, ": /data/dataset: ", dc.dataset, " gives text but the model takes images");
+  if (!tokens && !input_type.empty())
+    REMAT_THROW(cfg.source, ": /data/dataset: ", dc.dataset, " gives text but the model takes images");
   d.text = true;
   if (dc.dataset == "token_shards") {
     TokenShardData sd = load_token_shard_data(dc.path, dc.eval_fraction);

@@ -706,9 +706,9 @@ TrainResult Trainer::run() {
   const TrainingConfig& tc = s.cfg.training;
   const bool can_sample = s.data.text && !s.data.shards && s.opt.sample;  // shards: no decoder for the ids
   if (!s.opt.quiet) {
-    std::printf("remat train %s: %s, %lld parameters, batch %lld, %lld steps on %s\n", s.cfg.source.c_str(),
+    std::printf("remat train %s: %s, %lld parameters, batch %lld, %lld steps on %s in %s\n", s.cfg.source.c_str(),
                 s.cfg.name.c_str(), static_cast<long long>(s.graph.parameter_count()), static_cast<long long>(tc.batch),
-                static_cast<long long>(s.total), s.dev.str().c_str());
+                static_cast<long long>(s.total), s.dev.str().c_str(), tc.precision.c_str());
     if (s.micros > 1 || s.comm.size() > 1) {
       std::string how = s.reducer->engine() + ", reduction " + s.opt.reduce;
       if (s.reducer->overlapped())
@@ -738,6 +738,8 @@ TrainResult Trainer::run() {
   }
   s.result.steps = s.step;
   s.result.ranks = s.comm.size();
+  s.result.policy = s.plan.policy;
+  s.result.precision = tc.precision;
   if (s.step > s.first) {
     evaluate();
     checkpoint();

@@ -4,10 +4,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <string>
 #include <vector>
 
 #include "commands.h"
 #include "remat/backend.h"
+#include "remat/config.h"
 #include "remat/dist.h"
 #include "remat/error.h"
 #include "remat/log.h"
@@ -21,6 +23,36 @@ static void prefer_passive_openmp_waits(char** argv) {
   setenv("OMP_WAIT_POLICY", "passive", 1);
   setenv("REMAT_NO_REEXEC", "1", 1);
   execv("/proc/self/exe", argv);  // returns only on failure: carry on with the default policy
+}
+
+// After "The following arguments were not expected: --stpes 3": the option of the chosen
+// command nearest to each unknown one ("did you mean --steps?").
+static void suggest_options(const CLI::App& app, const std::string& message) {
+  const CLI::App* cmd = &app;
+  for (bool deeper = true; deeper;) {
+    deeper = false;
+    for (const CLI::App* sub : cmd->get_subcommands())
+      if (sub->parsed()) cmd = sub, deeper = true;
+  }
+  std::vector<std::string> names;
+  for (const CLI::Option* o : cmd->get_options())
+    for (const std::string& n : o->get_lnames()) names.push_back(n);
+  const size_t colon = message.find(':');
+  std::string word;
+  for (size_t i = colon == std::string::npos ? 0 : colon + 1; i <= message.size(); ++i) {
+    if (i < message.size() && message[i] != ' ') {
+      word += message[i];
+      continue;
+    }
+    if (word.rfind("--", 0) == 0) {
+      const std::string name =
+          word.substr(2, word.find('=') == std::string::npos ? std::string::npos : word.find('=') - 2);
+      const std::string best = remat::nearest_name(name, names);
+      if (!best.empty())
+        std::fprintf(stderr, "remat: unknown option %s; did you mean --%s?\n", word.c_str(), best.c_str());
+    }
+    word.clear();
+  }
 }
 
 int main(int argc, char** argv) {
@@ -44,7 +76,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // --help and --version exit 0; every usage error (an unknown option, a missing or
     // out-of-range value) exits 2, whatever CLI11's own code for its kind.
-    return app.exit(e) == 0 ? 0 : 2;
+    const int rc = app.exit(e) == 0 ? 0 : 2;
+    if (dynamic_cast<const CLI::ExtrasError*>(&e)) suggest_options(app, e.what());
+    return rc;
   }
   try {
     for (auto& run : runners) {

@@ -91,9 +91,8 @@ Runner add_train_command(CLI::App& app) {
             r.ranks, static_cast<double>(r.comm_bytes) / steps / (1 << 20), r.comm_ms / steps, r.comm_wait_ms / steps,
             r.comm_ms > 0 ? 100.0 * std::max(0.0, r.comm_ms - r.comm_wait_ms) / r.comm_ms : 0.0);
       }
-      std::printf("%s", memory_report(r.peak_stats,
-                                      "memory at the peak of a training step (policy " +
-                                          (opt->policy.empty() ? std::string("from the config") : opt->policy) + "):")
+      std::printf("%s", memory_report(r.peak_stats, "memory at the peak of a training step (policy " + r.policy + ", " +
+                                                        r.precision + "):")
                             .c_str());
     }
     return 0;
