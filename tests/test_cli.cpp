@@ -238,6 +238,12 @@ TEST(Cli, VersionAndQuietSummary) {
   const Result bf16 = run("train " + kTiny + " --device cpu --steps 1 --precision bf16 --policy every:2");
   EXPECT_TRUE(contains(bf16.output, "1 steps on cpu in bf16\n")) << bf16.output;
   EXPECT_TRUE(contains(bf16.output, "memory at the peak of a training step (policy every:2, bf16):")) << bf16.output;
+  // An offloading run reports the pinned host tier beside the device's.
+  const Result offload = run("train " + kTiny + " --device cuda-emu --steps 1 --policy none+offload");
+  EXPECT_EQ(offload.rc, 0) << offload.output;
+  EXPECT_TRUE(contains(offload.output, "(policy none+offload, fp32):")) << offload.output;
+  EXPECT_TRUE(contains(offload.output, "pinned host peak")) << offload.output;
+  EXPECT_FALSE(contains(loud.output, "pinned host peak")) << loud.output;
 }
 
 // The progress line's peak on a device holding the whole data set says how much of it the

@@ -71,8 +71,9 @@ struct TrainResult {
   int64_t peak_bytes = 0;
   MemoryStats peak_stats;  // allocator statistics of the step that reached peak_bytes
   std::string sample;
-  std::string policy;     // the plan the run trained under (a budget: "budget:SIZE -> plan")
-  std::string precision;  // fp32 or bf16
+  int64_t host_peak_bytes = 0;  // the pinned host pool's peak (the plan offloads: POLICY+offload)
+  std::string policy;           // the plan the run trained under (a budget: "budget:SIZE -> plan")
+  std::string precision;        // fp32 or bf16
 };
 
 // A training run in named phases (tiny-cuda-nn's Trainer is the model):

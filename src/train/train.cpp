@@ -739,6 +739,7 @@ TrainResult Trainer::run() {
   s.result.steps = s.step;
   s.result.ranks = s.comm.size();
   s.result.policy = s.plan.policy;
+  if (const CachingAllocator* host = s.executor.host_pool()) s.result.host_peak_bytes = host->stats().peak_allocated;
   s.result.precision = tc.precision;
   if (s.step > s.first) {
     evaluate();

@@ -94,6 +94,9 @@ Runner add_train_command(CLI::App& app) {
       std::printf("%s", memory_report(r.peak_stats, "memory at the peak of a training step (policy " + r.policy + ", " +
                                                         r.precision + "):")
                             .c_str());
+      if (r.host_peak_bytes > 0)
+        std::printf("  %-16s %14s    (offloaded activations, beside the device)\n", "pinned host peak",
+                    format_bytes(r.host_peak_bytes).c_str());
     }
     return 0;
   };
