@@ -102,6 +102,20 @@ std::vector<Model> test_models() {
   return out;
 }
 
+// A tiny test config at batch 2 and a precision, with its graph (vocabulary 24).
+struct TinyStep {
+  remat::Config cfg;
+  remat::Graph graph;
+};
+TinyStep tiny_step(const std::string& name, const std::string& precision) {
+  const std::string path = std::string(REMAT_SOURCE_DIR) + "/tests/configs/" + name;
+  remat::Config cfg = remat::load_config(path);
+  cfg.training.batch = 2;
+  cfg.training.precision = precision;
+  remat::Graph g = remat::build_graph(cfg.model, 2, path, {{"vocab", 24}});
+  return {std::move(cfg), std::move(g)};
+}
+
 // max |a - b| <= atol + rtol * max |a| over the tensor
 ::testing::AssertionResult close(const Tensor& a, const Tensor& b, double atol, double rtol) {
   const auto va = a.to_vector(), vb = b.to_vector();
@@ -269,11 +283,7 @@ TEST(DeviceExec, MeasuredPeakEqualsThePrediction) {
   for (const char* precision : {"fp32", "bf16"})
     for (const char* name : {"fashion_cnn_tiny.json", "gpt_char_tiny.json", "conv_mix_tiny.json"}) {
       SCOPED_TRACE(std::string(name) + " " + precision);
-      const std::string path = std::string(REMAT_SOURCE_DIR) + "/tests/configs/" + name;
-      remat::Config cfg = remat::load_config(path);
-      cfg.training.batch = 2;
-      cfg.training.precision = precision;
-      remat::Graph g = remat::build_graph(cfg.model, 2, path, {{"vocab", 24}});
+      auto [cfg, g] = tiny_step(name, precision);
       remat::Backend* ws = &remat::backend_for(dut());
       const int64_t plain_peak =
           remat::profile_step(cfg, g, remat::make_plan(g, "none"), Device::meta(), false, ws).peak_bytes;
@@ -327,11 +337,7 @@ TEST(DeviceExec, OffloadPeaksEqualThePrediction) {
   for (const char* precision : {"fp32", "bf16"})
     for (const char* name : {"gpt_char_tiny.json", "fashion_cnn_tiny.json", "conv_mix_tiny.json"}) {
       SCOPED_TRACE(std::string(name) + " " + precision);
-      const std::string path = std::string(REMAT_SOURCE_DIR) + "/tests/configs/" + name;
-      remat::Config cfg = remat::load_config(path);
-      cfg.training.batch = 2;
-      cfg.training.precision = precision;
-      remat::Graph g = remat::build_graph(cfg.model, 2, path, {{"vocab", 24}});
+      auto [cfg, g] = tiny_step(name, precision);
       remat::Backend* ws = &remat::backend_for(dut());
       for (std::string base : {"none", "sqrt", "selective"}) {
         const auto without = remat::profile_step(cfg, g, remat::make_plan(g, base), Device::meta(), false, ws);

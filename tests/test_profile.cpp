@@ -43,6 +43,43 @@ remat::Config chain_config(int blocks) {
   return remat::parse_config(j, "chain.json");
 }
 
+// Every plan of a chain of n units: each unit keep / selective / full, full units grouped
+// into segments in every possible way (a new group may start at any full unit).
+std::vector<remat::CheckpointPlan> every_unit_mode_plan(const remat::Graph& g, int n) {
+  std::vector<remat::CheckpointPlan> plans;
+  std::vector<remat::UnitModeSpec> modes(static_cast<size_t>(n));
+  std::function<void(int, int)> rec = [&](int u, int group) {
+    if (u == n) {
+      plans.push_back(remat::plan_from_unit_modes(g, "brute", modes));
+      return;
+    }
+    for (int m = 0; m < 3; ++m) {
+      if (m < 2) {
+        modes[static_cast<size_t>(u)] = {m, 0};
+        rec(u + 1, group + 1);
+      } else {
+        modes[static_cast<size_t>(u)] = {2, group};  // continue the previous group
+        rec(u + 1, group);
+        if (u > 0 && modes[static_cast<size_t>(u - 1)].mode == 2) {
+          modes[static_cast<size_t>(u)] = {2, group + 1};  // or start a new one
+          rec(u + 1, group + 1);
+        }
+      }
+    }
+  };
+  rec(0, 0);
+  return plans;
+}
+
+// The distinct peaks of the candidates, ascending: the budgets a brute-force test tries.
+std::vector<int64_t> distinct_peaks(const std::vector<remat::PlanCandidate>& all) {
+  std::vector<int64_t> budgets;
+  for (const auto& c : all) budgets.push_back(c.peak_bytes);
+  std::sort(budgets.begin(), budgets.end());
+  budgets.erase(std::unique(budgets.begin(), budgets.end()), budgets.end());
+  return budgets;
+}
+
 }  // namespace
 
 TEST(Planner, MatchesBruteForceOverAllUnitModeAndRevolvePlansOfSmallChains) {
@@ -51,32 +88,11 @@ TEST(Planner, MatchesBruteForceOverAllUnitModeAndRevolvePlansOfSmallChains) {
     remat::Config cfg = chain_config(n);
     remat::Graph g = remat::build_config_graph(cfg, 16, 0);
     ASSERT_EQ(remat::unit_count(g), n);
-    // Every plan: each unit keep / selective / full, full units grouped into segments in
-    // every possible way (a new group may start at any full unit).
     std::vector<remat::PlanCandidate> all;
-    std::vector<remat::UnitModeSpec> modes(static_cast<size_t>(n));
-    std::function<void(int, int)> rec = [&](int u, int group) {
-      if (u == n) {
-        remat::CheckpointPlan plan = remat::plan_from_unit_modes(g, "brute", modes);
-        auto p = remat::profile_step(cfg, g, plan, remat::Device::meta(), false);
-        all.push_back({"brute", plan, p.peak_bytes, p.recompute_flops});
-        return;
-      }
-      for (int m = 0; m < 3; ++m) {
-        if (m < 2) {
-          modes[static_cast<size_t>(u)] = {m, 0};
-          rec(u + 1, group + 1);
-        } else {
-          modes[static_cast<size_t>(u)] = {2, group};  // continue the previous group
-          rec(u + 1, group);
-          if (u > 0 && modes[static_cast<size_t>(u - 1)].mode == 2) {
-            modes[static_cast<size_t>(u)] = {2, group + 1};  // or start a new one
-            rec(u + 1, group + 1);
-          }
-        }
-      }
-    };
-    rec(0, 0);
+    for (const remat::CheckpointPlan& plan : every_unit_mode_plan(g, n)) {
+      auto p = remat::profile_step(cfg, g, plan, remat::Device::meta(), false);
+      all.push_back({"brute", plan, p.peak_bytes, p.recompute_flops});
+    }
     ASSERT_GT(all.size(), 27u);
     // And the nested plans the planner knows: revolve:S for every S.
     for (int slots = 1; slots < n; ++slots) {
@@ -85,10 +101,7 @@ TEST(Planner, MatchesBruteForceOverAllUnitModeAndRevolvePlansOfSmallChains) {
       auto p = remat::profile_step(cfg, g, plan, remat::Device::meta(), false);
       all.push_back({name, plan, p.peak_bytes, p.recompute_flops});
     }
-    std::vector<int64_t> budgets;
-    for (const auto& c : all) budgets.push_back(c.peak_bytes);
-    std::sort(budgets.begin(), budgets.end());
-    budgets.erase(std::unique(budgets.begin(), budgets.end()), budgets.end());
+    const std::vector<int64_t> budgets = distinct_peaks(all);
     for (int64_t budget : budgets) {
       double best = INFINITY;
       for (const auto& c : all)
@@ -135,29 +148,22 @@ TEST(Planner, WithOffloadMatchesBruteForceOfSmallChains) {
     SCOPED_TRACE("blocks " + std::to_string(n));
     remat::Config cfg = chain_config(n);
     remat::Graph g = remat::build_config_graph(cfg, 16, 0);
-    std::vector<remat::CheckpointPlan> plans;
-    std::vector<remat::UnitModeSpec> modes(static_cast<size_t>(n));
-    std::function<void(int, int)> rec = [&](int u, int group) {
-      if (u == n) {
-        plans.push_back(remat::plan_from_unit_modes(g, "brute", modes));
-        return;
-      }
-      for (int m = 0; m < 3; ++m) {
-        modes[static_cast<size_t>(u)] = {m, m == 2 ? group : 0};
-        rec(u + 1, group);
-        if (m == 2) {
-          modes[static_cast<size_t>(u)] = {2, group + 1};
-          rec(u + 1, group + 1);
-        }
-      }
-    };
-    rec(0, 0);
+    std::vector<remat::CheckpointPlan> plans = every_unit_mode_plan(g, n);
     for (int slots = 1; slots < n; ++slots) plans.push_back(remat::make_plan(g, "revolve:" + std::to_string(slots)));
     const size_t plain = plans.size();
     for (size_t i = 0; i < plain; ++i) {
       remat::CheckpointPlan p = plans[i];
       remat::add_offload(g, p);
       plans.push_back(p);
+    }
+    std::vector<remat::PlanCandidate> simulated;  // each plan once; the models below only rank them
+    for (const auto& plan : plans) {
+      const auto p = remat::profile_step(cfg, g, plan, remat::Device::meta(), false);
+      remat::PlanCandidate c{"brute", plan, p.peak_bytes, p.recompute_flops};
+      c.host_peak_bytes = p.host_peak_bytes;
+      c.forward_flops = p.forward_flops;
+      c.step_flops = p.step_flops();
+      simulated.push_back(c);
     }
     for (double link : {1e18, 1e3}) {
       for (int64_t host_budget : {int64_t{0}, int64_t{40000}}) {
@@ -168,20 +174,11 @@ TEST(Planner, WithOffloadMatchesBruteForceOfSmallChains) {
         m.d2h_bytes_per_s = m.h2d_bytes_per_s = link;
         m.host_budget = host_budget;
         std::vector<remat::PlanCandidate> all;
-        for (const auto& plan : plans) {
-          const auto p = remat::profile_step(cfg, g, plan, remat::Device::meta(), false);
-          remat::PlanCandidate c{"brute", plan, p.peak_bytes, p.recompute_flops};
-          c.host_peak_bytes = p.host_peak_bytes;
-          c.forward_flops = p.forward_flops;
-          c.step_flops = p.step_flops();
+        for (remat::PlanCandidate c : simulated) {
           c.modelled_ms = m.step_ms(c);
           if (host_budget == 0 || c.host_peak_bytes <= host_budget) all.push_back(c);
         }
-        std::vector<int64_t> budgets;
-        for (const auto& c : all) budgets.push_back(c.peak_bytes);
-        std::sort(budgets.begin(), budgets.end());
-        budgets.erase(std::unique(budgets.begin(), budgets.end()), budgets.end());
-        for (int64_t budget : budgets) {
+        for (int64_t budget : distinct_peaks(all)) {
           double best = INFINITY;
           for (const auto& c : all)
             if (c.peak_bytes <= budget) best = std::min(best, c.modelled_ms);
