@@ -35,12 +35,14 @@ const std::map<std::string, std::set<std::string>> kArrows = {
     {"optim", {"base", "core", "memory", "tensor", "backends", "graph", "exec"}},
     {"interop", {"base", "core", "memory", "tensor", "io", "backends", "data", "graph", "exec"}},
     {"profile", {"base", "core", "memory", "tensor", "io", "backends", "data", "graph", "exec", "optim"}},
+    // BLEU and decoding (translate.h), which load a run's weights through interop
+    {"eval", {"base", "core", "memory", "tensor", "io", "backends", "data", "graph", "exec", "interop"}},
     {"train",
      {"base", "core", "memory", "tensor", "io", "backends", "data", "graph", "exec", "optim", "interop", "profile",
-      "dist"}},
+      "eval", "dist"}},
     {"cli",
      {"base", "core", "memory", "tensor", "io", "backends", "data", "graph", "exec", "optim", "interop", "profile",
-      "train", "dist"}},
+      "eval", "train", "dist"}},
 };
 
 // The public headers' layers.
@@ -67,6 +69,7 @@ const std::map<std::string, std::string> kHeaders = {
     {"ops.h", "backends"},
     {"data.h", "data"},
     {"token_shards.h", "data"},
+    {"translation.h", "data"},
     {"config.h", "graph"},
     {"graph.h", "graph"},
     {"exec.h", "exec"},
@@ -78,6 +81,8 @@ const std::map<std::string, std::string> kHeaders = {
     {"profile.h", "profile"},
     {"train.h", "train"},
     {"evaluate.h", "train"},
+    {"bleu.h", "eval"},
+    {"translate.h", "eval"},
     {"dist.h", "dist"},
 };
 

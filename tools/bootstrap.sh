@@ -12,6 +12,7 @@ PACKAGES=(
   python3-torch python3-numpy python3-venv
   libjs-chart.js chromium
   openmpi-bin libopenmpi-dev
+  gcc-12-locales sentencepiece libsentencepiece-dev
 )
 
 missing=()

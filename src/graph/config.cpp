@@ -235,11 +235,15 @@ Config parse_config(const nlohmann::json& j, const std::string& source) {
   if (root.has("data")) {
     ConfigReader d = root.child("data");
     c.data.dataset = d.one_of(
-        "dataset", {"fashion_mnist", "text", "synthetic_images", "synthetic_text", "token_shards"}, c.data.dataset);
+        "dataset", {"fashion_mnist", "text", "synthetic_images", "synthetic_text", "token_shards", "translation"},
+        c.data.dataset);
     c.data.path = d.string_or("path", "");
     c.data.synthetic_size = d.positive_int_or("synthetic_size", c.data.synthetic_size);
     // Token shards hold uint16 ids of some tokenizer; by default GPT-2's vocabulary.
-    c.data.vocab = d.positive_int_or("vocab", c.data.dataset == "token_shards" ? kGpt2Vocab : c.data.vocab);
+    // Translation: the tokenizer's pieces (the corpus is built with this many).
+    c.data.vocab = d.positive_int_or("vocab", c.data.dataset == "token_shards"  ? kGpt2Vocab
+                                              : c.data.dataset == "translation" ? kTranslationVocab
+                                                                                : c.data.vocab);
     if (d.has("image_shape")) c.data.image_shape = d.shape("image_shape");
     c.data.classes = d.positive_int_or("classes", c.data.classes);
     c.data.eval_fraction = d.number_or("eval_fraction", c.data.eval_fraction, 0.0, 0.9);
@@ -247,8 +251,8 @@ Config parse_config(const nlohmann::json& j, const std::string& source) {
     if (d.has("augment")) {
       ConfigReader a = d.child("augment");
       c.data.augment.hflip = a.number_or("hflip", c.data.augment.hflip, 0.0, 1.0);
-      const bool text =
-          c.data.dataset == "text" || c.data.dataset == "synthetic_text" || c.data.dataset == "token_shards";
+      const bool text = c.data.dataset == "text" || c.data.dataset == "synthetic_text" ||
+                        c.data.dataset == "token_shards" || c.data.dataset == "translation";
       if (text && c.data.augment.hflip > 0)
         a.fail("hflip", "mirrors images, but the data set " + c.data.dataset + " is text");
       a.finish();

@@ -22,7 +22,8 @@ Graph build_config_graph(const Config& cfg, int64_t batch, int64_t seq) {
   if (seq > 0)
     REMAT_CHECK(set_token_seq_len(model, seq) > 0, cfg.source, ": --seq applies to models with token inputs only");
   std::map<std::string, int64_t> vars;
-  if (cfg.data.dataset == "synthetic_text") vars["vocab"] = cfg.data.vocab;
+  // The tokenizer of a translation corpus has data.vocab pieces (checked when it loads).
+  if (cfg.data.dataset == "synthetic_text" || cfg.data.dataset == "translation") vars["vocab"] = cfg.data.vocab;
   if (cfg.data.dataset == "text" && model.dump().find("\"$vocab\"") != std::string::npos) {
     TextDataset t;
     if (cfg.data.path.empty())

@@ -11,14 +11,18 @@ namespace fs = std::filesystem;
 
 namespace remat {
 
+static_assert(kTranslationVocab == kDefaultTokenizerVocab, "one default tokenizer size for config and corpus");
+
 Batch RunData::train_batch(const std::vector<int64_t>& idx, int64_t epoch, Device d) const {
   std::vector<uint8_t> flips;
   if (!text && hflip > 0) flips = hflip_draws(seed, epoch, train_size(), idx, hflip);
+  if (translation) return translation_batch(translation->train, idx, translation->src_len, translation->tgt_len, d);
   if (shards) return train_shards.batch(idx, seq_len, vocab, d);
   return batch(train_images, train_text, idx, d, flips);
 }
 
 Batch RunData::eval_batch(const std::vector<int64_t>& idx, Device d) const {
+  if (translation) return translation_batch(translation->valid, idx, translation->src_len, translation->tgt_len, d);
   if (shards) return eval_shards.batch(idx, seq_len, vocab, d);
   return batch(eval_images, eval_text, idx, d, {});
 }
@@ -73,6 +77,20 @@ RunData load_run_data(const Config& cfg, const nlohmann::json& model) {
     }
     return d;
   }
+  if (dc.dataset == "translation") {
+    if (!input_type.empty())
+      REMAT_THROW(cfg.source, ": /data/dataset: translation fills the inputs src, src_len, tgt and targets; the ",
+                  "model declares \"input\" (of type ", input_type, ")");
+    d.text = true;
+    const bool default_dir = dc.path.empty();
+    const std::string dir = default_dir ? default_translation_corpus_dir(dc.vocab) : dc.path;
+    d.translation = std::make_shared<TranslationData>(load_translation_data(dir, dc.vocab, default_dir));
+    if (d.translation->tokenizer.vocab() != dc.vocab)
+      REMAT_THROW(cfg.source, ": /data/vocab: ", dc.vocab, ", but the tokenizer of ", dir, " has ",
+                  d.translation->tokenizer.vocab(), " pieces (set data.vocab to it, or build the corpus with ",
+                  "`remat corpus --vocab ", dc.vocab, "`)");
+    return d;
+  }
   if (!tokens && !input_type.empty())
     REMAT_THROW(cfg.source, ": /data/dataset: ", dc.dataset, " gives text but the model takes images");
   d.text = true;
@@ -104,8 +122,54 @@ RunData load_run_data(const Config& cfg, const nlohmann::json& model) {
   return d;
 }
 
+namespace {
+
+void fit_translation_to_model(RunData& data, const Graph& g, const std::string& what) {
+  const Layer& src = g.layer(g.require_input(kSourceName, what));
+  const Layer& len = g.layer(g.require_input(kSourceLengthName, what));
+  const Layer& tgt = g.layer(g.require_input(kTargetInName, what));
+  const Layer& targets = g.layer(g.require_input(kTargetsName, what));
+  for (int id : g.input_ids)
+    if (id != src.id && id != len.id && id != tgt.id && id != targets.id)
+      REMAT_THROW(what, " gives the model inputs src, src_len, tgt and targets; the model also declares \"",
+                  g.layer(id).name, "\", which it does not fill");
+  const int64_t b = g.batch;
+  auto expect = [&](const Layer& in, bool rank2, const std::string& gives) {
+    const bool ok = in.out_dtype == DType::i32 && in.out_shape.rank() == (rank2 ? 2 : 1) && in.out_shape[0] == b;
+    if (!ok)
+      REMAT_THROW(what, " gives ", gives, " for \"", in.name, "\" (", rank2 ? "[B, length]" : "[B]",
+                  " i32), but the model declares ", in.out_shape.str(), " ", dtype_name(in.out_dtype));
+  };
+  expect(src, true, "source pieces");
+  expect(len, false, "source lengths");
+  expect(tgt, true, "<s> and target pieces");
+  expect(targets, true, "target pieces and </s>");
+  if (targets.out_shape != tgt.out_shape)
+    REMAT_THROW(what, ": \"tgt\" ", tgt.out_shape.str(), " and \"targets\" ", targets.out_shape.str(),
+                " must have one shape (the decoder reads one and predicts the other)");
+  const Layer& loss = g.layer(g.loss_id);
+  if (loss.ignore_index() != std::optional<int>(Tokenizer::kPad))
+    REMAT_THROW(what, ": the loss \"", loss.name, "\" must ignore <pad> (\"ignore_index\": ", Tokenizer::kPad,
+                "): padded target positions would count as predictions of <pad>");
+  const int64_t vocab = g.layer(g.logits_id).out_shape[-1];
+  if (vocab != data.translation->tokenizer.vocab())
+    REMAT_THROW(what, ": the head \"", g.layer(g.logits_id).name, "\" gives ", vocab, " logits, but the tokenizer has ",
+                data.translation->tokenizer.vocab(), " pieces (use \"$vocab\")");
+  data.translation->fit(src.out_shape[1], tgt.out_shape[1]);
+  data.seq_len = tgt.out_shape[1];
+  data.describe = data.translation->describe();
+  REMAT_CHECK(data.translation->train.size() >= b, what, ": ", data.translation->train.size(),
+              " training pairs fit source ", src.out_shape[1], " and target ", tgt.out_shape[1],
+              " pieces, fewer than a batch of ", b);
+  REMAT_CHECK(data.translation->valid.size() > 0, what, ": no validation pair fits source ", src.out_shape[1],
+              " and target ", tgt.out_shape[1], " pieces");
+}
+
+}  // namespace
+
 void fit_data_to_model(RunData& data, const Graph& g, const Config& cfg) {
   const std::string what = cfg.source + ": data.dataset " + cfg.data.dataset;
+  if (data.translation) return fit_translation_to_model(data, g, what);
   const Layer& input = g.layer(g.require_input(kInputName, what));
   const Layer& targets = g.layer(g.require_input(kTargetsName, what));
   for (int id : g.input_ids)

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -12,12 +13,16 @@
 #include "remat/data.h"
 #include "remat/graph.h"
 #include "remat/token_shards.h"
+#include "remat/translation.h"
 
 namespace remat {
 
 struct RunData {
   bool text = false;
   bool shards = false;  // text as token shards (train_shards, eval_shards), not train_text
+  // Pairs of a translation corpus (train; valid evaluates): the model's inputs src, src_len,
+  // tgt and targets, fitted to its lengths (seq_len: the target's).
+  std::shared_ptr<TranslationData> translation;
   ImageDataset train_images, eval_images;
   TextDataset train_text, eval_text;
   TokenShards train_shards, eval_shards;
@@ -27,10 +32,12 @@ struct RunData {
   double hflip = 0.0;  // data.augment.hflip: training images only
   uint64_t seed = 0;   // the run's seed, which the flips are drawn from
   int64_t train_size() const {
+    if (translation) return translation->train.size();
     if (shards) return train_shards.windows(seq_len);
     return text ? text_windows(train_text, seq_len) : train_images.labels.numel();
   }
   int64_t eval_size() const {
+    if (translation) return translation->valid.size();
     if (shards) return eval_shards.windows(seq_len);
     return text ? text_windows(eval_text, seq_len) : eval_images.labels.numel();
   }
@@ -50,7 +57,9 @@ RunData load_run_data(const Config& cfg, const nlohmann::json& model);
 // Checks that the data gives what model `g` takes, before any step: the built-in data sets
 // feed the model inputs "input" and "targets" (images of the data's [C, H, W] and their
 // labels, below the loss's classes; or token windows and their next tokens), and the
-// model declares no other input. Sets the text windows' length (seq_len) and the shards'
+// model declares no other input; a translation corpus feeds "src" [B, S], "src_len" [B],
+// "tgt" and "targets" [B, T] (its pairs are fitted to S and T), with a loss that ignores
+// <pad> (0) and logits of the tokenizer's vocabulary. Sets the text windows' length (seq_len) and the shards'
 // vocabulary from the model. Errors name the config, the input and both shapes.
 void fit_data_to_model(RunData& data, const Graph& g, const Config& cfg);
 

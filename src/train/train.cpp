@@ -190,7 +190,9 @@ struct Trainer::State {
         gen(cfg.training.seed),
         eval_graph(build_graph(
             cfg.model,
-            largest_divisor_at_most(std::max<int64_t>(data.eval_size(), 1), data.text ? cfg.training.batch : 500),
+            data.translation
+                ? std::min(data.eval_size(), cfg.training.batch)  // whole batches; the rest unread
+                : largest_divisor_at_most(std::max<int64_t>(data.eval_size(), 1), data.text ? cfg.training.batch : 500),
             cfg.source, vars)),
         ignore_index(graph.layer(graph.loss_id).ignore_index()),
         micro(cfg.training.micro()),
@@ -328,7 +330,7 @@ std::unique_ptr<Trainer::State> set_up(TrainOptions o) {
                 "--precision ", cfg.training.precision, "`)");
   RunData data = load_run_data(cfg, cfg.model);
   std::map<std::string, int64_t> vars;
-  if (data.text) vars["vocab"] = data.shards ? cfg.data.vocab : data.train_text.vocab_size();
+  if (data.text) vars["vocab"] = data.shards || data.translation ? cfg.data.vocab : data.train_text.vocab_size();
   Graph g = build_graph(cfg.model, cfg.training.micro(), cfg.source, vars);  // one micro-batch
   if (cfg.training.precision == "bf16")
     if (const std::string e = bf16_layer_error(g); !e.empty())
@@ -704,7 +706,8 @@ std::string Trainer::sample(int64_t length, uint64_t seed) {
 TrainResult Trainer::run() {
   State& s = *s_;
   const TrainingConfig& tc = s.cfg.training;
-  const bool can_sample = s.data.text && !s.data.shards && s.opt.sample;  // shards: no decoder for the ids
+  // shards: no decoder for the ids; translation: `remat translate`
+  const bool can_sample = s.data.text && !s.data.shards && !s.data.translation && s.opt.sample;
   if (!s.opt.quiet) {
     std::printf("remat train %s: %s, %lld parameters, batch %lld, %lld steps on %s in %s\n", s.cfg.source.c_str(),
                 s.cfg.name.c_str(), static_cast<long long>(s.graph.parameter_count()), static_cast<long long>(tc.batch),

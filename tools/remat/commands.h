@@ -60,5 +60,7 @@ Runner add_memprof_command(CLI::App& app);
 Runner add_plan_command(CLI::App& app);
 Runner add_eval_command(CLI::App& app);
 Runner add_export_command(CLI::App& app);
+Runner add_corpus_command(CLI::App& app);
+Runner add_translate_command(CLI::App& app);
 
 }  // namespace remat::cli

@@ -71,6 +71,8 @@ int main(int argc, char** argv) {
   runners.push_back(remat::cli::add_plan_command(app));
   runners.push_back(remat::cli::add_eval_command(app));
   runners.push_back(remat::cli::add_export_command(app));
+  runners.push_back(remat::cli::add_corpus_command(app));
+  runners.push_back(remat::cli::add_translate_command(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,47 @@
+// `remat translate`: greedy decoding with a trained encoder-decoder (a translation run),
+// scored with corpus BLEU against the references of a corpus split.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "remat/backend.h"
+#include "remat/bleu.h"
+#include "remat/graph.h"
+#include "remat/params.h"
+
+namespace remat {
+
+// Greedy decoding: for each source (pieces, without </s>), the target pieces the model
+// predicts one position at a time from <s>, each the arg max of the logits (the lowest id
+// on ties), until </s> or the model's target length. `g` is the model at its batch size
+// B; sources go B at a time (a short last batch is filled with copies of its first source
+// and their outputs dropped). Each position runs the model's forward in evaluation mode
+// once over the whole target (no key/value cache yet: T forwards a batch).
+std::vector<std::vector<int32_t>> greedy_decode(const Graph& g, ParamStore& params, Backend& be,
+                                                const std::vector<std::vector<int32_t>>& sources);
+
+struct TranslateOptions {
+  std::string run;             // a run folder: its config.json and checkpoint
+  std::string split = "test";  // the corpus split translated and scored (train | valid | test)
+  std::string input;           // instead: a file of source sentences, one a line ("-": stdin); not scored
+  std::string output;          // where the translations go, one a line (written atomically); "": stdout
+  std::string device = "auto";
+  std::optional<int64_t> batch;  // sentences a batch; unset: the run's training.batch
+  int64_t max_sentences = 0;     // 0: all
+  bool quiet = false;
+};
+
+struct TranslateResult {
+  std::vector<std::string> sources, hypotheses, references;  // references: a split only
+  std::optional<BleuScore> bleu;                             // a split only
+  std::optional<BleuScore> copy_bleu;  // a split only: the sources themselves as translations (a floor)
+  int64_t too_long = 0;                // sources longer than the model's source length (cut to fit)
+  double seconds = 0;
+};
+
+TranslateResult translate(const TranslateOptions& o);
+
+}  // namespace remat

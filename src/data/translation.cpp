@@ -1,0 +1,541 @@
+// Translation data: gettext catalogs -> a split, deduplicated parallel corpus -> a
+// SentencePiece tokenizer -> padded batches (include/remat/translation.h).
+#include "remat/translation.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "data/token_batch.h"
+#include "remat/error.h"
+#include "remat/io.h"
+#include "remat/memory.h"
+
+#ifdef REMAT_WITH_SENTENCEPIECE
+#include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
+#endif
+
+namespace fs = std::filesystem;
+
+namespace remat {
+
+namespace {
+
+constexpr const char* kCatalogDir = "/usr/share/locale/de/LC_MESSAGES";
+constexpr const char* kSplits[] = {"train", "valid", "test"};
+constexpr int kFormat = 1;  // manifest.json's "format": what this reader understands
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+// Whether `s` is well-formed UTF-8 (no overlong forms, no surrogates, at most U+10FFFF).
+bool valid_utf8(const std::string& s) {
+  size_t i = 0;
+  const size_t n = s.size();
+  while (i < n) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    int len = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      len = 2, cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3, cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4, cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + static_cast<size_t>(len) > n) return false;
+    for (int k = 1; k < len; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + static_cast<size_t>(k)]);
+      if ((d & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += static_cast<size_t>(len);
+  }
+  return true;
+}
+
+// Whitespace runs (spaces, tabs, newlines) become one space; the ends are trimmed.
+std::string collapse_space(const std::string& s) {
+  std::string out;
+  bool space = false;
+  for (char c : s) {
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f') {
+      space = !out.empty();
+      continue;
+    }
+    if (space) out += ' ';
+    space = false;
+    out += c;
+  }
+  return out;
+}
+
+// Which split a source string goes to: 90 / 5 / 5 by its hash, so that every translation of
+// one source lands in one split.
+int split_of(const std::string& source) {
+  const uint64_t h = fnv1a(source) % 100;
+  return h < 90 ? 0 : h < 95 ? 1 : 2;
+}
+
+std::string cache_root() {
+  if (const char* d = std::getenv("REMAT_CACHE_DIR"); d && *d) return d;
+  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) return (fs::path(d) / "remat").string();
+  if (const char* d = std::getenv("HOME"); d && *d) return (fs::path(d) / ".cache" / "remat").string();
+  REMAT_THROW("no folder for the translation corpus: set data.path, or REMAT_CACHE_DIR (HOME is not set)");
+}
+
+std::vector<ParallelPair> read_tsv(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    REMAT_THROW(path, ": cannot read (run `remat corpus --out ", fs::path(path).parent_path().string(),
+                "` to build the corpus)");
+  std::vector<ParallelPair> pairs;
+  std::string line;
+  int64_t n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    const size_t tab = line.find('\t');
+    if (tab == std::string::npos || line.find('\t', tab + 1) != std::string::npos || tab == 0 || tab + 1 == line.size())
+      REMAT_THROW(path, ":", n, ": expected \"source<TAB>target\" (two non-empty fields)");
+    if (!valid_utf8(line)) REMAT_THROW(path, ":", n, ": not valid UTF-8");
+    pairs.push_back({line.substr(0, tab), line.substr(tab + 1)});
+  }
+  return pairs;
+}
+
+}  // namespace
+
+// ---- gettext catalogs -----------------------------------------------------------------------------
+
+std::vector<ParallelPair> read_mo_catalog(const std::string& path) {
+  const std::string b = read_file(path);
+  auto u32 = [&](size_t off, bool swap) -> uint32_t {
+    if (off + 4 > b.size())
+      REMAT_THROW(path, ": truncated (a header or table entry at byte ", off, " of ", b.size(), ")");
+    uint32_t v;
+    std::memcpy(&v, b.data() + off, 4);
+    return swap ? __builtin_bswap32(v) : v;
+  };
+  const uint32_t magic = u32(0, false);
+  bool swap = false;
+  if (magic == 0x950412deU)
+    swap = false;
+  else if (magic == 0xde120495U)
+    swap = true;
+  else
+    REMAT_THROW(path, ": not a gettext catalog (.mo): magic 0x", std::hex, magic);
+  const uint32_t revision = u32(4, swap);
+  if ((revision >> 16) > 1) REMAT_THROW(path, ": unknown .mo major revision ", revision >> 16);
+  const uint32_t n = u32(8, swap), orig = u32(12, swap), trans = u32(16, swap);
+  if (static_cast<uint64_t>(n) * 8 > b.size()) REMAT_THROW(path, ": claims ", n, " messages in ", b.size(), " bytes");
+  auto str = [&](uint32_t table, uint32_t i) {
+    const uint32_t len = u32(table + 8ULL * i, swap), off = u32(table + 8ULL * i + 4, swap);
+    if (static_cast<uint64_t>(off) + len > b.size())
+      REMAT_THROW(path, ": message ", i, " lies outside the file (bytes ", off, "..", uint64_t{off} + len, " of ",
+                  b.size(), ")");
+    return b.substr(off, len);
+  };
+  std::vector<ParallelPair> out;
+  for (uint32_t i = 0; i < n; ++i) {
+    std::string id = str(orig, i), text = str(trans, i);
+    if (id.empty()) {  // the header: check the charset
+      const size_t cs = text.find("charset=");
+      if (cs != std::string::npos) {
+        std::string charset = text.substr(cs + 8, text.find_first_of(" \n;", cs + 8) - cs - 8);
+        std::transform(charset.begin(), charset.end(), charset.begin(),
+                       [](unsigned char c) { return std::tolower(c); });
+        if (charset != "utf-8" && charset != "ascii" && charset != "us-ascii")
+          REMAT_THROW(path, ": charset ", charset, ": only UTF-8 catalogs are read");
+      }
+      continue;
+    }
+    if (const size_t ctx = id.find('\x04'); ctx != std::string::npos) id = id.substr(ctx + 1);
+    id = id.substr(0, id.find('\0'));  // plural entries: "singular\0plural"
+    text = text.substr(0, text.find('\0'));
+    if (!valid_utf8(id) || !valid_utf8(text)) REMAT_THROW(path, ": message ", i, " is not valid UTF-8");
+    out.push_back({std::move(id), std::move(text)});
+  }
+  return out;
+}
+
+std::vector<std::string> default_corpus_catalogs() {
+  std::vector<std::string> paths;
+  for (const char* name : {"gcc-12.mo", "cpplib-12.mo"}) {
+    const fs::path p = fs::path(kCatalogDir) / name;
+    if (!fs::exists(p))
+      REMAT_THROW(p.string(), " is missing: install Debian's gcc-12-locales (tools/bootstrap.sh does), or pass ",
+                  "--catalog files to `remat corpus`");
+    paths.push_back(p.string());
+  }
+  return paths;
+}
+
+std::string default_translation_corpus_dir(int64_t vocab) {
+  return (fs::path(cache_root()) / ("nmt_de-v" + std::to_string(vocab))).string();
+}
+
+std::string CorpusSummary::describe() const {
+  std::ostringstream s;
+  s << messages << " messages; dropped " << empty << " empty, " << untranslated << " untranslated, " << duplicates
+    << " duplicate; " << train << " train, " << valid << " valid, " << test << " test pairs; vocabulary " << vocab;
+  return s.str();
+}
+
+// ---- the tokenizer ---------------------------------------------------------------------------------
+
+bool have_sentencepiece() {
+#ifdef REMAT_WITH_SENTENCEPIECE
+  return true;
+#else
+  return false;
+#endif
+}
+
+namespace {
+[[noreturn]] void no_sentencepiece() {
+  REMAT_THROW(
+      "remat was built without SentencePiece: install libsentencepiece-dev (tools/bootstrap.sh does) and "
+      "configure again");
+}
+}  // namespace
+
+struct Tokenizer::Impl {
+#ifdef REMAT_WITH_SENTENCEPIECE
+  sentencepiece::SentencePieceProcessor sp;
+#endif
+  bool loaded = false;
+};
+
+Tokenizer::Tokenizer() : impl_(std::make_unique<Impl>()) {}
+Tokenizer::~Tokenizer() = default;
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+bool Tokenizer::loaded() const { return impl_ && impl_->loaded; }
+
+void Tokenizer::load(const std::string& path) {
+#ifdef REMAT_WITH_SENTENCEPIECE
+  if (!fs::exists(path)) REMAT_THROW(path, ": no such tokenizer model");
+  const auto st = impl_->sp.Load(path);
+  if (!st.ok()) REMAT_THROW(path, ": not a SentencePiece model (", st.ToString(), ")");
+  const auto& sp = impl_->sp;
+  if (sp.pad_id() != kPad || sp.unk_id() != kUnk || sp.bos_id() != kBos || sp.eos_id() != kEos)
+    REMAT_THROW(path, ": special ids pad ", sp.pad_id(), ", unk ", sp.unk_id(), ", bos ", sp.bos_id(), ", eos ",
+                sp.eos_id(), "; remat expects 0, 1, 2, 3 (train it with `remat corpus`)");
+  impl_->loaded = true;
+#else
+  (void)path;
+  no_sentencepiece();
+#endif
+}
+
+std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
+  REMAT_CHECK(loaded(), "Tokenizer::encode: no model loaded");
+#ifdef REMAT_WITH_SENTENCEPIECE
+  std::vector<int> ids;
+  const auto st = impl_->sp.Encode(text, &ids);
+  if (!st.ok()) REMAT_THROW("tokenizer: cannot encode \"", text, "\": ", st.ToString());
+  return {ids.begin(), ids.end()};
+#else
+  (void)text;
+  no_sentencepiece();
+#endif
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+  REMAT_CHECK(loaded(), "Tokenizer::decode: no model loaded");
+#ifdef REMAT_WITH_SENTENCEPIECE
+  std::vector<int> keep;
+  const int v = impl_->sp.GetPieceSize();
+  for (int32_t id : ids) {
+    if (id == kEos) break;
+    if (id == kPad || id == kBos) continue;
+    REMAT_CHECK(id >= 0 && id < v, "tokenizer: id ", id, " is outside [0, ", v, ")");
+    keep.push_back(id);
+  }
+  std::string text;
+  const auto st = impl_->sp.Decode(keep, &text);
+  if (!st.ok()) REMAT_THROW("tokenizer: cannot decode: ", st.ToString());
+  return text;
+#else
+  (void)ids;
+  no_sentencepiece();
+#endif
+}
+
+int64_t Tokenizer::vocab() const {
+  REMAT_CHECK(loaded(), "Tokenizer::vocab: no model loaded");
+#ifdef REMAT_WITH_SENTENCEPIECE
+  return impl_->sp.GetPieceSize();
+#else
+  no_sentencepiece();
+#endif
+}
+
+// ---- building a corpus -----------------------------------------------------------------------------
+
+CorpusSummary build_translation_corpus(const CorpusOptions& o) {
+  REMAT_CHECK(!o.out_dir.empty(), "remat corpus: no output folder");
+  REMAT_CHECK(o.vocab >= 64 && o.vocab <= 1000000, "remat corpus: --vocab ", o.vocab, ": expected 64 to 1000000");
+  if (!have_sentencepiece()) no_sentencepiece();
+  const std::vector<std::string> catalogs = o.catalogs.empty() ? default_corpus_catalogs() : o.catalogs;
+  CorpusSummary sum;
+  std::set<std::pair<std::string, std::string>> seen;
+  std::vector<ParallelPair> split[3];
+  nlohmann::json sources = nlohmann::json::array();
+  for (const std::string& path : catalogs) {
+    const std::vector<ParallelPair> msgs = read_mo_catalog(path);
+    sum.messages += static_cast<int64_t>(msgs.size());
+    sources.push_back({{"file", fs::path(path).filename().string()},
+                       {"messages", msgs.size()},
+                       {"bytes", fs::file_size(path)},
+                       {"fnv1a64", [&] {
+                          char h[17];
+                          std::snprintf(h, sizeof h, "%016llx",
+                                        static_cast<unsigned long long>(fnv1a(read_file(path))));
+                          return std::string(h);
+                        }()}});
+    for (const ParallelPair& m : msgs) {
+      ParallelPair p{collapse_space(m.source), collapse_space(m.target)};
+      if (p.source.empty() || p.target.empty()) {
+        ++sum.empty;
+      } else if (p.source == p.target) {
+        ++sum.untranslated;
+      } else if (!seen.insert({p.source, p.target}).second) {
+        ++sum.duplicates;
+      } else {
+        split[split_of(p.source)].push_back(std::move(p));
+      }
+    }
+  }
+  sum.train = static_cast<int64_t>(split[0].size());
+  sum.valid = static_cast<int64_t>(split[1].size());
+  sum.test = static_cast<int64_t>(split[2].size());
+  REMAT_CHECK(sum.train >= 100 && sum.valid > 0 && sum.test > 0, "remat corpus: only ", sum.train, " train, ",
+              sum.valid, " valid and ", sum.test, " test pairs from ", catalogs.size(),
+              " catalogs: too few to train on");
+
+  // Everything goes into a fresh folder beside out_dir, renamed into place at the end.
+  const fs::path out(o.out_dir);
+  if (out.has_parent_path()) fs::create_directories(out.parent_path());
+  const fs::path tmp = out.string() + ".tmp-" + std::to_string(::getpid());
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  struct Cleanup {
+    fs::path p;
+    bool armed = true;
+    ~Cleanup() {
+      std::error_code ec;
+      if (armed) fs::remove_all(p, ec);
+    }
+  } cleanup{tmp};
+  for (int s = 0; s < 3; ++s) {
+    std::string text;
+    for (const ParallelPair& p : split[s]) text += p.source + "\t" + p.target + "\n";
+    write_file_atomic((tmp / (std::string(kSplits[s]) + ".tsv")).string(), text);
+  }
+  // The tokenizer learns from both sides of the training split only.
+  {
+    std::string lines;
+    for (const ParallelPair& p : split[0]) lines += p.source + "\n" + p.target + "\n";
+    write_file_atomic((tmp / "tokenizer_input.txt").string(), lines);
+  }
+#ifdef REMAT_WITH_SENTENCEPIECE
+  if (!o.quiet) {
+    std::printf("remat corpus: training the tokenizer (SentencePiece unigram, %lld pieces) on %lld pairs\n",
+                static_cast<long long>(o.vocab), static_cast<long long>(sum.train));
+    std::fflush(stdout);
+  }
+  // One thread and a fixed seed: the same pieces on every machine. Characters all covered
+  // (German umlauts and the catalogs' punctuation are rare but real).
+  const std::string args = "--input=" + (tmp / "tokenizer_input.txt").string() +
+                           " --model_prefix=" + (tmp / "tokenizer").string() +
+                           " --vocab_size=" + std::to_string(o.vocab) +
+                           " --model_type=unigram --character_coverage=1.0 --pad_id=0 --unk_id=1 --bos_id=2 --eos_id=3"
+                           " --num_threads=1 --minloglevel=2";
+  sentencepiece::SetRandomGeneratorSeed(static_cast<unsigned>(o.seed));
+  // The trainer logs its command line to stderr before it reads --minloglevel: silenced
+  // for the call (its errors come back in the status).
+  std::fflush(stderr);
+  const int saved = ::dup(2), null = ::open("/dev/null", O_WRONLY);
+  if (saved >= 0 && null >= 0) ::dup2(null, 2);
+  const auto st = sentencepiece::SentencePieceTrainer::Train(args);
+  if (saved >= 0 && null >= 0) ::dup2(saved, 2);
+  if (saved >= 0) ::close(saved);
+  if (null >= 0) ::close(null);
+  if (!st.ok()) REMAT_THROW("remat corpus: the tokenizer did not train: ", st.ToString());
+#endif
+  fs::remove(tmp / "tokenizer_input.txt");
+  sum.vocab = o.vocab;
+  nlohmann::json m = {
+      {"format", kFormat},
+      {"what", "English->German pairs of gettext messages (msgid -> msgstr), cleaned, deduplicated, split by source"},
+      {"catalogs", sources},
+      {"licence",
+       "The catalogs are the GCC translation team's work, distributed under the GCC package's licence "
+       "(GPL-3.0-or-later): see /usr/share/doc/gcc-12-locales/copyright. This corpus is derived from them."},
+      {"counts",
+       {{"messages", sum.messages},
+        {"dropped_empty", sum.empty},
+        {"dropped_untranslated", sum.untranslated},
+        {"dropped_duplicate", sum.duplicates},
+        {"train", sum.train},
+        {"valid", sum.valid},
+        {"test", sum.test}}},
+      {"split", "by FNV-1a 64 of the source string mod 100: < 90 train, < 95 valid, else test"},
+      {"tokenizer",
+       {{"file", "tokenizer.model"},
+        {"type", "sentencepiece unigram"},
+        {"vocab", o.vocab},
+        {"seed", o.seed},
+        {"special", {{"pad", 0}, {"unk", 1}, {"bos", 2}, {"eos", 3}}}}}};
+  write_file_atomic((tmp / "manifest.json").string(), m.dump(2) + "\n");
+  if (fs::exists(out)) {
+    if (!fs::exists(out / "manifest.json"))
+      REMAT_THROW(out.string(), " exists and is not a corpus folder (no manifest.json): choose another --out");
+    fs::remove_all(out);
+  }
+  fs::rename(tmp, out);
+  cleanup.armed = false;
+  return sum;
+}
+
+// ---- loading and batching --------------------------------------------------------------------------
+
+TranslationData load_translation_data(const std::string& dir, int64_t vocab, bool build_if_missing) {
+  const fs::path root(dir);
+  if (!fs::exists(root / "manifest.json")) {
+    if (!build_if_missing)
+      REMAT_THROW(dir, ": no translation corpus here (no manifest.json); build one with `remat corpus --out ", dir,
+                  "`");
+    std::printf("data: building the translation corpus in %s (once)\n", dir.c_str());
+    std::fflush(stdout);
+    CorpusOptions o;
+    o.out_dir = dir;
+    o.vocab = vocab;
+    const CorpusSummary s = build_translation_corpus(o);
+    std::printf("data: %s\n", s.describe().c_str());
+  }
+  nlohmann::json m;
+  try {
+    m = nlohmann::json::parse(read_file((root / "manifest.json").string()));
+  } catch (const nlohmann::json::exception& e) {
+    REMAT_THROW((root / "manifest.json").string(), ": not valid JSON (", e.what(), ")");
+  }
+  if (!m.is_object() || m.value("format", 0) != kFormat)
+    REMAT_THROW((root / "manifest.json").string(), ": format ", m.is_object() ? m.value("format", 0) : 0,
+                ", this remat reads format ", kFormat, ": build the corpus again with `remat corpus --out ", dir, "`");
+  TranslationData d;
+  d.dir = dir;
+  d.tokenizer.load((root / "tokenizer.model").string());
+  for (int s = 0; s < 3; ++s) {
+    TranslationSplit& sp = s == 0 ? d.train : s == 1 ? d.valid : d.test;
+    sp.pairs = read_tsv((root / (std::string(kSplits[s]) + ".tsv")).string());
+    for (const ParallelPair& p : sp.pairs) {
+      sp.source.push_back(d.tokenizer.encode(p.source));
+      sp.target.push_back(d.tokenizer.encode(p.target));
+    }
+  }
+  return d;
+}
+
+void TranslationData::fit(int64_t S, int64_t T) {
+  REMAT_CHECK(S >= 2 && T >= 2, "translation data: source length ", S, " and target length ", T, " must be at least 2");
+  src_len = S;
+  tgt_len = T;
+  auto keep = [&](TranslationSplit& sp) {
+    TranslationSplit k;
+    for (size_t i = 0; i < sp.pairs.size(); ++i) {
+      if (static_cast<int64_t>(sp.source[i].size()) + 1 > S || static_cast<int64_t>(sp.target[i].size()) + 1 > T)
+        continue;
+      k.pairs.push_back(sp.pairs[i]);
+      k.source.push_back(sp.source[i]);
+      k.target.push_back(sp.target[i]);
+    }
+    const int64_t dropped = sp.size() - k.size();
+    sp = std::move(k);
+    return dropped;
+  };
+  dropped_train += keep(train);
+  dropped_valid += keep(valid);
+  dropped_test += keep(test);
+}
+
+const TranslationSplit& TranslationData::split(const std::string& name) const {
+  if (name == "train") return train;
+  if (name == "valid") return valid;
+  if (name == "test") return test;
+  REMAT_THROW("no split \"", name, "\": expected train, valid or test");
+}
+
+std::string TranslationData::describe() const {
+  std::ostringstream s;
+  s << dir << ": " << train.size() << " train, " << valid.size() << " valid, " << test.size() << " test pairs";
+  if (src_len > 0)
+    s << " of at most " << src_len << " source and " << tgt_len << " target pieces (" << dropped_train << ", "
+      << dropped_valid << ", " << dropped_test << " longer left out)";
+  s << "; vocabulary " << tokenizer.vocab();
+  return s.str();
+}
+
+Batch translation_batch(const TranslationSplit& split, const std::vector<int64_t>& idx, int64_t S, int64_t T,
+                        Device d) {
+  REMAT_CHECK(!idx.empty(), "translation_batch: no pairs");
+  const auto b = static_cast<int64_t>(idx.size());
+  std::vector<int32_t> src(static_cast<size_t>(b * S), Tokenizer::kPad), len(static_cast<size_t>(b)),
+      tgt(static_cast<size_t>(b * T), Tokenizer::kPad), targets(static_cast<size_t>(b * T), Tokenizer::kPad);
+  for (int64_t r = 0; r < b; ++r) {
+    const int64_t i = idx[static_cast<size_t>(r)];
+    REMAT_CHECK(i >= 0 && i < split.size(), "translation_batch: pair ", i, " is outside [0, ", split.size(), ")");
+    const auto& s = split.source[static_cast<size_t>(i)];
+    const auto& t = split.target[static_cast<size_t>(i)];
+    REMAT_CHECK(static_cast<int64_t>(s.size()) < S && static_cast<int64_t>(t.size()) < T, "translation_batch: pair ", i,
+                " (", s.size(), " and ", t.size(), " pieces) does not fit source ", S, " and target ", T);
+    int32_t* sr = src.data() + r * S;
+    std::copy(s.begin(), s.end(), sr);
+    sr[s.size()] = Tokenizer::kEos;
+    len[static_cast<size_t>(r)] = static_cast<int32_t>(s.size() + 1);
+    int32_t* ti = tgt.data() + r * T;
+    int32_t* to = targets.data() + r * T;
+    ti[0] = Tokenizer::kBos;
+    std::copy(t.begin(), t.end(), ti + 1);
+    std::copy(t.begin(), t.end(), to);
+    to[t.size()] = Tokenizer::kEos;
+  }
+  TagScope scope(MemoryCategory::input, "data", Phase::setup);
+  auto put = [&](const std::vector<int32_t>& v, const Shape& shape) {
+    if (d.is_meta()) return Tensor::empty(shape, d, DType::i32);
+    return data_detail::to_device(Tensor::from_ints(v, shape), d);
+  };
+  Batch batch;
+  batch.set(kSourceName, put(src, Shape{b, S}));
+  batch.set(kSourceLengthName, put(len, Shape{b}));
+  batch.set(kTargetInName, put(tgt, Shape{b, T}));
+  batch.set("targets", put(targets, Shape{b, T}));
+  return batch;
+}
+
+}  // namespace remat

@@ -1,0 +1,323 @@
+// Translation data (include/remat/translation.h) and decoding (include/remat/translate.h):
+// gettext catalogs read in either byte order, the corpus's cleaning, split and tokenizer,
+// batches by hand, an encoder-decoder trained on a corpus (checkpointed steps bitwise the
+// plain ones), the errors a mismatched corpus and config give, and greedy decoding against
+// a teacher-forced forward.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "remat/backend.h"
+#include "remat/config.h"
+#include "remat/executor.h"
+#include "remat/graph.h"
+#include "remat/io.h"
+#include "remat/params.h"
+#include "remat/train.h"
+#include "remat/translate.h"
+#include "remat/translation.h"
+#include "support/expect_error.h"
+
+namespace fs = std::filesystem;
+using remat::ParallelPair;
+
+namespace {
+
+std::string tmp_dir(const std::string& name) {
+  const fs::path p = fs::temp_directory_path() / ("remat_nmt_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+// A .mo file of `entries` (msgid, msgstr; ids with '\x04' carry a context, with '\0' a
+// plural), big- or little-endian, strings laid out after the tables as msgfmt does.
+std::string make_mo(const std::vector<std::pair<std::string, std::string>>& entries, bool big_endian) {
+  auto u32 = [&](std::string& s, uint32_t v) {
+    if (big_endian) v = __builtin_bswap32(v);
+    s.append(reinterpret_cast<const char*>(&v), 4);
+  };
+  const auto n = static_cast<uint32_t>(entries.size());
+  const uint32_t orig = 28, trans = orig + 8 * n;
+  uint32_t at = trans + 8 * n;
+  std::string head, tables_o, tables_t, strings;
+  for (const auto& [id, text] : entries) {
+    u32(tables_o, static_cast<uint32_t>(id.size()));
+    u32(tables_o, at + static_cast<uint32_t>(strings.size()));
+    strings += id;
+    strings += '\0';
+  }
+  for (const auto& [id, text] : entries) {
+    u32(tables_t, static_cast<uint32_t>(text.size()));
+    u32(tables_t, at + static_cast<uint32_t>(strings.size()));
+    strings += text;
+    strings += '\0';
+  }
+  u32(head, 0x950412deU);
+  u32(head, 0);
+  u32(head, n);
+  u32(head, orig);
+  u32(head, trans);
+  u32(head, 0);
+  u32(head, 0);
+  return head + tables_o + tables_t + strings;
+}
+
+const std::string kHeader = "Content-Type: text/plain; charset=UTF-8\n";
+
+// A synthetic catalog of about 400 messages: phrases made of a small English lexicon and
+// their word-by-word German, with duplicates, untranslated and empty entries mixed in.
+std::vector<std::pair<std::string, std::string>> synthetic_messages() {
+  const char* en[] = {"file", "cannot", "open",    "the",     "option", "invalid", "argument", "for",
+                      "too",  "many",   "warning", "ignored", "memory", "error",   "line",     "column"};
+  const char* de[] = {"Datei", "kann",  "öffnen",  "die",       "Option",   "ungültig", "Argument", "für",
+                      "zu",    "viele", "Warnung", "ignoriert", "Speicher", "Fehler",   "Zeile",    "Spalte"};
+  std::vector<std::pair<std::string, std::string>> m{{"", kHeader}};
+  uint32_t x = 12345;
+  for (int i = 0; i < 400; ++i) {
+    std::string s, t;
+    const int words = 1 + static_cast<int>(i % 3);
+    for (int w = 0; w < words; ++w) {
+      x = x * 1103515245u + 12345u;
+      const auto k = (x >> 16) % 16;
+      s += (w ? " " : "") + std::string(en[k]);
+      t += (w ? " " : "") + std::string(de[k]);
+    }
+    if (i % 5 == 0) s += " %s", t += " %s";
+    m.emplace_back(s, t);
+  }
+  m.emplace_back("same text", "same text");              // untranslated
+  m.emplace_back("  spaced \n out ", "  ");              // empty after cleaning
+  m.emplace_back(m[1].first, m[1].second);               // a duplicate
+  m.emplace_back("ctx\x04with context", "mit Kontext");  // a context, stripped
+  return m;
+}
+
+// Builds a corpus from the synthetic catalog once per process.
+const std::string& corpus_dir() {
+  static const std::string dir = [] {
+    const std::string root = tmp_dir("corpus");
+    const std::string mo = root + "/synthetic.mo";
+    remat::write_file_atomic(mo, make_mo(synthetic_messages(), false));
+    remat::CorpusOptions o;
+    o.catalogs = {mo};
+    o.out_dir = root + "/nmt";
+    o.vocab = 64;
+    o.quiet = true;
+    remat::build_translation_corpus(o);
+    return o.out_dir;
+  }();
+  return dir;
+}
+
+// nmt_tiny (tests/configs) on the synthetic corpus: $vocab 64, source 10, target 8.
+std::string nmt_config(const std::string& dir, const std::string& policy, const std::string& tweak = "") {
+  nlohmann::json c =
+      nlohmann::json::parse(remat::read_file(std::string(REMAT_SOURCE_DIR) + "/tests/configs/nmt_tiny.json"));
+  c["data"] = {{"dataset", "translation"}, {"path", corpus_dir()}, {"vocab", 64}};
+  c["training"] = {{"batch", 4}, {"steps", 3}, {"policy", policy}, {"log_every", 1}};
+  if (tweak == "ignore_index") c["model"]["layers"].back()["ignore_index"] = -100;
+  if (tweak == "vocab") c["data"]["vocab"] = 65;
+  if (tweak == "input") c["model"]["inputs"][0]["name"] = "input";
+  const std::string path = dir + "/nmt_" + policy + tweak + ".json";
+  remat::write_file_atomic(path, c.dump(2));
+  return path;
+}
+
+}  // namespace
+
+TEST(Translation, ReadsCatalogsInEitherByteOrder) {
+  const std::string dir = tmp_dir("mo");
+  const std::vector<std::pair<std::string, std::string>> entries = {
+      {"", kHeader},
+      {"open %s", "%s öffnen"},
+      {"menu\x04"
+       "File",
+       "Datei"},
+      {std::string("one file\0%d files", 17), std::string("eine Datei\0%d Dateien", 21)},
+  };
+  for (bool big : {false, true}) {
+    const std::string path = dir + (big ? "/be.mo" : "/le.mo");
+    remat::write_file_atomic(path, make_mo(entries, big));
+    const std::vector<ParallelPair> pairs = remat::read_mo_catalog(path);
+    ASSERT_EQ(pairs.size(), 3u) << path;
+    EXPECT_EQ(pairs[0].source, "open %s");
+    EXPECT_EQ(pairs[0].target, "%s öffnen");
+    EXPECT_EQ(pairs[1].source, "File");  // the context is not part of the message
+    EXPECT_EQ(pairs[1].target, "Datei");
+    EXPECT_EQ(pairs[2].source, "one file");  // the singular forms of a plural entry
+    EXPECT_EQ(pairs[2].target, "eine Datei");
+  }
+}
+
+TEST(Translation, BadCatalogsAreErrorsNamingTheFile) {
+  const std::string dir = tmp_dir("bad_mo");
+  remat::write_file_atomic(dir + "/magic.mo", std::string(32, 'x'));
+  EXPECT_REMAT_ERROR(remat::read_mo_catalog(dir + "/magic.mo"), "magic.mo: not a gettext catalog");
+  std::string mo = make_mo({{"", kHeader}, {"a", "b"}}, false);
+  remat::write_file_atomic(dir + "/cut.mo", mo.substr(0, mo.size() - 4));
+  EXPECT_REMAT_ERROR(remat::read_mo_catalog(dir + "/cut.mo"), "cut.mo: message");
+  remat::write_file_atomic(dir + "/latin1.mo",
+                           make_mo({{"", "Content-Type: text/plain; charset=ISO-8859-1\n"}, {"a", "b"}}, false));
+  EXPECT_REMAT_ERROR(remat::read_mo_catalog(dir + "/latin1.mo"), "charset iso-8859-1");
+  remat::write_file_atomic(dir + "/utf8.mo", make_mo({{"", kHeader}, {"a", "\xff\xfe"}}, false));
+  EXPECT_REMAT_ERROR(remat::read_mo_catalog(dir + "/utf8.mo"), "not valid UTF-8");
+}
+
+TEST(Translation, CorpusIsCleanedDeduplicatedAndSplitBySource) {
+  if (!remat::have_sentencepiece()) GTEST_SKIP() << "built without SentencePiece";
+  const fs::path dir = corpus_dir();
+  const nlohmann::json m = nlohmann::json::parse(remat::read_file((dir / "manifest.json").string()));
+  const auto& c = m["counts"];
+  // Every message is accounted for: dropped for a reason, or in exactly one split.
+  const int64_t messages = static_cast<int64_t>(synthetic_messages().size()) - 1;  // the header is no message
+  EXPECT_EQ(c["messages"].get<int64_t>(), messages);
+  EXPECT_EQ(c["dropped_empty"].get<int64_t>(), 1);
+  EXPECT_EQ(c["dropped_untranslated"].get<int64_t>(), 1);
+  EXPECT_GE(c["dropped_duplicate"].get<int64_t>(), 1);
+  EXPECT_EQ(c["messages"].get<int64_t>(), c["dropped_empty"].get<int64_t>() + c["dropped_untranslated"].get<int64_t>() +
+                                              c["dropped_duplicate"].get<int64_t>() + c["train"].get<int64_t>() +
+                                              c["valid"].get<int64_t>() + c["test"].get<int64_t>());
+  std::map<std::string, std::string> split_of;
+  std::set<std::pair<std::string, std::string>> pairs;
+  for (const char* split : {"train", "valid", "test"}) {
+    std::ifstream in(dir / (std::string(split) + ".tsv"));
+    int64_t lines = 0;
+    for (std::string l; std::getline(in, l); ++lines) {
+      const size_t tab = l.find('\t');
+      ASSERT_NE(tab, std::string::npos);
+      const std::string s = l.substr(0, tab), t = l.substr(tab + 1);
+      EXPECT_NE(s, t);
+      EXPECT_EQ(s.find("  "), std::string::npos);
+      EXPECT_TRUE(pairs.insert({s, t}).second) << "a duplicate pair: " << l;
+      const auto [it, fresh] = split_of.emplace(s, split);
+      EXPECT_EQ(it->second, split) << "source in two splits: " << s;
+      (void)fresh;
+    }
+    EXPECT_EQ(lines, c[split].get<int64_t>()) << split;
+  }
+  EXPECT_TRUE(split_of.count("with context"));
+  // Nothing of the build is left beside it.
+  for (const auto& e : fs::directory_iterator(dir.parent_path()))
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+
+  remat::Tokenizer tok;
+  tok.load((dir / "tokenizer.model").string());
+  EXPECT_EQ(tok.vocab(), 64);
+  const std::string text = "too many warning";
+  const std::vector<int32_t> ids = tok.encode(text);
+  ASSERT_FALSE(ids.empty());
+  for (int32_t id : ids) EXPECT_GT(id, remat::Tokenizer::kEos);  // no special piece in text
+  std::vector<int32_t> framed = {remat::Tokenizer::kBos};
+  framed.insert(framed.end(), ids.begin(), ids.end());
+  framed.push_back(remat::Tokenizer::kEos);
+  framed.push_back(ids[0]);  // after </s>: not decoded
+  EXPECT_EQ(tok.decode(framed), text);
+}
+
+TEST(Translation, CorpusRefusesToReplaceAFolderThatIsNoCorpus) {
+  if (!remat::have_sentencepiece()) GTEST_SKIP() << "built without SentencePiece";
+  const std::string dir = tmp_dir("not_corpus");
+  remat::write_file_atomic(dir + "/precious.txt", "keep me");
+  remat::CorpusOptions o;
+  o.catalogs = {fs::path(corpus_dir()).parent_path().string() + "/synthetic.mo"};
+  o.out_dir = dir;
+  o.vocab = 64;
+  o.quiet = true;
+  EXPECT_REMAT_ERROR(remat::build_translation_corpus(o), "is not a corpus folder");
+  EXPECT_TRUE(fs::exists(dir + "/precious.txt"));
+  EXPECT_REMAT_ERROR(remat::load_translation_data(dir, 64, false), "remat corpus --out");
+}
+
+TEST(Translation, BatchesPadSourcesAndShiftTargets) {
+  remat::TranslationSplit sp;
+  sp.pairs = {{"a", "b"}, {"c", "d"}};
+  sp.source = {{7, 8}, {9}};
+  sp.target = {{10, 11, 12}, {13}};
+  const remat::Batch b = remat::translation_batch(sp, {1, 0}, 4, 5, remat::Device::cpu());
+  EXPECT_EQ(b.at("src").to_ints(), (std::vector<int32_t>{9, 3, 0, 0, 7, 8, 3, 0}));
+  EXPECT_EQ(b.at("src_len").to_ints(), (std::vector<int32_t>{2, 3}));
+  EXPECT_EQ(b.at("tgt").to_ints(), (std::vector<int32_t>{2, 13, 0, 0, 0, 2, 10, 11, 12, 0}));
+  EXPECT_EQ(b.at("targets").to_ints(), (std::vector<int32_t>{13, 3, 0, 0, 0, 10, 11, 12, 3, 0}));
+  EXPECT_REMAT_ERROR(remat::translation_batch(sp, {0}, 4, 3, remat::Device::cpu()), "does not fit");
+}
+
+// Every policy trains the same bits on real pairs (dropout, key lengths and all).
+TEST(Translation, CheckpointedStepsOnACorpusAreBitwiseThePlainOnes) {
+  if (!remat::have_sentencepiece()) GTEST_SKIP() << "built without SentencePiece";
+  const std::string dir = tmp_dir("train");
+  std::vector<float> plain;
+  for (const std::string policy : {"none", "sqrt", "all", "selective"}) {
+    remat::TrainOptions o;
+    o.config = nmt_config(dir, policy);
+    o.device = "cpu";
+    o.quiet = true;
+    const remat::TrainResult r = remat::train(o);
+    ASSERT_EQ(r.losses.size(), 3u) << policy;
+    for (float l : r.losses) EXPECT_TRUE(std::isfinite(l) && l > 0) << policy;
+    if (plain.empty())
+      plain = r.losses;
+    else
+      for (size_t i = 0; i < plain.size(); ++i)
+        EXPECT_EQ(std::memcmp(&plain[i], &r.losses[i], sizeof(float)), 0) << policy << " step " << i + 1;
+  }
+}
+
+TEST(Translation, AMismatchedConfigIsNamedBeforeAnyStep) {
+  if (!remat::have_sentencepiece()) GTEST_SKIP() << "built without SentencePiece";
+  const std::string dir = tmp_dir("mismatch");
+  remat::TrainOptions o;
+  o.device = "cpu";
+  o.quiet = true;
+  o.config = nmt_config(dir, "none", "ignore_index");
+  EXPECT_REMAT_ERROR(remat::train(o), "must ignore <pad>");
+  o.config = nmt_config(dir, "none", "vocab");
+  EXPECT_REMAT_ERROR(remat::train(o), "/data/vocab: 65, but the tokenizer of");
+  o.config = nmt_config(dir, "none", "input");
+  EXPECT_REMAT_ERROR(remat::train(o), "translation fills the inputs src, src_len, tgt and targets");
+}
+
+// Greedy decoding's outputs, fed back as the decoder's input, are each position's arg max
+// of one teacher-forced forward: causal attention makes the padding after a position
+// irrelevant to it, and the decoder reads one step at a time what that forward reads at once.
+TEST(Translation, GreedyDecodingAgreesWithATeacherForcedForward) {
+  if (!remat::have_sentencepiece()) GTEST_SKIP() << "built without SentencePiece";
+  const std::string dir = tmp_dir("decode");
+  const remat::Config cfg = remat::load_config(nmt_config(dir, "none"));
+  remat::TranslationData data = remat::load_translation_data(corpus_dir(), 64, false);
+  data.fit(10, 8);
+  const remat::Graph g = remat::build_graph(cfg.model, 3, cfg.source, {{"vocab", 64}});
+  remat::Backend& be = remat::backend_for(remat::Device::cpu());
+  remat::ParamStore params(g, remat::Device::cpu(), 7);
+  std::vector<std::vector<int32_t>> sources;
+  for (int i = 0; i < 5; ++i) sources.push_back(data.valid.source[static_cast<size_t>(i) % data.valid.source.size()]);
+  const std::vector<std::vector<int32_t>> out = remat::greedy_decode(g, params, be, sources);
+  ASSERT_EQ(out.size(), sources.size());
+  // Sources 3 and 4 went in a second batch padded with copies: decode them again alone.
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const auto& hyp = out[i];
+    EXPECT_LE(hyp.size(), 8u);
+    remat::TranslationSplit one;
+    one.pairs = {{"s", "t"}};
+    one.source = {sources[i]};
+    one.target = {std::vector<int32_t>(hyp.begin(), hyp.begin() + std::min<size_t>(hyp.size(), 7))};
+    std::vector<int64_t> idx = {0, 0, 0};
+    const remat::Batch b = remat::translation_batch(one, idx, 10, 8, remat::Device::cpu());
+    remat::Executor ex(g, params, be, remat::make_plan(g, "none"));
+    float loss = 0;
+    const std::vector<float> logits = ex.evaluate(b, &loss).to_vector();
+    // Position t's arg max is token t of the hypothesis, or </s> where it ended.
+    for (size_t t = 0; t <= hyp.size() && t < 8; ++t) {
+      const float* row = logits.data() + t * 64;
+      const auto best = static_cast<int32_t>(std::max_element(row, row + 64) - row);
+      EXPECT_EQ(best, t < hyp.size() ? hyp[t] : remat::Tokenizer::kEos) << "source " << i << " position " << t;
+    }
+  }
+}
