@@ -109,23 +109,38 @@ __global__ void softmax_backward_kernel(PDY dy, PY y, int64_t rows, int64_t n, b
   }
 }
 
+// lse[r] = logsumexp(x[r, :]); with row_mean (label smoothing), also the row's mean.
 template <int kThreads, bool kVec, typename PX>
-__global__ void logsumexp_kernel(PX x, int64_t rows, int64_t n, float* lse) {
+__global__ void logsumexp_kernel(PX x, int64_t rows, int64_t n, float* lse, float* row_mean) {
+  using P = Pack<kVec>;
   using G = Group<kThreads>;
+  const int64_t first = int64_t{G::lane()} * P::kWidth, step = int64_t{kThreads} * P::kWidth;
   __shared__ MaxSum shared[G::kWarps];
+  __shared__ float fshared[G::kWarps];
   for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
     const MaxSum ms = row_max_sum<kThreads, kVec>(x + r * n, n, shared);
     if (G::lane() == 0) lse[r] = log_normaliser(ms);
+    if (row_mean) {
+      float s = 0.0f;
+      for (int64_t j = first; j < n; j += step) {
+        const P v = P::load(x + r * n + j);
+        for (int k = 0; k < P::kWidth; ++k) s += v.v[k];
+      }
+      s = G::sum(s, fshared);
+      if (G::lane() == 0) row_mean[r] = s / static_cast<float>(n);
+    }
   }
 }
 
 constexpr int kRowsReduceThreads = 256;  // one block reduces over all rows
 
 // loss[0] = mean of lse[r] - x[r, t[r]] over the rows not ignored, in double: each
-// thread sums rows tid, tid + 256, ... in order, then the block sums the threads.
+// thread sums rows tid, tid + 256, ... in order, then the block sums the threads. With
+// label smoothing e: lse[r] - (1 - e) x[r, t[r]] - e row_mean[r].
 template <typename PX>
-__global__ void cross_entropy_loss_kernel(PX x, const int32_t* targets, const float* lse, int64_t rows, int64_t n,
-                                          int ignore_index, float* loss, CrossEntropyCheck* check) {
+__global__ void cross_entropy_loss_kernel(PX x, const int32_t* targets, const float* lse, const float* row_mean,
+                                          float smoothing, int64_t rows, int64_t n, int ignore_index, float* loss,
+                                          CrossEntropyCheck* check) {
   __shared__ double dshared[kRowsReduceThreads / 32];
   __shared__ long long ishared[kRowsReduceThreads / 32];
   constexpr long long kNone = 0x7fffffffffffffffLL;
@@ -138,7 +153,12 @@ __global__ void cross_entropy_loss_kernel(PX x, const int32_t* targets, const fl
       if (first_bad == kNone) first_bad = r;
       continue;
     }
-    total += static_cast<double>(lse[r]) - static_cast<double>(ld(x, r * n + t));
+    if (row_mean)
+      total += static_cast<double>(lse[r]) -
+               (1.0 - static_cast<double>(smoothing)) * static_cast<double>(ld(x, r * n + t)) -
+               static_cast<double>(smoothing) * static_cast<double>(row_mean[r]);
+    else
+      total += static_cast<double>(lse[r]) - static_cast<double>(ld(x, r * n + t));
     ++count;
   }
   total = block_sum<kRowsReduceThreads>(total, dshared);
@@ -163,11 +183,13 @@ __global__ void cross_entropy_scale_kernel(const int32_t* targets, int64_t rows,
 
 template <int kThreads, bool kVec, typename PX, typename PDX>
 __global__ void cross_entropy_backward_kernel(PX x, const int32_t* targets, const float* lse, const float* scale,
-                                              int64_t rows, int64_t n, int ignore_index, PDX dx) {
+                                              float smoothing, int64_t rows, int64_t n, int ignore_index, PDX dx) {
   using P = Pack<kVec>;
   using G = Group<kThreads>;
   const int64_t first = int64_t{G::lane()} * P::kWidth, step = int64_t{kThreads} * P::kWidth;
   const float s = *scale;
+  // Label smoothing: every column's target share e / n, the target's 1 - e on top.
+  const float s_all = s * (smoothing / static_cast<float>(n)), s_target = s * (1.0f - smoothing);
   for (int64_t r = G::first_row(); r < rows; r += G::row_stride()) {
     const auto xr = x + r * n;
     const auto dxr = dx + r * n;
@@ -180,7 +202,7 @@ __global__ void cross_entropy_backward_kernel(PX x, const int32_t* targets, cons
         for (float& e : v.v) e = 0.0f;
       } else {
         v = P::load(xr + j);
-        for (int k = 0; k < P::kWidth; ++k) v.v[k] = s * expf(v.v[k] - l) - (j + k == t ? s : 0.0f);
+        for (int k = 0; k < P::kWidth; ++k) v.v[k] = s * expf(v.v[k] - l) - s_all - (j + k == t ? s_target : 0.0f);
       }
       v.store(dxr + j);
     }
@@ -255,21 +277,23 @@ void softmax_backward(FloatBuf dy, FloatBuf y, int64_t rows, int64_t n, bool log
       dy, y, dx);
 }
 
-void cross_entropy_forward(FloatBuf x, const int32_t* targets, int64_t rows, int64_t n, int ignore_index, float* loss,
-                           float* lse, CrossEntropyCheck* check, cudaStream_t stream) {
+void cross_entropy_forward(FloatBuf x, const int32_t* targets, int64_t rows, int64_t n, int ignore_index,
+                           float smoothing, float* loss, float* lse, float* row_mean, CrossEntropyCheck* check,
+                           cudaStream_t stream) {
   const bool vec = rows::can_vectorise_bufs(n, x);
+  float* mean = smoothing > 0.0f ? row_mean : nullptr;
   with_types(
       [&](auto px) {
         using PX = decltype(px);
-        if (rows > 0) REMAT_LAUNCH_ROWS_T(logsumexp_kernel, (PX), rows, n, vec, stream, px, rows, n, lse);
+        if (rows > 0) REMAT_LAUNCH_ROWS_T(logsumexp_kernel, (PX), rows, n, vec, stream, px, rows, n, lse, mean);
         REMAT_LAUNCH(cross_entropy_loss_kernel<PX>, dim3(1), dim3(kRowsReduceThreads), 0, stream, px, targets, lse,
-                     rows, n, ignore_index, loss, check);
+                     mean, smoothing, rows, n, ignore_index, loss, check);
       },
       x);
 }
 
 void cross_entropy_backward(float dloss, FloatBuf x, const int32_t* targets, const float* lse, int64_t rows, int64_t n,
-                            int ignore_index, FloatBuf dx, float* scale, cudaStream_t stream) {
+                            int ignore_index, float smoothing, FloatBuf dx, float* scale, cudaStream_t stream) {
   if (rows == 0 || n == 0) return;
   REMAT_LAUNCH(cross_entropy_scale_kernel, dim3(1), dim3(kRowsReduceThreads), 0, stream, targets, rows, ignore_index,
                dloss, scale);
@@ -277,7 +301,7 @@ void cross_entropy_backward(float dloss, FloatBuf x, const int32_t* targets, con
   with_types(
       [&](auto px, auto pdx) {
         REMAT_LAUNCH_ROWS_T(cross_entropy_backward_kernel, (decltype(px), decltype(pdx)), rows, n, vec, stream, px,
-                            targets, lse, scale, rows, n, ignore_index, pdx);
+                            targets, lse, scale, smoothing, rows, n, ignore_index, pdx);
       },
       x, dx);
 }

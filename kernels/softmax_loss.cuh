@@ -27,16 +27,20 @@ struct CrossEntropyCheck {
 
 // lse[r] = logsumexp(x[r, :]) for every row; loss[0] = mean over the rows whose target is
 // not ignore_index of lse[r] - x[r, target[r]], summed in double in a fixed order (NaN
-// when every row is ignored). Rows with an out-of-range target are left out of the loss
-// and reported in *check (device memory).
-void cross_entropy_forward(FloatBuf x, const int32_t* targets, int64_t rows, int64_t n, int ignore_index, float* loss,
-                           float* lse, CrossEntropyCheck* check, cudaStream_t stream);
+// when every row is ignored). With label smoothing e > 0 a row's term is lse[r] -
+// (1 - e) x[r, target[r]] - e mean(x[r, :]), the row means written to row_mean ([rows]
+// floats of device memory; unused when e = 0). Rows with an out-of-range target are left
+// out of the loss and reported in *check (device memory).
+void cross_entropy_forward(FloatBuf x, const int32_t* targets, int64_t rows, int64_t n, int ignore_index,
+                           float smoothing, float* loss, float* lse, float* row_mean, CrossEntropyCheck* check,
+                           cudaStream_t stream);
 
-// dx[r, j] = scale * (exp(x[r, j] - lse[r]) - (j == target[r])) with scale = dloss / count
-// (count: rows not ignored); ignored rows get 0. `scale` is one float of device memory for
-// the scale, computed on the device from the targets. dx may be x.
+// dx[r, j] = scale * (exp(x[r, j] - lse[r]) - e / n - (1 - e) (j == target[r])) with
+// scale = dloss / count (count: rows not ignored) and e the label smoothing; ignored rows
+// get 0. `scale` is one float of device memory for the scale, computed on the device from
+// the targets. dx may be x.
 void cross_entropy_backward(float dloss, FloatBuf x, const int32_t* targets, const float* lse, int64_t rows, int64_t n,
-                            int ignore_index, FloatBuf dx, float* scale, cudaStream_t stream);
+                            int ignore_index, float smoothing, FloatBuf dx, float* scale, cudaStream_t stream);
 
 // Adds to counts[0] the rows whose target is not ignore_index, and to counts[1] those of
 // them whose first maximum is the target (as the CPU's sequential scan finds it: a NaN

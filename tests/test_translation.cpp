@@ -123,6 +123,7 @@ std::string nmt_config(const std::string& dir, const std::string& policy, const 
       nlohmann::json::parse(remat::read_file(std::string(REMAT_SOURCE_DIR) + "/tests/configs/nmt_tiny.json"));
   c["data"] = {{"dataset", "translation"}, {"path", corpus_dir()}, {"vocab", 64}};
   c["training"] = {{"batch", 4}, {"steps", 3}, {"policy", policy}, {"log_every", 1}};
+  c["model"]["layers"].back()["label_smoothing"] = 0.1;
   if (tweak == "ignore_index") c["model"]["layers"].back()["ignore_index"] = -100;
   if (tweak == "vocab") c["data"]["vocab"] = 65;
   if (tweak == "input") c["model"]["inputs"][0]["name"] = "input";

@@ -29,7 +29,9 @@ struct CrossEntropy {
   Tensor loss;  // [1]
   Tensor lse;   // [N], saved for backward
 };
-CrossEntropy cross_entropy(Backend& be, const Tensor& logits, const Tensor& targets, int ignore_index = -100);
+// smoothing: label smoothing in [0, 1) (backend_ops.def's cross_entropy_forward).
+CrossEntropy cross_entropy(Backend& be, const Tensor& logits, const Tensor& targets, int ignore_index = -100,
+                           float smoothing = 0.0f);
 
 Tensor conv2d(Backend& be, const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p);
 // Returns dx (undefined if !need_dx); accumulates into dw, db when defined.

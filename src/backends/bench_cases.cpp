@@ -117,16 +117,17 @@ void add_row_cases(std::vector<BenchCase>& cs, int64_t n) {
     targets.shape = Shape{r};
     targets.init = BenchTensor::Init::ids;
     targets.id_range = v;
-    cs.push_back(
-        {"cross_entropy_fwd",
-         dims(r, v),
-         r * v,
-         4.0 * (static_cast<double>(r) * v + 2.0 * r + 1.0),
-         "4 B x (R V + 2 R + 1): logits; targets, lse; loss",
-         {input({r, v}, 1, -4, 4), targets, output({1}), output({r})},
-         [](Backend& be, const std::vector<Tensor>& t) { be.cross_entropy_forward(t[0], t[1], -100, t[2], t[3]); },
-         1e-5,
-         1e-6});
+    cs.push_back({"cross_entropy_fwd",
+                  dims(r, v),
+                  r * v,
+                  4.0 * (static_cast<double>(r) * v + 2.0 * r + 1.0),
+                  "4 B x (R V + 2 R + 1): logits; targets, lse; loss",
+                  {input({r, v}, 1, -4, 4), targets, output({1}), output({r})},
+                  [](Backend& be, const std::vector<Tensor>& t) {
+                    be.cross_entropy_forward(t[0], t[1], -100, 0.0f, t[2], t[3], Tensor());
+                  },
+                  1e-5,
+                  1e-6});
   }
   {
     // the bias gradient of a GPT-2-wide linear layer: db [C] += column sums of dy [R, C]

@@ -72,10 +72,12 @@ Tensor softmax(Backend& be, const Tensor& x, bool log) {
   return y;
 }
 
-CrossEntropy cross_entropy(Backend& be, const Tensor& logits, const Tensor& targets, int ignore_index) {
+CrossEntropy cross_entropy(Backend& be, const Tensor& logits, const Tensor& targets, int ignore_index,
+                           float smoothing) {
   REMAT_CHECK(logits.rank() == 2, "cross_entropy: logits ", logits.str(), ": expected rank 2");
   CrossEntropy r{out(be, Shape{1}, DType::f32), out(be, Shape{logits.size(0)}, DType::f32)};
-  be.cross_entropy_forward(logits, targets, ignore_index, r.loss, r.lse);
+  Tensor ws = workspace(be, be.cross_entropy_forward_workspace(logits.shape(), smoothing));
+  be.cross_entropy_forward(logits, targets, ignore_index, smoothing, r.loss, r.lse, ws);
   return r;
 }
 

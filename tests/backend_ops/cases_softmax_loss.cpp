@@ -185,17 +185,22 @@ Pair targets_with_ignored(OpCheck& t, int64_t rows, int64_t v, const std::vector
 }
 
 // Forward (loss, lse) and backward (dlogits) of one cross-entropy against the CPU.
+// With label smoothing e, the forward's workspace (the row means) is the backend's own.
 void check_cross_entropy(OpCheck& t, const Pair& logits, const Pair& targets, int ignore_index, const Pair& dlogits,
-                         float dloss, double lse_atol, const std::string& what) {
+                         float dloss, double lse_atol, const std::string& what, float smoothing = 0.0f) {
   const int64_t rows = logits.ref.size(0);
   auto loss = t.output({1});
   auto lse = t.output({rows});
-  t.run([&](Backend& be, Side s) { be.cross_entropy_forward(s(logits), s(targets), ignore_index, s(loss), s(lse)); });
+  auto ws = t.output({rows});
+  t.run([&](Backend& be, Side s) {
+    be.cross_entropy_forward(s(logits), s(targets), ignore_index, smoothing, s(loss), s(lse),
+                             smoothing > 0.0f ? s(ws) : Tensor());
+  });
   // lse: a few ulp of its magnitude (see the top); the loss is a mean of lse - x in double.
   t.expect_close(lse, lse_atol, 1e-6, what + " lse");
   t.expect_close(loss, lse_atol, 1e-6, what + " loss");
   t.run([&](Backend& be, Side s) {
-    be.cross_entropy_backward(dloss, s(logits), s(targets), s(lse), ignore_index, s(dlogits));
+    be.cross_entropy_backward(dloss, s(logits), s(targets), s(lse), ignore_index, smoothing, s(dlogits));
   });
   // scale * (p - onehot): a few ulp of p relative, with the 1e-38-vs-0 underflow absolute.
   t.expect_close(dlogits, 1e-9, 1e-5, what + " dlogits");
@@ -214,6 +219,22 @@ REMAT_OP_CASE(softmax_loss, cross_entropy_shapes) {
     auto targets = targets_with_ignored(t, c.rows, c.v, {1, 5, 40}, -100);
     auto dlogits = t.output({c.rows, c.v});
     check_cross_entropy(t, logits, targets, -100, dlogits, 1.0f, 1e-5, what);
+  }
+}
+
+REMAT_OP_CASE(softmax_loss, cross_entropy_label_smoothing) {
+  // The row means on the device (a second reduction of the lse kernel) and the smoothed
+  // gradient, vectorised or not, with ignored rows, against the CPU.
+  struct Case {
+    int64_t rows, v;
+    float eps;
+  };
+  for (const Case& c : {Case{3, 7, 0.1f}, Case{64, 36, 0.25f}, Case{64, 1000, 0.1f}, Case{3, 5003, 0.5f}}) {
+    const std::string what = "cross_entropy smoothing " + std::to_string(c.eps) + " " + shape_name(c.rows, c.v);
+    auto logits = t.uniform({c.rows, c.v}, -4.0f, 4.0f);
+    auto targets = targets_with_ignored(t, c.rows, c.v, {1, 5, 40}, 0);
+    auto dlogits = t.output({c.rows, c.v});
+    check_cross_entropy(t, logits, targets, 0, dlogits, 0.7f, 1e-5, what, c.eps);
   }
 }
 
@@ -275,7 +296,7 @@ REMAT_OP_CASE(softmax_loss, cross_entropy_bad_target) {
   auto lse = t.output({6});
   t.run([&](Backend& be, Side s) {
     try {
-      be.cross_entropy_forward(s(logits), s(targets), -100, s(loss), s(lse));
+      be.cross_entropy_forward(s(logits), s(targets), -100, 0.0f, s(loss), s(lse), Tensor());
       ADD_FAILURE() << "no error on " << be.name();
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("target 9 at row 2 is outside [0, 9)"), std::string::npos)
@@ -378,8 +399,8 @@ REMAT_OP_CASE(softmax_loss, deterministic) {
   t.run([&](Backend& be, Side s) {
     for (int k = 0; k < 2; ++k) {
       be.softmax_forward(s(x), false, s(y[k]));
-      be.cross_entropy_forward(s(x), s(targets), -100, s(loss[k]), s(lse[k]));
-      be.cross_entropy_backward(1.0f, s(x), s(targets), s(lse[k]), -100, s(dx[k]));
+      be.cross_entropy_forward(s(x), s(targets), -100, 0.0f, s(loss[k]), s(lse[k]), Tensor());
+      be.cross_entropy_backward(1.0f, s(x), s(targets), s(lse[k]), -100, 0.0f, s(dx[k]));
     }
   });
   t.expect_equal({y[0].dut, y[1].dut}, "softmax run to run");
@@ -434,8 +455,8 @@ REMAT_OP_CASE(softmax_loss, bf16_cross_entropy_accuracy) {
     auto targets = t.int_values(tg, {rows});
     auto loss = t.output({1}), lse = t.output({rows}), lossf = t.output({1}), lsef = t.output({rows});
     t.run([&](Backend& be, Side s) {
-      be.cross_entropy_forward(s(logits), s(targets), -100, s(loss), s(lse));
-      be.cross_entropy_forward(s(lf), s(targets), -100, s(lossf), s(lsef));
+      be.cross_entropy_forward(s(logits), s(targets), -100, 0.0f, s(loss), s(lse), Tensor());
+      be.cross_entropy_forward(s(lf), s(targets), -100, 0.0f, s(lossf), s(lsef), Tensor());
     });
     t.expect_close(lse, 1e-5, 1e-6, "lse (f32)" + what);
     t.expect_close(loss, 1e-5, 1e-6, "loss (f32)" + what);
@@ -445,10 +466,10 @@ REMAT_OP_CASE(softmax_loss, bf16_cross_entropy_accuracy) {
     auto df = t.output({rows, v});
     auto df_aligned = t.values(std::vector<float>(static_cast<size_t>(rows * v)), {rows, v});
     t.run([&](Backend& be, Side s) {
-      be.cross_entropy_backward(0.7f, s(logits), s(targets), s(lse), -100, s(d));
-      be.cross_entropy_backward(0.7f, s(logits), s(targets), s(lse), -100, s(d_aligned));
-      be.cross_entropy_backward(0.7f, s(lf), s(targets), s(lsef), -100, s(df));
-      be.cross_entropy_backward(0.7f, s(lf), s(targets), s(lsef), -100, s(df_aligned));
+      be.cross_entropy_backward(0.7f, s(logits), s(targets), s(lse), -100, 0.0f, s(d));
+      be.cross_entropy_backward(0.7f, s(logits), s(targets), s(lse), -100, 0.0f, s(d_aligned));
+      be.cross_entropy_backward(0.7f, s(lf), s(targets), s(lsef), -100, 0.0f, s(df));
+      be.cross_entropy_backward(0.7f, s(lf), s(targets), s(lsef), -100, 0.0f, s(df_aligned));
     });
     t.expect_close(d, 1e-9, kBf16Rel, "dlogits" + what);
     t.expect_close(d_aligned, 1e-9, kBf16Rel, "dlogits (aligned)" + what);
@@ -492,12 +513,12 @@ REMAT_OP_CASE(softmax_loss, grad_cross_entropy) {
   auto targets = t.int_values({3, 0, 10, -100, 7}, {n});
   auto loss = t.output({1}), lse = t.output({n}), dlogits = t.output({n, v});
   t.run([&](Backend& be, Side d) {
-    be.cross_entropy_forward(d(logits), d(targets), -100, d(loss), d(lse));
-    be.cross_entropy_backward(1.0f, d(logits), d(targets), d(lse), -100, d(dlogits));
+    be.cross_entropy_forward(d(logits), d(targets), -100, 0.0f, d(loss), d(lse), Tensor());
+    be.cross_entropy_backward(1.0f, d(logits), d(targets), d(lse), -100, 0.0f, d(dlogits));
   });
   auto loss2 = t.output({1}), lse2 = t.output({n});
   t.expect_gradient("cross_entropy", logits, dlogits, [&](Backend& be) {
-    be.cross_entropy_forward(logits.dut, targets.dut, -100, loss2.dut, lse2.dut);
+    be.cross_entropy_forward(logits.dut, targets.dut, -100, 0.0f, loss2.dut, lse2.dut, Tensor());
     return static_cast<double>(loss2.dut.to_vector()[0]);
   });
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -49,15 +50,19 @@ TEST(SoftmaxLoss, SoftmaxGradientsMatchFiniteDifferences) {
 }
 
 TEST(SoftmaxLoss, CrossEntropyMatchesPyTorch) {
-  for (const char* name : {"ce_small", "ce_ignore", "ce_wide"}) {
+  // ce_smooth*: label smoothing (F.cross_entropy's label_smoothing), with ignored rows.
+  for (const char* name : {"ce_small", "ce_ignore", "ce_wide", "ce_smooth", "ce_smooth_wide"}) {
     SCOPED_TRACE(name);
     auto g = load_golden(std::string("basic/") + name);
     const int ignore = static_cast<int>(meta_int(g, "ignore_index"));
+    const float eps = std::string(name).find("smooth") != std::string::npos
+                          ? static_cast<float>(meta_float(g, "label_smoothing"))
+                          : 0.0f;
     Tensor logits = g.tensor("logits"), targets = g.tensor("targets");
-    auto ce = ops::cross_entropy(cpu(), logits, targets, ignore);
+    auto ce = ops::cross_entropy(cpu(), logits, targets, ignore, eps);
     EXPECT_TRUE(all_close(ce.loss, g.tensor("loss"), kRtol, kAtol));
     Tensor dl = Tensor::empty(logits.shape());
-    cpu().cross_entropy_backward(1.0f, logits, targets, ce.lse, ignore, dl);
+    cpu().cross_entropy_backward(1.0f, logits, targets, ce.lse, ignore, eps, dl);
     EXPECT_TRUE(all_close(dl, g.tensor("dlogits"), kRtol, kAtol));
   }
 }
@@ -67,9 +72,21 @@ TEST(SoftmaxLoss, CrossEntropyGradientAndEdgeCases) {
   Tensor targets = Tensor::from_ints({0, 6, -100, 3, 3}, {5});
   auto ce = ops::cross_entropy(cpu(), logits, targets);
   Tensor dl = Tensor::empty(logits.shape());
-  cpu().cross_entropy_backward(2.0f, logits, targets, ce.lse, -100, dl);
+  cpu().cross_entropy_backward(2.0f, logits, targets, ce.lse, -100, 0.0f, dl);
   EXPECT_TRUE(check_gradient("cross_entropy", logits, dl,
                              [&] { return 2.0 * ops::cross_entropy(cpu(), logits, targets).loss.to_vector()[0]; }));
+  // Label smoothing: the gradient of the smoothed loss, by finite differences.
+  auto smooth = ops::cross_entropy(cpu(), logits, targets, -100, 0.2f);
+  cpu().cross_entropy_backward(2.0f, logits, targets, smooth.lse, -100, 0.2f, dl);
+  EXPECT_TRUE(check_gradient("cross_entropy label_smoothing 0.2", logits, dl, [&] {
+    return 2.0 * ops::cross_entropy(cpu(), logits, targets, -100, 0.2f).loss.to_vector()[0];
+  }));
+  // Smoothing 0 is the plain loss, bit for bit.
+  const float plain = ops::cross_entropy(cpu(), logits, targets).loss.to_vector()[0];
+  const float zero = ops::cross_entropy(cpu(), logits, targets, -100, 0.0f).loss.to_vector()[0];
+  EXPECT_EQ(std::memcmp(&plain, &zero, sizeof(float)), 0);
+  EXPECT_REMAT_ERROR(ops::cross_entropy(cpu(), logits, targets, -100, 1.0f), "label smoothing must be in [0, 1)");
+  EXPECT_REMAT_ERROR(ops::cross_entropy(cpu(), logits, targets, -100, -0.1f), "label smoothing must be in [0, 1)");
   // All rows ignored: NaN like PyTorch; gradient zero.
   Tensor none = Tensor::from_ints({-100, -100}, {2});
   Tensor l2 = random_tensor({2, 3}, 18);
@@ -124,9 +141,9 @@ TEST(SoftmaxLoss, Bf16SoftmaxAndCrossEntropyMatchPyTorch) {
   Tensor x = bf16_in(f, "x"), dx = bf16_empty(x.shape());
   Tensor loss = Tensor::empty(Shape{1}), lse = Tensor::empty(Shape{x.size(0)});
   const Tensor& targets = f.tensor("targets");
-  cpu().cross_entropy_forward(x, targets, -100, loss, lse);
+  cpu().cross_entropy_forward(x, targets, -100, 0.0f, loss, lse, Tensor());
   expect_bf16_golden(f, "y", loss, 0.01, 2);  // remat's loss is f32; PyTorch's bf16 loss is rounded
-  cpu().cross_entropy_backward(1.0f, x, targets, lse, -100, dx);
+  cpu().cross_entropy_backward(1.0f, x, targets, lse, -100, 0.0f, dx);
   expect_bf16_golden(f, "dx", dx, 0, 4);
 }
 
@@ -146,12 +163,12 @@ TEST(SoftmaxLoss, Bf16AreTheRoundedFp32Ops) {
   Tensor targets = Tensor::from_ints(t, Shape{n});
   Tensor lf = Tensor::empty(Shape{1}), lh = Tensor::empty(Shape{1}), sf = Tensor::empty(Shape{n}),
          sh = Tensor::empty(Shape{n});
-  cpu().cross_entropy_forward(x.f, targets, -100, lf, sf);
-  cpu().cross_entropy_forward(x.h, targets, -100, lh, sh);
+  cpu().cross_entropy_forward(x.f, targets, -100, 0.0f, lf, sf, Tensor());
+  cpu().cross_entropy_forward(x.h, targets, -100, 0.0f, lh, sh, Tensor());
   EXPECT_EQ(lf.to_vector(), lh.to_vector());
   EXPECT_EQ(sf.to_vector(), sh.to_vector());
-  cpu().cross_entropy_backward(1.0f, x.f, targets, sf, -100, dx.f);
-  cpu().cross_entropy_backward(1.0f, x.h, targets, sh, -100, dx.h);
+  cpu().cross_entropy_backward(1.0f, x.f, targets, sf, -100, 0.0f, dx.f);
+  cpu().cross_entropy_backward(1.0f, x.h, targets, sh, -100, 0.0f, dx.h);
   expect_rounded(dx, "cross_entropy_backward");
   EXPECT_EQ(cpu().accuracy(x.f, targets, -100, nullptr), cpu().accuracy(x.h, targets, -100, nullptr));
 }
@@ -165,11 +182,13 @@ TEST(SoftmaxLoss, Bf16StatisticsMustBeF32) {
   Tensor st32 = Tensor::empty(Shape{4}), st16 = Tensor::empty(Shape{4}, Device::cpu(), DType::bf16);
   Tensor targets = Tensor::from_ints({0, 1, 2, 3}, Shape{4});
   Tensor loss16 = Tensor::empty(Shape{1}, Device::cpu(), DType::bf16), loss32 = Tensor::empty(Shape{1});
-  expect_statistics_error(error_of([&] { cpu().cross_entropy_forward(x.h, targets, -100, loss16, st32); }),
-                          "cross_entropy_forward", "loss");
-  expect_statistics_error(error_of([&] { cpu().cross_entropy_forward(x.h, targets, -100, loss32, st16); }),
-                          "cross_entropy_forward", "lse");
-  expect_statistics_error(error_of([&] { cpu().cross_entropy_backward(1.0f, x.h, targets, st16, -100, y.h); }),
+  expect_statistics_error(
+      error_of([&] { cpu().cross_entropy_forward(x.h, targets, -100, 0.0f, loss16, st32, Tensor()); }),
+      "cross_entropy_forward", "loss");
+  expect_statistics_error(
+      error_of([&] { cpu().cross_entropy_forward(x.h, targets, -100, 0.0f, loss32, st16, Tensor()); }),
+      "cross_entropy_forward", "lse");
+  expect_statistics_error(error_of([&] { cpu().cross_entropy_backward(1.0f, x.h, targets, st16, -100, 0.0f, y.h); }),
                           "cross_entropy_backward", "lse");
 }
 

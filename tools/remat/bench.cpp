@@ -217,7 +217,7 @@ void add_softmax_loss_embedding_cases(Backend& be, std::vector<Case>& cs) {
                   return [&be, x, tg] {
                     auto r = ops::cross_entropy(be, *x, *tg);
                     Tensor dx = Tensor::empty(x->shape());
-                    be.cross_entropy_backward(1.0f, *x, *tg, r.lse, -100, dx);
+                    be.cross_entropy_backward(1.0f, *x, *tg, r.lse, -100, 0.0f, dx);
                   };
                 }});
   cs.push_back({"embedding_16x256_v50257_c256", 0, [&be] {

@@ -18,9 +18,10 @@ size_t conv2d_backward_workspace(const Shape& x, const Shape& w, const Conv2dPar
 size_t attention_forward_workspace(const Shape& qkv, const AttentionParams& p);  // attention.cpp
 size_t attention_backward_workspace(const Shape& qkv, const AttentionParams& p);
 size_t flash_attention_backward_workspace(const Shape& xq, const Shape& xkv,
-                                          const FlashAttentionParams& p);  // flash_attention.cpp
-size_t layernorm_backward_workspace(const Shape& x);                       // layernorm.cpp: 0 (sums in place)
-size_t embedding_backward_workspace(const Shape& dy);                      // embedding.cpp: 0 (channel blocks in place)
+                                          const FlashAttentionParams& p);      // flash_attention.cpp
+size_t layernorm_backward_workspace(const Shape& x);                           // layernorm.cpp: 0 (sums in place)
+size_t cross_entropy_forward_workspace(const Shape& logits, float smoothing);  // softmax_loss.cpp: the row means
+size_t embedding_backward_workspace(const Shape& dy);  // embedding.cpp: 0 (channel blocks in place)
 }  // namespace cpu
 
 class CpuBackend final : public Backend {

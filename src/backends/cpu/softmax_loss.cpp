@@ -124,11 +124,21 @@ void CpuBackend::softmax_backward_impl(const Tensor& dy, const Tensor& y, bool l
   });
 }
 
+size_t cpu::cross_entropy_forward_workspace(const Shape& logits, float smoothing) {
+  return smoothing > 0.0f ? static_cast<size_t>(logits[0]) * sizeof(float) : 0;
+}
+
+size_t CpuBackend::cross_entropy_forward_workspace_impl(const Shape& logits, float smoothing) {
+  return cpu::cross_entropy_forward_workspace(logits, smoothing);
+}
+
 void CpuBackend::cross_entropy_forward_impl(const Tensor& logits, const Tensor& targets, int ignore_index,
-                                            const Tensor& loss, const Tensor& lse) {
+                                            float smoothing, const Tensor& loss, const Tensor& lse,
+                                            const Tensor& workspace) {
   const int64_t n = logits.size(0), v = logits.size(1);
   const int32_t* pt = targets.i32();
   float* plse = lse.f32();
+  float* mean = smoothing > 0.0f ? workspace.f32() : nullptr;  // label smoothing: the row means
   for (int64_t r = 0; r < n; ++r) {
     if (pt[r] != ignore_index && (pt[r] < 0 || pt[r] >= v))
       REMAT_THROW("cross_entropy_forward: target ", pt[r], " at row ", r, " is outside [0, ", v, ") for logits ",
@@ -140,27 +150,37 @@ void CpuBackend::cross_entropy_forward_impl(const Tensor& logits, const Tensor& 
       const float* xr = rx.row(r, v);
       const float m = row_max(xr, v);
       plse[r] = m + std::log(row_sum_exp(xr, v, m, nullptr));
+      if (mean) mean[r] = row_sum(xr, v) / static_cast<float>(v);
     }
   });
   double total = 0.0;
   int64_t count = 0;
   cpu::F32Reader rx(logits, 0);
+  const double keep = 1.0 - static_cast<double>(smoothing);
   for (int64_t r = 0; r < n; ++r) {
     if (pt[r] == ignore_index) continue;
-    total += static_cast<double>(plse[r]) - static_cast<double>(*rx.get(r * v + pt[r], 1));
+    const double xt = static_cast<double>(*rx.get(r * v + pt[r], 1));
+    if (mean)
+      total += static_cast<double>(plse[r]) - keep * xt - static_cast<double>(smoothing) * static_cast<double>(mean[r]);
+    else
+      total += static_cast<double>(plse[r]) - xt;
     ++count;
   }
   loss.f32()[0] = count == 0 ? std::numeric_limits<float>::quiet_NaN() : static_cast<float>(total / count);
 }
 
 void CpuBackend::cross_entropy_backward_impl(float dloss, const Tensor& logits, const Tensor& targets,
-                                             const Tensor& lse, int ignore_index, const Tensor& dlogits) {
+                                             const Tensor& lse, int ignore_index, float smoothing,
+                                             const Tensor& dlogits) {
   const int64_t n = logits.size(0), v = logits.size(1);
   const float* plse = lse.f32();
   const int32_t* pt = targets.i32();
   int64_t count = 0;
   for (int64_t r = 0; r < n; ++r) count += pt[r] != ignore_index;
   const float scale = count == 0 ? 0.0f : dloss / static_cast<float>(count);
+  // Label smoothing: every column's target share e / V, the target's 1 - e on top (with
+  // e = 0, s_all is 0 and s_target the scale: the plain cross-entropy's bits).
+  const float s_all = scale * (smoothing / static_cast<float>(v)), s_target = scale * (1.0f - smoothing);
   cpu::parallel_for(n, kRowGrain, [&](int64_t r0, int64_t r1) {
     cpu::F32Reader rx(logits, 0);
     cpu::F32Writer wd(dlogits, 2);
@@ -171,8 +191,8 @@ void CpuBackend::cross_entropy_backward_impl(float dloss, const Tensor& logits, 
       } else {
         const float* xr = rx.row(r, v);
         const float l = plse[r];
-        for (int64_t j = 0; j < v; ++j) dr[j] = scale * cpu::vexp(xr[j] - l);
-        dr[pt[r]] -= scale;
+        for (int64_t j = 0; j < v; ++j) dr[j] = scale * cpu::vexp(xr[j] - l) - s_all;
+        dr[pt[r]] -= s_target;
       }
       wd.put();
     }

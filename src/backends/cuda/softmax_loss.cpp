@@ -30,12 +30,18 @@ void CudaBackend::softmax_backward_impl(const Tensor& dy, const Tensor& y, bool 
   kernels::softmax_backward(fbuf(dy), fbuf(y), rows_of(y), y.size(-1), log, fbuf(dx), stream());
 }
 
+size_t CudaBackend::cross_entropy_forward_workspace_impl(const Shape& logits, float smoothing) {
+  return smoothing > 0.0f ? static_cast<size_t>(logits[0]) * sizeof(float) : 0;  // the row means, as on the CPU
+}
+
 void CudaBackend::cross_entropy_forward_impl(const Tensor& logits, const Tensor& targets, int ignore_index,
-                                             const Tensor& loss, const Tensor& lse) {
+                                             float smoothing, const Tensor& loss, const Tensor& lse,
+                                             const Tensor& workspace) {
   const int64_t n = logits.size(0), v = logits.size(1);
   auto* check = static_cast<kernels::CrossEntropyCheck*>(scratch());
-  kernels::cross_entropy_forward(fbuf(logits), targets.i32(), n, v, ignore_index, loss.f32(), lse.f32(), check,
-                                 stream());
+  float* row_mean = smoothing > 0.0f ? static_cast<float*>(workspace.raw_data()) : nullptr;
+  kernels::cross_entropy_forward(fbuf(logits), targets.i32(), n, v, ignore_index, smoothing, loss.f32(), lse.f32(),
+                                 row_mean, check, stream());
   // Checked on the host: no value above V - 1, and every value below 0 is ignore_index
   // (then it is the least value, and the next one up is not negative).
   const Storage::IntRange* known = targets.storage()->int_range();
@@ -48,9 +54,10 @@ void CudaBackend::cross_entropy_forward_impl(const Tensor& logits, const Tensor&
 }
 
 void CudaBackend::cross_entropy_backward_impl(float dloss, const Tensor& logits, const Tensor& targets,
-                                              const Tensor& lse, int ignore_index, const Tensor& dlogits) {
+                                              const Tensor& lse, int ignore_index, float smoothing,
+                                              const Tensor& dlogits) {
   kernels::cross_entropy_backward(dloss, fbuf(logits), targets.i32(), lse.f32(), logits.size(0), logits.size(1),
-                                  ignore_index, fbuf(dlogits), static_cast<float*>(scratch()), stream());
+                                  ignore_index, smoothing, fbuf(dlogits), static_cast<float*>(scratch()), stream());
 }
 
 int64_t CudaBackend::accuracy_impl(const Tensor& logits, const Tensor& targets, int ignore_index, int64_t* counted) {

@@ -38,6 +38,9 @@ struct CpuWorkspaces {
     return cpu::flash_attention_backward_workspace(xq, xkv, p);
   }
   static size_t layernorm_backward_workspace(const Shape& x) { return cpu::layernorm_backward_workspace(x); }
+  static size_t cross_entropy_forward_workspace(const Shape& logits, float smoothing) {
+    return cpu::cross_entropy_forward_workspace(logits, smoothing);
+  }
   static size_t embedding_backward_workspace(const Shape& dy) { return cpu::embedding_backward_workspace(dy); }
 };
 

@@ -21,8 +21,21 @@ void check_softmax_backward(const Check& base, const Tensor& dy, const Tensor& y
   ck.same_shape("dx", dx, "y", y);
 }
 
+namespace {
+void check_smoothing(const Check& ck, float smoothing) {
+  if (!(smoothing >= 0.0f && smoothing < 1.0f))
+    ck.fail("label smoothing must be in [0, 1), got " + std::to_string(smoothing));
+}
+}  // namespace
+
+void check_cross_entropy_forward_workspace(const Check& ck, const Shape& logits, float smoothing) {
+  if (logits.rank() != 2) ck.fail("logits " + logits.str() + " must have rank 2");
+  check_smoothing(ck, smoothing);
+}
+
 void check_cross_entropy_forward(const Check& ck, const Tensor& logits, const Tensor& targets, int /*ignore_index*/,
-                                 const Tensor& loss, const Tensor& lse) {
+                                 float smoothing, const Tensor& loss, const Tensor& lse, const Tensor& workspace) {
+  check_smoothing(ck, smoothing);
   ck.tensor("logits", logits);
   ck.tensor("targets", targets, DType::i32);
   ck.rank("logits", logits, 2);
@@ -31,10 +44,12 @@ void check_cross_entropy_forward(const Check& ck, const Tensor& logits, const Te
   ck.shape("loss", loss, Shape{1});
   ck.statistics("lse", lse);
   ck.shape("lse", lse, Shape{logits.size(0)});
+  ck.workspace(workspace, ck.be->cross_entropy_forward_workspace(logits.shape(), smoothing));
 }
 
 void check_cross_entropy_backward(const Check& ck, float /*dloss*/, const Tensor& logits, const Tensor& targets,
-                                  const Tensor& lse, int /*ignore_index*/, const Tensor& dlogits) {
+                                  const Tensor& lse, int /*ignore_index*/, float smoothing, const Tensor& dlogits) {
+  check_smoothing(ck, smoothing);
   ck.tensor("logits", logits);
   ck.tensor("targets", targets, DType::i32);
   ck.rank("logits", logits, 2);

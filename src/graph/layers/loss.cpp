@@ -1,6 +1,7 @@
 // Loss layers: the last layer of a model, a scalar [1] that backward starts from.
 // cross_entropy: the mean over non-ignored rows of -log softmax(logits)[target], over logits
-// [..., classes] and i32 targets (class ids) of the same number of rows.
+// [..., classes] and i32 targets (class ids) of the same number of rows; with
+// label_smoothing e, of -sum_j q_j log softmax(logits)_j for q = (1 - e) onehot + e / classes.
 #include "graph/layers/layer_util.h"
 
 namespace remat {
@@ -13,7 +14,10 @@ class CrossEntropyLoss final : public Layer {
  public:
   bool runs_in_bf16() const override { return true; }
   explicit CrossEntropyLoss(ConfigReader& r)
-      : ignore_(static_cast<int>(r.int_or("ignore_index", -100, -(int64_t{1} << 31), (int64_t{1} << 31) - 1))) {}
+      : ignore_(static_cast<int>(r.int_or("ignore_index", -100, -(int64_t{1} << 31), (int64_t{1} << 31) - 1))),
+        smoothing_(static_cast<float>(r.number_or("label_smoothing", 0.0, 0.0, 1.0))) {
+    if (!(smoothing_ < 1.0f)) r.fail("label_smoothing", "must be below 1 (1 would ignore the targets)");
+  }
   LayerKind kind() const override { return LayerKind::loss; }
   bool input_differentiable(int i) const override { return i == 0; }
   DType input_dtype(int k) const override { return k == 1 ? DType::i32 : DType::f32; }
@@ -32,13 +36,14 @@ class CrossEntropyLoss final : public Layer {
   double forward_flops() const override { return 4.0 * n_ * v_; }
   double backward_flops() const override { return 3.0 * n_ * v_; }
   void forward(ForwardContext& c) const override {
-    auto r = ops::cross_entropy(c.be, c.in[0].view(Shape{n_, v_}), c.in[1].view(Shape{n_}), ignore_);
+    auto r = ops::cross_entropy(c.be, c.in[0].view(Shape{n_, v_}), c.in[1].view(Shape{n_}), ignore_, smoothing_);
     c.out = r.loss;
     c.extras = {r.lse};
   }
   void backward(BackwardContext& c) const override {
     Tensor dl = Tensor::empty(Shape{n_, v_}, c.be.device(), activation_dtype());
-    c.be.cross_entropy_backward(1.0f, c.in[0].view(Shape{n_, v_}), c.in[1].view(Shape{n_}), c.extras[0], ignore_, dl);
+    c.be.cross_entropy_backward(1.0f, c.in[0].view(Shape{n_, v_}), c.in[1].view(Shape{n_}), c.extras[0], ignore_,
+                                smoothing_, dl);
     c.din = {dl.view(c.in[0].shape()), Tensor()};
   }
   std::vector<int> backward_inputs() const override { return {0, 1}; }
@@ -46,6 +51,7 @@ class CrossEntropyLoss final : public Layer {
 
  private:
   int ignore_;
+  float smoothing_;
   int64_t v_ = 0, n_ = 0;
 };
 

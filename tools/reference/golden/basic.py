@@ -133,3 +133,19 @@ def cases():
     torch.manual_seed(2)
     yield "silu", _grad_case(lambda x: F.silu(x), {"x": _rand(3, 37, scale=6.0)}), {}
     yield "mul", _grad_case(lambda a, b: a * b, {"a": _rand(2, 9, scale=2.0), "b": _rand(2, 9, scale=2.0)}), {}
+
+    # Label-smoothed cross-entropy (translation models), with and without ignored rows. Last,
+    # from a seed of their own, so that the cases above keep their values.
+    torch.manual_seed(3)
+    g3 = torch.Generator().manual_seed(3)
+    for name, (n, v, ignore, eps) in {"ce_smooth": (9, 13, 3, 0.1), "ce_smooth_wide": (4, 257, -100, 0.25)}.items():
+        logits = _rand(n, v, scale=3.0)
+        targets = torch.randint(0, v, (n,), generator=g3)
+        if ignore >= 0:
+            targets[1] = ignore
+            targets[4] = ignore
+        lg = logits.clone().requires_grad_(True)
+        loss = F.cross_entropy(lg, targets, ignore_index=ignore, label_smoothing=eps)
+        loss.backward()
+        yield name, {"logits": logits, "targets": targets.int(), "loss": loss.detach().reshape(1),
+                     "dlogits": lg.grad}, {"ignore_index": ignore, "label_smoothing": eps}
