@@ -4,7 +4,11 @@
 // plain ones), the errors a mismatched corpus and config give, and greedy decoding against
 // a teacher-forced forward.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
 
 #include <cstring>
 #include <filesystem>
@@ -262,6 +266,7 @@ TEST(Translation, CheckpointedStepsOnACorpusAreBitwiseThePlainOnes) {
     o.quiet = true;
     const remat::TrainResult r = remat::train(o);
     ASSERT_EQ(r.losses.size(), 3u) << policy;
+    EXPECT_GE(r.valid_bleu, 0.0) << policy << ": the run's end scores the valid split";
     for (float l : r.losses) EXPECT_TRUE(std::isfinite(l) && l > 0) << policy;
     if (plain.empty())
       plain = r.losses;
@@ -321,4 +326,49 @@ TEST(Translation, GreedyDecodingAgreesWithATeacherForcedForward) {
       EXPECT_EQ(best, t < hyp.size() ? hyp[t] : remat::Tokenizer::kEos) << "source " << i << " position " << t;
     }
   }
+}
+
+// The commands as a user runs them: remat corpus, remat train on that corpus, remat
+// translate of the test split (translations on stdout, BLEU and the copy baseline on
+// stderr) and of a file; bad input named.
+TEST(Translation, CorpusTrainAndTranslateCommands) {
+  if (!remat::have_sentencepiece()) GTEST_SKIP() << "built without SentencePiece";
+  const std::string dir = tmp_dir("cli");
+  const std::string mo = dir + "/synthetic.mo";
+  remat::write_file_atomic(mo, make_mo(synthetic_messages(), true));
+  auto run = [&](const std::string& args, const std::string& out) {
+    const int status = std::system((std::string(REMAT_CLI) + " " + args + " > " + out + " 2>&1").c_str());
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  ASSERT_EQ(run("corpus --catalog " + mo + " --vocab 64 --out " + dir + "/corpus", dir + "/corpus.txt"), 0)
+      << remat::read_file(dir + "/corpus.txt");
+  EXPECT_NE(remat::read_file(dir + "/corpus.txt").find(" train, "), std::string::npos);
+  nlohmann::json c = nlohmann::json::parse(remat::read_file(nmt_config(dir, "sqrt")));
+  c["data"]["path"] = dir + "/corpus";
+  remat::write_file_atomic(dir + "/nmt.json", c.dump());
+  ASSERT_EQ(run("train " + dir + "/nmt.json --device cpu --out " + dir + "/run", dir + "/train.txt"), 0)
+      << remat::read_file(dir + "/train.txt");
+  const std::string train = remat::read_file(dir + "/train.txt");
+  EXPECT_NE(train.find("valid BLEU = "), std::string::npos) << train;
+  EXPECT_NE(remat::read_file(dir + "/run/metrics.jsonl").find("\"valid_bleu\""), std::string::npos);
+
+  ASSERT_EQ(run("translate " + dir + "/run --max 5 --device cpu", dir + "/translate.txt"), 0)
+      << remat::read_file(dir + "/translate.txt");
+  const std::string tr = remat::read_file(dir + "/translate.txt");
+  EXPECT_NE(tr.find("BLEU = "), std::string::npos) << tr;
+  EXPECT_NE(tr.find("copy-the-source baseline: BLEU = "), std::string::npos) << tr;
+  EXPECT_NE(tr.find("5 sentences of the test split"), std::string::npos) << tr;
+
+  remat::write_file_atomic(dir + "/in.txt", "too many warning\nfile error\n");
+  ASSERT_EQ(run("translate " + dir + "/run --input " + dir + "/in.txt --output " + dir + "/out.txt --device cpu",
+                dir + "/file.txt"),
+            0)
+      << remat::read_file(dir + "/file.txt");
+  const std::string out = remat::read_file(dir + "/out.txt");
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 2) << out;
+  EXPECT_EQ(remat::read_file(dir + "/file.txt").find("BLEU"), std::string::npos);
+
+  EXPECT_EQ(run("translate " + dir + " --device cpu", dir + "/bad.txt"), 1);
+  EXPECT_NE(remat::read_file(dir + "/bad.txt").find("not a run folder (no config.json)"), std::string::npos);
+  EXPECT_EQ(run("corpus --vocab 10 --out " + dir + "/c2", dir + "/bad2.txt"), 2);
 }

@@ -74,6 +74,7 @@ struct TrainResult {
   int64_t host_peak_bytes = 0;  // the pinned host pool's peak (the plan offloads: POLICY+offload)
   std::string policy;           // the plan the run trained under (a budget: "budget:SIZE -> plan")
   std::string precision;        // fp32 or bf16
+  double valid_bleu = -1.0;     // a translation run: greedy BLEU on its valid split's first pairs (-1: none)
 };
 
 // A training run in named phases (tiny-cuda-nn's Trainer is the model):
@@ -112,6 +113,7 @@ class Trainer {
   void open_run_folder();
   void write_memory_page();
   void log_step(const StepStats& st, double lr, double ms, const MemoryStats& mem);
+  void translation_bleu();  // a translation run's end: greedy BLEU on valid pairs
 
   std::unique_ptr<State> s_;
 };

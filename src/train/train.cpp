@@ -22,6 +22,7 @@
 #include "remat/philox.h"
 #include "remat/profile.h"
 #include "remat/train.h"
+#include "remat/translate.h"
 #include "train/grad_reduce.h"
 #include "train/run_data.h"
 
@@ -747,12 +748,37 @@ TrainResult Trainer::run() {
   if (s.step > s.first) {
     evaluate();
     checkpoint();
+    if (s.data.translation) translation_bleu();
   }
   if (can_sample && tc.sample_length > 0) {
     s.result.sample = sample(tc.sample_length, tc.seed + 7);
     if (!s.opt.quiet) std::printf("sample:\n%s\n", s.result.sample.c_str());
   }
   return s.result;
+}
+
+// A translation run's end: greedy translations of the first kBleuPairs pairs of the valid
+// split, scored with corpus BLEU (remat translate scores a whole split).
+void Trainer::translation_bleu() {
+  constexpr int64_t kBleuPairs = 256;
+  State& s = *s_;
+  const TranslationSplit& valid = s.data.translation->valid;
+  const auto n = static_cast<size_t>(std::min<int64_t>(valid.size(), kBleuPairs));
+  const std::vector<std::vector<int32_t>> sources(valid.source.begin(), valid.source.begin() + n);
+  ActivationDTypeScope precision(s.params.precision());
+  std::vector<std::string> hyps, refs;
+  for (const auto& ids : greedy_decode(s.eval_graph, s.params, s.be, sources))
+    hyps.push_back(s.data.translation->tokenizer.decode(ids));
+  for (size_t i = 0; i < n; ++i) refs.push_back(valid.pairs[i].target);
+  const BleuScore b = corpus_bleu(hyps, refs);
+  s.result.valid_bleu = b.score;
+  s.write_metrics({{"step", s.step}, {"valid_bleu", b.score}, {"valid_bleu_pairs", n}});
+  if (!s.opt.quiet) {
+    std::printf("valid %s (greedy, the first %zu pairs)\n", b.describe().c_str(), n);
+    for (size_t i = 0; i < std::min<size_t>(n, 3); ++i)
+      std::printf("  %s\n  -> %s\n", valid.pairs[i].source.c_str(), hyps[i].c_str());
+    std::fflush(stdout);
+  }
 }
 
 TrainResult train(const TrainOptions& o) { return Trainer(o).run(); }
