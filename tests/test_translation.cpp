@@ -372,3 +372,48 @@ TEST(Translation, CorpusTrainAndTranslateCommands) {
   EXPECT_NE(remat::read_file(dir + "/bad.txt").find("not a run folder (no config.json)"), std::string::npos);
   EXPECT_EQ(run("corpus --vocab 10 --out " + dir + "/c2", dir + "/bad2.txt"), 2);
 }
+
+// Beam search of width 1 is greedy decoding (two implementations, one answer), and the
+// log-probability a beam hypothesis carries is the one a teacher-forced forward gives it.
+TEST(Translation, BeamSearchScoresItsHypothesesAsTheModelDoes) {
+  if (!remat::have_sentencepiece()) GTEST_SKIP() << "built without SentencePiece";
+  const std::string dir = tmp_dir("beam");
+  const remat::Config cfg = remat::load_config(nmt_config(dir, "none"));
+  remat::TranslationData data = remat::load_translation_data(corpus_dir(), 64, false);
+  data.fit(10, 8);
+  const remat::Graph g = remat::build_graph(cfg.model, 6, cfg.source, {{"vocab", 64}});
+  remat::Backend& be = remat::backend_for(remat::Device::cpu());
+  remat::ParamStore params(g, remat::Device::cpu(), 11);
+  std::vector<std::vector<int32_t>> sources;
+  for (int i = 0; i < 5; ++i) sources.push_back(data.train.source[static_cast<size_t>(i)]);
+  const auto greedy = remat::greedy_decode(g, params, be, sources);
+  const auto beam1 = remat::beam_decode(g, params, be, sources, 1);
+  for (size_t i = 0; i < sources.size(); ++i) EXPECT_EQ(beam1[i].tokens, greedy[i]) << "source " << i;
+
+  const auto beam3 = remat::beam_decode(g, params, be, sources, 3, 1.0);
+  remat::Executor ex(g, params, be, remat::make_plan(g, "none"));
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const auto& h = beam3[i];
+    ASSERT_LE(h.tokens.size(), 8u);
+    remat::TranslationSplit one;
+    one.pairs = {{"s", "t"}};
+    one.source = {sources[i]};
+    one.target = {std::vector<int32_t>(h.tokens.begin(), h.tokens.begin() + std::min<size_t>(h.tokens.size(), 7))};
+    const remat::Batch b = remat::translation_batch(one, std::vector<int64_t>(6, 0), 10, 8, remat::Device::cpu());
+    float loss = 0;
+    const std::vector<float> logits = ex.evaluate(b, &loss).to_vector();
+    double lp = 0;
+    const size_t steps = std::min<size_t>(h.tokens.size() + 1, 8);  // the pieces and </s> (unless cut at T)
+    for (size_t t = 0; t < steps; ++t) {
+      const float* row = logits.data() + t * 64;
+      double m = row[0], s = 0;
+      for (int v = 1; v < 64; ++v) m = std::max(m, static_cast<double>(row[v]));
+      for (int v = 0; v < 64; ++v) s += std::exp(row[v] - m);
+      const int32_t want = t < h.tokens.size() ? h.tokens[t] : remat::Tokenizer::kEos;
+      lp += row[want] - m - std::log(s);
+    }
+    EXPECT_NEAR(h.log_prob, lp, 1e-6 * std::max(1.0, std::abs(lp))) << "source " << i;
+    EXPECT_LE(h.log_prob, 0.0);
+  }
+  EXPECT_REMAT_ERROR(remat::beam_decode(g, params, be, sources, 7), "needs a batch of at least");
+}

@@ -23,6 +23,25 @@ namespace remat {
 std::vector<std::vector<int32_t>> greedy_decode(const Graph& g, ParamStore& params, Backend& be,
                                                 const std::vector<std::vector<int32_t>>& sources);
 
+// A decoded target: its pieces (no </s>) and its log-probability under the model, the sum
+// over its pieces and the </s> that ended it (none when it ran to the target length).
+struct Hypothesis {
+  std::vector<int32_t> tokens;
+  double log_prob = 0;
+};
+
+// Beam search with `beam` hypotheses per source (standard, as fairseq's): at each position
+// every live hypothesis is extended by every piece, the `beam` best extensions by summed
+// log-probability (ties: the earlier hypothesis, then the lower id) stay live, an
+// extension by </s> is finished instead; a source is done with `beam` finished ones (or at
+// the target length, where the live ones finish). The result is the finished hypothesis
+// with the best log_prob / length^length_penalty (length: pieces + </s>). Each position
+// runs the model once over B / beam sources' hypotheses (B: g's batch, at least `beam`).
+// beam 1 picks what greedy_decode picks.
+std::vector<Hypothesis> beam_decode(const Graph& g, ParamStore& params, Backend& be,
+                                    const std::vector<std::vector<int32_t>>& sources, int64_t beam,
+                                    double length_penalty = 1.0);
+
 struct TranslateOptions {
   std::string run;             // a run folder: its config.json and checkpoint
   std::string split = "test";  // the corpus split translated and scored (train | valid | test)
@@ -31,6 +50,8 @@ struct TranslateOptions {
   std::string device = "auto";
   std::optional<int64_t> batch;  // sentences a batch; unset: the run's training.batch
   int64_t max_sentences = 0;     // 0: all
+  int64_t beam = 1;              // 1: greedy; more: beam search (beam_decode)
+  double length_penalty = 1.0;   // beam search: scores divided by length^length_penalty
   bool quiet = false;
 };
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -76,11 +77,149 @@ std::vector<std::vector<int32_t>> greedy_decode(const Graph& g, ParamStore& para
   return out;
 }
 
+namespace {
+
+// The model's inputs for rows of (source, target prefix): sources padded with </s> and
+// <pad>, targets <s> + prefix + <pad>; labels any valid id (the loss is not read).
+struct DecodeRows {
+  int64_t B, S, T;
+  std::vector<int32_t> src, len, tgt;
+  DecodeRows(int64_t b, int64_t s, int64_t t)
+      : B(b),
+        S(s),
+        T(t),
+        src(static_cast<size_t>(b * s)),
+        len(static_cast<size_t>(b)),
+        tgt(static_cast<size_t>(b * t)) {}
+  void set_source(int64_t r, const std::vector<int32_t>& s) {
+    REMAT_CHECK(static_cast<int64_t>(s.size()) < S, "decoding: a source of ", s.size(),
+                " pieces does not fit the model's ", S, " (with </s>)");
+    std::fill(src.begin() + r * S, src.begin() + (r + 1) * S, Tokenizer::kPad);
+    std::copy(s.begin(), s.end(), src.begin() + r * S);
+    src[static_cast<size_t>(r * S) + s.size()] = Tokenizer::kEos;
+    len[static_cast<size_t>(r)] = static_cast<int32_t>(s.size() + 1);
+  }
+  void set_prefix(int64_t r, const std::vector<int32_t>& p) {
+    std::fill(tgt.begin() + r * T, tgt.begin() + (r + 1) * T, Tokenizer::kPad);
+    tgt[static_cast<size_t>(r * T)] = Tokenizer::kBos;
+    std::copy(p.begin(), p.begin() + std::min<int64_t>(static_cast<int64_t>(p.size()), T - 1), tgt.begin() + r * T + 1);
+  }
+  Batch batch(Device dev) const {
+    auto put = [&](const std::vector<int32_t>& v, const Shape& s) { return Tensor::from_ints(v, s).to(dev); };
+    Batch b;
+    b.set(kSourceName, put(src, Shape{B, S}));
+    b.set(kSourceLengthName, put(len, Shape{B}));
+    b.set(kTargetInName, put(tgt, Shape{B, T}));
+    b.set(kTargetsName, put(std::vector<int32_t>(static_cast<size_t>(B * T), Tokenizer::kEos), Shape{B, T}));
+    return b;
+  }
+};
+
+// log softmax of one row, in double.
+std::vector<double> log_softmax_row(const std::vector<float>& x) {
+  const double m = *std::max_element(x.begin(), x.end());
+  double s = 0;
+  for (float v : x) s += std::exp(static_cast<double>(v) - m);
+  const double lse = m + std::log(s);
+  std::vector<double> out(x.size());
+  for (size_t j = 0; j < x.size(); ++j) out[j] = static_cast<double>(x[j]) - lse;
+  return out;
+}
+
+}  // namespace
+
+std::vector<Hypothesis> beam_decode(const Graph& g, ParamStore& params, Backend& be,
+                                    const std::vector<std::vector<int32_t>>& sources, int64_t beam,
+                                    double length_penalty) {
+  const int64_t B = g.batch, S = g.layer(g.require_input(kSourceName, "beam search")).out_shape[1];
+  const int64_t T = g.layer(g.require_input(kTargetInName, "beam search")).out_shape[1];
+  const int64_t V = g.layer(g.logits_id).out_shape[-1];
+  REMAT_CHECK(beam >= 1 && beam <= B, "beam search: a beam of ", beam, " needs a batch of at least as many rows (the ",
+              "batch is ", B, ")");
+  const int64_t per = B / beam;  // sources a forward
+  Executor ex(g, params, be, make_plan(g, "none"));
+  TagScope scope(MemoryCategory::activation, "decode", Phase::forward);
+  std::vector<Hypothesis> result(sources.size());
+  auto normalised = [&](const Hypothesis& h, size_t length) {
+    return h.log_prob / std::pow(static_cast<double>(length), length_penalty);
+  };
+  for (size_t first = 0; first < sources.size(); first += static_cast<size_t>(per)) {
+    const auto n = static_cast<int64_t>(std::min(sources.size() - first, static_cast<size_t>(per)));
+    DecodeRows rows(B, S, T);
+    for (int64_t r = 0; r < B; ++r) {
+      const int64_t i = r / beam < n ? r / beam : 0;  // rows past the sources: copies of the first
+      rows.set_source(r, sources[first + static_cast<size_t>(i)]);
+      rows.set_prefix(r, {});
+    }
+    std::vector<std::vector<Hypothesis>> live(static_cast<size_t>(n), std::vector<Hypothesis>(1));
+    std::vector<std::vector<std::pair<Hypothesis, double>>> done(static_cast<size_t>(n));  // with normalised scores
+    for (int64_t t = 0; t < T; ++t) {
+      bool any = false;
+      for (int64_t i = 0; i < n; ++i) {
+        const auto& lv = live[static_cast<size_t>(i)];
+        for (size_t k = 0; k < lv.size(); ++k) rows.set_prefix(i * beam + static_cast<int64_t>(k), lv[k].tokens);
+        any = any || !lv.empty();
+      }
+      if (!any) break;
+      float loss = 0;
+      const Tensor logits = ex.evaluate(rows.batch(be.device()), &loss);
+      for (int64_t i = 0; i < n; ++i) {
+        auto& lv = live[static_cast<size_t>(i)];
+        auto& fin = done[static_cast<size_t>(i)];
+        if (lv.empty()) continue;
+        struct Candidate {
+          double score;
+          size_t k;
+          int32_t v;
+        };
+        std::vector<Candidate> cands;
+        cands.reserve(lv.size() * static_cast<size_t>(V));
+        for (size_t k = 0; k < lv.size(); ++k) {
+          const int64_t r = i * beam + static_cast<int64_t>(k);
+          const std::vector<double> lp = log_softmax_row(logits.view_at((r * T + t) * V, Shape{V}).to_vector());
+          for (int64_t v = 0; v < V; ++v)
+            cands.push_back({lv[k].log_prob + lp[static_cast<size_t>(v)], k, static_cast<int32_t>(v)});
+        }
+        const size_t keep = std::min(cands.size(), static_cast<size_t>(2 * beam));
+        std::partial_sort(cands.begin(), cands.begin() + static_cast<std::ptrdiff_t>(keep), cands.end(),
+                          [](const Candidate& a, const Candidate& b) {
+                            if (a.score != b.score) return a.score > b.score;
+                            return a.k != b.k ? a.k < b.k : a.v < b.v;
+                          });
+        std::vector<Hypothesis> next;
+        for (size_t c = 0;
+             c < keep && static_cast<int64_t>(next.size()) < beam && static_cast<int64_t>(fin.size()) < beam; ++c) {
+          Hypothesis h{lv[cands[c].k].tokens, cands[c].score};
+          if (cands[c].v == Tokenizer::kEos) {
+            const size_t length = h.tokens.size() + 1;
+            fin.emplace_back(h, normalised(h, length));
+          } else {
+            h.tokens.push_back(cands[c].v);
+            next.push_back(std::move(h));
+          }
+        }
+        lv = static_cast<int64_t>(fin.size()) >= beam ? std::vector<Hypothesis>{} : std::move(next);
+        if (t == T - 1)  // at the target length: the live hypotheses finish as they are
+          for (Hypothesis& h : lv) fin.emplace_back(h, normalised(h, h.tokens.size()));
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const auto& fin = done[static_cast<size_t>(i)];
+      size_t best = 0;
+      for (size_t k = 1; k < fin.size(); ++k)
+        if (fin[k].second > fin[best].second) best = k;
+      if (!fin.empty()) result[first + static_cast<size_t>(i)] = fin[best].first;
+    }
+  }
+  return result;
+}
+
 TranslateResult translate(const TranslateOptions& o) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point t0 = Clock::now();
   REMAT_CHECK(o.max_sentences >= 0, "--max ", o.max_sentences, ": must be 0 (all) or more");
   REMAT_CHECK(!o.batch || *o.batch > 0, "--batch ", o.batch.value_or(0), ": must be positive");
+  REMAT_CHECK(o.beam >= 1, "--beam ", o.beam, ": must be positive");
   const fs::path run(o.run);
   if (!fs::exists(run / "config.json"))
     REMAT_THROW(o.run, ": not a run folder (no config.json); pass the --out folder of `remat train`");
@@ -140,12 +279,18 @@ TranslateResult translate(const TranslateOptions& o) {
   ParamStore params(g, dev, cfg.training.seed, /*initialise=*/false);
   const InitFromReport init = init_from(o.run, cfg, params, false);
   if (!o.quiet) {
-    std::fprintf(stderr, "remat translate %s: %zu sentences%s on %s, batch %lld, greedy\n", o.run.c_str(),
-                 sources.size(), o.input.empty() ? (" of the " + o.split + " split").c_str() : "", dev.str().c_str(),
-                 static_cast<long long>(batch));
+    const std::string how = o.beam <= 1 ? "greedy" : "beam " + std::to_string(o.beam);
+    std::fprintf(stderr, "remat translate %s: %zu sentences%s on %s, batch %lld, %s\n", o.run.c_str(), sources.size(),
+                 o.input.empty() ? (" of the " + o.split + " split").c_str() : "", dev.str().c_str(),
+                 static_cast<long long>(batch), how.c_str());
     std::fprintf(stderr, "%s\n", init.describe().c_str());
   }
-  for (const auto& ids : greedy_decode(g, params, be, sources)) res.hypotheses.push_back(data.tokenizer.decode(ids));
+  if (o.beam <= 1) {
+    for (const auto& ids : greedy_decode(g, params, be, sources)) res.hypotheses.push_back(data.tokenizer.decode(ids));
+  } else {
+    for (const Hypothesis& h : beam_decode(g, params, be, sources, o.beam, o.length_penalty))
+      res.hypotheses.push_back(data.tokenizer.decode(h.tokens));
+  }
   if (!res.references.empty()) {
     res.bleu = corpus_bleu(res.hypotheses, res.references);
     res.copy_bleu = corpus_bleu(res.sources, res.references);

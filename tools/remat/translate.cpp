@@ -49,6 +49,12 @@ Runner add_translate_command(CLI::App& app) {
   cmd->add_option("--batch", opt->batch, "Sentences a batch (default: the run's training.batch)")->check(positive());
   cmd->add_option("--max", opt->max_sentences, "Translate at most this many sentences (default: all)")
       ->check(non_negative("0 (all) or more"));
+  cmd->add_option("--beam", opt->beam, "Beam search with this many hypotheses a source (default 1: greedy)")
+      ->check(positive());
+  cmd->add_option("--length-penalty", opt->length_penalty,
+                  "Beam search: a hypothesis's log-probability is divided by its length to this power")
+      ->default_val(1.0)
+      ->check(CLI::Range(0.0, 10.0));
   cmd->add_flag("--quiet", opt->quiet, "Only the translations (and the score)");
   return [cmd, opt]() -> int {
     if (!cmd->parsed()) return -1;
