@@ -219,6 +219,29 @@ TEST(Cli, ErrorsShowNoSourcePathsOrCheckText) {
   fs::remove_all(dir);
 }
 
+// A data path that does not exist is named with where it was set (the config's field or
+// --data) before anything is loaded; it said only "cannot open PATH".
+TEST(Cli, AMissingDataPathNamesTheConfigAndField) {
+  const std::string dir = tmp_dir("missing_data");
+  fs::create_directories(dir);
+  std::ofstream(dir + "/text.json") << R"({"name": "t", "model": {
+    "input": {"type": "tokens", "seq_len": 8}, "layers": [
+      {"type": "embedding", "vocab": "$vocab", "dim": 8}, {"type": "linear", "out_features": "$vocab"}]},
+    "data": {"dataset": "text", "path": ")" +
+                                           dir + R"(/nope.txt"}, "training": {"batch": 4, "steps": 1}})";
+  const Result r = run("train " + dir + "/text.json --device cpu");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.output,
+            "remat: error: " + dir + "/text.json: /data/path: " + dir + "/nope.txt: no such file or folder\n");
+  const Result d = run("train " + dir + "/text.json --device cpu --data " + dir + "/other");
+  EXPECT_EQ(d.output, "remat: error: --data: " + dir + "/other: no such file or folder\n");
+  const Result f =
+      run("train " + std::string(REMAT_SOURCE_DIR) + "/models/fashion_cnn.json --device cpu --data " + dir + "/fm");
+  EXPECT_TRUE(contains(f.output, "--data: " + dir + "/fm: no such file or folder (a folder of the four Fashion-MNIST"))
+      << f.output;
+  fs::remove_all(dir);
+}
+
 // `remat --version` prints the version CMake sets; `--quiet` keeps the final summary line
 // (it printed nothing at all).
 TEST(Cli, VersionAndQuietSummary) {

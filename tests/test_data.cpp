@@ -559,6 +559,42 @@ TEST(Text, CorpusDirectoryConcatenatesSortedFiles) {
   EXPECT_EQ(remat::default_text_corpus_dir(), "/usr/share/games/fortunes");
 }
 
+// A program or an image in a text folder was read as text and trained on; now it is refused,
+// naming the file (a NUL byte marks it: text has none).
+TEST(Text, BinaryFilesAreRefusedNamingTheFile) {
+  TempDir dir("corpus_binary");
+  dir.write("a.txt", "some text\n");
+  const char elf[] = {'\x7f', 'E', 'L', 'F', '\x02', '\x01', '\x01', '\0', '\0', '\0'};
+  dir.write("program", std::string(elf, sizeof elf));
+  EXPECT_REMAT_ERROR(remat::load_text_corpus(dir.path().string()),
+                     dir.file("program") + ": a binary file, not text (a NUL byte at offset 7)");
+  EXPECT_REMAT_ERROR(remat::load_text(dir.file("program")), "a binary file, not text");
+  dir.write("z.gz", gzip(std::string("text\0more", 9)));
+  EXPECT_REMAT_ERROR(remat::load_text(dir.file("z.gz")), "a NUL byte at offset 4");
+}
+
+// Samples of a byte-level model are printed through printable_text: a terminal never gets
+// raw control bytes or malformed UTF-8.
+TEST(Text, PrintableTextReplacesControlBytesAndMalformedUtf8) {
+  const std::string r = "\xEF\xBF\xBD";
+  EXPECT_EQ(remat::printable_text("plain\ttext\n"), "plain\ttext\n");
+  EXPECT_EQ(remat::printable_text("Gr\xC3\xB6\xC3\x9F"
+                                  "e \xE2\x82\xAC \xF0\x9F\x98\x80"),
+            "Gr\xC3\xB6\xC3\x9F"
+            "e \xE2\x82\xAC \xF0\x9F\x98\x80");
+  EXPECT_EQ(remat::printable_text("a\x1b[31mb"), "a" + r + "[31mb");  // an escape sequence
+  EXPECT_EQ(remat::printable_text("\x07\r\x7f"), r + r + r);          // bell, CR, DEL
+  EXPECT_EQ(remat::printable_text("x\xC3"), "x" + r);                 // cut short
+  EXPECT_EQ(remat::printable_text("\xC0\xAF"), r + r);                // overlong '/'
+  EXPECT_EQ(remat::printable_text("\xED\xA0\x80"), r + r + r);        // a surrogate
+  EXPECT_EQ(remat::printable_text("\xC2\x85"), r);                    // C1 control NEL
+  EXPECT_TRUE(
+      remat::is_valid_utf8("Gr\xC3\xB6\xC3\x9F"
+                           "e"));
+  EXPECT_FALSE(remat::is_valid_utf8("\xFF"));
+  EXPECT_FALSE(remat::is_valid_utf8("\xF4\x90\x80\x80"));  // past U+10FFFF
+}
+
 TEST(Text, FortunesIfInstalled) {
   const std::string dir = remat::default_text_corpus_dir();
   if (!fs::is_directory(dir)) GTEST_SKIP() << "no text corpus in " << dir << " (Debian package fortunes)";

@@ -62,7 +62,12 @@ struct TextDataset {
   // Ids of `text`; bytes not in the vocabulary are an error.
   std::vector<int32_t> encode(const std::string& text) const;
 };
-TextDataset load_text(const std::string& path);  // raw or gzip
+TextDataset load_text(const std::string& path);  // raw or gzip; a file with a NUL byte is refused as binary
+// Whether `s` is well-formed UTF-8 (no overlong forms, no surrogates, nothing past U+10FFFF).
+bool is_valid_utf8(const std::string& s);
+// `bytes` as a terminal may show them: well-formed UTF-8 kept, newlines and tabs kept, every
+// other control byte and every byte of a malformed sequence replaced by U+FFFD.
+std::string printable_text(const std::string& bytes);
 TextDataset text_from_string(const std::string& text, const std::string& source = "<string>");
 // Default corpus for character models: the fortune files of Debian's `fortunes` package
 // (concatenated in sorted path order), or an error naming the package.

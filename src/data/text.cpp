@@ -39,7 +39,37 @@ std::string read_text_file(const std::string& path) {
   if (detail::is_gzip(bytes)) bytes = detail::gunzip(bytes, kMaxTextBytes, path);
   if (bytes.size() > kMaxTextBytes)
     REMAT_THROW(path, ": ", bytes.size(), " bytes of text exceed the limit of ", detail::describe_bytes(kMaxTextBytes));
+  // Text has no NUL bytes; programs, images and archives almost always do.
+  if (const size_t nul = bytes.find('\0'); nul != std::string::npos)
+    REMAT_THROW(path, ": a binary file, not text (a NUL byte at offset ", nul,
+                "); a text data set reads text files only (remove it from the folder)");
   return bytes;
+}
+
+// The length of the well-formed UTF-8 sequence at s[i], 0 if there is none.
+size_t utf8_sequence_at(const std::string& s, size_t i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  if (c < 0x80) return 1;
+  size_t len = 0;
+  uint32_t cp = 0;
+  if ((c & 0xE0) == 0xC0) {
+    len = 2, cp = c & 0x1Fu;
+  } else if ((c & 0xF0) == 0xE0) {
+    len = 3, cp = c & 0x0Fu;
+  } else if ((c & 0xF8) == 0xF0) {
+    len = 4, cp = c & 0x07u;
+  } else {
+    return 0;
+  }
+  if (i + len > s.size()) return 0;
+  for (size_t k = 1; k < len; ++k) {
+    const auto d = static_cast<unsigned char>(s[i + k]);
+    if ((d & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (d & 0x3Fu);
+  }
+  static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+  return len;
 }
 
 }  // namespace
@@ -84,6 +114,40 @@ TextDataset text_from_string(const std::string& text, const std::string& source)
 }
 
 TextDataset load_text(const std::string& path) { return text_from_string(read_text_file(path), path); }
+
+bool is_valid_utf8(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = utf8_sequence_at(s, i);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
+std::string printable_text(const std::string& bytes) {
+  static const std::string kReplacement = "\xEF\xBF\xBD";  // U+FFFD
+  std::string out;
+  out.reserve(bytes.size());
+  for (size_t i = 0; i < bytes.size();) {
+    const auto c = static_cast<unsigned char>(bytes[i]);
+    const size_t n = utf8_sequence_at(bytes, i);
+    const bool control = (c < 0x20 && c != '\n' && c != '\t') || c == 0x7F;
+    if (n == 0 || control) {
+      out += kReplacement;
+      ++i;
+      continue;
+    }
+    // C1 controls (U+0080..U+009F) are as unprintable as C0 ones.
+    if (n == 2 && c == 0xC2 && static_cast<unsigned char>(bytes[i + 1]) < 0xA0) {
+      out += kReplacement;
+      i += 2;
+      continue;
+    }
+    out.append(bytes, i, n);
+    i += n;
+  }
+  return out;
+}
 
 std::string default_text_corpus_dir() {
   const char* env = std::getenv("REMAT_TEXT_CORPUS");

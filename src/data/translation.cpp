@@ -45,39 +45,6 @@ uint64_t fnv1a(const std::string& s) {
   return h;
 }
 
-// Whether `s` is well-formed UTF-8 (no overlong forms, no surrogates, at most U+10FFFF).
-bool valid_utf8(const std::string& s) {
-  size_t i = 0;
-  const size_t n = s.size();
-  while (i < n) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    int len = 0;
-    uint32_t cp = 0;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c & 0xE0) == 0xC0) {
-      len = 2, cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      len = 3, cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      len = 4, cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (i + static_cast<size_t>(len) > n) return false;
-    for (int k = 1; k < len; ++k) {
-      const auto d = static_cast<unsigned char>(s[i + static_cast<size_t>(k)]);
-      if ((d & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (d & 0x3F);
-    }
-    static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += static_cast<size_t>(len);
-  }
-  return true;
-}
-
 // Whitespace runs (spaces, tabs, newlines) become one space; the ends are trimmed.
 std::string collapse_space(const std::string& s) {
   std::string out;
@@ -121,7 +88,7 @@ std::vector<ParallelPair> read_tsv(const std::string& path) {
     const size_t tab = line.find('\t');
     if (tab == std::string::npos || line.find('\t', tab + 1) != std::string::npos || tab == 0 || tab + 1 == line.size())
       REMAT_THROW(path, ":", n, ": expected \"source<TAB>target\" (two non-empty fields)");
-    if (!valid_utf8(line)) REMAT_THROW(path, ":", n, ": not valid UTF-8");
+    if (!is_valid_utf8(line)) REMAT_THROW(path, ":", n, ": not valid UTF-8");
     pairs.push_back({line.substr(0, tab), line.substr(tab + 1)});
   }
   return pairs;
@@ -176,7 +143,7 @@ std::vector<ParallelPair> read_mo_catalog(const std::string& path) {
     if (const size_t ctx = id.find('\x04'); ctx != std::string::npos) id = id.substr(ctx + 1);
     id = id.substr(0, id.find('\0'));  // plural entries: "singular\0plural"
     text = text.substr(0, text.find('\0'));
-    if (!valid_utf8(id) || !valid_utf8(text)) REMAT_THROW(path, ": message ", i, " is not valid UTF-8");
+    if (!is_valid_utf8(id) || !is_valid_utf8(text)) REMAT_THROW(path, ": message ", i, " is not valid UTF-8");
     out.push_back({std::move(id), std::move(text)});
   }
   return out;

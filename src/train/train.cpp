@@ -68,6 +68,20 @@ Device resolve_device(const std::string& name, const dist::Comm& comm) {
   return d;
 }
 
+// A data path that does not exist, named with where it was set (`where`: the config and
+// field, or --data) before anything is loaded; token shard patterns are matched later.
+void check_data_path(const Config& cfg, const std::string& where) {
+  const std::string& p = cfg.data.path;
+  if (p.empty() || cfg.data.dataset.rfind("synthetic", 0) == 0) return;
+  if (cfg.data.dataset == "token_shards" && p.find_first_of("*?[") != std::string::npos) return;
+  std::error_code ec;
+  if (fs::exists(p, ec)) return;
+  std::string hint;
+  if (cfg.data.dataset == "translation") hint = " (build a corpus there with `remat corpus --out " + p + "`)";
+  if (cfg.data.dataset == "fashion_mnist") hint = " (a folder of the four Fashion-MNIST IDX files)";
+  REMAT_THROW(where, ": ", p, ": no such file or folder", hint);
+}
+
 // The config with the command line's overrides applied.
 Config resolve_config(const TrainOptions& o) {
   Config cfg = load_config(o.config, o.dataset);
@@ -99,6 +113,7 @@ Config resolve_config(const TrainOptions& o) {
   REMAT_CHECK(o.reduce == "ordered" || o.reduce == "fast", "--reduce ", o.reduce, ": expected ordered or fast");
   if (o.seed) cfg.training.seed = static_cast<uint64_t>(*o.seed);
   if (!o.data_path.empty()) cfg.data.path = o.data_path;
+  check_data_path(cfg, o.data_path.empty() ? o.config + ": /data/path" : std::string("--data"));
   return cfg;
 }
 
@@ -738,7 +753,7 @@ TrainResult Trainer::run() {
     if (tc.checkpoint_every > 0 && s.step % tc.checkpoint_every == 0 && !last) checkpoint();
     if (can_sample && tc.sample_every > 0 && s.step % tc.sample_every == 0 && !last && !s.opt.quiet)
       std::printf("sample at step %lld:\n%s\n", static_cast<long long>(s.step),
-                  sample(tc.sample_length, tc.seed + 7 + static_cast<uint64_t>(s.step)).c_str());
+                  printable_text(sample(tc.sample_length, tc.seed + 7 + static_cast<uint64_t>(s.step))).c_str());
   }
   s.result.steps = s.step;
   s.result.ranks = s.comm.size();
@@ -752,7 +767,7 @@ TrainResult Trainer::run() {
   }
   if (can_sample && tc.sample_length > 0) {
     s.result.sample = sample(tc.sample_length, tc.seed + 7);
-    if (!s.opt.quiet) std::printf("sample:\n%s\n", s.result.sample.c_str());
+    if (!s.opt.quiet) std::printf("sample:\n%s\n", printable_text(s.result.sample).c_str());
   }
   return s.result;
 }
