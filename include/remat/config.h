@@ -70,7 +70,8 @@ struct DataConfig {
   std::string dataset = "fashion_mnist";  // fashion_mnist | text | synthetic_images | synthetic_text | token_shards
   std::string path;                       // folder (fashion_mnist, text corpus, shards), file or glob (shards)
   int64_t synthetic_size = 2048;          // samples (images) or tokens (text) for synthetic sets
-  int64_t vocab = 32;  // synthetic_text vocabulary; token_shards: $vocab (default kGpt2Vocab); translation: the tokenizer's
+  int64_t vocab =
+      32;  // synthetic_text vocabulary; token_shards: $vocab (default kGpt2Vocab); translation: the tokenizer's
   std::vector<int64_t> image_shape{1, 28, 28};
   int64_t classes = 10;
   double eval_fraction = 0.1;  // text: share of the tokens held out for evaluation

@@ -40,7 +40,7 @@ struct CorpusOptions {
   std::vector<std::string> catalogs;  // empty: default_corpus_catalogs()
   std::string out_dir;
   int64_t vocab = kDefaultTokenizerVocab;  // the tokenizer's vocabulary, special pieces included
-  uint64_t seed = 1;                  // SentencePiece's random seed
+  uint64_t seed = 1;                       // SentencePiece's random seed
   bool quiet = false;
 };
 
