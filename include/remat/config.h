@@ -67,11 +67,12 @@ constexpr int64_t kGpt2Vocab = 50257;  // GPT-2's tokenizer: the default vocabul
 constexpr int64_t kTranslationVocab = 4000;
 
 struct DataConfig {
-  std::string dataset = "fashion_mnist";  // fashion_mnist | text | synthetic_images | synthetic_text | token_shards
-  std::string path;                       // folder (fashion_mnist, text corpus, shards), file or glob (shards)
-  int64_t synthetic_size = 2048;          // samples (images) or tokens (text) for synthetic sets
-  int64_t vocab =
-      32;  // synthetic_text vocabulary; token_shards: $vocab (default kGpt2Vocab); translation: the tokenizer's
+  // fashion_mnist | text | synthetic_images | synthetic_text | token_shards | translation
+  std::string dataset = "fashion_mnist";
+  std::string path;               // folder (fashion_mnist, text corpus, shards), file or glob (shards)
+  int64_t synthetic_size = 2048;  // samples (images) or tokens (text) for synthetic sets
+  // synthetic_text: the vocabulary; token_shards: $vocab (kGpt2Vocab); translation: the tokenizer's size
+  int64_t vocab = 32;
   std::vector<int64_t> image_shape{1, 28, 28};
   int64_t classes = 10;
   double eval_fraction = 0.1;  // text: share of the tokens held out for evaluation
