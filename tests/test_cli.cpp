@@ -259,7 +259,7 @@ TEST(Cli, VersionAndQuietSummary) {
   // "policy from the config").
   EXPECT_TRUE(contains(loud.output, "2 steps on cpu in fp32\n")) << loud.output;
   const Result bf16 = run("train " + kTiny + " --device cpu --steps 1 --precision bf16 --policy every:2");
-  EXPECT_TRUE(contains(bf16.output, "1 steps on cpu in bf16\n")) << bf16.output;
+  EXPECT_TRUE(contains(bf16.output, "1 step on cpu in bf16\n")) << bf16.output;
   EXPECT_TRUE(contains(bf16.output, "memory at the peak of a training step (policy every:2, bf16):")) << bf16.output;
   // An offloading run reports the pinned host tier beside the device's.
   const Result offload = run("train " + kTiny + " --device cuda-emu --steps 1 --policy none+offload");

@@ -238,6 +238,24 @@ TEST(Translation, CorpusRefusesToReplaceAFolderThatIsNoCorpus) {
   o.quiet = true;
   EXPECT_REMAT_ERROR(remat::build_translation_corpus(o), "is not a corpus folder");
   EXPECT_TRUE(fs::exists(dir + "/precious.txt"));
+  // A folder name with a space and a comma, given with a trailing slash: the temporary
+  // folder is its sibling, and building again replaces the corpus.
+  const std::string odd = dir + "/with space, comma/";
+  o.out_dir = odd;
+  for (int round = 0; round < 2; ++round) {
+    remat::build_translation_corpus(o);
+    EXPECT_TRUE(fs::exists(odd + "manifest.json")) << round;
+    EXPECT_TRUE(fs::exists(odd + "tokenizer.model")) << round;
+    for (const auto& e : fs::directory_iterator(dir))
+      EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+    for (const auto& e : fs::directory_iterator(odd))
+      EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+  }
+  // The data set's first use keeps a corpus another process finished meanwhile.
+  const auto before = fs::last_write_time(odd + "manifest.json");
+  o.replace = false;
+  remat::build_translation_corpus(o);
+  EXPECT_EQ(fs::last_write_time(odd + "manifest.json"), before);
   EXPECT_REMAT_ERROR(remat::load_translation_data(dir, 64, false), "remat corpus --out");
 }
 

@@ -1,5 +1,5 @@
-// `remat translate`: greedy decoding with a trained encoder-decoder (a translation run),
-// scored with corpus BLEU against the references of a corpus split.
+// `remat translate`: greedy decoding or beam search with a trained encoder-decoder (a
+// translation run), scored with corpus BLEU against the references of a corpus split.
 #pragma once
 
 #include <cstdint>
@@ -30,14 +30,15 @@ struct Hypothesis {
   double log_prob = 0;
 };
 
-// Beam search with `beam` hypotheses per source (standard, as fairseq's): at each position
-// every live hypothesis is extended by every piece, the `beam` best extensions by summed
-// log-probability (ties: the earlier hypothesis, then the lower id) stay live, an
-// extension by </s> is finished instead; a source is done with `beam` finished ones (or at
-// the target length, where the live ones finish). The result is the finished hypothesis
-// with the best log_prob / length^length_penalty (length: pieces + </s>). Each position
-// runs the model once over B / beam sources' hypotheses (B: g's batch, at least `beam`).
-// beam 1 picks what greedy_decode picks.
+// Beam search with `beam` hypotheses per source (as fairseq's, but for the end): at each
+// position every live hypothesis is extended by every piece; of the 2 beam best extensions
+// by summed log-probability (ties: the earlier hypothesis, then the lower id), an
+// extension by </s> among the first `beam` finishes, the others stay live until `beam` are;
+// a source is done with `beam` finished ones. At the target length the live ones finish
+// as they are, without a </s> (fairseq forces one and scores it). The result is the
+// finished hypothesis with the best log_prob / length^length_penalty (length: pieces, plus
+// one for the </s> when there is one). Each position runs the model once over B / beam
+// sources' hypotheses (B: g's batch, at least `beam`). beam 1 picks what greedy_decode picks.
 std::vector<Hypothesis> beam_decode(const Graph& g, ParamStore& params, Backend& be,
                                     const std::vector<std::vector<int32_t>>& sources, int64_t beam,
                                     double length_penalty = 1.0);

@@ -6,8 +6,8 @@
 // The corpus folder holds train.tsv, valid.tsv and test.tsv (one "source<TAB>target" pair a
 // line, UTF-8), tokenizer.model (SentencePiece, shared by both languages: <pad> 0, <unk> 1,
 // <s> 2, </s> 3) and manifest.json (the catalogs read, every count, the licence). It is
-// written whole into a temporary folder and renamed into place, so a crash never leaves
-// half a corpus.
+// written whole into a temporary folder beside it and renamed into place, so a crash leaves
+// the old corpus, the new one or none (and a stale DIR.tmp-PID folder), never half of one.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +41,9 @@ struct CorpusOptions {
   std::string out_dir;
   int64_t vocab = kDefaultTokenizerVocab;  // the tokenizer's vocabulary, special pieces included
   uint64_t seed = 1;                       // SentencePiece's random seed
+  // An existing corpus at out_dir: replaced (remat corpus), or kept when another process
+  // built it meanwhile (the data set's first use, where several ranks may build at once).
+  bool replace = true;
   bool quiet = false;
 };
 

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <unordered_map>
 
 #include <nlohmann/json.hpp>
 
@@ -174,6 +175,49 @@ std::string CorpusSummary::describe() const {
 
 // ---- the tokenizer ---------------------------------------------------------------------------------
 
+namespace {
+
+// Standard error sent to /dev/null for a scope (restored however the scope ends).
+class QuietStderr {
+ public:
+  QuietStderr() {
+    std::fflush(stderr);
+    saved_ = ::dup(2);
+    const int null = ::open("/dev/null", O_WRONLY);
+    if (saved_ >= 0 && null >= 0) ::dup2(null, 2);
+    if (null >= 0) ::close(null);
+  }
+  ~QuietStderr() {
+    if (saved_ < 0) return;
+    std::fflush(stderr);
+    ::dup2(saved_, 2);
+    ::close(saved_);
+  }
+  QuietStderr(const QuietStderr&) = delete;
+  QuietStderr& operator=(const QuietStderr&) = delete;
+
+ private:
+  int saved_ = -1;
+};
+
+#ifdef REMAT_WITH_SENTENCEPIECE
+// The training lines, one sentence each, for the trainer.
+class LinesIterator final : public sentencepiece::SentenceIterator {
+ public:
+  explicit LinesIterator(const std::vector<std::string>& lines) : lines_(lines) {}
+  bool done() const override { return i_ >= lines_.size(); }
+  void Next() override { ++i_; }
+  const std::string& value() const override { return lines_[i_]; }
+  sentencepiece::util::Status status() const override { return {}; }
+
+ private:
+  const std::vector<std::string>& lines_;
+  size_t i_ = 0;
+};
+#endif
+
+}  // namespace
+
 bool have_sentencepiece() {
 #ifdef REMAT_WITH_SENTENCEPIECE
   return true;
@@ -306,7 +350,11 @@ CorpusSummary build_translation_corpus(const CorpusOptions& o) {
               " catalogs: too few to train on");
 
   // Everything goes into a fresh folder beside out_dir, renamed into place at the end.
-  const fs::path out(o.out_dir);
+  // `out` without a trailing slash, so that the temporary folder is its sibling.
+  fs::path out = fs::path(o.out_dir).lexically_normal();
+  if (out.filename().empty()) out = out.parent_path();
+  if (fs::exists(out) && !fs::exists(out / "manifest.json"))
+    REMAT_THROW(out.string(), " exists and is not a corpus folder (no manifest.json): choose another --out");
   if (out.has_parent_path()) fs::create_directories(out.parent_path());
   const fs::path tmp = out.string() + ".tmp-" + std::to_string(::getpid());
   fs::remove_all(tmp);
@@ -324,38 +372,41 @@ CorpusSummary build_translation_corpus(const CorpusOptions& o) {
     for (const ParallelPair& p : split[s]) text += p.source + "\t" + p.target + "\n";
     write_file_atomic((tmp / (std::string(kSplits[s]) + ".tsv")).string(), text);
   }
-  // The tokenizer learns from both sides of the training split only.
-  {
-    std::string lines;
-    for (const ParallelPair& p : split[0]) lines += p.source + "\n" + p.target + "\n";
-    write_file_atomic((tmp / "tokenizer_input.txt").string(), lines);
-  }
 #ifdef REMAT_WITH_SENTENCEPIECE
   if (!o.quiet) {
     std::printf("remat corpus: training the tokenizer (SentencePiece unigram, %lld pieces) on %lld pairs\n",
                 static_cast<long long>(o.vocab), static_cast<long long>(sum.train));
     std::fflush(stdout);
   }
-  // One thread and a fixed seed: the same pieces on every machine. Characters all covered
-  // (German umlauts and the catalogs' punctuation are rare but real).
-  const std::string args = "--input=" + (tmp / "tokenizer_input.txt").string() +
-                           " --model_prefix=" + (tmp / "tokenizer").string() +
-                           " --vocab_size=" + std::to_string(o.vocab) +
-                           " --model_type=unigram --character_coverage=1.0 --pad_id=0 --unk_id=1 --bos_id=2 --eos_id=3"
-                           " --num_threads=1 --minloglevel=2";
+  // The tokenizer learns from both sides of the training split only, fed from memory (no
+  // file names on its command line, which splits them at spaces and commas). One thread
+  // and a fixed seed: the same pieces on every machine. Characters all covered (German
+  // umlauts and the catalogs' punctuation are rare but real).
+  std::vector<std::string> lines;
+  for (const ParallelPair& p : split[0]) {
+    lines.push_back(p.source);
+    lines.push_back(p.target);
+  }
+  LinesIterator it(lines);
+  const std::unordered_map<std::string, std::string> kwargs = {{"vocab_size", std::to_string(o.vocab)},
+                                                               {"model_type", "unigram"},
+                                                               {"character_coverage", "1.0"},
+                                                               {"pad_id", "0"},
+                                                               {"unk_id", "1"},
+                                                               {"bos_id", "2"},
+                                                               {"eos_id", "3"},
+                                                               {"num_threads", "1"},
+                                                               {"minloglevel", "2"}};
   sentencepiece::SetRandomGeneratorSeed(static_cast<unsigned>(o.seed));
-  // The trainer logs its command line to stderr before it reads --minloglevel: silenced
-  // for the call (its errors come back in the status).
-  std::fflush(stderr);
-  const int saved = ::dup(2), null = ::open("/dev/null", O_WRONLY);
-  if (saved >= 0 && null >= 0) ::dup2(null, 2);
-  const auto st = sentencepiece::SentencePieceTrainer::Train(args);
-  if (saved >= 0 && null >= 0) ::dup2(saved, 2);
-  if (saved >= 0) ::close(saved);
-  if (null >= 0) ::close(null);
+  std::string model;
+  sentencepiece::util::Status st;
+  {
+    const QuietStderr quiet;  // the trainer logs its settings before it reads minloglevel
+    st = sentencepiece::SentencePieceTrainer::Train(kwargs, &it, &model);
+  }
   if (!st.ok()) REMAT_THROW("remat corpus: the tokenizer did not train: ", st.ToString());
+  write_file_atomic((tmp / "tokenizer.model").string(), model);
 #endif
-  fs::remove(tmp / "tokenizer_input.txt");
   sum.vocab = o.vocab;
   nlohmann::json m = {
       {"format", kFormat},
@@ -381,11 +432,18 @@ CorpusSummary build_translation_corpus(const CorpusOptions& o) {
         {"special", {{"pad", 0}, {"unk", 1}, {"bos", 2}, {"eos", 3}}}}}};
   write_file_atomic((tmp / "manifest.json").string(), m.dump(2) + "\n");
   if (fs::exists(out)) {
+    if (!o.replace && fs::exists(out / "manifest.json")) return sum;  // another process built it meanwhile
     if (!fs::exists(out / "manifest.json"))
       REMAT_THROW(out.string(), " exists and is not a corpus folder (no manifest.json): choose another --out");
     fs::remove_all(out);
   }
-  fs::rename(tmp, out);
+  std::error_code ec;
+  fs::rename(tmp, out, ec);
+  if (ec) {
+    // Another process's corpus took the name between the check and the rename: keep it.
+    if (!o.replace && fs::exists(out / "manifest.json")) return sum;
+    REMAT_THROW(out.string(), ": cannot move the new corpus into place: ", ec.message());
+  }
   cleanup.armed = false;
   return sum;
 }
@@ -403,6 +461,7 @@ TranslationData load_translation_data(const std::string& dir, int64_t vocab, boo
     CorpusOptions o;
     o.out_dir = dir;
     o.vocab = vocab;
+    o.replace = false;  // several processes (ranks) may build it at once: the first one's stays
     const CorpusSummary s = build_translation_corpus(o);
     std::printf("data: %s\n", s.describe().c_str());
   }
@@ -412,8 +471,11 @@ TranslationData load_translation_data(const std::string& dir, int64_t vocab, boo
   } catch (const nlohmann::json::exception& e) {
     REMAT_THROW((root / "manifest.json").string(), ": not valid JSON (", e.what(), ")");
   }
-  if (!m.is_object() || m.value("format", 0) != kFormat)
-    REMAT_THROW((root / "manifest.json").string(), ": format ", m.is_object() ? m.value("format", 0) : 0,
+  const bool known =
+      m.is_object() && m.contains("format") && m["format"].is_number_integer() && m["format"].get<int64_t>() == kFormat;
+  if (!known)
+    REMAT_THROW((root / "manifest.json").string(), ": format ",
+                m.is_object() && m.contains("format") ? m["format"].dump() : std::string("missing"),
                 ", this remat reads format ", kFormat, ": build the corpus again with `remat corpus --out ", dir, "`");
   TranslationData d;
   d.dir = dir;

@@ -1,4 +1,4 @@
-// Greedy decoding and `remat translate` (include/remat/translate.h).
+// Greedy decoding, beam search and `remat translate` (include/remat/translate.h).
 #include "remat/translate.h"
 
 #include <algorithm>
@@ -191,6 +191,8 @@ std::vector<Hypothesis> beam_decode(const Graph& g, ParamStore& params, Backend&
              c < keep && static_cast<int64_t>(next.size()) < beam && static_cast<int64_t>(fin.size()) < beam; ++c) {
           Hypothesis h{lv[cands[c].k].tokens, cands[c].score};
           if (cands[c].v == Tokenizer::kEos) {
+            // As fairseq: only an end among the `beam` best extensions finishes a hypothesis.
+            if (c >= static_cast<size_t>(beam)) continue;
             const size_t length = h.tokens.size() + 1;
             fin.emplace_back(h, normalised(h, length));
           } else {
@@ -235,6 +237,9 @@ TranslateResult translate(const TranslateOptions& o) {
   const bool default_dir = cfg.data.path.empty();
   const std::string dir = default_dir ? default_translation_corpus_dir(cfg.data.vocab) : cfg.data.path;
   TranslationData data = load_translation_data(dir, cfg.data.vocab, default_dir);
+  if (data.tokenizer.vocab() != cfg.data.vocab)
+    REMAT_THROW(o.run, ": the run's model reads ", cfg.data.vocab, " pieces, but the tokenizer of ", dir, " has ",
+                data.tokenizer.vocab(), " (was the corpus rebuilt with another --vocab?)");
   const int64_t batch = o.batch.value_or(cfg.training.batch);
   Graph g = build_graph(cfg.model, batch, cfg.source, {{"vocab", cfg.data.vocab}});
   const int64_t S = g.layer(g.require_input(kSourceName, "remat translate")).out_shape[1];

@@ -87,7 +87,7 @@ Config resolve_config(const TrainOptions& o) {
   Config cfg = load_config(o.config, o.dataset);
   if (!o.data_path.empty() && cfg.data.dataset.rfind("synthetic", 0) == 0)
     REMAT_THROW("--data ", o.data_path, ": the data set of ", o.config, " is ", cfg.data.dataset,
-                ", which reads no files; pass --dataset too (token_shards, text, fashion_mnist)");
+                ", which reads no files; pass --dataset too (token_shards, text, fashion_mnist, translation)");
   if (!o.policy.empty()) cfg.training.policy = o.policy;
   if (!o.precision.empty()) {
     if (const std::string e = precision_error(o.precision); !e.empty()) REMAT_THROW("--precision: ", e);
@@ -725,9 +725,9 @@ TrainResult Trainer::run() {
   // shards: no decoder for the ids; translation: `remat translate`
   const bool can_sample = s.data.text && !s.data.shards && !s.data.translation && s.opt.sample;
   if (!s.opt.quiet) {
-    std::printf("remat train %s: %s, %lld parameters, batch %lld, %lld steps on %s in %s\n", s.cfg.source.c_str(),
+    std::printf("remat train %s: %s, %lld parameters, batch %lld, %lld step%s on %s in %s\n", s.cfg.source.c_str(),
                 s.cfg.name.c_str(), static_cast<long long>(s.graph.parameter_count()), static_cast<long long>(tc.batch),
-                static_cast<long long>(s.total), s.dev.str().c_str(), tc.precision.c_str());
+                static_cast<long long>(s.total), s.total == 1 ? "" : "s", s.dev.str().c_str(), tc.precision.c_str());
     if (s.micros > 1 || s.comm.size() > 1) {
       std::string how = s.reducer->engine() + ", reduction " + s.opt.reduce;
       if (s.reducer->overlapped())

@@ -9,12 +9,12 @@ It needs torch, sentencepiece and sacrebleu: the benchmark venv of the README
 (python3 -m venv DIR && DIR/bin/pip install torch numpy sentencepiece sacrebleu).
 
     DIR/bin/python tools/reference/torch_nmt.py train models/nmt_de.json --corpus CORPUS --out OUT [--seed S]
-    DIR/bin/python tools/reference/torch_nmt.py time models/nmt_de.json --corpus CORPUS [--steps 30] [--threads 2]
+    DIR/bin/python tools/reference/torch_nmt.py time models/nmt_de.json --corpus CORPUS [--steps N] [--threads 2]
 
 train  Trains the twin from its own initial weights (drawn by torch from the seed, with
        remat's initialisations), then translates the test split greedily and scores it;
        writes OUT/metrics.jsonl (loss per 10 steps, the final BLEU), OUT/test.hyp.
-time   The median time of one training step after 3 warm-up steps.
+time   The median time of one training step after 3 warm-up steps (30 steps unless --steps).
 
 The twin is a separate implementation of the config's semantics, written from
 docs/config.md and docs/translation.md, not a translation of remat's code: agreement of
@@ -258,6 +258,8 @@ def main(argv):
     total = sp.steps or sp.epochs * per_epoch
     if a.steps:
         total = a.steps
+    elif a.mode == "time":
+        total = 30
     gen = torch.Generator().manual_seed(seed)
     order, pos = [], 0
     times, log = [], []

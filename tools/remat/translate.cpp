@@ -34,7 +34,8 @@ Runner add_corpus_command(CLI::App& app) {
 }
 
 Runner add_translate_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("translate", "Translate with a trained encoder-decoder run (greedy); BLEU on a split");
+  auto* cmd = app.add_subcommand(
+      "translate", "Translate with a trained encoder-decoder run (greedy or beam search); BLEU on a split");
   auto opt = std::make_shared<TranslateOptions>();
   cmd->add_option("run", opt->run, "A translation run folder (the --out of `remat train`)")
       ->required()
