@@ -1,12 +1,13 @@
 // Corpus BLEU, sacrebleu's default (include/remat/bleu.h). The tokenizer's rules are
-// sacrebleu's 13a regular expressions, applied in the same order; they touch ASCII bytes
-// only, so they run on UTF-8 bytes and give what Python's str regexes give.
+// sacrebleu's 13a regular expressions, applied in the same order as the substitutions
+// they make (written out: std::regex is slow, and GCC 12 warns inside it under the
+// sanitizers); they test ASCII bytes only, so they run on UTF-8 bytes and give what
+// Python's str regexes give.
 #include "remat/bleu.h"
 
 #include <cmath>
 #include <cstdio>
 #include <map>
-#include <regex>
 
 #include "remat/error.h"
 
@@ -64,6 +65,55 @@ std::string rstrip(const std::string& s) {
   return s.substr(0, end);
 }
 
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+bool is_period_or_comma(char c) { return c == '.' || c == ','; }
+
+// 13a's first rule, ([\{-\~\[-\` -\&\(-\+\:-\@\/]) -> " \1 ": every ASCII symbol and
+// punctuation mark but ' - . , gets a space on each side.
+std::string split_symbols(const std::string& s) {
+  std::string out;
+  out.reserve(s.size() * 2);
+  for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    const bool symbol = (u >= '{' && u <= '~') || (u >= '[' && u <= '`') || (u >= ' ' && u <= '&') ||
+                        (u >= '(' && u <= '+') || (u >= ':' && u <= '@') || u == '/';
+    if (symbol) {
+      out += ' ';
+      out += c;
+      out += ' ';
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// A two-character rule as a regular expression substitutes it: scanning left to right, a
+// pair that matches is replaced by `repl` ($1, $2: its characters) and the scan goes on
+// after it; any other character is copied. (sacrebleu's rules 2-4; they test ASCII bytes
+// only, so bytes give what Python's characters give.)
+template <typename Match>
+std::string pair_rule(const std::string& s, Match match, const char* repl) {
+  std::string out;
+  out.reserve(s.size() + s.size() / 2);
+  for (size_t i = 0; i < s.size();) {
+    if (i + 1 < s.size() && match(s[i], s[i + 1])) {
+      for (const char* r = repl; *r; ++r) {
+        if (r[0] == '$' && (r[1] == '1' || r[1] == '2')) {
+          out += s[i + static_cast<size_t>(r[1] - '1')];
+          ++r;
+        } else {
+          out += *r;
+        }
+      }
+      i += 2;
+    } else {
+      out += s[i++];
+    }
+  }
+  return out;
+}
+
 using Ngrams = std::map<std::vector<std::string>, int64_t>;
 
 Ngrams ngrams_of(const std::vector<std::string>& words) {
@@ -88,14 +138,13 @@ std::string bleu_tokenize_13a(const std::string& in) {
     replace_all(line, "&gt;", ">");
   }
   line = " " + line + " ";
-  static const std::regex symbols(R"(([\{-\~\[-\` -\&\(-\+\:-\@\/]))");
-  static const std::regex before(R"(([^0-9])([\.,]))");
-  static const std::regex after(R"(([\.,])([^0-9]))");
-  static const std::regex dash(R"(([0-9])(-))");
-  line = std::regex_replace(line, symbols, " $1 ");
-  line = std::regex_replace(line, before, "$1 $2 ");
-  line = std::regex_replace(line, after, " $1 $2");
-  line = std::regex_replace(line, dash, "$1 $2 ");
+  line = split_symbols(line);
+  line = pair_rule(
+      line, [](char a, char b) { return !is_digit(a) && is_period_or_comma(b); }, "$1 $2 ");
+  line = pair_rule(
+      line, [](char a, char b) { return is_period_or_comma(a) && !is_digit(b); }, " $1 $2");
+  line = pair_rule(
+      line, [](char a, char b) { return is_digit(a) && b == '-'; }, "$1 $2 ");
   std::string out;
   for (const std::string& w : split_words(line)) {
     if (!out.empty()) out += ' ';
