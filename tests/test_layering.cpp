@@ -55,6 +55,7 @@ const std::map<std::string, std::string> kHeaders = {
     {"device.h", "core"},
     {"device_registry.h", "core"},
     {"rng.h", "core"},
+    {"hash.h", "core"},
     {"philox.h", "core"},
     {"hd.h", "core"},
     {"bf16.h", "core"},

@@ -136,6 +136,36 @@ std::string nmt_config(const std::string& dir, const std::string& policy, const 
   return path;
 }
 
+// nmt_tiny with random weights at batch `batch` on cpu, and the corpus fitted to it: what the
+// decoding tests run.
+struct DecodeModel {
+  remat::Config cfg;
+  remat::TranslationData data;
+  remat::Graph g;
+  remat::Backend& be = remat::backend_for(remat::Device::cpu());
+  remat::ParamStore params;
+  DecodeModel(const std::string& dir, int64_t batch, uint64_t seed)
+      : cfg(remat::load_config(nmt_config(dir, "none"))),
+        data(remat::load_translation_data(corpus_dir(), 64, false)),
+        g(remat::build_graph(cfg.model, batch, cfg.source, {{"vocab", 64}})),
+        params(g, remat::Device::cpu(), seed) {
+    data.fit(10, 8);
+  }
+  // The logits [8, 64] of one teacher-forced forward of `source` with the decoder reading
+  // <s> and the first 7 of `tokens` (row 0 of a batch of copies).
+  std::vector<float> teacher_forced(const std::vector<int32_t>& source, const std::vector<int32_t>& tokens) {
+    remat::TranslationSplit one;
+    one.pairs = {{"s", "t"}};
+    one.source = {source};
+    one.target = {std::vector<int32_t>(tokens.begin(), tokens.begin() + std::min<size_t>(tokens.size(), 7))};
+    const remat::Batch b = remat::translation_batch(one, std::vector<int64_t>(static_cast<size_t>(g.batch), 0), 10, 8,
+                                                    remat::Device::cpu());
+    remat::Executor ex(g, params, be, remat::make_plan(g, "none"));
+    float loss = 0;
+    const std::vector<float> all = ex.evaluate(b, &loss).to_vector();
+    return {all.begin(), all.begin() + 8 * 64};
+  }
+};
 }  // namespace
 
 TEST(Translation, ReadsCatalogsInEitherByteOrder) {
@@ -313,30 +343,17 @@ TEST(Translation, AMismatchedConfigIsNamedBeforeAnyStep) {
 // irrelevant to it, and the decoder reads one step at a time what that forward reads at once.
 TEST(Translation, GreedyDecodingAgreesWithATeacherForcedForward) {
   if (!remat::have_sentencepiece()) GTEST_SKIP() << "built without SentencePiece";
-  const std::string dir = tmp_dir("decode");
-  const remat::Config cfg = remat::load_config(nmt_config(dir, "none"));
-  remat::TranslationData data = remat::load_translation_data(corpus_dir(), 64, false);
-  data.fit(10, 8);
-  const remat::Graph g = remat::build_graph(cfg.model, 3, cfg.source, {{"vocab", 64}});
-  remat::Backend& be = remat::backend_for(remat::Device::cpu());
-  remat::ParamStore params(g, remat::Device::cpu(), 7);
+  DecodeModel m(tmp_dir("decode"), 3, 7);
   std::vector<std::vector<int32_t>> sources;
-  for (int i = 0; i < 5; ++i) sources.push_back(data.valid.source[static_cast<size_t>(i) % data.valid.source.size()]);
-  const std::vector<std::vector<int32_t>> out = remat::greedy_decode(g, params, be, sources);
+  for (int i = 0; i < 5; ++i)
+    sources.push_back(m.data.valid.source[static_cast<size_t>(i) % m.data.valid.source.size()]);
+  const std::vector<std::vector<int32_t>> out = remat::greedy_decode(m.g, m.params, m.be, sources);
   ASSERT_EQ(out.size(), sources.size());
   // Sources 3 and 4 went in a second batch padded with copies: decode them again alone.
   for (size_t i = 0; i < sources.size(); ++i) {
     const auto& hyp = out[i];
     EXPECT_LE(hyp.size(), 8u);
-    remat::TranslationSplit one;
-    one.pairs = {{"s", "t"}};
-    one.source = {sources[i]};
-    one.target = {std::vector<int32_t>(hyp.begin(), hyp.begin() + std::min<size_t>(hyp.size(), 7))};
-    std::vector<int64_t> idx = {0, 0, 0};
-    const remat::Batch b = remat::translation_batch(one, idx, 10, 8, remat::Device::cpu());
-    remat::Executor ex(g, params, be, remat::make_plan(g, "none"));
-    float loss = 0;
-    const std::vector<float> logits = ex.evaluate(b, &loss).to_vector();
+    const std::vector<float> logits = m.teacher_forced(sources[i], hyp);
     // Position t's arg max is token t of the hypothesis, or </s> where it ended.
     for (size_t t = 0; t <= hyp.size() && t < 8; ++t) {
       const float* row = logits.data() + t * 64;
@@ -395,31 +412,18 @@ TEST(Translation, CorpusTrainAndTranslateCommands) {
 // log-probability a beam hypothesis carries is the one a teacher-forced forward gives it.
 TEST(Translation, BeamSearchScoresItsHypothesesAsTheModelDoes) {
   if (!remat::have_sentencepiece()) GTEST_SKIP() << "built without SentencePiece";
-  const std::string dir = tmp_dir("beam");
-  const remat::Config cfg = remat::load_config(nmt_config(dir, "none"));
-  remat::TranslationData data = remat::load_translation_data(corpus_dir(), 64, false);
-  data.fit(10, 8);
-  const remat::Graph g = remat::build_graph(cfg.model, 6, cfg.source, {{"vocab", 64}});
-  remat::Backend& be = remat::backend_for(remat::Device::cpu());
-  remat::ParamStore params(g, remat::Device::cpu(), 11);
+  DecodeModel m(tmp_dir("beam"), 6, 11);
   std::vector<std::vector<int32_t>> sources;
-  for (int i = 0; i < 5; ++i) sources.push_back(data.train.source[static_cast<size_t>(i)]);
-  const auto greedy = remat::greedy_decode(g, params, be, sources);
-  const auto beam1 = remat::beam_decode(g, params, be, sources, 1);
+  for (int i = 0; i < 5; ++i) sources.push_back(m.data.train.source[static_cast<size_t>(i)]);
+  const auto greedy = remat::greedy_decode(m.g, m.params, m.be, sources);
+  const auto beam1 = remat::beam_decode(m.g, m.params, m.be, sources, 1);
   for (size_t i = 0; i < sources.size(); ++i) EXPECT_EQ(beam1[i].tokens, greedy[i]) << "source " << i;
 
-  const auto beam3 = remat::beam_decode(g, params, be, sources, 3, 1.0);
-  remat::Executor ex(g, params, be, remat::make_plan(g, "none"));
+  const auto beam3 = remat::beam_decode(m.g, m.params, m.be, sources, 3, 1.0);
   for (size_t i = 0; i < sources.size(); ++i) {
     const auto& h = beam3[i];
     ASSERT_LE(h.tokens.size(), 8u);
-    remat::TranslationSplit one;
-    one.pairs = {{"s", "t"}};
-    one.source = {sources[i]};
-    one.target = {std::vector<int32_t>(h.tokens.begin(), h.tokens.begin() + std::min<size_t>(h.tokens.size(), 7))};
-    const remat::Batch b = remat::translation_batch(one, std::vector<int64_t>(6, 0), 10, 8, remat::Device::cpu());
-    float loss = 0;
-    const std::vector<float> logits = ex.evaluate(b, &loss).to_vector();
+    const std::vector<float> logits = m.teacher_forced(sources[i], h.tokens);
     double lp = 0;
     const size_t steps = std::min<size_t>(h.tokens.size() + 1, 8);  // the pieces and </s> (unless cut at T)
     for (size_t t = 0; t < steps; ++t) {
@@ -433,5 +437,5 @@ TEST(Translation, BeamSearchScoresItsHypothesesAsTheModelDoes) {
     EXPECT_NEAR(h.log_prob, lp, 1e-6 * std::max(1.0, std::abs(lp))) << "source " << i;
     EXPECT_LE(h.log_prob, 0.0);
   }
-  EXPECT_REMAT_ERROR(remat::beam_decode(g, params, be, sources, 7), "needs a batch of at least");
+  EXPECT_REMAT_ERROR(remat::beam_decode(m.g, m.params, m.be, sources, 7), "needs a batch of at least");
 }

@@ -19,6 +19,7 @@
 
 #include "data/token_batch.h"
 #include "remat/error.h"
+#include "remat/hash.h"
 #include "remat/io.h"
 #include "remat/memory.h"
 
@@ -36,15 +37,6 @@ namespace {
 constexpr const char* kCatalogDir = "/usr/share/locale/de/LC_MESSAGES";
 constexpr const char* kSplits[] = {"train", "valid", "test"};
 constexpr int kFormat = 1;  // manifest.json's "format": what this reader understands
-
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
 
 // Whitespace runs (spaces, tabs, newlines) become one space; the ends are trimmed.
 std::string collapse_space(const std::string& s) {
@@ -65,7 +57,7 @@ std::string collapse_space(const std::string& s) {
 // Which split a source string goes to: 90 / 5 / 5 by its hash, so that every translation of
 // one source lands in one split.
 int split_of(const std::string& source) {
-  const uint64_t h = fnv1a(source) % 100;
+  const uint64_t h = fnv1a64(source) % 100;
   return h < 90 ? 0 : h < 95 ? 1 : 2;
 }
 
@@ -326,7 +318,7 @@ CorpusSummary build_translation_corpus(const CorpusOptions& o) {
                        {"fnv1a64", [&] {
                           char h[17];
                           std::snprintf(h, sizeof h, "%016llx",
-                                        static_cast<unsigned long long>(fnv1a(read_file(path))));
+                                        static_cast<unsigned long long>(fnv1a64(read_file(path))));
                           return std::string(h);
                         }()}});
     for (const ParallelPair& m : msgs) {

@@ -4,6 +4,7 @@
 
 #include "remat/error.h"
 #include "remat/executor.h"
+#include "remat/hash.h"
 #include "remat/log.h"
 #include "remat/ops.h"
 
@@ -12,13 +13,7 @@ namespace remat {
 uint64_t tensor_hash(const Tensor& t) {
   if (!t.defined() || t.device().is_meta()) return 0;
   const Tensor h = t.device().is_cpu() ? t : t.to(Device::cpu());
-  const auto* p = static_cast<const unsigned char*>(h.raw_data());
-  uint64_t x = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < h.nbytes(); ++i) {
-    x ^= p[i];
-    x *= 0x100000001b3ull;
-  }
-  return x;
+  return fnv1a64(h.raw_data(), h.nbytes());
 }
 
 Executor::Executor(const Graph& g, ParamStore& params, Backend& be, CheckpointPlan plan, ExecOptions opt)

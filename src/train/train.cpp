@@ -16,6 +16,7 @@
 #include "remat/data.h"
 #include "remat/dist.h"
 #include "remat/error.h"
+#include "remat/hash.h"
 #include "remat/interop.h"
 #include "remat/io.h"
 #include "remat/log.h"
@@ -138,15 +139,6 @@ uint64_t rng_words_per_micro_batch(const Graph& g) {
   return w;
 }
 
-uint64_t fnv1a(const std::string& s) {
-  uint64_t x = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) {
-    x ^= c;
-    x *= 0x100000001b3ull;
-  }
-  return x;
-}
-
 }  // namespace
 
 // Everything a run holds, in the order it is set up.
@@ -265,9 +257,9 @@ namespace {
 // change the numbers, compared before the first step.
 void check_same_run(dist::Comm& comm, const Config& cfg, const TrainOptions& o) {
   if (comm.size() == 1) return;
-  const uint64_t h = fnv1a(cfg.resolved().dump() + "|" + o.reduce + "|" + o.init_from + "|" + o.resume + "|" +
-                           (o.overlap ? "overlap " : "no overlap ") + std::to_string(o.bucket_kib) +
-                           (o.reschedule ? " reschedule" : ""));
+  const uint64_t h = fnv1a64(cfg.resolved().dump() + "|" + o.reduce + "|" + o.init_from + "|" + o.resume + "|" +
+                             (o.overlap ? "overlap " : "no overlap ") + std::to_string(o.bucket_kib) +
+                             (o.reschedule ? " reschedule" : ""));
   std::vector<uint64_t> all(static_cast<size_t>(comm.size()));
   comm.allgather(&h, all.data(), 1);
   for (int r = 1; r < comm.size(); ++r)
