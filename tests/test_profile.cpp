@@ -9,7 +9,9 @@
 #include <filesystem>
 #include <functional>
 #include <set>
+#include <tuple>
 
+#include "remat/chain_planner.h"
 #include "remat/log.h"
 #include "remat/profile.h"
 #include "support/expect_error.h"
@@ -43,14 +45,43 @@ remat::Config chain_config(int blocks) {
   return remat::parse_config(j, "chain.json");
 }
 
-// Every plan of a chain of n units: each unit keep / selective / full, full units grouped
-// into segments in every possible way (a new group may start at any full unit).
-std::vector<remat::CheckpointPlan> every_unit_mode_plan(const remat::Graph& g, int n) {
-  std::vector<remat::CheckpointPlan> plans;
+// A chain whose units differ: `a` narrow blocks, then `b` blocks four times as wide inside
+// (their activations cost more to keep, their recompute more to run), then `c` narrow
+// ones again. Units are the instances of the three repeats.
+remat::Config mixed_chain_config(int a, int b, int c) {
+  auto block = [](const char* name, int count, int width) {
+    return std::string(R"({"type": "repeat", "name": ")") + name + R"(", "count": )" + std::to_string(count) +
+           R"(, "layers": [
+          {"type": "layernorm", "name": "ln"},
+          {"type": "linear", "name": "fc1", "out_features": )" +
+           std::to_string(width) + R"(},
+          {"type": "gelu", "name": "act"},
+          {"type": "linear", "name": "fc2", "out_features": 32},
+          {"type": "dropout", "name": "drop", "p": 0.1},
+          {"type": "add", "name": "res", "inputs": ["in", "drop"]}
+        ]})";
+  };
+  std::string layers = R"({"type": "flatten"}, {"type": "linear", "name": "proj", "out_features": 32})";
+  if (a > 0) layers += ", " + block("a", a, 48);
+  if (b > 0) layers += ", " + block("b", b, 192);
+  if (c > 0) layers += ", " + block("c", c, 48);
+  layers += R"(, {"type": "linear", "name": "head", "out_features": 4})";
+  nlohmann::json j = nlohmann::json::parse(R"({"name": "mixed_chain", "model": {"input": {"type": "image",
+    "shape": [1, 4, 4]}, "layers": [)" + layers +
+                                           R"(]},
+    "data": {"dataset": "synthetic_images", "image_shape": [1, 4, 4], "classes": 4},
+    "training": {"batch": 16}})");
+  return remat::parse_config(j, "mixed_chain.json");
+}
+
+// Every plan of a chain of n units, as unit modes: each unit keep / selective / full, full
+// units grouped into segments in every possible way (a new group may start at any full unit).
+std::vector<std::vector<remat::UnitModeSpec>> every_unit_modes(int n) {
+  std::vector<std::vector<remat::UnitModeSpec>> out;
   std::vector<remat::UnitModeSpec> modes(static_cast<size_t>(n));
   std::function<void(int, int)> rec = [&](int u, int group) {
     if (u == n) {
-      plans.push_back(remat::plan_from_unit_modes(g, "brute", modes));
+      out.push_back(modes);
       return;
     }
     for (int m = 0; m < 3; ++m) {
@@ -68,6 +99,12 @@ std::vector<remat::CheckpointPlan> every_unit_mode_plan(const remat::Graph& g, i
     }
   };
   rec(0, 0);
+  return out;
+}
+
+std::vector<remat::CheckpointPlan> every_unit_mode_plan(const remat::Graph& g, int n) {
+  std::vector<remat::CheckpointPlan> plans;
+  for (const auto& modes : every_unit_modes(n)) plans.push_back(remat::plan_from_unit_modes(g, "brute", modes));
   return plans;
 }
 
@@ -80,39 +117,123 @@ std::vector<int64_t> distinct_peaks(const std::vector<remat::PlanCandidate>& all
   return budgets;
 }
 
+// Brute force over every unit-mode plan of the config's n units and every revolve:S,
+// against the budget planner at each distinct achievable peak: its choice fits and costs
+// no more recompute than the cheapest plan that fits; below the lowest peak, a clear
+// error with that minimum and its plan.
+void expect_planner_matches_brute_force(const remat::Config& cfg, int n) {
+  remat::Graph g = remat::build_config_graph(cfg, 16, 0);
+  ASSERT_EQ(remat::unit_count(g), n);
+  std::vector<remat::PlanCandidate> all;
+  for (const remat::CheckpointPlan& plan : every_unit_mode_plan(g, n)) {
+    auto p = remat::profile_step(cfg, g, plan, remat::Device::meta(), false);
+    all.push_back({"brute", plan, p.peak_bytes, p.recompute_flops});
+  }
+  ASSERT_GT(all.size(), 27u);
+  // And the nested plans the planner knows: revolve:S for every S.
+  for (int slots = 1; slots < n; ++slots) {
+    const std::string name = "revolve:" + std::to_string(slots);
+    remat::CheckpointPlan plan = remat::make_plan(g, name);
+    auto p = remat::profile_step(cfg, g, plan, remat::Device::meta(), false);
+    all.push_back({name, plan, p.peak_bytes, p.recompute_flops});
+  }
+  const std::vector<int64_t> budgets = distinct_peaks(all);
+  for (int64_t budget : budgets) {
+    double best = INFINITY;
+    for (const auto& c : all)
+      if (c.peak_bytes <= budget) best = std::min(best, c.recompute_flops);
+    remat::PlanCandidate chosen = remat::plan_for_budget(cfg, g, budget);
+    EXPECT_LE(chosen.peak_bytes, budget);
+    EXPECT_LE(chosen.recompute_flops, best * (1 + 1e-12)) << "budget " << budget << ": planner chose " << chosen.name;
+  }
+  EXPECT_REMAT_ERROR(remat::plan_for_budget(cfg, g, budgets.front() - 1), "the smallest achievable peak is");
+}
+
 }  // namespace
 
 TEST(Planner, MatchesBruteForceOverAllUnitModeAndRevolvePlansOfSmallChains) {
   for (int n : {3, 4, 5}) {
     SCOPED_TRACE("blocks " + std::to_string(n));
-    remat::Config cfg = chain_config(n);
-    remat::Graph g = remat::build_config_graph(cfg, 16, 0);
-    ASSERT_EQ(remat::unit_count(g), n);
-    std::vector<remat::PlanCandidate> all;
-    for (const remat::CheckpointPlan& plan : every_unit_mode_plan(g, n)) {
-      auto p = remat::profile_step(cfg, g, plan, remat::Device::meta(), false);
-      all.push_back({"brute", plan, p.peak_bytes, p.recompute_flops});
-    }
-    ASSERT_GT(all.size(), 27u);
-    // And the nested plans the planner knows: revolve:S for every S.
-    for (int slots = 1; slots < n; ++slots) {
-      const std::string name = "revolve:" + std::to_string(slots);
-      remat::CheckpointPlan plan = remat::make_plan(g, name);
-      auto p = remat::profile_step(cfg, g, plan, remat::Device::meta(), false);
-      all.push_back({name, plan, p.peak_bytes, p.recompute_flops});
-    }
-    const std::vector<int64_t> budgets = distinct_peaks(all);
-    for (int64_t budget : budgets) {
-      double best = INFINITY;
-      for (const auto& c : all)
-        if (c.peak_bytes <= budget) best = std::min(best, c.recompute_flops);
-      remat::PlanCandidate chosen = remat::plan_for_budget(cfg, g, budget);
-      EXPECT_LE(chosen.peak_bytes, budget);
-      EXPECT_LE(chosen.recompute_flops, best * (1 + 1e-12)) << "budget " << budget << ": planner chose " << chosen.name;
-    }
-    // Below the smallest achievable peak: a clear error with the minimum and its plan.
-    EXPECT_REMAT_ERROR(remat::plan_for_budget(cfg, g, budgets.front() - 1), "the smallest achievable peak is");
+    expect_planner_matches_brute_force(chain_config(n), n);
   }
+}
+
+// The chain planner's model (remat/chain_planner.h), calibrated on four simulations,
+// against the exact simulation of every unit-mode plan: the same peak and recompute FLOPs
+// to the byte, on chains of equal and of differing units, a transformer and a CNN whose
+// units are its layers.
+TEST(ChainPlanner, ModelEqualsSimulationForEveryUnitModePlan) {
+  std::vector<std::pair<std::string, remat::Config>> cases{{"chain 4", chain_config(4)},
+                                                           {"mixed 1+2+1", mixed_chain_config(1, 2, 1)},
+                                                           {"mixed 0+2+3", mixed_chain_config(0, 2, 3)}};
+  for (const char* name : {"tests/configs/gpt_char_tiny", "tests/configs/nmt_tiny", "models/resnet_tiny"}) {
+    remat::Config cfg = remat::load_config(std::string(REMAT_SOURCE_DIR) + "/" + name + ".json");
+    if (cfg.name == "resnet_tiny") {  // three stages of residual blocks, batchnorm's statistics
+      cfg.model = remat::test::shrink_model(cfg.model);
+      cfg.data.dataset = "synthetic_images";
+      cfg.training.batch = 2;
+    }
+    cases.push_back({name, cfg});
+  }
+  // No repeated blocks: each layer is a unit.
+  cases.push_back({"layers", remat::parse_config(nlohmann::json::parse(R"({"name": "layers", "model": {
+    "input": {"type": "image", "shape": [1, 4, 4]}, "layers": [{"type": "flatten"},
+    {"type": "linear", "out_features": 64}, {"type": "relu"}, {"type": "linear", "out_features": 16},
+    {"type": "gelu"}, {"type": "dropout", "p": 0.2}, {"type": "linear", "out_features": 96}, {"type": "gelu"},
+    {"type": "linear", "out_features": 4}]},
+    "data": {"dataset": "synthetic_images", "image_shape": [1, 4, 4], "classes": 4}, "training": {"batch": 8}})"),
+                                                 "layers.json")});
+  for (auto& [name, cfg] : cases) {
+    SCOPED_TRACE(name);
+    remat::Graph g = remat::build_config_graph(cfg, cfg.training.batch, 0);
+    const int n = static_cast<int>(remat::unit_count(g));
+    const remat::UnitChainModel m = remat::measure_unit_chain(cfg, g);
+    ASSERT_EQ(m.units(), n);
+    int checked = 0;
+    for (const auto& modes : every_unit_modes(std::min(n, 5))) {
+      std::vector<remat::UnitModeSpec> full = modes;
+      full.resize(static_cast<size_t>(n), remat::UnitModeSpec{0, 0});  // units past the fifth kept
+      const auto p =
+          remat::profile_step(cfg, g, remat::plan_from_unit_modes(g, "brute", full), remat::Device::meta(), false);
+      std::string shown;
+      for (const auto& u : full) shown += std::to_string(u.mode) + ":" + std::to_string(u.group) + " ";
+      ASSERT_EQ(remat::modelled_peak(m, full), p.peak_bytes) << shown;
+      ASSERT_DOUBLE_EQ(remat::modelled_recompute_flops(m, full), p.recompute_flops) << shown;
+      ++checked;
+    }
+    EXPECT_GT(checked, 27);
+  }
+}
+
+// Units that differ in size and cost (rotor's heterogeneous chains): the planner's choice
+// against brute force over every unit-mode plan and every revolve:S, at every achievable
+// peak. Which units to recompute matters here: the cheapest plan at a budget need not
+// recompute the first units, as it would in a chain of equal ones.
+TEST(Planner, MatchesBruteForceOverHeterogeneousChains) {
+  for (auto [a, b, c] : {std::tuple{1, 2, 1}, std::tuple{2, 1, 2}, std::tuple{0, 2, 3}, std::tuple{3, 2, 0}}) {
+    SCOPED_TRACE("blocks " + std::to_string(a) + "+" + std::to_string(b) + "+" + std::to_string(c));
+    expect_planner_matches_brute_force(mixed_chain_config(a, b, c), a + b + c);
+  }
+}
+
+// What `remat plan` prints of a plan, unit by unit.
+TEST(Planner, UnitLayoutShowsEachUnitsMode) {
+  remat::Config cfg = chain_config(4);
+  remat::Graph g = remat::build_config_graph(cfg, 16, 0);
+  EXPECT_EQ(remat::make_plan(g, "none").unit_layout(g), "....");
+  EXPECT_EQ(remat::make_plan(g, "selective").unit_layout(g), "ssss");
+  EXPECT_EQ(remat::make_plan(g, "all").unit_layout(g), "R|R|R|R");
+  EXPECT_EQ(remat::make_plan(g, "every:2").unit_layout(g), "RR|RR");
+  // Revolve with two slots over four units: forward keeps the boundaries after the first
+  // and the third unit; the first is rebuilt as a segment, the next two as a nest, the
+  // last unit's products are kept (its backward follows its forward at once).
+  EXPECT_EQ(remat::make_plan(g, "revolve:2").unit_layout(g), "RNN.");
+  EXPECT_EQ(remat::plan_from_unit_modes(g, "x", {{2, 0}, {2, 0}, {1, 0}, {0, 0}}).unit_layout(g), "RRs.");
+  // An encoder-decoder: the layers between the encoder's blocks and the decoder's (the
+  // encoder's last norm, the target embedding) part the units.
+  remat::Config nmt = remat::load_config(std::string(REMAT_SOURCE_DIR) + "/tests/configs/nmt_tiny.json");
+  remat::Graph gn = remat::build_config_graph(nmt, nmt.training.batch, 0);
+  EXPECT_EQ(remat::make_plan(gn, "all").unit_layout(gn), "R|R R|R");
 }
 
 // The offload model's arithmetic (docs/memory.md, "Planning with offload"): 1 TFLOP of

@@ -65,6 +65,10 @@ struct CheckpointPlan {
 
   int recomputed_layers() const;  // layer forwards re-run in each backward (advances included)
   std::string describe(const Graph& g) const;
+  // One character per unit (plan_units), in forward order: '.' keeps all it makes, 's'
+  // keeps some of it (selective), 'R' keeps at most its output (recomputed), 'N' in a nest;
+  // '|' between two recompute segments that touch, ' ' between units that do not touch.
+  std::string unit_layout(const Graph& g) const;
 };
 
 // Policies: none, all, every:K, sqrt, revolve:S, selective, manual, each optionally

@@ -423,4 +423,30 @@ std::string CheckpointPlan::describe(const Graph& g) const {
   return out;
 }
 
+std::string CheckpointPlan::unit_layout(const Graph& g) const {
+  std::string out;
+  const std::vector<Segment> units = plan_units(g);
+  char prev = 0;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const Segment& s = units[u];
+    int kept = 0;  // layers keeping their output, the unit's last one aside
+    bool all = true, nested = false;
+    for (int i = s.begin; i < s.end; ++i) {
+      const auto k = static_cast<size_t>(i);
+      all = all && keep[k] && keep_extras[k];
+      kept += keep[k] && i + 1 < s.end;
+      nested = nested || (!nests.empty() && nest_of[static_cast<size_t>(segment_of[k])] >= 0);
+    }
+    const char c = nested ? 'N' : all ? '.' : kept > 0 ? 's' : 'R';
+    if (u > 0 && units[u - 1].end != s.begin)
+      out += ' ';
+    else if (u > 0 && c == 'R' && prev == 'R' &&
+             segment_of[static_cast<size_t>(s.begin)] != segment_of[static_cast<size_t>(s.begin - 1)])
+      out += '|';
+    out += c;
+    prev = c;
+  }
+  return out;
+}
+
 }  // namespace remat

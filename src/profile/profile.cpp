@@ -1,6 +1,8 @@
 // One training step under a plan, profiled; and the budget planner built on it.
 #include "remat/profile.h"
 
+#include "remat/chain_planner.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -9,6 +11,7 @@
 #include <optional>
 #include <random>
 
+#include "remat/chain_planner.h"
 #include "remat/data.h"
 #include "remat/error.h"
 #include "remat/executor.h"
@@ -465,6 +468,23 @@ PlanCandidate ordered_plan(const Config& cfg, const Graph& g, int64_t n, int64_t
 
 namespace {
 
+// A name for a plan the unit program chose: how many units each mode has, e.g. "units:
+// 23 full (23 segments), 25 selective" (`remat plan` prints the layout, unit_layout).
+std::string unit_modes_name(const std::vector<UnitModeSpec>& modes) {
+  int count[3] = {0, 0, 0}, segments = 0;
+  for (size_t u = 0; u < modes.size(); ++u) {
+    ++count[modes[u].mode];
+    segments += modes[u].mode == 2 && (u == 0 || modes[u - 1].mode != 2 || modes[u - 1].group != modes[u].group);
+  }
+  std::string name = "units:";
+  if (count[2] > 0)
+    name += " " + std::to_string(count[2]) + " full (" + std::to_string(segments) +
+            (segments == 1 ? " segment)" : " segments)");
+  if (count[1] > 0) name += std::string(count[2] ? "," : "") + " " + std::to_string(count[1]) + " selective";
+  if (count[0] > 0) name += std::string(count[2] || count[1] ? "," : "") + " " + std::to_string(count[0]) + " kept";
+  return name;
+}
+
 struct BudgetSearch {
   std::optional<PlanCandidate> best;  // the least cost() that fits, if any
   PlanCandidate smallest;             // the lowest peak seen
@@ -569,6 +589,26 @@ void search_budget_pass(const Config& cfg, const Graph& g, int64_t budget, Backe
         else
           lo_sel = mid + 1;
       }  // lo_sel's plan was simulated: the last fitting mid, or the all-selective one
+    }
+  }
+  // The dynamic program over the units (remat/chain_planner.h): the cheapest plan of one
+  // mode per unit, exact over those plans where its model is (tests/test_profile.cpp);
+  // on chains of differing units it beats the family above. Last, so that a tie keeps the
+  // family's regular plan. Its plan is simulated; should the simulation exceed the budget,
+  // the program runs again under the budget less the excess.
+  if (!offload) {
+    const UnitChainModel model = measure_unit_chain(cfg, g, ws);
+    // Segments of any length up to 64 units; on longer chains up to 2√n (a recomputed
+    // segment longer than that holds more than the √n plan's whole peak).
+    const int longest = n <= 64 ? 0 : static_cast<int>(2 * std::ceil(std::sqrt(static_cast<double>(n))));
+    int64_t target = budget;
+    for (int attempt = 0; attempt < 4 && target > 0; ++attempt) {
+      const auto modes = cheapest_unit_modes(model, target, longest);
+      if (!modes) break;
+      PlanCandidate c = simulate(cfg, g, unit_modes_name(*modes), plan_from_unit_modes(g, "chain", *modes), ws, om);
+      consider(c);
+      if (c.peak_bytes <= budget) break;
+      target -= c.peak_bytes - budget;
     }
   }
 }

@@ -368,6 +368,9 @@ Runner add_plan_command(CLI::App& app) {
       std::printf("\nbudget %s: plan %s%s, peak %s, recompute %.3f GFLOP per micro-batch\n  %s\n",
                   format_bytes(budget).c_str(), best.name.c_str(), micro.c_str(), format_bytes(best.peak_bytes).c_str(),
                   best.recompute_flops / 1e9, best.plan.describe(g).c_str());
+      if (unit_count(g) <= 128)
+        std::printf("  units (. kept, s selective, R recomputed, N nested, | between segments): %s\n",
+                    best.plan.unit_layout(g).c_str());
       if (model)
         std::printf("  pinned host peak %s, modelled step %.2f ms\n", format_bytes(best.host_peak_bytes).c_str(),
                     best.modelled_ms);
