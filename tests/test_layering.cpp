@@ -80,6 +80,7 @@ const std::map<std::string, std::string> kHeaders = {
     {"optim.h", "optim"},
     {"interop.h", "interop"},
     {"profile.h", "profile"},
+    {"chain_planner.h", "profile"},
     {"train.h", "train"},
     {"evaluate.h", "train"},
     {"bleu.h", "eval"},

@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <set>
 
 #include "remat/chain_planner.h"
 #include "remat/data.h"
@@ -289,6 +290,38 @@ std::optional<PlanCandidate> simulate_offloaded(const Config& cfg, const Graph& 
   return simulate(cfg, g, c.name + "+offload", p, ws, om);
 }
 
+// A name for a plan the unit program chose: how many units each mode has, and up to 24
+// units their layout as CheckpointPlan::unit_layout draws it, e.g. "units: 2 full (1
+// segment), 4 selective [sssRRs]".
+std::string unit_modes_name(const std::vector<UnitModeSpec>& modes) {
+  int count[3] = {0, 0, 0}, segments = 0;
+  for (size_t u = 0; u < modes.size(); ++u) {
+    ++count[modes[u].mode];
+    segments += modes[u].mode == 2 && (u == 0 || modes[u - 1].mode != 2 || modes[u - 1].group != modes[u].group);
+  }
+  std::string name = "units:";
+  if (count[2] > 0)
+    name += " " + std::to_string(count[2]) + " full (" + std::to_string(segments) +
+            (segments == 1 ? " segment)" : " segments)");
+  if (count[1] > 0) name += std::string(count[2] ? "," : "") + " " + std::to_string(count[1]) + " selective";
+  if (count[0] > 0) name += std::string(count[2] || count[1] ? "," : "") + " " + std::to_string(count[0]) + " kept";
+  if (modes.size() <= 24) {  // and the layout, which tells apart plans of the same counts
+    name += " [";
+    for (size_t u = 0; u < modes.size(); ++u) {
+      if (u > 0 && modes[u].mode == 2 && modes[u - 1].mode == 2 && modes[u].group != modes[u - 1].group) name += '|';
+      name += modes[u].mode == 0 ? '.' : modes[u].mode == 1 ? 's' : 'R';
+    }
+    name += "]";
+  }
+  return name;
+}
+
+// The longest segment the unit program tries: any up to 64 units; on longer chains 2√n (a
+// recomputed segment longer than that holds more than the √n plan's whole peak).
+int unit_program_longest_segment(int64_t n) {
+  return n <= 64 ? 0 : static_cast<int>(2 * std::ceil(std::sqrt(static_cast<double>(n))));
+}
+
 }  // namespace
 
 CheckpointPlan plan_from_unit_modes(const Graph& g, const std::string& name, const std::vector<UnitModeSpec>& modes) {
@@ -412,6 +445,23 @@ std::vector<PlanCandidate> plain_candidates(const Config& cfg, const Graph& g, B
     out.push_back(simulate(cfg, g, "first " + tag + " full, rest selective", plan_from_unit_modes(g, "mixed", a), ws));
     out.push_back(simulate(cfg, g, "first " + tag + " full, rest kept", plan_from_unit_modes(g, "mixed", b), ws));
   }
+  // The unit program's cheapest plan at each peak of the front so far (chain_planner.h):
+  // on chains of differing units it lies below the families' front.
+  const UnitChainModel model = measure_unit_chain(cfg, g, ws);
+  std::set<std::string> seen;
+  for (const PlanCandidate& c : pareto_front(out)) {
+    const auto modes = cheapest_unit_modes(model, c.peak_bytes, unit_program_longest_segment(n));
+    if (!modes) continue;
+    std::string key;
+    for (const UnitModeSpec& u : *modes) key += std::to_string(u.mode) + ":" + std::to_string(u.group) + " ";
+    if (!seen.insert(key).second) continue;
+    PlanCandidate u = simulate(cfg, g, unit_modes_name(*modes), plan_from_unit_modes(g, "units", *modes), ws);
+    // A plan of the families with the same peak and cost keeps its (regular) name.
+    const bool known = std::any_of(out.begin(), out.end(), [&](const PlanCandidate& o) {
+      return o.peak_bytes == u.peak_bytes && o.recompute_flops == u.recompute_flops;
+    });
+    if (!known) out.push_back(u);
+  }
   return out;
 }
 
@@ -467,23 +517,6 @@ PlanCandidate ordered_plan(const Config& cfg, const Graph& g, int64_t n, int64_t
 }  // namespace
 
 namespace {
-
-// A name for a plan the unit program chose: how many units each mode has, e.g. "units:
-// 23 full (23 segments), 25 selective" (`remat plan` prints the layout, unit_layout).
-std::string unit_modes_name(const std::vector<UnitModeSpec>& modes) {
-  int count[3] = {0, 0, 0}, segments = 0;
-  for (size_t u = 0; u < modes.size(); ++u) {
-    ++count[modes[u].mode];
-    segments += modes[u].mode == 2 && (u == 0 || modes[u - 1].mode != 2 || modes[u - 1].group != modes[u].group);
-  }
-  std::string name = "units:";
-  if (count[2] > 0)
-    name += " " + std::to_string(count[2]) + " full (" + std::to_string(segments) +
-            (segments == 1 ? " segment)" : " segments)");
-  if (count[1] > 0) name += std::string(count[2] ? "," : "") + " " + std::to_string(count[1]) + " selective";
-  if (count[0] > 0) name += std::string(count[2] || count[1] ? "," : "") + " " + std::to_string(count[0]) + " kept";
-  return name;
-}
 
 struct BudgetSearch {
   std::optional<PlanCandidate> best;  // the least cost() that fits, if any
@@ -598,9 +631,7 @@ void search_budget_pass(const Config& cfg, const Graph& g, int64_t budget, Backe
   // the program runs again under the budget less the excess.
   if (!offload) {
     const UnitChainModel model = measure_unit_chain(cfg, g, ws);
-    // Segments of any length up to 64 units; on longer chains up to 2√n (a recomputed
-    // segment longer than that holds more than the √n plan's whole peak).
-    const int longest = n <= 64 ? 0 : static_cast<int>(2 * std::ceil(std::sqrt(static_cast<double>(n))));
+    const int longest = unit_program_longest_segment(n);
     int64_t target = budget;
     for (int attempt = 0; attempt < 4 && target > 0; ++attempt) {
       const auto modes = cheapest_unit_modes(model, target, longest);
