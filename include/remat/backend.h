@@ -65,6 +65,12 @@ struct RmsNormParams {
   float eps = 1e-6f;  // LLaMA's RMSNorm
 };
 
+struct RopeParams {
+  int heads = 1;           // heads per token in x (d = x's last size / heads, even)
+  int rotated = 1;         // the first `rotated` heads turn (q's and k's), the rest are copied
+  double theta = 10000.0;  // the angle base: channel pair i turns by t * theta^(-2i/d)
+};
+
 enum class GeluApprox { none, tanh };  // exact erf form, or PyTorch's approximate="tanh"
 
 struct AttentionParams {

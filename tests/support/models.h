@@ -46,7 +46,8 @@ inline Batch batch_for(const Graph& g, uint32_t seed, Device d = Device::cpu()) 
 }
 
 // A shipped config scaled down: transformer widths scaled so that model width D becomes
-// 12 (3 heads of 4; qkv 3D -> 36, MLP 4D -> 48), other widths and counts clamped.
+// 12 (3 heads of 4; qkv 3D -> 36, MLP 4D -> 48; with kv_heads, 2 heads sharing 1), other
+// widths and counts clamped.
 inline int64_t model_dim(const nlohmann::json& j) {
   if (j.is_object()) {
     if (j.value("type", "") == "embedding" && j.contains("dim") && j["dim"].is_number_integer())
@@ -78,6 +79,13 @@ inline nlohmann::json shrink(nlohmann::json j, int64_t dim) {
       }
       if (k == "shape" && v.is_array() && v.size() == 3) v = {v[0], 12, 12};
       if (v.is_structured()) v = shrink(v, dim);
+    }
+    // Grouped-query attention (and its rotary embedding): 2 query heads sharing 1 key/value
+    // head of 6, so that a qkv of twice the width (Llama-style with kv_heads = heads / 2:
+    // (H + 2 H/2) d = 2 H d) shrinks to 24 = (2 + 2) 6.
+    if (j.contains("kv_heads")) {
+      j["heads"] = 2;
+      j["kv_heads"] = 1;
     }
   } else if (j.is_array()) {
     for (auto& v : j) v = shrink(v, dim);

@@ -20,6 +20,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from golden.transformer import rope_reference
+
 BF = torch.bfloat16
 
 
@@ -104,6 +106,30 @@ def _rows():
     yield "rmsnorm", _both(rms, {"x": x}, {"gamma": gamma}, dy), {"eps": 1e-6}
 
 
+def _rope():
+    # Hugging Face's Llama in bf16: cos and sin computed in fp32, cast to bf16, the products in
+    # bf16 (PyTorch's kernels); and in fp32 on the same values, rounded once.
+    g = _gen(305)
+    b, t, heads, rotated, d = 2, 9, 4, 3, 16
+    x, dy = _rand(g, b, t, heads * d, lo=-2, hi=2), _rand(g, b, t, heads * d)
+
+    def rope(x):
+        return rope_bf16(x) if x.dtype == BF else rope_reference(x, heads, rotated, 10000.0)
+
+    def rope_bf16(x):
+        d_ = x.shape[-1] // heads
+        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d_, 2, dtype=torch.float32) / d_))
+        emb = torch.outer(torch.arange(t, dtype=torch.float32), inv_freq).repeat(1, 2)
+        cos, sin = emb.cos().to(BF), emb.sin().to(BF)
+        xh = x.view(b, t, heads, d_)
+        r = xh[:, :, :rotated]
+        x1, x2 = r[..., : d_ // 2], r[..., d_ // 2:]
+        turned = r * cos[None, :, None, :] + torch.cat((-x2, x1), dim=-1) * sin[None, :, None, :]
+        return torch.cat((turned, xh[:, :, rotated:]), dim=2).reshape(b, t, heads * d_)
+
+    return "rope", _both(rope, {"x": x}, {}, dy), {"heads": heads, "rotated": rotated, "theta": 10000.0}
+
+
 def _embedding():
     g = _gen(303)
     b, t, v, c = 3, 10, 23, 48
@@ -160,6 +186,7 @@ def cases():
     yield _linear()
     yield from _pointwise()
     yield from _rows()
+    yield _rope()
     yield _embedding()
     yield _attention()
     yield _conv()

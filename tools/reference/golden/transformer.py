@@ -1,4 +1,4 @@
-"""Golden values for the transformer op family: layernorm, rmsnorm, embedding, attention, permute_0213.
+"""Golden values for the transformer op family: layernorm, rmsnorm, rope, embedding, attention, permute_0213.
 
 Inputs are float32; the reference is computed by PyTorch in float64 from those exact
 values and stored as float32, so the files hold the true result (to float32 rounding),
@@ -49,6 +49,33 @@ def _rmsnorm(name, seed, shape, eps, offset=0.0):
     y.backward(dy.double())
     return name, _f32({"x": x, "gamma": gamma, "y": y, "rstd": rstd.detach().reshape(-1), "dy": dy,
                        "dx": xd.grad, "dgamma": gd.grad}), {"op": "rmsnorm", "eps": eps}
+
+
+def rope_reference(x, heads, rotated, theta):
+    """Hugging Face Llama's rotary embedding (rotate_half form) on packed heads [B, T, heads * d],
+    written out in x's dtype (float64 here): the first `rotated` heads turn, the rest pass."""
+    b, t, c = x.shape
+    d = c // heads
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    freqs = torch.outer(torch.arange(t, dtype=torch.float64), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    xh = x.view(b, t, heads, d)
+    r = xh[:, :, :rotated]
+    x1, x2 = r[..., : d // 2], r[..., d // 2:]
+    turned = r * cos[None, :, None, :] + torch.cat((-x2, x1), dim=-1) * sin[None, :, None, :]
+    return torch.cat((turned, xh[:, :, rotated:]), dim=2).reshape(b, t, c)
+
+
+def _rope(name, seed, b, t, heads, rotated, d, theta):
+    g = torch.Generator().manual_seed(seed)
+    x = _rand(g, b, t, heads * d) * 2.0
+    dy = _rand(g, b, t, heads * d)
+    xd = x.double().requires_grad_()
+    y = rope_reference(xd, heads, rotated, theta)
+    y.backward(dy.double())
+    return name, _f32({"x": x, "y": y, "dy": dy, "dx": xd.grad}), {"op": "rope", "heads": heads,
+                                                                      "rotated": rotated, "theta": theta}
 
 
 def _embedding(name, seed, b, t, v, c, tmax):
@@ -105,6 +132,11 @@ def cases():
     yield _rmsnorm("rmsnorm_2d_c37", 12, (6, 37), 1e-6)
     yield _rmsnorm("rmsnorm_3d_c16", 13, (2, 5, 16), 1e-6)
     yield _rmsnorm("rmsnorm_3d_offset_eps", 14, (3, 4, 9), 1e-3, offset=4.0)
+    # q, k, v of one head each (v copied); grouped queries (4 q heads, 1 k, 1 v) at Llama 3's
+    # theta; positions up to 63 with every head turning.
+    yield _rope("rope_qkv_d8", 15, 2, 5, 3, 2, 8, 10000.0)
+    yield _rope("rope_gqa_d6_theta5e5", 16, 1, 7, 6, 5, 6, 500000.0)
+    yield _rope("rope_t64_all_heads", 17, 1, 64, 2, 2, 16, 10000.0)
     yield _embedding("embedding_pos", 4, 3, 7, 5, 6, 9)
     yield _embedding("embedding_nopos", 5, 2, 5, 4, 19, 0)
     yield _attention("attention_causal_b2_t5_c12_h3", 6, 2, 5, 12, 3, True)
