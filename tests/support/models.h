@@ -93,7 +93,29 @@ inline nlohmann::json shrink(nlohmann::json j, int64_t dim) {
   return j;
 }
 
-inline nlohmann::json shrink_model(const nlohmann::json& model) { return shrink(model, model_dim(model)); }
+// Whether the model has grouped-query attention (a "kv_heads" key anywhere).
+inline bool has_kv_heads(const nlohmann::json& j) {
+  if (j.is_object() && j.contains("kv_heads")) return true;
+  if (j.is_structured())
+    for (const auto& v : j)
+      if (has_kv_heads(v)) return true;
+  return false;
+}
+
+// Every linear named "qkv" set to `width` (the shrunk q, k, v of grouped-query attention).
+inline nlohmann::json set_qkv_width(nlohmann::json j, int64_t width) {
+  if (j.is_object() && j.value("type", "") == "linear" && j.value("name", "") == "qkv") j["out_features"] = width;
+  if (j.is_structured())
+    for (auto& v : j) v = set_qkv_width(v, width);
+  return j;
+}
+
+// With grouped-query attention, the qkv projections become (2 + 2 * 1) heads of 6 = 24
+// whatever their width was (Llama 3's (32 + 2 * 8) * 128 is 1.5 times the model width).
+inline nlohmann::json shrink_model(const nlohmann::json& model) {
+  nlohmann::json out = shrink(model, model_dim(model));
+  return has_kv_heads(model) ? set_qkv_width(out, 24) : out;
+}
 
 // Every attention layer of a model config set to the given "impl" (fused | materialized).
 inline nlohmann::json with_attention_impl(nlohmann::json j, const std::string& impl) {
