@@ -281,6 +281,21 @@ TEST(Translation, CorpusRefusesToReplaceAFolderThatIsNoCorpus) {
     for (const auto& e : fs::directory_iterator(odd))
       EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
   }
+  // What a build that died left beside the corpus goes; a live process's build stays.
+  const std::string base = odd.substr(0, odd.size() - 1);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);  // its pid names no process now
+  const std::string dead = base + ".tmp-" + std::to_string(child), live = base + ".tmp-" + std::to_string(getppid());
+  for (const std::string& d : {dead, live}) {
+    fs::create_directories(d);
+    remat::write_file_atomic(d + "/train.tsv", "half written");
+  }
+  remat::build_translation_corpus(o);
+  EXPECT_FALSE(fs::exists(dead)) << "a dead build's folder is left";
+  EXPECT_TRUE(fs::exists(live + "/train.tsv")) << "a live process's build was removed";
+  fs::remove_all(live);
   // The data set's first use keeps a corpus another process finished meanwhile.
   const auto before = fs::last_write_time(odd + "manifest.json");
   o.replace = false;

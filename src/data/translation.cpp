@@ -3,7 +3,10 @@
 #include "remat/translation.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <cstdio>
@@ -300,6 +303,29 @@ int64_t Tokenizer::vocab() const {
 
 // ---- building a corpus -----------------------------------------------------------------------------
 
+namespace {
+
+// A build that died (killed, out of power) leaves its OUT.tmp-PID folder beside out: each
+// such sibling whose process is gone (kill(pid, 0) answers ESRCH) is removed; one of a live
+// process (another build under way) is left alone.
+void remove_stale_builds(const fs::path& out) {
+  const std::string prefix = out.filename().string() + ".tmp-";
+  const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
+  std::error_code ec;
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    const auto pid = static_cast<pid_t>(std::stol(digits));
+    if (pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH) stale.push_back(e.path());
+  }
+  for (const fs::path& p : stale) fs::remove_all(p, ec);
+}
+
+}  // namespace
+
 CorpusSummary build_translation_corpus(const CorpusOptions& o) {
   REMAT_CHECK(!o.out_dir.empty(), "remat corpus: no output folder");
   REMAT_CHECK(o.vocab >= 64 && o.vocab <= 1000000, "remat corpus: --vocab ", o.vocab, ": expected 64 to 1000000");
@@ -348,6 +374,7 @@ CorpusSummary build_translation_corpus(const CorpusOptions& o) {
   if (fs::exists(out) && !fs::exists(out / "manifest.json"))
     REMAT_THROW(out.string(), " exists and is not a corpus folder (no manifest.json): choose another --out");
   if (out.has_parent_path()) fs::create_directories(out.parent_path());
+  remove_stale_builds(out);
   const fs::path tmp = out.string() + ".tmp-" + std::to_string(::getpid());
   fs::remove_all(tmp);
   fs::create_directories(tmp);
