@@ -446,7 +446,9 @@ std::vector<PlanCandidate> plain_candidates(const Config& cfg, const Graph& g, B
     out.push_back(simulate(cfg, g, "first " + tag + " full, rest kept", plan_from_unit_modes(g, "mixed", b), ws));
   }
   // The unit program's cheapest plan at each peak of the front so far (chain_planner.h):
-  // on chains of differing units it lies below the families' front.
+  // on chains of differing units it lies below the families' front. Up to 64 units (a
+  // program on a deeper chain takes seconds; the budget search still runs it once).
+  if (n > 64) return out;
   const UnitChainModel model = measure_unit_chain(cfg, g, ws);
   std::set<std::string> seen;
   for (const PlanCandidate& c : pareto_front(out)) {
