@@ -573,6 +573,41 @@ TEST(Memprof, TransformerBlockActivationsMatchTheAnalyticCount) {
   EXPECT_EQ(saved, 4 * s * b * h);
 }
 
+// A Llama block (models/llama_tiny.json in fp32, models/llama3_8b.json in bf16; docs/memory.md
+// "Llama-shaped models"): Korthikanti et al.'s count adapted to RMSNorm, rotary embeddings,
+// grouped-query attention and SwiGLU. Saved per block, in activation elements e (4 bytes
+// in fp32, 2 in bf16) and fp32 statistics:
+//   e * (5 s b h  +  s b (H + 2 KV) d  +  4 s b f)  +  4 * 2 s b  +  4 * H s b
+// The five s b h: both norms' outputs (read by the projections), the attention's output
+// (read by o_proj), res1 (read by the second norm) and the block's output (read by the
+// next block's norm); the turned q, k, v (read by attention; the projection's own output
+// is not kept: rope's backward reads nothing); gate, silu, up and their product (f wide);
+// two rstd rows and one log-sum-exp per query row and head. o_proj's and down's outputs
+// go straight into the residual adds, whose backward reads nothing.
+TEST(Memprof, LlamaBlockActivationsMatchTheAnalyticCount) {
+  struct Case {
+    const char* config;
+    int64_t b, s, h, heads, kv, d, f, e;
+  };
+  for (const Case& c :
+       {Case{"llama_tiny", 2, 128, 128, 4, 2, 32, 344, 4}, Case{"llama3_8b", 1, 256, 4096, 32, 8, 128, 14336, 2}}) {
+    SCOPED_TRACE(c.config);
+    remat::Config cfg = remat::load_config(std::string(REMAT_SOURCE_DIR) + "/models/" + c.config + ".json");
+    remat::Graph g = remat::build_config_graph(cfg, c.b, c.s);
+    const auto p = remat::profile_step(cfg, g, remat::make_plan(g, "none"), remat::Device::meta());
+    const int64_t sb = c.s * c.b;
+    const int64_t want =
+        c.e * (5 * sb * c.h + sb * (c.heads + 2 * c.kv) * c.d + 4 * sb * c.f) + 4 * 2 * sb + 4 * c.heads * sb;
+    for (int block : {1, 2}) {
+      int64_t saved = 0;
+      const std::string prefix = "h" + std::to_string(block) + ".";
+      for (const auto& l : p.layers)
+        if (l.name.rfind(prefix, 0) == 0) saved += l.saved_bytes;
+      EXPECT_EQ(saved, want) << "block " << block;
+    }
+  }
+}
+
 // remat plan --svg: round ticks on both axes, labels that do not overlap, and a candidate
 // far above the front drawn on the top edge and counted instead of squashing the chart.
 TEST(Planner, ParetoSvgHasTicksAndNoOverlappingLabels) {
