@@ -290,10 +290,11 @@ std::optional<PlanCandidate> simulate_offloaded(const Config& cfg, const Graph& 
   return simulate(cfg, g, c.name + "+offload", p, ws, om);
 }
 
-// A name for a plan the unit program chose: how many units each mode has, and up to 24
-// units their layout as CheckpointPlan::unit_layout draws it, e.g. "units: 2 full (1
-// segment), 4 selective [sssRRs]".
-std::string unit_modes_name(const std::vector<UnitModeSpec>& modes) {
+// A plan the unit program chose, simulated, named by how many units each mode has and, up
+// to 24 units, the plan's layout (CheckpointPlan::unit_layout), e.g. "units: 2 full (1
+// segment), 4 selective [sss sRR]".
+PlanCandidate simulate_unit_modes(const Config& cfg, const Graph& g, const std::vector<UnitModeSpec>& modes,
+                                  Backend* ws, const OffloadModel* om = nullptr) {
   int count[3] = {0, 0, 0}, segments = 0;
   for (size_t u = 0; u < modes.size(); ++u) {
     ++count[modes[u].mode];
@@ -305,15 +306,9 @@ std::string unit_modes_name(const std::vector<UnitModeSpec>& modes) {
             (segments == 1 ? " segment)" : " segments)");
   if (count[1] > 0) name += std::string(count[2] ? "," : "") + " " + std::to_string(count[1]) + " selective";
   if (count[0] > 0) name += std::string(count[2] || count[1] ? "," : "") + " " + std::to_string(count[0]) + " kept";
-  if (modes.size() <= 24) {  // and the layout, which tells apart plans of the same counts
-    name += " [";
-    for (size_t u = 0; u < modes.size(); ++u) {
-      if (u > 0 && modes[u].mode == 2 && modes[u - 1].mode == 2 && modes[u].group != modes[u - 1].group) name += '|';
-      name += modes[u].mode == 0 ? '.' : modes[u].mode == 1 ? 's' : 'R';
-    }
-    name += "]";
-  }
-  return name;
+  const CheckpointPlan plan = plan_from_unit_modes(g, "units", modes);
+  if (modes.size() <= 24) name += " [" + plan.unit_layout(g) + "]";  // tells apart plans of the same counts
+  return simulate(cfg, g, name, plan, ws, om);
 }
 
 // The longest segment the unit program tries: any up to 64 units; on longer chains 2√n (a
@@ -457,7 +452,7 @@ std::vector<PlanCandidate> plain_candidates(const Config& cfg, const Graph& g, B
     std::string key;
     for (const UnitModeSpec& u : *modes) key += std::to_string(u.mode) + ":" + std::to_string(u.group) + " ";
     if (!seen.insert(key).second) continue;
-    PlanCandidate u = simulate(cfg, g, unit_modes_name(*modes), plan_from_unit_modes(g, "units", *modes), ws);
+    PlanCandidate u = simulate_unit_modes(cfg, g, *modes, ws);
     // A plan of the families with the same peak and cost keeps its (regular) name.
     const bool known = std::any_of(out.begin(), out.end(), [&](const PlanCandidate& o) {
       return o.peak_bytes == u.peak_bytes && o.recompute_flops == u.recompute_flops;
@@ -638,7 +633,7 @@ void search_budget_pass(const Config& cfg, const Graph& g, int64_t budget, Backe
     for (int attempt = 0; attempt < 4 && target > 0; ++attempt) {
       const auto modes = cheapest_unit_modes(model, target, longest);
       if (!modes) break;
-      PlanCandidate c = simulate(cfg, g, unit_modes_name(*modes), plan_from_unit_modes(g, "chain", *modes), ws, om);
+      PlanCandidate c = simulate_unit_modes(cfg, g, *modes, ws, om);
       consider(c);
       if (c.peak_bytes <= budget) break;
       target -= c.peak_bytes - budget;
