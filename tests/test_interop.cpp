@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -713,7 +714,7 @@ TEST(Export, HfGpt2FilesAndBackAgain) {
   remat::save_safetensors(d / "run/checkpoint/model.safetensors", a.named_values());
   write_bytes(d / "run/checkpoint/state.json", "{}");
   write_bytes(d / "run/config.json", c.resolved().dump(2));
-  const std::string msg = remat::export_hf_gpt2(d / "run", d / "hf");
+  const std::string msg = remat::export_hf(d / "run", d / "hf", remat::HfArch::gpt2);
   EXPECT_NE(msg.find("28 tensors, 2 blocks"), std::string::npos) << msg;
   for (const auto& e : fs::directory_iterator(d.path() / "hf"))
     EXPECT_TRUE(e.path().filename() == "model.safetensors" || e.path().filename() == "config.json") << e.path();
@@ -749,10 +750,225 @@ TEST(Export, HfGpt2FilesAndBackAgain) {
   remat::init_from(d / "hf", c, b, false);
   expect_params(b, by);
 
-  EXPECT_REMAT_ERROR(remat::export_hf_gpt2(d / "hf", d / "x"), "hf: no complete checkpoint");
-  EXPECT_REMAT_ERROR(remat::export_hf_gpt2(d / "run/checkpoint", d / "x"), "no config.json");
+  EXPECT_REMAT_ERROR(remat::export_hf(d / "hf", d / "x", remat::HfArch::gpt2), "hf: no complete checkpoint");
+  EXPECT_REMAT_ERROR(remat::export_hf(d / "run/checkpoint", d / "x", remat::HfArch::gpt2), "no config.json");
   fs::remove(d / "run/checkpoint/state.json");
-  EXPECT_REMAT_ERROR(remat::export_hf_gpt2(d / "run", d / "x"), "no complete checkpoint");
+  EXPECT_REMAT_ERROR(remat::export_hf(d / "run", d / "x", remat::HfArch::gpt2), "no complete checkpoint");
+}
+
+// ---- Hugging Face Llama -------------------------------------------------------------------------
+
+namespace {
+
+// tests/configs/llama_tiny.json: 2 blocks 16 wide, 4 query and 2 key/value heads of 4
+// channels, SwiGLU 40 wide, context 8, an untied head.
+constexpr int64_t kLlamaL = 2, kLlamaC = 16, kLlamaD = 4, kLlamaF = 40, kLlamaV = 64;
+
+remat::Config llama_config() {
+  return remat::load_config(std::string(REMAT_SOURCE_DIR) + "/tests/configs/llama_tiny.json");
+}
+
+remat::Graph llama_graph(const remat::Config& c) {
+  return remat::build_graph(c.model, 1, c.source, {{"vocab", kLlamaV}});
+}
+
+// LlamaForCausalLM's state dict at those sizes, by hand: name -> ([rows, cols], values).
+HfState llama_state(uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  HfState s;
+  auto add = [&](const std::string& n, std::vector<int64_t> shape) {
+    int64_t k = 1;
+    for (int64_t x : shape) k *= x;
+    std::vector<float> v(static_cast<size_t>(k));
+    for (float& x : v) x = u(gen);
+    s.t[n] = {shape, v};
+  };
+  add("model.embed_tokens.weight", {kLlamaV, kLlamaC});
+  for (int64_t i = 0; i < kLlamaL; ++i) {
+    const std::string l = "model.layers." + std::to_string(i) + ".";
+    add(l + "input_layernorm.weight", {kLlamaC});
+    add(l + "self_attn.q_proj.weight", {4 * kLlamaD, kLlamaC});
+    add(l + "self_attn.k_proj.weight", {2 * kLlamaD, kLlamaC});
+    add(l + "self_attn.v_proj.weight", {2 * kLlamaD, kLlamaC});
+    add(l + "self_attn.o_proj.weight", {kLlamaC, 4 * kLlamaD});
+    add(l + "post_attention_layernorm.weight", {kLlamaC});
+    add(l + "mlp.gate_proj.weight", {kLlamaF, kLlamaC});
+    add(l + "mlp.up_proj.weight", {kLlamaF, kLlamaC});
+    add(l + "mlp.down_proj.weight", {kLlamaC, kLlamaF});
+  }
+  add("model.norm.weight", {kLlamaC});
+  add("lm_head.weight", {kLlamaV, kLlamaC});
+  return s;
+}
+
+std::map<std::string, std::vector<float>> llama_expected(const HfState& s) {
+  std::map<std::string, std::vector<float>> e;
+  e["embed.weight"] = s.v("model.embed_tokens.weight");
+  for (int64_t i = 0; i < kLlamaL; ++i) {
+    const std::string l = "model.layers." + std::to_string(i) + ".", r = "h" + std::to_string(i) + ".";
+    e[r + "attn_norm.weight"] = s.v(l + "input_layernorm.weight");
+    std::vector<float> qkv = s.v(l + "self_attn.q_proj.weight");  // rows: q's, then k's, then v's
+    for (const char* x : {"self_attn.k_proj.weight", "self_attn.v_proj.weight"})
+      qkv.insert(qkv.end(), s.v(l + x).begin(), s.v(l + x).end());
+    e[r + "qkv.weight"] = qkv;
+    e[r + "o_proj.weight"] = s.v(l + "self_attn.o_proj.weight");
+    e[r + "mlp_norm.weight"] = s.v(l + "post_attention_layernorm.weight");
+    e[r + "gate.weight"] = s.v(l + "mlp.gate_proj.weight");
+    e[r + "up.weight"] = s.v(l + "mlp.up_proj.weight");
+    e[r + "down.weight"] = s.v(l + "mlp.down_proj.weight");
+  }
+  e["norm_f.weight"] = s.v("model.norm.weight");
+  e["head.weight"] = s.v("lm_head.weight");
+  return e;
+}
+
+nlohmann::json llama_config_json() {
+  return {{"model_type", "llama"},    {"num_hidden_layers", kLlamaL}, {"num_attention_heads", 4},
+          {"num_key_value_heads", 2}, {"hidden_size", kLlamaC},       {"intermediate_size", kLlamaF},
+          {"hidden_act", "silu"},     {"rms_norm_eps", 1e-6},         {"rope_theta", 10000.0},
+          {"rope_scaling", nullptr},  {"tie_word_embeddings", false}};
+}
+
+}  // namespace
+
+TEST(InitFrom, HfLlamaStacksQkvAndChecksItsConfig) {
+  TempDir d("llama");
+  const HfState s = llama_state(21);
+  std::vector<RawTensor> r = raw(s, "");
+  r.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq", "F32", {2}, f32_bytes({1.0f, 0.01f})});
+  write_bytes(d / "model.safetensors", encode_raw(r));
+  write_bytes(d / "config.json", llama_config_json().dump());
+  const remat::Config c = llama_config();
+  const remat::Graph g = llama_graph(c);
+  remat::ParamStore ps(g, remat::Device::cpu(), 7);
+  const remat::InitFromReport rep = remat::init_from(d.path().string(), c, ps, false);
+  EXPECT_EQ(rep.format, "hf-llama");
+  EXPECT_EQ(rep.tensors, static_cast<int64_t>(g.params.size()));
+  EXPECT_EQ(rep.ignored_buffers, 1);
+  expect_params(ps, llama_expected(s));
+  EXPECT_NE(rep.describe().find("(Hugging Face Llama): 17 tensors"), std::string::npos) << rep.describe();
+
+  // What shapes cannot show: each difference is an error naming the key.
+  const std::string cj = d / "config.json";
+  auto with = [&](const char* key, const nlohmann::json& v) {
+    nlohmann::json j = llama_config_json();
+    j[key] = v;
+    write_bytes(cj, j.dump());
+  };
+  with("num_key_value_heads", 4);
+  EXPECT_REMAT_ERROR(remat::init_from(d.path().string(), c, ps, false),
+                     cj + ": num_key_value_heads is 4, the config's attention layers have kv_heads 2");
+  with("num_key_value_heads", nullptr);  // absent: as many as the query heads
+  EXPECT_REMAT_ERROR(remat::init_from(d.path().string(), c, ps, false), "num_key_value_heads is 4");
+  with("rope_theta", 500000.0);
+  EXPECT_REMAT_ERROR(remat::init_from(d.path().string(), c, ps, false), "rope_theta is 500000.0, the config's rope");
+  with("rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}});
+  EXPECT_REMAT_ERROR(remat::init_from(d.path().string(), c, ps, false), "rope_scaling is {");
+  with("hidden_act", "gelu");
+  EXPECT_REMAT_ERROR(remat::init_from(d.path().string(), c, ps, false), "hidden_act is \"gelu\"");
+  with("rms_norm_eps", 1e-5);
+  EXPECT_REMAT_ERROR(remat::init_from(d.path().string(), c, ps, false), "rms_norm_eps is 1e-05");
+  with("num_hidden_layers", 3);
+  EXPECT_REMAT_ERROR(remat::init_from(d.path().string(), c, ps, false), "num_hidden_layers is 3, the config has 2");
+  with("head_dim", 8);
+  EXPECT_REMAT_ERROR(remat::init_from(d.path().string(), c, ps, false), "head_dim is 8");
+  with("head_dim", kLlamaD);
+  EXPECT_NO_THROW(remat::init_from(d.path().string(), c, ps, false));
+
+  // A part of a stacked parameter of the wrong shape names the part and its place.
+  HfState bad = s;
+  bad.t["model.layers.1.self_attn.k_proj.weight"] = {{4 * kLlamaD, kLlamaC},
+                                                     std::vector<float>(4 * kLlamaD * kLlamaC, 0.5f)};
+  write_bytes(d / "model.safetensors", encode_raw(raw(bad, "")));
+  EXPECT_REMAT_ERROR(remat::init_from(d.path().string(), c, ps, false),
+                     "tensor \"model.layers.1.self_attn.k_proj.weight\" (remat's \"h1.qkv.weight\") has shape [16, "
+                     "16], the config (" +
+                         c.source + ") expects [8, 16] (rows 2 of 3 of remat's [32, 16])");
+  // A GPT-2 config does not take Llama weights: its parameters have no Llama names.
+  write_bytes(d / "model.safetensors", encode_raw(raw(s, "")));
+  fs::remove(cj);
+  const remat::Config gpt = tiny_config();
+  const remat::Graph gg = tiny_graph(gpt);
+  remat::ParamStore gp(gg, remat::Device::cpu(), 7);
+  EXPECT_REMAT_ERROR(remat::init_from(d.path().string(), gpt, gp, false),
+                     "tensor \"model.embed_tokens.weight\" (remat's \"embed.weight\") has shape [64, 16]");
+}
+
+TEST(Export, HfLlamaShardedAndBackAgain) {
+  TempDir d("export_llama");
+  const remat::Config c = llama_config();
+  const remat::Graph g = llama_graph(c);
+  remat::ParamStore a(g, remat::Device::cpu(), 11);
+  fs::create_directories(d.path() / "run" / "checkpoint");
+  remat::save_safetensors(d / "run/checkpoint/model.safetensors", a.named_values());
+  write_bytes(d / "run/checkpoint/state.json", "{}");
+  write_bytes(d / "run/config.json", c.resolved().dump(2));
+  std::map<std::string, std::vector<float>> by;
+  for (size_t p = 0; p < a.values.size(); ++p) by[g.params[p].name] = a.values[p].to_vector();
+
+  // One file: q, k and v are bands of qkv's rows.
+  std::string msg = remat::export_hf(d / "run", d / "hf", remat::HfArch::llama);
+  EXPECT_NE(msg.find("21 tensors, 2 blocks) to " + (d / "hf") + "/model.safetensors"), std::string::npos) << msg;
+  const remat::SafetensorsFile f = remat::SafetensorsFile::load(d / "hf/model.safetensors");
+  EXPECT_EQ(f.entry("model.layers.1.self_attn.k_proj.weight").shape, (Shape{2 * kLlamaD, kLlamaC}));
+  const std::vector<float>& qkv = by["h1.qkv.weight"];
+  const auto band = [&](int64_t r0, int64_t r1) {
+    return std::vector<float>(qkv.begin() + r0 * kLlamaC, qkv.begin() + r1 * kLlamaC);
+  };
+  EXPECT_EQ(f.tensor("model.layers.1.self_attn.q_proj.weight").to_vector(), band(0, 16));
+  EXPECT_EQ(f.tensor("model.layers.1.self_attn.k_proj.weight").to_vector(), band(16, 24));
+  EXPECT_EQ(f.tensor("model.layers.1.self_attn.v_proj.weight").to_vector(), band(24, 32));
+  EXPECT_EQ(f.tensor("lm_head.weight").to_vector(), by["head.weight"]);
+  const nlohmann::json j = nlohmann::json::parse(remat::read_file(d / "hf/config.json"));
+  EXPECT_EQ(j["architectures"], nlohmann::json({"LlamaForCausalLM"}));
+  EXPECT_EQ(j["num_key_value_heads"], 2);
+  EXPECT_EQ(j["num_attention_heads"], 4);
+  EXPECT_EQ(j["head_dim"], kLlamaD);
+  EXPECT_EQ(j["intermediate_size"], kLlamaF);
+  EXPECT_EQ(j["max_position_embeddings"], 8);
+  EXPECT_EQ(j["tie_word_embeddings"], false);
+  EXPECT_EQ(j["attention_bias"], false);
+  EXPECT_DOUBLE_EQ(j["rope_theta"].get<double>(), 10000.0);
+  EXPECT_DOUBLE_EQ(j["rms_norm_eps"].get<double>(), 1e-6);
+
+  // Shards of at most 4 KiB (a tensor larger than that alone in its shard), with the index.
+  msg = remat::export_hf(d / "run", d / "hf", remat::HfArch::llama, 4096);
+  EXPECT_FALSE(fs::exists(d.path() / "hf" / "model.safetensors"));  // the earlier layout is gone
+  const nlohmann::json index = nlohmann::json::parse(remat::read_file(d / "hf/model.safetensors.index.json"));
+  std::set<std::string> files;
+  int64_t total = 0;
+  for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
+    files.insert(it.value().get<std::string>());
+    const remat::SafetensorsFile s = remat::SafetensorsFile::load(d / ("hf/" + it.value().get<std::string>()));
+    const remat::SafetensorsEntry& e = s.entry(it.key());
+    total += static_cast<int64_t>(e.end - e.begin);
+  }
+  EXPECT_EQ(index["metadata"]["total_size"], total);
+  EXPECT_EQ(index["weight_map"].size(), 21u);
+  EXPECT_GT(files.size(), 3u);
+  EXPECT_NE(msg.find(std::to_string(files.size()) + " shards"), std::string::npos) << msg;
+  for (const std::string& n : files) {
+    char tail[32];
+    std::snprintf(tail, sizeof tail, "-of-%05zu.safetensors", files.size());
+    EXPECT_EQ(n.substr(n.size() - 21), tail) << n;
+    const auto bytes = fs::file_size(d.path() / "hf" / n);
+    const remat::SafetensorsFile s = remat::SafetensorsFile::load(d / ("hf/" + n));
+    EXPECT_TRUE(s.entries().size() == 1 || bytes < 4096 + 2048) << n << ": " << bytes << " bytes";
+  }
+  remat::ParamStore b(g, remat::Device::cpu(), 12);
+  const remat::InitFromReport rep = remat::init_from(d / "hf", c, b, false);
+  EXPECT_EQ(rep.files.size(), files.size());
+  expect_params(b, by);
+
+  // A GPT-2 run is not a Llama.
+  const remat::Config gpt = tiny_config();
+  write_bytes(d / "run/config.json", gpt.resolved().dump(2));
+  const remat::Graph gg = tiny_graph(gpt);
+  remat::ParamStore ga(gg, remat::Device::cpu(), 11);
+  remat::save_safetensors(d / "run/checkpoint/model.safetensors", ga.named_values());
+  EXPECT_REMAT_ERROR(remat::export_hf(d / "run", d / "x", remat::HfArch::llama),
+                     "parameter \"embed.pos_weight\" has no Hugging Face Llama name");
 }
 
 TEST(InitFrom, ParamsInitialisedInAnyOrderAreTheConstructorsValues) {

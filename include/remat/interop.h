@@ -1,10 +1,12 @@
-// Weights from and to other tools' files: Hugging Face GPT-2 checkpoints (safetensors, in
-// the layout of the published checkpoints and in the one save_pretrained writes) and
-// remat's own run folders, for `remat train/eval --init-from` and `remat export`.
+// Weights from and to other tools' files: Hugging Face GPT-2 and Llama checkpoints
+// (safetensors, one file or sharded with an index, in the layout of the published
+// checkpoints and in the one save_pretrained writes) and remat's own run folders, for
+// `remat train/eval --init-from` and `remat export`.
 //
 // The names of a GPT-2 in remat are those of models/gpt2_124m.json (embed, h{i}.ln1,
-// h{i}.qkv, ...); hf_gpt2_tensor_names() is the one table that maps them to Hugging
-// Face's, and both directions read it.
+// h{i}.qkv, ...), of a Llama those of models/llama_tiny.json (embed, h{i}.attn_norm,
+// h{i}.qkv, h{i}.o_proj, ...); hf_tensor_names() is the one table per architecture that
+// maps them to Hugging Face's, and both directions read it.
 #pragma once
 
 #include <cstdint>
@@ -16,24 +18,32 @@
 
 namespace remat {
 
-// One row of the name table. "{}" stands for the block index (h{}.qkv.weight is
+enum class HfArch { gpt2, llama };
+
+// One row of a name table. "{}" stands for the block index (h{}.qkv.weight is
 // h0.qkv.weight, h1.qkv.weight, ...). Hugging Face names are given without the
-// "transformer." prefix that save_pretrained adds (lm_head.weight never has it).
-struct Gpt2TensorName {
+// "transformer." prefix that GPT-2's save_pretrained adds (lm_head.weight never has it);
+// Llama's always have their "model.".
+struct HfTensorName {
   const char* remat;
-  const char* hf;
+  // One tensor, or several stacked along the first dimension into remat's one parameter
+  // (Llama's q_proj, k_proj and v_proj are the rows of remat's qkv, in that order).
+  std::vector<const char*> hf;
   // A Conv1D weight: stored [in, out] by Hugging Face, [out, in] by remat's linear.
   bool conv1d;
 };
-const std::vector<Gpt2TensorName>& hf_gpt2_tensor_names();
-// Tensors of Hugging Face GPT-2 files that are not weights (the causal-mask buffers
-// h.N.attn.bias and h.N.attn.masked_bias): ignored when loading.
-bool is_hf_gpt2_buffer(const std::string& hf_name);
+const std::vector<HfTensorName>& hf_tensor_names(HfArch arch);
+// Tensors of Hugging Face files that are not weights, ignored when loading: GPT-2's
+// causal-mask buffers h.N.attn.bias and h.N.attn.masked_bias, Llama's
+// model.layers.N.self_attn.rotary_emb.inv_freq of older files.
+bool is_hf_buffer(HfArch arch, const std::string& hf_name);
+// `--format` of remat export and InitFromReport::format: "hf-gpt2", "hf-llama".
+const char* hf_format_name(HfArch arch);
 
 // What init_from loaded.
 struct InitFromReport {
   std::string path;
-  std::string format;  // "hf-gpt2" or "remat"
+  std::string format;  // "hf-gpt2", "hf-llama" or "remat"
   std::vector<std::string> files;
   int64_t tensors = 0;  // parameters set from the files
   int64_t bytes = 0;    // bytes of those tensors in the files
@@ -45,11 +55,13 @@ struct InitFromReport {
 };
 
 // Sets the parameters of `params` (built from cfg's model) from `path`:
-//  - a Hugging Face GPT-2 folder (model.safetensors or a sharded
+//  - a Hugging Face GPT-2 or Llama folder (model.safetensors or a sharded
 //    model.safetensors.index.json, with config.json, which is checked against cfg's
-//    model), or such a .safetensors file; published names (h.0.attn.c_attn.weight,
-//    wte.weight) and save_pretrained's (transformer.h.0..., lm_head.weight left out when
-//    tied) are both read, Conv1D weights transposed;
+//    model), or such a .safetensors file or index; the architecture is told by the
+//    tensors' names. GPT-2's published names (h.0.attn.c_attn.weight, wte.weight) and
+//    save_pretrained's (transformer.h.0..., lm_head.weight left out when tied) are both
+//    read, Conv1D weights transposed; Llama's q_proj, k_proj and v_proj are stacked into
+//    remat's qkv;
 //  - a remat run folder (its checkpoint/model.safetensors), checkpoint folder or
 //    .safetensors file with remat's parameter names (init.safetensors).
 // Every shape is checked against the config (the error names the tensor, the expected
@@ -61,11 +73,19 @@ struct InitFromReport {
 // memory grows by little more than the parameters.
 InitFromReport init_from(const std::string& path, const Config& cfg, ParamStore& params, bool partial);
 
-// `remat export RUN_DIR --format hf-gpt2 OUT`: RUN_DIR's checkpoint (and config.json)
-// as a Hugging Face GPT-2 checkpoint that GPT2LMHeadModel.from_pretrained(OUT) loads:
-// OUT/config.json and OUT/model.safetensors (save_pretrained's names, lm_head.weight left
-// out when tied, metadata format "pt"). Each file is written to a temporary file and
-// renamed, model.safetensors first. Returns a line describing what was written.
-std::string export_hf_gpt2(const std::string& run_dir, const std::string& out_dir);
+// Hugging Face's default largest shard (save_pretrained's max_shard_size "5GB").
+inline constexpr int64_t kHfShardBytes = 5'000'000'000;
+
+// `remat export RUN_DIR --format hf-gpt2|hf-llama OUT`: RUN_DIR's checkpoint (and
+// config.json) as a Hugging Face checkpoint that GPT2LMHeadModel / LlamaForCausalLM
+// .from_pretrained(OUT) loads: OUT/config.json and the weights with save_pretrained's
+// names (lm_head.weight left out when tied, metadata format "pt"), f32: OUT/model.safetensors
+// when they fit in `max_shard_bytes`, else shards model-0000i-of-0000n.safetensors (each at
+// most that, unless one tensor is larger) and model.safetensors.index.json. Each file is
+// written to a temporary file and renamed, the weights first, the index and config.json
+// last; the files of the other layout left in OUT by an earlier export are removed. Returns
+// a line describing what was written.
+std::string export_hf(const std::string& run_dir, const std::string& out_dir, HfArch arch,
+                      int64_t max_shard_bytes = kHfShardBytes);
 
 }  // namespace remat

@@ -1,5 +1,6 @@
-// Hugging Face GPT-2 checkpoints in and out (interop.h): the name table, the config
-// checks, loading with a single copy per tensor, and the export.
+// Hugging Face checkpoints in and out (interop.h): finding the files, loading with a single
+// copy per tensor, and the export; what differs between GPT-2 and Llama is in hf_gpt2.cpp
+// and hf_llama.cpp (hf_arch.h).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -10,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "interop/hf_arch.h"
 #include "remat/bf16.h"
 #include "remat/error.h"
 #include "remat/interop.h"
@@ -19,37 +21,8 @@ namespace remat {
 
 namespace fs = std::filesystem;
 
-const std::vector<Gpt2TensorName>& hf_gpt2_tensor_names() {
-  static const std::vector<Gpt2TensorName> table = {
-      {"embed.weight", "wte.weight", false},
-      {"embed.pos_weight", "wpe.weight", false},
-      {"h{}.ln1.weight", "h.{}.ln_1.weight", false},
-      {"h{}.ln1.bias", "h.{}.ln_1.bias", false},
-      {"h{}.qkv.weight", "h.{}.attn.c_attn.weight", true},
-      {"h{}.qkv.bias", "h.{}.attn.c_attn.bias", false},
-      {"h{}.proj.weight", "h.{}.attn.c_proj.weight", true},
-      {"h{}.proj.bias", "h.{}.attn.c_proj.bias", false},
-      {"h{}.ln2.weight", "h.{}.ln_2.weight", false},
-      {"h{}.ln2.bias", "h.{}.ln_2.bias", false},
-      {"h{}.fc.weight", "h.{}.mlp.c_fc.weight", true},
-      {"h{}.fc.bias", "h.{}.mlp.c_fc.bias", false},
-      {"h{}.fc2.weight", "h.{}.mlp.c_proj.weight", true},
-      {"h{}.fc2.bias", "h.{}.mlp.c_proj.bias", false},
-      {"ln_f.weight", "ln_f.weight", false},
-      {"ln_f.bias", "ln_f.bias", false},
-      // Only a model whose head has its own weight has a parameter head.weight; a tied
-      // head shares embed.weight (Hugging Face leaves lm_head.weight out of such files).
-      {"head.weight", "lm_head.weight", false},
-  };
-  return table;
-}
+namespace hf {
 
-namespace {
-
-constexpr const char* kHfPrefix = "transformer.";
-constexpr const char* kHfHead = "lm_head.weight";
-
-// `name` against a pattern with at most one "{}" (a block index: digits, no leading zero).
 bool match_pattern(const std::string& pattern, const std::string& name, int64_t* index) {
   const size_t at = pattern.find("{}");
   if (at == std::string::npos) return name == pattern;
@@ -71,24 +44,86 @@ std::string fill_pattern(const std::string& pattern, int64_t index) {
   return pattern.substr(0, at) + std::to_string(index) + pattern.substr(at + 2);
 }
 
-// The Hugging Face name of a remat parameter; false when the table has none.
-bool hf_name_of(const std::string& remat_name, std::string* hf, bool* conv1d) {
-  for (const Gpt2TensorName& row : hf_gpt2_tensor_names()) {
-    int64_t i = -1;
-    if (match_pattern(row.remat, remat_name, &i)) {
-      *hf = fill_pattern(row.hf, i);
-      *conv1d = row.conv1d;
-      return true;
-    }
+namespace {
+
+void collect_layers(const nlohmann::json& layers, const std::string& type, bool in_block,
+                    std::vector<std::pair<const nlohmann::json*, bool>>& out) {
+  if (!layers.is_array()) return;
+  for (const auto& l : layers) {
+    if (!l.is_object()) continue;
+    const std::string t = l.value("type", "");
+    if (t == "repeat" && l.contains("layers"))
+      collect_layers(l["layers"], type, true, out);
+    else if (t == type)
+      out.emplace_back(&l, in_block);
   }
-  return false;
 }
 
-// A Hugging Face tensor name without save_pretrained's "transformer." prefix.
-std::string canonical_hf(const std::string& name) {
-  const std::string p = kHfPrefix;
-  return name.compare(0, p.size(), p) == 0 ? name.substr(p.size()) : name;
+}  // namespace
+
+std::vector<const nlohmann::json*> layers_of(const nlohmann::json& model, const std::string& type, int where) {
+  std::vector<std::pair<const nlohmann::json*, bool>> all;
+  if (model.contains("layers")) collect_layers(model["layers"], type, false, all);
+  std::vector<const nlohmann::json*> out;
+  for (const auto& [l, in_block] : all)
+    if (where == 0 || (where > 0) == in_block) out.push_back(l);
+  return out;
 }
+
+bool shared_value(const nlohmann::json& model, const std::string& type, const std::string& key,
+                  const nlohmann::json& def, const std::string& source, const char* arch, nlohmann::json* value,
+                  int where) {
+  bool found = false;
+  for (const nlohmann::json* l : layers_of(model, type, where)) {
+    const nlohmann::json v = l->contains(key) ? (*l)[key] : def;
+    if (found && v != *value)
+      REMAT_THROW(source, ": the ", type, " layers have different ", key, " (", value->dump(), " and ", v.dump(), "); ",
+                  arch);
+    *value = v;
+    found = true;
+  }
+  return found;
+}
+
+nlohmann::json read_config_json(const std::string& path) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    REMAT_THROW(path, ": not valid JSON: ", e.what());
+  }
+  if (!j.is_object()) REMAT_THROW(path, ": not a JSON object");
+  return j;
+}
+
+int64_t block_count(const Graph& g) {
+  int64_t n_blocks = 0;
+  for (const GraphParam& p : g.params) {
+    const size_t dot = p.name.find('.');
+    int64_t i = -1;
+    if (dot != std::string::npos && match_pattern("h{}", p.name.substr(0, dot), &i))
+      n_blocks = std::max(n_blocks, i + 1);
+  }
+  return n_blocks;
+}
+
+const Arch& arch(HfArch id) { return id == HfArch::llama ? llama_arch() : gpt2_arch(); }
+
+}  // namespace hf
+
+const std::vector<HfTensorName>& hf_tensor_names(HfArch a) { return hf::arch(a).names; }
+bool is_hf_buffer(HfArch a, const std::string& hf_name) {
+  const hf::Arch& x = hf::arch(a);
+  const std::string p = x.prefix;
+  return x.is_buffer(!p.empty() && hf_name.compare(0, p.size(), p) == 0 ? hf_name.substr(p.size()) : hf_name);
+}
+const char* hf_format_name(HfArch a) { return hf::arch(a).format; }
+
+namespace {
+
+using hf::Arch;
+using hf::fill_pattern;
+using hf::match_pattern;
 
 Shape transposed(const Shape& s) { return Shape{s[1], s[0]}; }
 
@@ -182,133 +217,23 @@ void copy_entry(const SafetensorsFile& f, const SafetensorsEntry& e, bool transp
   REMAT_THROW(f.source(), ": tensor \"", e.name, "\" is ", dtype_name(e.dtype), "; weights must be F32, F16 or BF16");
 }
 
-// Copies `e` into parameter `t` (any device), transposing a Conv1D weight.
-void load_param(const SafetensorsFile& f, const SafetensorsEntry& e, bool transpose, Tensor& t) {
-  if (t.device().is_cpu()) {
-    copy_entry(f, e, transpose, t.f32());
-    return;
-  }
-  Tensor host = Tensor::empty(t.shape(), Device::cpu(), DType::f32,
-                              AllocTag{MemoryCategory::temporary, "init_from", Phase::setup});
-  copy_entry(f, e, transpose, host.f32());
-  t.copy_from(host);
-}
-
-// ---- the model config --------------------------------------------------------------------------
-
-// Every layer object of `type` in a model's layers (inside repeat blocks too).
-void collect_layers(const nlohmann::json& layers, const std::string& type, bool in_block,
-                    std::vector<std::pair<const nlohmann::json*, bool>>& out) {
-  if (!layers.is_array()) return;
-  for (const auto& l : layers) {
-    if (!l.is_object()) continue;
-    const std::string t = l.value("type", "");
-    if (t == "repeat" && l.contains("layers"))
-      collect_layers(l["layers"], type, true, out);
-    else if (t == type)
-      out.emplace_back(&l, in_block);
-  }
-}
-
-std::vector<const nlohmann::json*> layers_of(const nlohmann::json& model, const std::string& type, int where = 0) {
-  std::vector<std::pair<const nlohmann::json*, bool>> all;
-  if (model.contains("layers")) collect_layers(model["layers"], type, false, all);
-  std::vector<const nlohmann::json*> out;
-  for (const auto& [l, in_block] : all)
-    if (where == 0 || (where > 0) == in_block) out.push_back(l);
-  return out;
-}
-
-// The one value of `key` the layers of `type` share (`def` where a layer leaves it out);
-// false when there is no such layer. Different values are an error naming `source`.
-bool shared_value(const nlohmann::json& model, const std::string& type, const std::string& key,
-                  const nlohmann::json& def, const std::string& source, nlohmann::json* value, int where = 0) {
-  bool found = false;
-  for (const nlohmann::json* l : layers_of(model, type, where)) {
-    const nlohmann::json v = l->contains(key) ? (*l)[key] : def;
-    if (found && v != *value)
-      REMAT_THROW(source, ": the ", type, " layers have different ", key, " (", value->dump(), " and ", v.dump(),
-                  "); a GPT-2 has one");
-    *value = v;
-    found = true;
-  }
-  return found;
-}
-
-struct ModelFacts {
-  std::string activation;  // Hugging Face's name: gelu_new (tanh) or gelu (erf)
-  double ln_eps = 1e-5;
-  int64_t heads = 0;
-  double embd_pdrop = 0, attn_pdrop = 0, resid_pdrop = 0;
-  bool causal = true;
+struct Found {
+  const SafetensorsFile* file;
+  const SafetensorsEntry* entry;
 };
 
-ModelFacts model_facts(const Config& cfg) {
-  ModelFacts m;
-  nlohmann::json v;
-  if (shared_value(cfg.model, "gelu", "approximate", "none", cfg.source, &v))
-    m.activation = v == "tanh" ? "gelu_new" : "gelu";
-  if (shared_value(cfg.model, "layernorm", "eps", 1e-5, cfg.source, &v) && v.is_number()) m.ln_eps = v.get<double>();
-  if (shared_value(cfg.model, "attention", "heads", 1, cfg.source, &v) && v.is_number_integer())
-    m.heads = v.get<int64_t>();
-  if (shared_value(cfg.model, "attention", "dropout", 0.0, cfg.source, &v) && v.is_number())
-    m.attn_pdrop = v.get<double>();
-  if (shared_value(cfg.model, "attention", "causal", true, cfg.source, &v) && v.is_boolean()) m.causal = v.get<bool>();
-  auto first_p = [&](int where) {
-    const auto ls = layers_of(cfg.model, "dropout", where);
-    if (ls.empty()) return 0.0;
-    const nlohmann::json p = ls.front()->contains("p") ? (*ls.front())["p"] : nlohmann::json(0.5);
-    return p.is_number() ? p.get<double>() : 0.0;
-  };
-  m.embd_pdrop = first_p(-1);
-  m.resid_pdrop = first_p(1);
-  return m;
-}
-
-// Checks a Hugging Face config.json against the remat config: what shapes cannot tell.
-void check_hf_config_json(const std::string& path, const Config& cfg, int64_t n_blocks);
-void check_hf_config(const std::string& path, const Config& cfg, int64_t n_blocks) {
-  try {
-    check_hf_config_json(path, cfg, n_blocks);
-  } catch (const nlohmann::json::exception& e) {  // a value of the wrong JSON type
-    REMAT_THROW(path, ": unexpected value: ", e.what());
+// Copies `parts` (stacked along the first dimension) into parameter `t` (any device),
+// transposing a Conv1D weight (one part).
+void load_param(const std::vector<Found>& parts, bool transpose, Tensor& t) {
+  Tensor host = t.device().is_cpu() ? t
+                                    : Tensor::empty(t.shape(), Device::cpu(), DType::f32,
+                                                    AllocTag{MemoryCategory::temporary, "init_from", Phase::setup});
+  int64_t at = 0;
+  for (const Found& p : parts) {
+    copy_entry(*p.file, *p.entry, transpose, host.f32() + at);
+    at += p.entry->shape.numel();
   }
-}
-
-void check_hf_config_json(const std::string& path, const Config& cfg, int64_t n_blocks) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    REMAT_THROW(path, ": not valid JSON: ", e.what());
-  }
-  if (!j.is_object()) REMAT_THROW(path, ": not a JSON object");
-  const ModelFacts m = model_facts(cfg);
-  auto fail = [&](const std::string& key, const std::string& msg) -> void {
-    REMAT_THROW(path, ": ", key, " is ", j[key].dump(), ", ", msg, " (", cfg.source, ")");
-  };
-  if (j.contains("model_type") && j["model_type"] != "gpt2") fail("model_type", "not gpt2");
-  if (j.contains("n_layer") && j["n_layer"] != n_blocks)
-    fail("n_layer", "the config has " + std::to_string(n_blocks) + " blocks");
-  if (j.contains("n_head") && m.heads > 0 && j["n_head"] != m.heads)
-    fail("n_head", "the config's attention layers have " + std::to_string(m.heads) + " heads");
-  if (j.contains("activation_function") && !m.activation.empty()) {
-    std::string a = j["activation_function"].is_string() ? j["activation_function"].get<std::string>() : "?";
-    if (a == "gelu_pytorch_tanh") a = "gelu_new";  // the same function
-    if (a != m.activation)
-      fail("activation_function", "the config's gelu layers compute " + m.activation +
-                                      (m.activation == "gelu_new" ? " (approximate: tanh)" : " (approximate: none)"));
-  }
-  if (j.contains("layer_norm_epsilon")) {
-    const auto& e = j["layer_norm_epsilon"];
-    if (!e.is_number() || static_cast<float>(e.get<double>()) != static_cast<float>(m.ln_eps))
-      fail("layer_norm_epsilon", "the config's layernorm eps is " + nlohmann::json(m.ln_eps).dump());
-  }
-  if (j.value("scale_attn_weights", true) != true)
-    fail("scale_attn_weights", "remat's attention scales by 1/sqrt(head size)");
-  if (j.value("scale_attn_by_inverse_layer_idx", false) != false)
-    fail("scale_attn_by_inverse_layer_idx", "remat's attention does not scale by layer");
-  if (!m.causal) REMAT_THROW(cfg.source, ": the attention layers are not causal; GPT-2's are");
+  if (!t.device().is_cpu()) t.copy_from(host);
 }
 
 // ---- finding the files ---------------------------------------------------------------------------
@@ -318,7 +243,7 @@ void check_hf_config_json(const std::string& path, const Config& cfg, int64_t n_
   REMAT_THROW(file,
               " is a pickled PyTorch checkpoint, which remat does not read (unpickling can run arbitrary code). "
               "Convert it to safetensors with transformers, e.g.\n  python3 -c \"from transformers import "
-              "GPT2LMHeadModel; GPT2LMHeadModel.from_pretrained('",
+              "AutoModelForCausalLM; AutoModelForCausalLM.from_pretrained('",
               dir, "').save_pretrained('", dir, "-safetensors', safe_serialization=True)\"\nand pass --init-from ", dir,
               "-safetensors");
 }
@@ -407,17 +332,12 @@ Sources open_sources(const std::string& path) {
     // A Hugging Face config.json only (a remat run folder's config.json has a "model" object).
     try {
       const nlohmann::json j = nlohmann::json::parse(read_file(cj.string()));
-      if (j.is_object() && j.contains("n_embd")) s.config_json = cj.string();
+      if (j.is_object() && (j.contains("n_embd") || j.contains("model_type"))) s.config_json = cj.string();
     } catch (const nlohmann::json::exception&) {
     }
   }
   return s;
 }
-
-struct Found {
-  const SafetensorsFile* file;
-  const SafetensorsEntry* entry;
-};
 
 std::string join(const std::vector<std::string>& v, size_t max = 8) {
   std::string out;
@@ -426,41 +346,48 @@ std::string join(const std::vector<std::string>& v, size_t max = 8) {
   return out;
 }
 
-// The number of GPT-2 blocks of a graph (its parameters h{i}.ln1.weight).
-int64_t block_count(const Graph& g) {
-  int64_t n_blocks = 0;
-  for (const GraphParam& p : g.params) {
-    int64_t i = -1;
-    if (match_pattern("h{}.ln1.weight", p.name, &i)) n_blocks = std::max(n_blocks, i + 1);
-  }
-  return n_blocks;
+// A file tensor's name without the architecture's save_pretrained prefix.
+std::string canonical(const Arch& a, const std::string& name) {
+  const std::string p = a.prefix;
+  return !p.empty() && name.compare(0, p.size(), p) == 0 ? name.substr(p.size()) : name;
 }
 
-// Whether the files name their tensors as Hugging Face GPT-2 does (else: as remat does).
-bool has_hf_names(const Sources& src) {
-  bool hf = false;
-  for (const auto& f : src.files)
-    for (const auto& e : f.entries()) {
-      const std::string c = canonical_hf(e.name);
-      int64_t i = -1;
-      if (c == "wte.weight" || match_pattern("h.{}.ln_1.weight", c, &i) ||
-          match_pattern("h.{}.attn.c_attn.weight", c, &i))
-        hf = true;
+// The architecture whose names the files use; nullptr for remat's own names.
+const Arch* files_arch(const Sources& src) {
+  for (const Arch* a : {&hf::gpt2_arch(), &hf::llama_arch()})
+    for (const auto& f : src.files)
+      for (const auto& e : f.entries())
+        if (a->recognises(canonical(*a, e.name))) return a;
+  return nullptr;
+}
+
+// The table row of a remat parameter; false when the table has none. `hf` gets the row's
+// Hugging Face names for block `index`.
+bool row_of(const Arch& a, const std::string& remat_name, std::vector<std::string>* hf, bool* conv1d) {
+  for (const HfTensorName& row : a.names) {
+    int64_t i = -1;
+    if (match_pattern(row.remat, remat_name, &i)) {
+      hf->clear();
+      for (const char* n : row.hf) hf->push_back(fill_pattern(n, i));
+      *conv1d = row.conv1d;
+      return true;
     }
-  return hf;
+  }
+  return false;
 }
 
 // Loads a graph's parameters from the tensors of the files, by name.
 class ParamLoader {
  public:
-  ParamLoader(const Sources& src, const Config& cfg, ParamStore& params, bool hf, bool partial, InitFromReport& r)
-      : cfg_(cfg), params_(params), hf_(hf), partial_(partial), r_(r) {
-    // Every tensor of the files by name; Hugging Face names without "transformer.", and
-    // without the attention mask buffers (counted).
+  ParamLoader(const Sources& src, const Config& cfg, ParamStore& params, const Arch* arch, bool partial,
+              InitFromReport& r)
+      : cfg_(cfg), params_(params), arch_(arch), partial_(partial), r_(r) {
+    // Every tensor of the files by name; Hugging Face names without their prefix, and
+    // without the buffers (counted).
     for (const auto& f : src.files)
       for (const auto& e : f.entries()) {
-        const std::string key = hf ? canonical_hf(e.name) : e.name;
-        if (hf && is_hf_gpt2_buffer(key)) {
+        const std::string key = arch ? canonical(*arch, e.name) : e.name;
+        if (arch && arch->is_buffer(key)) {
           ++r.ignored_buffers;
           continue;
         }
@@ -471,59 +398,68 @@ class ParamLoader {
       }
   }
 
-  // Parameter p from its tensor; under partial, one without a tensor is left as initialised
+  // Parameter p from its tensors; under partial, one without them is left as initialised
   // (and listed as missing).
   void load(size_t p) {
     const Graph& g = params_.graph();
     const std::string& name = g.params[p].name;
-    std::string key = name;
+    std::vector<std::string> keys{name};
     bool conv1d = false;
-    if (hf_) {
-      if (!hf_name_of(name, &key, &conv1d)) {
+    if (arch_) {
+      if (!row_of(*arch_, name, &keys, &conv1d)) {
         if (partial_) return leave_initialised(p);
-        REMAT_THROW(cfg_.source, ": parameter \"", name,
-                    "\" has no Hugging Face GPT-2 name (a GPT-2 config uses the "
-                    "layer names of models/gpt2_124m.json: embed, h{i}.ln1, h{i}.qkv, h{i}.proj, h{i}.ln2, h{i}.fc, "
-                    "h{i}.fc2, ln_f, head); pass --init-from-partial to load the others");
+        REMAT_THROW(cfg_.source, ": parameter \"", name, "\" has no ", arch_->title, " name (a config uses ",
+                    arch_->layer_names, "); pass --init-from-partial to load the others");
       }
-      if (key == kHfHead) head_tied_ = false;
+      if (keys.front() == arch_->head) head_tied_ = false;
     }
-    auto it = by_name_.find(key);
-    // An untied head loads the embedding when the file ties them (lm_head.weight left out).
-    if (it == by_name_.end() && hf_ && key == kHfHead) it = by_name_.find("wte.weight");
-    if (it == by_name_.end()) {
-      if (partial_) return leave_initialised(p);
-      REMAT_THROW(join(r_.files, 2), ": no tensor ",
-                  hf_ ? "\"" + key + "\" (remat's \"" + name + "\")" : "\"" + name + "\"",
-                  "; pass --init-from-partial to leave missing parameters as initialised");
-    }
-    const SafetensorsEntry& e = *it->second.entry;
     const Shape& want = g.params[p].spec.shape;
-    const Shape want_file = conv1d ? transposed(want) : want;
-    if (e.shape != want_file)
-      REMAT_THROW(it->second.file->source(), ": tensor \"", e.name, "\"", hf_ ? " (remat's \"" + name + "\")" : "",
-                  " has shape ", e.shape.str(), ", the config (", cfg_.source, ") expects ", want_file.str(),
-                  conv1d ? " (Conv1D [in, out] of remat's " + want.str() + ")" : "");
-    load_param(*it->second.file, e, conv1d, params_.values[p]);
-    used_.insert(it->first);
+    const std::vector<int64_t> rows =
+        keys.size() > 1 ? arch_->part_rows(cfg_, name, want[0]) : std::vector<int64_t>{want[0]};
+    std::vector<Found> parts;
+    for (size_t k = 0; k < keys.size(); ++k) {
+      auto it = by_name_.find(keys[k]);
+      // An untied head loads the embedding when the file ties them (lm_head.weight left out).
+      if (it == by_name_.end() && arch_ && keys[k] == arch_->head) it = by_name_.find(arch_->embed);
+      if (it == by_name_.end()) {
+        if (partial_) return leave_initialised(p);
+        REMAT_THROW(join(r_.files, 2), ": no tensor ",
+                    arch_ ? "\"" + keys[k] + "\" (remat's \"" + name + "\")" : "\"" + name + "\"",
+                    "; pass --init-from-partial to leave missing parameters as initialised");
+      }
+      const SafetensorsEntry& e = *it->second.entry;
+      Shape want_file = conv1d ? transposed(want) : want;
+      if (keys.size() > 1) want_file = want_file.rank() == 1 ? Shape{rows[k]} : Shape{rows[k], want[1]};
+      if (e.shape != want_file)
+        REMAT_THROW(it->second.file->source(), ": tensor \"", e.name, "\"", arch_ ? " (remat's \"" + name + "\")" : "",
+                    " has shape ", e.shape.str(), ", the config (", cfg_.source, ") expects ", want_file.str(),
+                    conv1d ? " (Conv1D [in, out] of remat's " + want.str() + ")" : "",
+                    keys.size() > 1 ? " (rows " + std::to_string(k + 1) + " of " + std::to_string(keys.size()) +
+                                          " of remat's " + want.str() + ")"
+                                    : "");
+      parts.push_back(it->second);
+      used_.insert(it->first);
+      r_.bytes += static_cast<int64_t>(e.end - e.begin);
+    }
+    load_param(parts, conv1d, params_.values[p]);
     ++r_.tensors;
-    r_.bytes += static_cast<int64_t>(e.end - e.begin);
   }
 
   // A tied head (no parameter of its own): the files' lm_head.weight, where there is one,
   // must be the embedding.
   void check_tied_head() {
-    if (!hf_ || !head_tied_ || !by_name_.count(kHfHead) || !by_name_.count("wte.weight")) return;
-    const Found& h = by_name_[kHfHead];
-    const Found& w = by_name_["wte.weight"];
+    if (!arch_ || !head_tied_ || !by_name_.count(arch_->head) || !by_name_.count(arch_->embed)) return;
+    const Found& h = by_name_[arch_->head];
+    const Found& w = by_name_[arch_->embed];
     const bool same = h.entry->shape == w.entry->shape && h.entry->dtype == w.entry->dtype &&
                       std::memcmp(h.file->data(*h.entry), w.file->data(*w.entry), h.entry->end - h.entry->begin) == 0;
     h.file->release(*h.entry, 0, h.entry->end - h.entry->begin);
     w.file->release(*w.entry, 0, w.entry->end - w.entry->begin);
     if (same) {
-      used_.insert(kHfHead);
+      used_.insert(arch_->head);
     } else if (!partial_) {
-      REMAT_THROW(h.file->source(), ": lm_head.weight differs from wte.weight, but the config (", cfg_.source,
+      REMAT_THROW(h.file->source(), ": ", arch_->head, " differs from ", arch_->embed, ", but the config (",
+                  cfg_.source,
                   ") ties head to embed; an untied checkpoint needs a head with its own weight (no tie_weight)");
     }
   }
@@ -545,7 +481,8 @@ class ParamLoader {
 
   const Config& cfg_;
   ParamStore& params_;
-  const bool hf_, partial_;
+  const Arch* arch_;
+  const bool partial_;
   InitFromReport& r_;
   std::map<std::string, Found> by_name_;
   std::set<std::string> used_;
@@ -554,18 +491,17 @@ class ParamLoader {
 
 }  // namespace
 
-bool is_hf_gpt2_buffer(const std::string& hf_name) {
-  int64_t i = -1;
-  const std::string n = canonical_hf(hf_name);
-  return match_pattern("h.{}.attn.bias", n, &i) || match_pattern("h.{}.attn.masked_bias", n, &i);
-}
-
 std::string InitFromReport::describe() const {
   char buf[160];
   std::snprintf(buf, sizeof buf, "%lld tensors (%.1f MiB) in %.2f s", static_cast<long long>(tensors),
                 static_cast<double>(bytes) / (1 << 20), seconds);
-  std::string out = "init from " + path + " (" + (format == "hf-gpt2" ? "Hugging Face GPT-2" : "remat") + "): " + buf;
-  if (ignored_buffers) out += ", " + std::to_string(ignored_buffers) + " attention mask buffers ignored";
+  const std::string what = format == "hf-gpt2"    ? hf::gpt2_arch().title
+                           : format == "hf-llama" ? hf::llama_arch().title
+                                                  : "remat";
+  std::string out = "init from " + path + " (" + what + "): " + buf;
+  if (ignored_buffers)
+    out += ", " + std::to_string(ignored_buffers) +
+           (format == "hf-llama" ? " rotary inv_freq buffers ignored" : " attention mask buffers ignored");
   if (!missing.empty()) out += "\n  --init-from-partial: left as initialised: " + join(missing);
   if (!unexpected.empty()) out += "\n  --init-from-partial: not used: " + join(unexpected);
   return out;
@@ -580,10 +516,17 @@ InitFromReport init_from(const std::string& path, const Config& cfg, ParamStore&
   r.path = path;
   const Sources src = open_sources(path);
   for (const auto& f : src.files) r.files.push_back(f.source());
-  const bool hf = has_hf_names(src);
-  r.format = hf ? "hf-gpt2" : "remat";
-  ParamLoader loader(src, cfg, params, hf, partial, r);
-  if (hf && !src.config_json.empty()) check_hf_config(src.config_json, cfg, block_count(g));
+  const Arch* arch = files_arch(src);
+  r.format = arch ? arch->format : "remat";
+  ParamLoader loader(src, cfg, params, arch, partial, r);
+  if (arch && !src.config_json.empty()) {
+    const nlohmann::json j = hf::read_config_json(src.config_json);
+    try {
+      arch->check_config(j, src.config_json, cfg, g, hf::block_count(g));
+    } catch (const nlohmann::json::exception& e) {  // a value of the wrong JSON type
+      REMAT_THROW(src.config_json, ": unexpected value: ", e.what());
+    }
+  }
   for (size_t p = 0; p < g.params.size(); ++p) loader.load(p);
   loader.check_tied_head();
   loader.check_unused();
@@ -595,70 +538,79 @@ InitFromReport init_from(const std::string& path, const Config& cfg, ParamStore&
 
 namespace {
 
-// A tensor of the export: its Hugging Face name, the checkpoint's entry, whether it is
+// A tensor of the export: its Hugging Face name, the checkpoint's entry, the bytes of it
+// this tensor is (a part of a stacked parameter is a band of its rows), whether it is
 // transposed (Conv1D's [in, out]) and its shape in the export.
 struct ExportTensor {
   std::string name;
   const SafetensorsEntry* entry;
+  size_t begin, end;  // within the entry's data
   bool conv1d;
   Shape shape;
-};
-
-// What the exported config.json says of the model besides the config's facts.
-struct ExportFacts {
-  bool tied = true;  // no parameter head.weight of its own
-  int64_t n_blocks = 0, n_inner = 0, n_positions = 0;
+  size_t bytes() const { return end - begin; }
 };
 
 // The checkpoint's tensors in the graph's order, with their Hugging Face names and shapes.
-std::vector<ExportTensor> export_tensors(const Graph& g, const SafetensorsFile& f, const std::string& cfg_path,
-                                         ExportFacts& facts) {
+std::vector<ExportTensor> export_tensors(const Arch& a, const Config& cfg, const Graph& g, const SafetensorsFile& f,
+                                         hf::ExportShapes& x) {
   std::vector<ExportTensor> outs;
   for (const GraphParam& p : g.params) {
-    std::string hf;
+    std::vector<std::string> hf;
     bool conv1d = false;
-    if (!hf_name_of(p.name, &hf, &conv1d))
-      REMAT_THROW(cfg_path, ": parameter \"", p.name,
-                  "\" has no Hugging Face GPT-2 name (a GPT-2 config uses the layer "
-                  "names of models/gpt2_124m.json)");
+    if (!row_of(a, p.name, &hf, &conv1d))
+      REMAT_THROW(cfg.source, ": parameter \"", p.name, "\" has no ", a.title, " name (a config uses ", a.layer_names,
+                  ")");
     REMAT_CHECK(f.has(p.name), f.source(), ": no tensor \"", p.name, "\" of the config's parameters");
     const SafetensorsEntry& e = f.entry(p.name);
     REMAT_CHECK(e.shape == p.spec.shape && e.dtype == DType::f32, f.source(), ": tensor \"", p.name, "\" is ",
                 dtype_name(e.dtype), e.shape.str(), ", the config has f32", p.spec.shape.str());
-    if (hf == kHfHead) facts.tied = false;
-    if (p.name == "h0.fc.weight") facts.n_inner = e.shape[0];
-    if (p.name == "embed.pos_weight") facts.n_positions = e.shape[0];
-    outs.push_back(
-        ExportTensor{hf == kHfHead ? hf : kHfPrefix + hf, &e, conv1d, conv1d ? transposed(e.shape) : e.shape});
+    x.params.push_back(p.name);
+    if (hf.front() == a.head) x.tied = false;
+    if (p.name == "h0.fc.weight" || p.name == "h0.gate.weight") x.inner = e.shape[0];
+    if (p.name == "h0.qkv.weight") x.qkv_rows = e.shape[0];
+    if (p.name == "embed.pos_weight") x.positions = e.shape[0];
+    const std::string prefix = hf.front() == a.head ? "" : a.prefix;
+    if (hf.size() == 1) {
+      outs.push_back(
+          ExportTensor{prefix + hf.front(), &e, 0, e.end - e.begin, conv1d, conv1d ? transposed(e.shape) : e.shape});
+      continue;
+    }
+    const std::vector<int64_t> rows = a.part_rows(cfg, p.name, e.shape[0]);
+    const size_t row_bytes = (e.end - e.begin) / static_cast<size_t>(e.shape[0]);
+    size_t at = 0;
+    for (size_t k = 0; k < hf.size(); ++k) {
+      const size_t n = static_cast<size_t>(rows[k]) * row_bytes;
+      outs.push_back(ExportTensor{prefix + hf[k], &e, at, at + n, false,
+                                  e.shape.rank() == 1 ? Shape{rows[k]} : Shape{rows[k], e.shape[1]}});
+      at += n;
+    }
   }
-  facts.n_blocks = block_count(g);
+  x.n_blocks = hf::block_count(g);
   return outs;
 }
 
-// out_dir/model.safetensors: the tensors in order, f32, Conv1D weights transposed; each
-// copied in pieces whose pages are released as they go.
-void write_hf_safetensors(const std::string& out_dir, const SafetensorsFile& f, const std::vector<ExportTensor>& outs) {
+// A safetensors file of `outs`, f32, Conv1D weights transposed; each copied in pieces whose
+// pages are released as they go.
+void write_hf_safetensors(const std::string& path, const SafetensorsFile& f, const std::vector<ExportTensor>& outs) {
   nlohmann::json header = nlohmann::json::object();
   header["__metadata__"] = {{"format", "pt"}};  // transformers refuses safetensors without it
   size_t offset = 0;
   for (const ExportTensor& o : outs) {
-    const size_t n = o.entry->end - o.entry->begin;
-    header[o.name] = {{"dtype", "F32"}, {"shape", o.shape.dims()}, {"data_offsets", {offset, offset + n}}};
-    offset += n;
+    header[o.name] = {{"dtype", "F32"}, {"shape", o.shape.dims()}, {"data_offsets", {offset, offset + o.bytes()}}};
+    offset += o.bytes();
   }
   std::string h = header.dump();
   while ((8 + h.size()) % 8 != 0) h.push_back(' ');
-  AtomicFileWriter w((fs::path(out_dir) / "model.safetensors").string());
+  AtomicFileWriter w(path);
   unsigned char size[8];
   for (int i = 0; i < 8; ++i) size[i] = static_cast<unsigned char>((uint64_t{h.size()} >> (8 * i)) & 0xff);
   w.write(size, 8);
   w.write(h.data(), h.size());
   std::vector<float> buf;
   for (const ExportTensor& o : outs) {
-    const size_t n = o.entry->end - o.entry->begin;
     if (!o.conv1d) {
-      for (size_t b = 0; b < n; b += kPieceBytes) {
-        const size_t e = std::min(n, b + kPieceBytes);
+      for (size_t b = o.begin; b < o.end; b += kPieceBytes) {
+        const size_t e = std::min(o.end, b + kPieceBytes);
         w.write(f.data(*o.entry) + b, e - b);
         f.release(*o.entry, b, e);
       }
@@ -673,67 +625,94 @@ void write_hf_safetensors(const std::string& out_dir, const SafetensorsFile& f, 
   w.commit();
 }
 
-// Hugging Face's config.json of the exported model (wte: the embedding's [vocab, n_embd]).
-nlohmann::json hf_config(const ModelFacts& m, const ExportFacts& x, const Shape& wte) {
-  nlohmann::json c = {
-      {"architectures", {"GPT2LMHeadModel"}},
-      {"model_type", "gpt2"},
-      {"vocab_size", wte[0]},
-      {"n_positions", x.n_positions},
-      {"n_embd", wte[1]},
-      {"n_layer", x.n_blocks},
-      {"n_head", m.heads},
-      {"n_inner", x.n_inner == 4 * wte[1] ? nlohmann::json(nullptr) : nlohmann::json(x.n_inner)},
-      {"activation_function", m.activation},
-      {"layer_norm_epsilon", m.ln_eps},
-      {"embd_pdrop", m.embd_pdrop},
-      {"attn_pdrop", m.attn_pdrop},
-      {"resid_pdrop", m.resid_pdrop},
-      {"initializer_range", 0.02},
-      {"scale_attn_weights", true},
-      {"scale_attn_by_inverse_layer_idx", false},
-      {"reorder_and_upcast_attn", false},
-      {"tie_word_embeddings", x.tied},
-      {"use_cache", true},
-      {"torch_dtype", "float32"},
-  };
-  if (wte[0] == kGpt2Vocab) {  // GPT-2's tokenizer: <|endoftext|>
-    c["bos_token_id"] = 50256;
-    c["eos_token_id"] = 50256;
+// save_pretrained's shard names: model-00001-of-00003.safetensors.
+std::string shard_name(size_t i, size_t n) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", i + 1, n);
+  return buf;
+}
+
+bool is_shard_name(const std::string& name) {
+  return name.size() == 32 && name.compare(0, 6, "model-") == 0 && name.compare(11, 4, "-of-") == 0 &&
+         name.compare(20, 12, ".safetensors") == 0;
+}
+
+// Writes the weights as one file or as shards of at most `max_bytes` (in order, a new shard
+// when the next tensor would not fit) with their index; removes what an earlier export of
+// the other layout left. Returns the files written.
+std::vector<std::string> write_weights(const fs::path& out, const SafetensorsFile& f,
+                                       const std::vector<ExportTensor>& outs, int64_t max_bytes) {
+  std::vector<std::vector<ExportTensor>> shards(1);
+  size_t in_shard = 0, total = 0;
+  for (const ExportTensor& o : outs) {
+    if (in_shard > 0 && in_shard + o.bytes() > static_cast<size_t>(max_bytes)) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(o);
+    in_shard += o.bytes();
+    total += o.bytes();
   }
-  return c;
+  std::vector<std::string> written;
+  std::error_code ec;
+  if (shards.size() == 1) {
+    write_hf_safetensors((out / "model.safetensors").string(), f, outs);
+    written.push_back("model.safetensors");
+    fs::remove(out / "model.safetensors.index.json", ec);
+    for (const auto& d : fs::directory_iterator(out, ec))
+      if (is_shard_name(d.path().filename().string())) fs::remove(d.path(), ec);
+    return written;
+  }
+  nlohmann::json map = nlohmann::json::object();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string name = shard_name(i, shards.size());
+    write_hf_safetensors((out / name).string(), f, shards[i]);
+    for (const ExportTensor& o : shards[i]) map[o.name] = name;
+    written.push_back(name);
+  }
+  const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", map}};
+  write_file_atomic((out / "model.safetensors.index.json").string(), index.dump(2) + "\n");
+  written.push_back("model.safetensors.index.json");
+  fs::remove(out / "model.safetensors", ec);  // transformers would read it before the index
+  for (const auto& d : fs::directory_iterator(out, ec)) {
+    const std::string n = d.path().filename().string();
+    if (is_shard_name(n) && std::find(written.begin(), written.end(), n) == written.end()) fs::remove(d.path(), ec);
+  }
+  return written;
 }
 
 }  // namespace
 
-std::string export_hf_gpt2(const std::string& run_dir, const std::string& out_dir) {
+std::string export_hf(const std::string& run_dir, const std::string& out_dir, HfArch arch_id, int64_t max_shard_bytes) {
+  const Arch& a = hf::arch(arch_id);
   const fs::path run(run_dir);
   const std::string cfg_path = (run / "config.json").string();
   if (!fs::exists(cfg_path)) REMAT_THROW(run_dir, ": no config.json (expected a folder written by remat train --out)");
   const std::string ckpt = run_checkpoint(run);
   if (ckpt.empty()) REMAT_THROW(run_dir, ": no complete checkpoint (checkpoint/state.json and model.safetensors)");
+  REMAT_CHECK(max_shard_bytes > 0, "--max-shard-size must be positive");
   const Config cfg = load_config(cfg_path);
   const SafetensorsFile f = SafetensorsFile::load((fs::path(ckpt) / "model.safetensors").string());
   REMAT_CHECK(f.has("embed.weight") && f.entry("embed.weight").shape.rank() == 2, f.source(),
-              ": no 2-d embed.weight; not a GPT-2 checkpoint of remat");
-  const Shape wte = f.entry("embed.weight").shape;
-  const Graph g = build_graph(cfg.model, 1, cfg_path, {{"vocab", wte[0]}});
-
-  ExportFacts facts;
-  const std::vector<ExportTensor> outs = export_tensors(g, f, cfg_path, facts);
-  REMAT_CHECK(facts.n_blocks > 0 && facts.n_positions > 0, cfg_path,
-              ": not a GPT-2 (blocks h0.., a position table embed.pos_weight)");
-  const ModelFacts m = model_facts(cfg);
-  REMAT_CHECK(!m.activation.empty() && m.heads > 0 && m.causal, cfg_path,
-              ": not a GPT-2 (its blocks need gelu, causal attention with integer heads)");
+              ": no 2-d embed.weight; not a ", a.title, " checkpoint of remat");
+  hf::ExportShapes x;
+  x.embed = f.entry("embed.weight").shape;
+  const Graph g = build_graph(cfg.model, 1, cfg_path, {{"vocab", x.embed[0]}});
+  if (!g.input_ids.empty() && g.layer(g.input_ids.front()).out_shape.rank() >= 2)
+    x.seq_len = g.layer(g.input_ids.front()).out_shape[1];
+  const std::vector<ExportTensor> outs = export_tensors(a, cfg, g, f, x);
+  const nlohmann::json config = a.export_config(cfg, x);
 
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) REMAT_THROW("cannot create ", out_dir, ": ", ec.message());
-  write_hf_safetensors(out_dir, f, outs);
-  write_file_atomic((fs::path(out_dir) / "config.json").string(), hf_config(m, facts, wte).dump(2) + "\n");
-  return "exported " + ckpt + " (" + std::to_string(outs.size()) + " tensors, " + std::to_string(facts.n_blocks) +
-         " blocks) to " + out_dir + "/model.safetensors and config.json (Hugging Face GPT-2)";
+  const std::vector<std::string> files = write_weights(fs::path(out_dir), f, outs, max_shard_bytes);
+  write_file_atomic((fs::path(out_dir) / "config.json").string(), config.dump(2) + "\n");
+  const std::string what =
+      files.size() == 1 ? out_dir + "/model.safetensors"
+                        : std::to_string(files.size() - 1) + " shards and " + out_dir + "/model.safetensors.index.json";
+  return "exported " + ckpt + " (" + std::to_string(outs.size()) + " tensors, " + std::to_string(x.n_blocks) +
+         " blocks) to " + what + " and config.json (" + a.title + ")";
 }
 
 }  // namespace remat

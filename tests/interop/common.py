@@ -1,6 +1,7 @@
 """Shared by the interop tests: arguments, running the remat tool, skipping, shard files."""
 import argparse
 import json
+import math
 import os
 import shutil
 import struct
@@ -80,3 +81,63 @@ def tiny_config(work, name="gpt2_tiny.json", dropout=None, **sections):
     with open(path, "w") as f:
         json.dump(c, f, indent=2)
     return path, c
+
+
+def bitwise(a, b):
+    """Names whose tensors differ in any bit (or are missing on one side)."""
+    import numpy as np
+    bad = sorted(set(a) ^ set(b))
+    for k in set(a) & set(b):
+        if a[k].shape != b[k].shape or a[k].astype(np.float32).tobytes() != b[k].astype(np.float32).tobytes():
+            bad.append(k)
+    return bad
+
+
+def cosine_lr(step, total, lr, warmup, min_ratio):
+    """docs/config.md's warm-up + cosine schedule, written out again."""
+    if step <= warmup:
+        return lr * step / warmup
+    t = min(1.0, (step - warmup) / max(1, total - warmup))
+    floor = lr * min_ratio
+    return floor + (lr - floor) * 0.5 * (1 + math.cos(math.pi * t))
+
+
+def remat_losses(run_dir):
+    """The training losses of a remat run, from its metrics.jsonl."""
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [r["loss"] for r in map(json.loads, f) if "loss" in r]
+
+
+def train_like_remat(model, shards, seq, batch, steps, vocab, opt, clip, lr_of_step):
+    """Trains a transformers model as remat train does with shuffle off: the train shards'
+    windows of seq + 1 tokens in file order, `batch` per step, cross-entropy on the next
+    tokens, gradients clipped to `clip`, the learning rate lr_of_step(step). Returns the losses."""
+    import numpy as np
+    import torch
+    wins = []
+    for n in sorted(os.listdir(shards)):
+        if "_train_" in n:
+            t = np.fromfile(os.path.join(shards, n), dtype="<u2", offset=1024).astype(np.int64)
+            wins += [t[i * seq:(i + 1) * seq + 1] for i in range((len(t) - 1) // seq)]
+    model.train()
+    losses = []
+    for step in range(1, steps + 1):
+        b = torch.from_numpy(np.stack(wins[(step - 1) * batch:step * batch]))
+        logits = model(b[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), b[:, 1:].reshape(-1))
+        losses.append(loss.item())
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        for g in opt.param_groups:
+            g["lr"] = lr_of_step(step)
+        opt.step()
+    return losses
+
+
+def print_losses(remat, hf):
+    diffs = [abs(x - y) for x, y in zip(remat, hf)]
+    print("losses remat        " + " ".join(f"{x:.7f}" for x in remat))
+    print("losses transformers " + " ".join(f"{x:.7f}" for x in hf))
+    print("differences         " + " ".join(f"{x:.1e}" for x in diffs))
+    return max(diffs) if diffs else float("inf")

@@ -13,14 +13,13 @@ randomised too so that every tensor's mapping shows, is saved locally; then:
   5. a pickled pytorch_model.bin is refused, and the conversion the message gives works;
   6. tools/data/make_shards.py --tokenizer hf:DIR writes what a transformers tokenizer encodes.
 """
-import json
-import math
 import os
 import re
 import shutil
 import sys
 
-from common import ROOT, check, parse_args, read_safetensors, run, skip, tiny_config
+from common import (ROOT, bitwise, check, cosine_lr, parse_args, print_losses, read_safetensors, remat_losses, run,
+                    skip, tiny_config, train_like_remat)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -57,24 +56,6 @@ def as_remat(state):
         t = state[hf].detach().cpu().numpy()
         out[rm] = np.ascontiguousarray(t.T) if conv else t
     return out
-
-
-def bitwise(a, b):
-    """Names whose tensors differ in any bit (or are missing on one side)."""
-    bad = sorted(set(a) ^ set(b))
-    for k in set(a) & set(b):
-        if a[k].shape != b[k].shape or a[k].astype(np.float32).tobytes() != b[k].astype(np.float32).tobytes():
-            bad.append(k)
-    return bad
-
-
-def scheduled_lr(step, total):
-    """docs/config.md's warm-up + cosine schedule, written out again."""
-    if step <= WARMUP:
-        return LR * step / WARMUP
-    t = min(1.0, (step - WARMUP) / max(1, total - WARMUP))
-    floor = LR * MIN_RATIO
-    return floor + (LR - floor) * 0.5 * (1 + math.cos(math.pi * t))
 
 
 def main():
@@ -161,36 +142,15 @@ def main():
 
     # 3. Training: the same batches (shuffle off: windows in file order), AdamW with decay on
     # the weights and embeddings only, clipping at 1.0, the same learning rates.
-    with open(os.path.join(w, "run", "metrics.jsonl")) as f:
-        recs = [json.loads(l) for l in f]
-    remat_losses = [r["loss"] for r in recs if "loss" in r]
-    model.train()
+    losses = remat_losses(os.path.join(w, "run"))
     decay = [p for n, p in model.named_parameters() if n.endswith(".weight") and ".ln_" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (n.endswith(".weight") and ".ln_" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=LR, betas=BETAS, eps=EPS)
-    wins = []
-    for n in sorted(os.listdir(shards)):
-        if "_train_" in n:
-            t = np.fromfile(os.path.join(shards, n), dtype="<u2", offset=1024).astype(np.int64)
-            wins += [t[i * SEQ:(i + 1) * SEQ + 1] for i in range((len(t) - 1) // SEQ)]
-    hf_losses = []
-    for step in range(1, STEPS + 1):
-        batch = torch.from_numpy(np.stack(wins[(step - 1) * B:step * B]))
-        logits = model(batch[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), batch[:, 1:].reshape(-1))
-        hf_losses.append(loss.item())
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-        for g in opt.param_groups:
-            g["lr"] = scheduled_lr(step, STEPS)
-        opt.step()
-    diffs = [abs(x - y) for x, y in zip(remat_losses, hf_losses)]
-    print("losses remat       " + " ".join(f"{x:.7f}" for x in remat_losses))
-    print("losses transformers " + " ".join(f"{x:.7f}" for x in hf_losses))
-    print("differences        " + " ".join(f"{x:.1e}" for x in diffs))
-    check(len(remat_losses) == STEPS and max(diffs) <= 1e-4, f"{STEPS} training losses equal within 1e-4 (max {max(diffs):.1e})")
+    hf_losses = train_like_remat(model, shards, SEQ, B, STEPS, V, opt, CLIP,
+                                 lambda step: cosine_lr(step, STEPS, LR, WARMUP, MIN_RATIO))
+    worst = print_losses(losses, hf_losses)
+    check(len(losses) == STEPS and worst <= 1e-4, f"{STEPS} training losses equal within 1e-4 (max {worst:.1e})")
     ckpt = read_safetensors(os.path.join(w, "run", "checkpoint", "model.safetensors"))
     after = as_remat(model.state_dict())
     wdiff = max(np.abs(ckpt[k] - after[k]).max() for k in after)
