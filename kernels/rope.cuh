@@ -10,13 +10,14 @@
 #include <cstdint>
 
 #include "kernels/bf16.cuh"
+#include "remat/rope.h"
 
 namespace remat::kernels {
 
 // x, y [rows = B * T, heads * d]: row r is position r % t_len; in each of its first `rotated`
-// heads the pair (i, i + d/2) turns by sign * (r % t_len) * theta^(-2i/d) (sign +1 forward,
-// -1 backward); the other channels are copied unless y is x.
-void rope(FloatBuf x, int64_t rows, int64_t t_len, int heads, int rotated, int64_t d, double theta, double sign,
-          FloatBuf y, cudaStream_t stream);
+// heads the pair (i, i + d/2) turns by sign * (r % t_len) * rope_inv_freq(theta, i, d, scaling)
+// (sign +1 forward, -1 backward); the other channels are copied unless y is x.
+void rope(FloatBuf x, int64_t rows, int64_t t_len, int heads, int rotated, int64_t d, double theta, RopeScaling scaling,
+          double sign, FloatBuf y, cudaStream_t stream);
 
 }  // namespace remat::kernels

@@ -140,7 +140,7 @@ TEST_P(Aliasing, RmsNormBackwardIntoDy) {
 // Rotary embeddings turn q and k in place (y may alias x) and their gradients back over dy.
 TEST_P(Aliasing, RopeInPlace) {
   for (const Shape& s : {Shape{2, 5, 3 * 8}, Shape{1, 33, 6 * 16}}) {
-    const RopeParams p{static_cast<int>(s[2] / (s[2] == 24 ? 8 : 16)), 2, 10000.0};
+    const RopeParams p{static_cast<int>(s[2] / (s[2] == 24 ? 8 : 16)), 2, 10000.0, {}};
     Tensor x = rand_on(s, 15, dev(), -2.0f, 2.0f);
     expect_alias_safe(dev(), "rope_forward " + s.str(), x,
                       [&](const Tensor& in, const Tensor& out) { be().rope_forward(in, p, out); });

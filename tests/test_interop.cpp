@@ -895,6 +895,59 @@ TEST(InitFrom, HfLlamaStacksQkvAndChecksItsConfig) {
                      "tensor \"model.embed_tokens.weight\" (remat's \"embed.weight\") has shape [64, 16]");
 }
 
+// Llama 3.1's rope_scaling ("llama3") against a config whose rope layers scale so: equal
+// values load, a different one is refused naming both, and the export writes it back.
+TEST(InitFrom, HfLlamaRopeScalingMustMatchTheConfigs) {
+  TempDir d("llama3");
+  nlohmann::json cj =
+      nlohmann::json::parse(remat::read_file(std::string(REMAT_SOURCE_DIR) + "/tests/configs/llama_tiny.json"));
+  for (auto& l : cj["model"]["layers"])
+    if (l["type"] == "repeat")
+      for (auto& b : l["layers"])
+        if (b["type"] == "rope")
+          b["scaling"] = {{"type", "llama3"},
+                          {"factor", 32},
+                          {"low_freq_factor", 1},
+                          {"high_freq_factor", 4},
+                          {"original_max_position", 8192}};
+  const remat::Config c = remat::parse_config(cj, "scaled.json");
+  const remat::Graph g = llama_graph(c);
+  remat::ParamStore ps(g, remat::Device::cpu(), 7);
+  write_bytes(d / "model.safetensors", encode_raw(raw(llama_state(4), "")));
+  const nlohmann::json hf_scaling = {{"rope_type", "llama3"},
+                                     {"factor", 32.0},
+                                     {"low_freq_factor", 1.0},
+                                     {"high_freq_factor", 4.0},
+                                     {"original_max_position_embeddings", 8192}};
+  nlohmann::json j = llama_config_json();
+  j["rope_scaling"] = hf_scaling;
+  write_bytes(d / "config.json", j.dump());
+  EXPECT_NO_THROW(remat::init_from(d.path().string(), c, ps, false));
+  j["rope_scaling"]["factor"] = 8.0;
+  write_bytes(d / "config.json", j.dump());
+  EXPECT_REMAT_ERROR(
+      remat::init_from(d.path().string(), c, ps, false),
+      "rope_scaling is {\"factor\":8.0,\"high_freq_factor\":4.0,\"low_freq_factor\":1.0,\"original_max_"
+      "position_embeddings\":8192,\"rope_type\":\"llama3\"}, the config's rope scaling is llama3, factor "
+      "32.0, low_freq_factor 1.0, high_freq_factor 4.0, original_max_position 8192.0");
+  j.erase("rope_scaling");
+  write_bytes(d / "config.json", j.dump());
+  EXPECT_REMAT_ERROR(remat::init_from(d.path().string(), c, ps, false),
+                     "no rope_scaling, but the config's rope scaling is llama3");
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  write_bytes(d / "config.json", j.dump());
+  EXPECT_REMAT_ERROR(remat::init_from(d.path().string(), c, ps, false),
+                     "rope_scaling is {\"factor\":4.0,\"rope_type\":\"yarn\"}, a kind remat's rope does not compute");
+
+  fs::create_directories(d.path() / "run" / "checkpoint");
+  remat::save_safetensors(d / "run/checkpoint/model.safetensors", ps.named_values());
+  write_bytes(d / "run/checkpoint/state.json", "{}");
+  write_bytes(d / "run/config.json", c.resolved().dump(2));
+  remat::export_hf(d / "run", d / "hf", remat::HfArch::llama);
+  const nlohmann::json out = nlohmann::json::parse(remat::read_file(d / "hf/config.json"));
+  EXPECT_EQ(out["rope_scaling"], hf_scaling);
+}
+
 TEST(Export, HfLlamaShardedAndBackAgain) {
   TempDir d("export_llama");
   const remat::Config c = llama_config();

@@ -60,6 +60,7 @@ const std::map<std::string, std::string> kHeaders = {
     {"hd.h", "core"},
     {"bf16.h", "core"},
     {"gelu.h", "core"},
+    {"rope.h", "core"},
     {"memory.h", "memory"},
     {"tensor.h", "tensor"},
     {"io.h", "io"},

@@ -22,6 +22,7 @@
 
 #include "remat/memory.h"
 #include "remat/rng.h"
+#include "remat/rope.h"
 #include "remat/tensor.h"
 
 namespace remat {
@@ -69,6 +70,7 @@ struct RopeParams {
   int heads = 1;           // heads per token in x (d = x's last size / heads, even)
   int rotated = 1;         // the first `rotated` heads turn (q's and k's), the rest are copied
   double theta = 10000.0;  // the angle base: channel pair i turns by t * theta^(-2i/d)
+  RopeScaling scaling;     // long-context frequency scaling (remat/rope.h); none by default
 };
 
 enum class GeluApprox { none, tanh };  // exact erf form, or PyTorch's approximate="tanh"

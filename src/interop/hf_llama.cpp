@@ -12,6 +12,7 @@
 
 #include "interop/hf_arch.h"
 #include "remat/error.h"
+#include "remat/rope.h"
 
 namespace remat::hf {
 
@@ -58,7 +59,68 @@ bool llama_recognises(const std::string& n) {
 
 constexpr const char* kArch = "a Llama has one";
 
+// A rope layer's "scaling" object (validated when the graph was built).
+RopeScaling remat_scaling(const nlohmann::json& j) {
+  RopeScaling s;
+  const std::string type = j.value("type", "none");
+  s.type = type == "linear"   ? RopeScalingType::linear
+           : type == "llama3" ? RopeScalingType::llama3
+                              : RopeScalingType::none;
+  s.factor = j.value("factor", 1.0);
+  s.low_freq_factor = j.value("low_freq_factor", 1.0);
+  s.high_freq_factor = j.value("high_freq_factor", 4.0);
+  s.original_max_position = j.value("original_max_position", 8192.0);
+  return s;
+}
+
+const char* scaling_name(RopeScalingType t) {
+  return t == RopeScalingType::linear ? "linear" : t == RopeScalingType::llama3 ? "llama3" : "none";
+}
+
+// Hugging Face's rope_scaling (null, or an object with "rope_type" or the older "type"):
+// false for a kind remat's rope does not compute (dynamic, yarn, longrope, ...).
+bool hf_scaling(const nlohmann::json& j, RopeScaling* s) {
+  *s = RopeScaling{};
+  if (j.is_null()) return true;
+  if (!j.is_object()) return false;
+  const nlohmann::json type = j.contains("rope_type") ? j["rope_type"] : j.value("type", nlohmann::json("default"));
+  if (type == "default") return true;
+  if (type == "linear") {
+    s->type = RopeScalingType::linear;
+  } else if (type == "llama3") {
+    s->type = RopeScalingType::llama3;
+    s->low_freq_factor = j.value("low_freq_factor", 1.0);
+    s->high_freq_factor = j.value("high_freq_factor", 4.0);
+    s->original_max_position = j.value("original_max_position_embeddings", 8192.0);
+  } else {
+    return false;
+  }
+  s->factor = j.value("factor", 1.0);
+  return true;
+}
+
+bool same_scaling(const RopeScaling& a, const RopeScaling& b) {
+  auto eq = [](double x, double y) { return static_cast<float>(x) == static_cast<float>(y); };
+  if (a.type != b.type) return false;
+  if (a.type == RopeScalingType::none) return true;
+  if (!eq(a.factor, b.factor)) return false;
+  return a.type != RopeScalingType::llama3 ||
+         (eq(a.low_freq_factor, b.low_freq_factor) && eq(a.high_freq_factor, b.high_freq_factor) &&
+          eq(a.original_max_position, b.original_max_position));
+}
+
+std::string describe(const RopeScaling& s) {
+  if (s.type == RopeScalingType::none) return "none";
+  std::string out = std::string(scaling_name(s.type)) + ", factor " + nlohmann::json(s.factor).dump();
+  if (s.type == RopeScalingType::llama3)
+    out += ", low_freq_factor " + nlohmann::json(s.low_freq_factor).dump() + ", high_freq_factor " +
+           nlohmann::json(s.high_freq_factor).dump() + ", original_max_position " +
+           nlohmann::json(s.original_max_position).dump();
+  return out;
+}
+
 struct ModelFacts {
+  RopeScaling scaling;
   int64_t heads = 0, kv_heads = 0;
   int64_t rope_heads = 0, rope_kv_heads = 0;  // 0: no rope layer
   double theta = 10000.0, rms_eps = 1e-6, attn_dropout = 0.0;
@@ -83,6 +145,8 @@ ModelFacts model_facts(const Config& cfg) {
     if (shared_value(cfg.model, "rope", "kv_heads", m.rope_heads, s, kArch, &v) && v.is_number_integer())
       m.rope_kv_heads = v.get<int64_t>();
     if (shared_value(cfg.model, "rope", "theta", 10000.0, s, kArch, &v) && v.is_number()) m.theta = v.get<double>();
+    if (shared_value(cfg.model, "rope", "scaling", nullptr, s, kArch, &v) && v.is_object())
+      m.scaling = remat_scaling(v);
   }
   if (shared_value(cfg.model, "rmsnorm", "eps", 1e-6, s, kArch, &v) && v.is_number()) m.rms_eps = v.get<double>();
   m.silu = !layers_of(cfg.model, "silu", 1).empty();
@@ -129,8 +193,16 @@ void check_llama_config(const nlohmann::json& j, const std::string& path, const 
   if (std::abs(theta - m.theta) > 1e-9 * m.theta)
     REMAT_THROW(path, ": rope_theta is ", nlohmann::json(theta).dump(), ", the config's rope theta is ",
                 nlohmann::json(m.theta).dump(), " (", cfg.source, ")");
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
-    fail("rope_scaling", "remat's rope has no scaling (rotary angles t * theta^(-2i/d) at every length)");
+  if (j.contains("rope_scaling")) {
+    RopeScaling hs;
+    if (!hf_scaling(j["rope_scaling"], &hs))
+      fail("rope_scaling", "a kind remat's rope does not compute (it has linear and llama3)");
+    if (!same_scaling(hs, m.scaling))
+      fail("rope_scaling", "the config's rope scaling is " + describe(m.scaling) + " (the rope layers' \"scaling\")");
+  } else if (m.scaling.type != RopeScalingType::none) {
+    REMAT_THROW(path, ": no rope_scaling, but the config's rope scaling is ", describe(m.scaling), " (", cfg.source,
+                ")");
+  }
   if (j.contains("head_dim") && !j["head_dim"].is_null()) {
     for (const GraphParam& p : g.params)
       if (p.name == "h0.qkv.weight" && j["head_dim"] != p.spec.shape[0] / (m.heads + 2 * m.kv_heads))
@@ -182,7 +254,7 @@ nlohmann::json llama_export_config(const Config& cfg, const ExportShapes& x) {
       {"max_position_embeddings", x.seq_len},
       {"rms_norm_eps", m.rms_eps},
       {"rope_theta", m.theta},
-      {"rope_scaling", nullptr},
+      {"rope_scaling", nullptr},  // set below when scaled
       {"attention_bias", qkv_bias},
       {"attention_dropout", m.attn_dropout},
       {"initializer_range", 0.02},
@@ -191,6 +263,15 @@ nlohmann::json llama_export_config(const Config& cfg, const ExportShapes& x) {
       {"torch_dtype", "float32"},
   };
   if (mlp_bias) c["mlp_bias"] = true;  // transformers >= 4.41 reads it
+  if (m.scaling.type == RopeScalingType::linear) {
+    c["rope_scaling"] = {{"type", "linear"}, {"factor", m.scaling.factor}};  // the form every version reads
+  } else if (m.scaling.type == RopeScalingType::llama3) {
+    c["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", m.scaling.factor},
+                         {"low_freq_factor", m.scaling.low_freq_factor},
+                         {"high_freq_factor", m.scaling.high_freq_factor},
+                         {"original_max_position_embeddings", static_cast<int64_t>(m.scaling.original_max_position)}};
+  }
   return c;
 }
 

@@ -15,21 +15,28 @@ namespace remat::test {
 namespace {
 
 std::string what(const Shape& s, const RopeParams& p) {
-  return "rope " + s.str() + " heads " + std::to_string(p.heads) + " rotated " + std::to_string(p.rotated);
+  return "rope " + s.str() + " heads " + std::to_string(p.heads) + " rotated " + std::to_string(p.rotated) +
+         " scaling " + std::to_string(static_cast<int>(p.scaling.type));
 }
 
 }  // namespace
 
 // q, k, v of one head each; grouped queries (8 q, 2 k, 2 v); every head turning (rotated =
-// heads); none turning (a copy); Llama's d 128 at positions up to 300 and theta 500000.
+// heads); none turning (a copy); Llama's d 128 at positions up to 300 and theta 500000, plain,
+// scaled linearly, and with Llama 3.1's llama3 scaling (its original context shortened to 64
+// so that every band of frequencies is met).
 REMAT_OP_CASE(rope, forward_backward_shapes_in_place) {
   struct Case {
     Shape s;
     RopeParams p;
   };
-  for (const Case& c : {Case{{2, 5, 3 * 8}, {3, 2, 10000.0}}, Case{{1, 7, 12 * 16}, {12, 10, 10000.0}},
-                        Case{{3, 4, 2 * 6}, {2, 2, 10000.0}}, Case{{2, 3, 2 * 4}, {2, 0, 10000.0}},
-                        Case{{1, 300, 3 * 128}, {3, 2, 500000.0}}}) {
+  const RopeScaling none, linear{RopeScalingType::linear, 4.0, 1.0, 4.0, 8192.0},
+      llama3{RopeScalingType::llama3, 8.0, 1.0, 4.0, 64.0};
+  for (const Case& c :
+       {Case{{2, 5, 3 * 8}, {3, 2, 10000.0, none}}, Case{{1, 7, 12 * 16}, {12, 10, 10000.0, none}},
+        Case{{3, 4, 2 * 6}, {2, 2, 10000.0, none}}, Case{{2, 3, 2 * 4}, {2, 0, 10000.0, none}},
+        Case{{1, 300, 3 * 128}, {3, 2, 500000.0, none}}, Case{{1, 300, 3 * 128}, {3, 2, 500000.0, linear}},
+        Case{{1, 300, 3 * 128}, {3, 2, 500000.0, llama3}}}) {
     auto x = t.uniform(c.s, -2.0f, 2.0f), dy = t.uniform(c.s);
     auto y = t.output(c.s), dx = t.output(c.s), y_in_place = t.output_like(x), dx_in_place = t.output_like(dy);
     t.run([&](Backend& be, Side side) {
@@ -50,7 +57,7 @@ REMAT_OP_CASE(rope, forward_backward_shapes_in_place) {
 REMAT_OP_CASE(rope, bf16) {
   ActivationDTypeScope bf16(DType::bf16);
   const Shape s{2, 9, 4 * 16};
-  const RopeParams p{4, 3, 10000.0};
+  const RopeParams p{4, 3, 10000.0, {}};
   auto x = t.uniform_bf16(s, -2.0f, 2.0f), xf = t.as_f32(x);
   auto y = t.output(s, DType::bf16), yf = t.output(s);
   auto dx = t.output(s, DType::bf16), dxf = t.output(s), in_place = t.output_like(x);
@@ -73,7 +80,7 @@ REMAT_OP_CASE(rope, bf16) {
 
 REMAT_OP_CASE(rope, grad) {
   const Shape s{2, 6, 3 * 8};
-  const RopeParams p{3, 2, 10000.0};
+  const RopeParams p{3, 2, 10000.0, {}};
   auto x = t.uniform(s, -2.0f, 2.0f), dy = t.uniform(s);
   auto y = t.output(s), dx = t.output(s);
   t.run([&](Backend& be, Side d) {

@@ -17,7 +17,9 @@ grouped-query attention, SwiGLU). Then:
      loads the same; re-exporting into the folder unsharded leaves no stale shard;
   5. a tied model (tie_word_embeddings, as SmolLM and Llama 3.2 1B) loads into a config
      whose head has tie_weight, with transformers' logits;
-  6. a config.json that disagrees (rope_theta, rope_scaling, num_key_value_heads) is
+  6. a model with linear rope_scaling (factor 4) gives transformers' logits in a config whose
+     rope layers scale so, is refused by one that does not, and exports its scaling;
+  7. a config.json that disagrees (rope_theta, rope_scaling, num_key_value_heads) is
      refused naming the key.
 """
 import json
@@ -45,7 +47,7 @@ EPS, THETA = 1e-5, 10000.0
 STEPS, LR, WD, BETAS, ADAM_EPS, CLIP, WARMUP, MIN_RATIO = 4, 3e-3, 0.1, (0.9, 0.95), 1e-8, 1.0, 1, 0.1
 
 
-def remat_config(work, name, tied):
+def remat_config(work, name, tied, scaling=None):
     """models/llama_tiny.json at this test's sizes, on token shards."""
     with open(os.path.join(ROOT, "models", "llama_tiny.json")) as f:
         c = json.load(f)
@@ -64,6 +66,8 @@ def remat_config(work, name, tied):
             l.update(sizes.get(l["name"], {}))
             if l["name"] == "head" and tied:
                 l["tie_weight"] = "embed"
+            if l["type"] == "rope" and scaling:
+                l["scaling"] = scaling
     walk(c["model"]["layers"])
     c["data"] = {"dataset": "token_shards", "vocab": V, "shuffle": False}
     c["optimizer"] = {"type": "adamw", "lr": LR, "weight_decay": WD, "beta1": BETAS[0], "beta2": BETAS[1],
@@ -76,11 +80,12 @@ def remat_config(work, name, tied):
     return path
 
 
-def hf_model(tied, seed):
+def hf_model(tied, seed, rope_scaling=None):
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=V, hidden_size=C, intermediate_size=F, num_hidden_layers=L, num_attention_heads=H,
                       num_key_value_heads=KV, max_position_embeddings=P, rms_norm_eps=EPS, rope_theta=THETA,
-                      tie_word_embeddings=tied, initializer_range=0.1, attention_dropout=0.0)
+                      tie_word_embeddings=tied, initializer_range=0.1, attention_dropout=0.0,
+                      rope_scaling=rope_scaling)
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():
         for n, p in model.named_parameters():
@@ -211,9 +216,25 @@ def main():
     tied.eval()
     compare_logits(remat, tied_config, tied_dir, val, windows, tied, dump, "tied")
 
-    # 6. A config.json that disagrees.
+    # 6. Linear RoPE scaling (position interpolation): transformers' LlamaLinearScalingRotaryEmbedding.
+    scaled = hf_model(tied=False, seed=3, rope_scaling={"type": "linear", "factor": 4.0})
+    scaled_dir = os.path.join(w, "hf_linear")
+    scaled.save_pretrained(scaled_dir, safe_serialization=True)
+    scaled_config = remat_config(w, "llama_hf_tiny_linear.json", tied=False, scaling={"type": "linear", "factor": 4})
+    scaled.eval()
+    compare_logits(remat, scaled_config, scaled_dir, val, windows, scaled, dump, "rope_scaling linear 4")
+    err = run([remat, "eval", config, "--init-from", scaled_dir, "--data", val, "--device", "cpu"], expect_rc=1)
+    check("rope_scaling is" in err, "linear-scaled weights into an unscaled config are refused")
+    run([remat, "train", scaled_config, "--init-from", scaled_dir, "--data", data, "--steps", 1, "--out",
+         os.path.join(w, "run_linear"), "--device", "cpu", "--quiet"])
+    exp_scaled = os.path.join(w, "exported_linear")
+    run([remat, "export", os.path.join(w, "run_linear"), "--format", "hf-llama", exp_scaled])
+    m4 = LlamaForCausalLM.from_pretrained(exp_scaled)
+    check(m4.config.rope_scaling == {"type": "linear", "factor": 4.0}, "the export's config.json keeps the scaling")
+
+    # 7. A config.json that disagrees.
     for key, value, expect in [("rope_theta", 500000.0, "rope_theta is 500000"),
-                               ("rope_scaling", {"type": "linear", "factor": 2.0}, "rope_scaling is"),
+                               ("rope_scaling", {"type": "dynamic", "factor": 2.0}, "rope_scaling is"),
                                ("num_key_value_heads", 4, "num_key_value_heads is 4")]:
         bad = os.path.join(w, "bad_" + key)
         shutil.copytree(hf_dir, bad)

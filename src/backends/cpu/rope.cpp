@@ -1,7 +1,7 @@
 // Rotary position embeddings (RoPE, Su et al. 2021), in the halves form of Hugging Face's
 // Llama: in each of a token's first `rotated` heads of d channels, the pair (i, i + d/2)
-// turns by t * theta^(-2i/d) at position t; the other heads are copied. Backward turns the
-// gradient back by the same angles.
+// turns by t * theta^(-2i/d) at position t (scaled as remat/rope.h says); the other heads are copied. Backward turns
+// the gradient back by the same angles.
 //
 // The cosines and sines are computed once per call for every (position, pair), in double
 // from the angle in double, and rounded to float only as the product is; each output is
@@ -18,6 +18,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/mixed.h"
 #include "backends/cpu/parallel.h"
+#include "remat/rope.h"
 
 namespace remat {
 
@@ -30,13 +31,13 @@ struct Angles {
   std::vector<double> cos, sin;
 };
 
-Angles angles(int64_t t_len, int64_t d, double theta) {
+Angles angles(int64_t t_len, int64_t d, double theta, const RopeScaling& scaling) {
   const int64_t half = d / 2;
   Angles a;
   a.cos.resize(static_cast<size_t>(t_len * half));
   a.sin.resize(a.cos.size());
   for (int64_t i = 0; i < half; ++i) {
-    const double inv_freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+    const double inv_freq = rope_inv_freq(theta, i, d, scaling);
     for (int64_t t = 0; t < t_len; ++t) {
       const double angle = static_cast<double>(t) * inv_freq;
       a.cos[static_cast<size_t>(t * half + i)] = std::cos(angle);
@@ -49,7 +50,7 @@ Angles angles(int64_t t_len, int64_t d, double theta) {
 // sign +1: forward; -1: backward (the transpose: the angles negated).
 void rope(const Tensor& x, const RopeParams& p, const Tensor& y, double sign) {
   const int64_t t_len = x.size(1), c = x.size(2), d = c / p.heads, half = d / 2, rows = x.size(0) * t_len;
-  const Angles a = angles(t_len, d, p.theta);
+  const Angles a = angles(t_len, d, p.theta, p.scaling);
   cpu::parallel_for(rows, kRowsPerTask, [&](int64_t r0, int64_t r1) {
     cpu::F32Reader rx(x, 0);
     cpu::F32Writer wy(y, 2);

@@ -9,7 +9,8 @@ REMAT_KERNELS_ABI_BEGIN
 namespace {
 void launch_rope(const Tensor& x, const RopeParams& p, const Tensor& y, double sign, cudaStream_t stream) {
   const int64_t d = x.size(2) / p.heads;
-  kernels::rope(fbuf(x), x.size(0) * x.size(1), x.size(1), p.heads, p.rotated, d, p.theta, sign, fbuf(y), stream);
+  kernels::rope(fbuf(x), x.size(0) * x.size(1), x.size(1), p.heads, p.rotated, d, p.theta, p.scaling, sign, fbuf(y),
+                stream);
 }
 }  // namespace
 

@@ -17,6 +17,14 @@ void check_rope(const Check& ck, const char* in_name, const Tensor& x, const Rop
     ck.fail("heads " + std::to_string(p.heads) + " and rotated " + std::to_string(p.rotated) +
             ": expected 0 <= rotated <= heads, heads >= 1");
   if (!(p.theta > 0.0)) ck.fail("theta must be positive, got " + std::to_string(p.theta));
+  const RopeScaling& s = p.scaling;
+  if (s.type != RopeScalingType::none && !(s.factor > 0.0))
+    ck.fail("scaling factor must be positive, got " + std::to_string(s.factor));
+  if (s.type == RopeScalingType::llama3 &&
+      !(s.low_freq_factor > 0.0 && s.high_freq_factor > s.low_freq_factor && s.original_max_position > 0.0))
+    ck.fail("llama3 scaling needs 0 < low_freq_factor < high_freq_factor and original_max_position > 0, got " +
+            std::to_string(s.low_freq_factor) + ", " + std::to_string(s.high_freq_factor) + ", " +
+            std::to_string(s.original_max_position));
   const int64_t c = x.size(-1);
   if (c % p.heads != 0 || (c / p.heads) % 2 != 0)
     ck.fail(std::string(in_name) + "'s last size " + std::to_string(c) + " is not " + std::to_string(p.heads) +

@@ -19,6 +19,7 @@ class Rope final : public Layer {
       r.fail("kv_heads",
              "heads " + std::to_string(heads_) + " is not a multiple of kv_heads " + std::to_string(kv_heads_));
     p_.theta = r.number_or("theta", 10000.0, 1.0, 1e12);
+    if (r.has("scaling")) read_scaling(r.child("scaling"));
     p_.heads = heads_ + 2 * kv_heads_;
     p_.rotated = heads_ + kv_heads_;
   }
@@ -49,6 +50,26 @@ class Rope final : public Layer {
   std::vector<int> backward_inputs() const override { return {}; }
 
  private:
+  // "scaling": {"type": "linear" | "llama3", "factor": F, ...}, Hugging Face's rope_scaling
+  // (remat/rope.h).
+  void read_scaling(ConfigReader s) {
+    RopeScaling& sc = p_.scaling;
+    const std::string type = s.one_of("type", {"none", "linear", "llama3"}, "none");
+    sc.type = type == "linear"   ? RopeScalingType::linear
+              : type == "llama3" ? RopeScalingType::llama3
+                                 : RopeScalingType::none;
+    if (sc.type != RopeScalingType::none) sc.factor = s.number("factor");
+    if (sc.type != RopeScalingType::none && !(sc.factor > 0.0)) s.fail("factor", "must be positive");
+    if (sc.type == RopeScalingType::llama3) {
+      sc.low_freq_factor = s.number_or("low_freq_factor", 1.0, 1e-6, 1e6);
+      sc.high_freq_factor = s.number_or("high_freq_factor", 4.0, 1e-6, 1e6);
+      sc.original_max_position = static_cast<double>(s.positive_int_or("original_max_position", 8192));
+      if (!(sc.high_freq_factor > sc.low_freq_factor))
+        s.fail("high_freq_factor", "must be above low_freq_factor (" + std::to_string(sc.low_freq_factor) + ")");
+    }
+    s.finish();
+  }
+
   RopeParams p_;
   int heads_ = 1, kv_heads_ = 1;
   int64_t n_ = 0;
