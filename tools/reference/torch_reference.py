@@ -159,9 +159,14 @@ LAYER_KEYS = {
     "global_avgpool": {},
     "embedding": {"vocab": None, "dim": None, "positions": 0, "init_std": 1.0},
     # impl (fused or materialized) changes how remat computes, not what: the twin ignores it.
-    "attention": {"heads": 1, "dropout": 0.0, "causal": True, "impl": "fused"},
+    # kv_heads 0: as many as heads (remat's default).
+    "attention": {"heads": 1, "kv_heads": 0, "dropout": 0.0, "causal": True, "impl": "fused"},
+    "rmsnorm": {"eps": 1e-6},
+    "silu": {},
+    "mul": {},
+    "rope": {"heads": 1, "kv_heads": 0, "theta": 10000.0, "scaling": {}},
 }
-INT_KEYS = {"out_features", "out_channels", "groups", "vocab", "dim", "positions", "heads"}
+INT_KEYS = {"out_features", "out_channels", "groups", "vocab", "dim", "positions", "heads", "kv_heads"}
 PAIR_KEYS = {"kernel", "stride", "padding", "dilation"}
 
 
@@ -343,7 +348,19 @@ class Graph:
                 self._param(n, "running_mean", (ch,), "zeros", trainable=False, decay=False)
                 self._param(n, "running_var", (ch,), "ones", trainable=False, decay=False)
             return x
-        if t in ("relu", "gelu", "dropout"):
+        if t == "rmsnorm":
+            self._param(n, "weight", (x[-1],), "ones", decay=False)
+            return x
+        if t == "mul":
+            if len(shapes) != 2 or shapes[0] != shapes[1]:
+                raise ConfigError(f"{self.source}: {at}: mul needs two inputs of one shape, got {shapes}")
+            return x
+        if t == "rope":
+            c["kv_heads"] = c["kv_heads"] or c["heads"]
+            if len(x) != 3 or x[2] % (c["heads"] + 2 * c["kv_heads"]):
+                raise ConfigError(f"{self.source}: {at}: rope input {x} must be [B, T, (heads + 2 kv_heads) d]")
+            return x
+        if t in ("relu", "gelu", "dropout", "silu"):
             if t == "gelu" and c["approximate"] not in ("none", "tanh"):
                 raise ConfigError(f"{self.source}: {at}/approximate: expected none or tanh")
             return x
@@ -370,9 +387,11 @@ class Graph:
                 self._param(n, "pos_weight", (c["positions"], c["dim"]), "normal", std)
             return (x[0], x[1], c["dim"])
         if t == "attention":
-            if len(x) != 3 or x[2] % (3 * c["heads"]):
-                raise ConfigError(f"{self.source}: {at}: attention input {x} must be [B, T, 3C], C % heads == 0")
-            return (x[0], x[1], x[2] // 3)
+            c["kv_heads"] = c["kv_heads"] or c["heads"]
+            all_heads = c["heads"] + 2 * c["kv_heads"]
+            if len(x) != 3 or x[2] % all_heads:
+                raise ConfigError(f"{self.source}: {at}: attention input {x} must be [B, T, (heads + 2 kv_heads) d]")
+            return (x[0], x[1], x[2] // all_heads * c["heads"])
         if t == "cross_entropy":
             return (1,)
         raise ConfigError(f"{self.source}: {at}: no shape rule for {t}")
@@ -456,6 +475,14 @@ class Graph:
                                 eps=float(c["eps"]))
         if t == "layernorm":
             return F.layer_norm(x, (x.shape[-1],), p[0], p[1], float(c["eps"]))
+        if t == "rmsnorm":
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + float(c["eps"])) * p[0]
+        if t == "silu":
+            return F.silu(x)
+        if t == "mul":
+            return ins[0] * ins[1]
+        if t == "rope":
+            return self._rope(x, c)
         if t == "relu":
             return F.relu(x)
         if t == "gelu":
@@ -486,13 +513,48 @@ class Graph:
         raise ConfigError(f"no forward for {t}")
 
     @staticmethod
+    def _rope_freqs(d, theta, sc):
+        """Hugging Face's inverse frequencies (their _compute_*_parameters), in float64."""
+        f = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+        kind = sc.get("type", "none")
+        if kind == "linear":
+            return f / float(sc["factor"])
+        if kind == "llama3":
+            factor, low, high = float(sc["factor"]), float(sc.get("low_freq_factor", 1)), float(sc.get("high_freq_factor", 4))
+            old = float(sc.get("original_max_position", 8192))
+            wavelen = 2 * math.pi / f
+            g = torch.where(wavelen > old / low, f / factor, f)
+            smooth = (old / wavelen - low) / (high - low)
+            medium = ~(wavelen < old / high) & ~(wavelen > old / low)
+            return torch.where(medium, (1 - smooth) * g / factor + smooth * g, g)
+        return f
+
+    @staticmethod
+    def _rope(x, c):
+        """The halves form (rotate_half) on q's and k's heads of the packed [B, T, (H + 2 KV) d]."""
+        b, t, width = x.shape
+        heads = c["heads"] + 2 * c["kv_heads"]
+        d = width // heads
+        turned = c["heads"] + c["kv_heads"]
+        ang = torch.arange(t, dtype=torch.float64)[:, None] * Graph._rope_freqs(d, float(c["theta"]), c["scaling"])[None]
+        cos = torch.cat([ang.cos(), ang.cos()], -1).to(x.dtype)
+        sin = torch.cat([ang.sin(), ang.sin()], -1).to(x.dtype)
+        z = x.reshape(b, t, heads, d)
+        qk, v = z[:, :, :turned], z[:, :, turned:]
+        rot = torch.cat([-qk[..., d // 2:], qk[..., : d // 2]], -1)
+        qk = qk * cos[None, :, None] + rot * sin[None, :, None]
+        return torch.cat([qk, v], 2).reshape(b, t, width)
+
+    @staticmethod
     def _attention(qkv, c, training):
-        b, t, c3 = qkv.shape
-        ch = c3 // 3
-        h = c["heads"]
-        hs = ch // h
-        q, k, v = qkv.split(ch, dim=2)
-        q, k, v = (z.reshape(b, t, h, hs).transpose(1, 2) for z in (q, k, v))
+        b, t, width = qkv.shape
+        h, kvh = c["heads"], c["kv_heads"]
+        hs = width // (h + 2 * kvh)
+        ch = h * hs
+        q, k, v = qkv.split([h * hs, kvh * hs, kvh * hs], dim=2)
+        q = q.reshape(b, t, h, hs).transpose(1, 2)
+        # Grouped queries: query head j reads key/value head j // (h / kvh).
+        k, v = (z.reshape(b, t, kvh, hs).transpose(1, 2).repeat_interleave(h // kvh, dim=1) for z in (k, v))
         if ATTENTION == "sdpa":
             drop = float(c["dropout"]) if training else 0.0
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=bool(c["causal"]))
