@@ -418,6 +418,24 @@ TEST(Translation, CorpusTrainAndTranslateCommands) {
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 2) << out;
   EXPECT_EQ(remat::read_file(dir + "/file.txt").find("BLEU"), std::string::npos);
 
+  // The run records its tokenizer; a corpus rebuilt since (other messages, same vocabulary)
+  // is named by translate and by --resume instead of being read with other ids.
+  const nlohmann::json tok = nlohmann::json::parse(remat::read_file(dir + "/run/tokenizer.json"));
+  EXPECT_EQ(tok["vocab"], 64);
+  EXPECT_EQ(tok["fnv1a64"].get<std::string>().size(), 16u);
+  auto more = synthetic_messages();
+  more.push_back({"segmentation fault in the linker", "Speicherzugriffsfehler im Linker"});
+  more.push_back({"internal compiler error", "interner Compiler-Fehler"});
+  remat::write_file_atomic(dir + "/more.mo", make_mo(more, true));
+  ASSERT_EQ(run("corpus --catalog " + dir + "/more.mo --vocab 64 --out " + dir + "/corpus", dir + "/corpus2.txt"), 0)
+      << remat::read_file(dir + "/corpus2.txt");
+  EXPECT_EQ(run("translate " + dir + "/run --max 5 --device cpu", dir + "/stale.txt"), 1);
+  EXPECT_NE(remat::read_file(dir + "/stale.txt").find("was trained with another tokenizer than"), std::string::npos)
+      << remat::read_file(dir + "/stale.txt");
+  EXPECT_EQ(run("train " + dir + "/nmt.json --device cpu --resume " + dir + "/run --steps 3", dir + "/resume.txt"), 1);
+  EXPECT_NE(remat::read_file(dir + "/resume.txt").find("the corpus was rebuilt since"), std::string::npos)
+      << remat::read_file(dir + "/resume.txt");
+
   EXPECT_EQ(run("translate " + dir + " --device cpu", dir + "/bad.txt"), 1);
   EXPECT_NE(remat::read_file(dir + "/bad.txt").find("not a run folder (no config.json)"), std::string::npos);
   EXPECT_EQ(run("corpus --vocab 10 --out " + dir + "/c2", dir + "/bad2.txt"), 2);

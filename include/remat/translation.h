@@ -82,6 +82,8 @@ class Tokenizer {
   std::string decode(const std::vector<int32_t>& ids) const;
   int64_t vocab() const;
   bool loaded() const;
+  // FNV-1a 64 of the model file's bytes: which tokenizer this is (a run records it).
+  uint64_t fingerprint() const;
 
  private:
   struct Impl;
@@ -112,6 +114,15 @@ struct TranslationData {
 };
 // Loads dir (building it first with `vocab` when it is the default folder and missing).
 TranslationData load_translation_data(const std::string& dir, int64_t vocab, bool build_if_missing);
+
+// A translation run's record of the tokenizer it was trained with, RUN/tokenizer.json (the
+// corpus folder, the model file's size and FNV-1a 64, its vocabulary): written by `remat
+// train`, checked by `--resume` and `remat translate`, so that a corpus rebuilt since (another
+// --vocab, --seed or catalogs) is named instead of read with ids the model never saw.
+void write_run_tokenizer(const std::string& run_dir, const TranslationData& d);
+// Throws naming both when d's tokenizer is not the one the run recorded; a run without a
+// record (written before remat kept one) passes.
+void check_run_tokenizer(const std::string& run_dir, const TranslationData& d);
 
 // Names of the model inputs a translation batch fills.
 inline constexpr const char* kSourceName = "src";

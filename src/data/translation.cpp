@@ -234,6 +234,7 @@ struct Tokenizer::Impl {
   sentencepiece::SentencePieceProcessor sp;
 #endif
   bool loaded = false;
+  uint64_t fingerprint = 0;
 };
 
 Tokenizer::Tokenizer() : impl_(std::make_unique<Impl>()) {}
@@ -251,6 +252,7 @@ void Tokenizer::load(const std::string& path) {
   if (sp.pad_id() != kPad || sp.unk_id() != kUnk || sp.bos_id() != kBos || sp.eos_id() != kEos)
     REMAT_THROW(path, ": special ids pad ", sp.pad_id(), ", unk ", sp.unk_id(), ", bos ", sp.bos_id(), ", eos ",
                 sp.eos_id(), "; remat expects 0, 1, 2, 3 (train it with `remat corpus`)");
+  impl_->fingerprint = fnv1a64(read_file(path));
   impl_->loaded = true;
 #else
   (void)path;
@@ -290,6 +292,47 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   (void)ids;
   no_sentencepiece();
 #endif
+}
+
+uint64_t Tokenizer::fingerprint() const {
+  REMAT_CHECK(loaded(), "Tokenizer::fingerprint: no model loaded");
+  return impl_->fingerprint;
+}
+
+namespace {
+
+std::string hex64(uint64_t x) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(x));
+  return buf;
+}
+
+}  // namespace
+
+void write_run_tokenizer(const std::string& run_dir, const TranslationData& d) {
+  const nlohmann::json j = {{"corpus", d.dir},
+                            {"file", "tokenizer.model"},
+                            {"fnv1a64", hex64(d.tokenizer.fingerprint())},
+                            {"vocab", d.tokenizer.vocab()}};
+  write_file_atomic((fs::path(run_dir) / "tokenizer.json").string(), j.dump(2) + "\n");
+}
+
+void check_run_tokenizer(const std::string& run_dir, const TranslationData& d) {
+  const fs::path rec = fs::path(run_dir) / "tokenizer.json";
+  if (!fs::exists(rec)) return;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(rec.string()));
+  } catch (const nlohmann::json::exception& e) {
+    REMAT_THROW(rec.string(), ": not valid JSON: ", e.what());
+  }
+  const std::string want = j.value("fnv1a64", ""), have = hex64(d.tokenizer.fingerprint());
+  if (want != have)
+    REMAT_THROW(run_dir, " was trained with another tokenizer than ", d.dir, "/tokenizer.model holds now (its record ",
+                rec.string(), " says fnv1a64 ", want, ", vocab ", j.value("vocab", int64_t{0}), ", corpus ",
+                j.value("corpus", std::string("?")), "; the file has ", have, ", vocab ", d.tokenizer.vocab(),
+                "): the corpus was rebuilt since; rebuild it as it was (remat corpus with the same --vocab, --seed "
+                "and catalogs) or point data.path at the run's corpus");
 }
 
 int64_t Tokenizer::vocab() const {

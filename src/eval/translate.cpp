@@ -240,6 +240,7 @@ TranslateResult translate(const TranslateOptions& o) {
   if (data.tokenizer.vocab() != cfg.data.vocab)
     REMAT_THROW(o.run, ": the run's model reads ", cfg.data.vocab, " pieces, but the tokenizer of ", dir, " has ",
                 data.tokenizer.vocab(), " (was the corpus rebuilt with another --vocab?)");
+  check_run_tokenizer(o.run, data);
   const int64_t batch = o.batch.value_or(cfg.training.batch);
   Graph g = build_graph(cfg.model, batch, cfg.source, {{"vocab", cfg.data.vocab}});
   const int64_t S = g.layer(g.require_input(kSourceName, "remat translate")).out_shape[1];

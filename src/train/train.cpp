@@ -24,6 +24,7 @@
 #include "remat/profile.h"
 #include "remat/train.h"
 #include "remat/translate.h"
+#include "remat/translation.h"
 #include "train/grad_reduce.h"
 #include "train/run_data.h"
 
@@ -353,6 +354,8 @@ std::unique_ptr<Trainer::State> set_up(TrainOptions o) {
 
 Trainer::Trainer(const TrainOptions& o) : s_(set_up(o)) {
   if (!o.init_from.empty()) init_weights();
+  // A translation run resumes on the tokenizer it was trained with (its ids are the model's).
+  if (!o.resume.empty() && s_->data.translation) check_run_tokenizer(o.resume, *s_->data.translation);
   if (!o.resume.empty()) resume();
   s_->first = s_->step;
   open_run_folder();
@@ -435,6 +438,7 @@ void Trainer::open_run_folder() {
   s.out_dir = s.opt.out.empty() ? s.opt.resume : s.opt.out;
   if (s.out_dir.empty()) return;
   fs::create_directories(s.out_dir);
+  if (s.data.translation) write_run_tokenizer(s.out_dir, *s.data.translation);
   write_file_atomic((fs::path(s.out_dir) / "config.json").string(), s.cfg.resolved().dump(2) + "\n");
   write_memory_page();
   const std::string mpath = (fs::path(s.out_dir) / "metrics.jsonl").string();
