@@ -884,8 +884,18 @@ TEST(InitFrom, HfLlamaStacksQkvAndChecksItsConfig) {
   EXPECT_REMAT_ERROR(remat::init_from(d.path().string(), c, ps, false),
                      "tensor \"model.layers.1.self_attn.k_proj.weight\" (remat's \"h1.qkv.weight\") has shape [16, "
                      "16], the config (" +
-                         c.source + ") expects [8, 16] (rows 2 of 3 of remat's [32, 16])");
-  // A GPT-2 config does not take Llama weights: its parameters have no Llama names.
+                         c.source + ") expects [8, 16] (part 2 of 3: rows 16..23 of remat's [32, 16])");
+  // --init-from-partial without one part: the whole parameter stays initialised, and the
+  // parts that are there are listed as not used.
+  HfState partial = s;
+  partial.t.erase("model.layers.0.self_attn.k_proj.weight");
+  write_bytes(d / "model.safetensors", encode_raw(raw(partial, "")));
+  const remat::InitFromReport pr = remat::init_from(d.path().string(), c, ps, true);
+  EXPECT_EQ(pr.missing, std::vector<std::string>{"h0.qkv.weight"});
+  EXPECT_EQ(pr.unexpected, (std::vector<std::string>{"model.layers.0.self_attn.q_proj.weight",
+                                                     "model.layers.0.self_attn.v_proj.weight"}));
+  EXPECT_EQ(pr.tensors, static_cast<int64_t>(g.params.size()) - 1);
+  // A GPT-2 config does not take Llama weights: the first parameter both name differs.
   write_bytes(d / "model.safetensors", encode_raw(raw(s, "")));
   fs::remove(cj);
   const remat::Config gpt = tiny_config();

@@ -326,13 +326,15 @@ void check_run_tokenizer(const std::string& run_dir, const TranslationData& d) {
   } catch (const nlohmann::json::exception& e) {
     REMAT_THROW(rec.string(), ": not valid JSON: ", e.what());
   }
-  const std::string want = j.value("fnv1a64", ""), have = hex64(d.tokenizer.fingerprint());
+  if (!j.is_object() || !j.contains("fnv1a64") || !j["fnv1a64"].is_string())
+    REMAT_THROW(rec.string(), ": no \"fnv1a64\" string (expected the record remat train writes)");
+  const std::string want = j["fnv1a64"].get<std::string>(), have = hex64(d.tokenizer.fingerprint());
   if (want != have)
     REMAT_THROW(run_dir, " was trained with another tokenizer than ", d.dir, "/tokenizer.model holds now (its record ",
                 rec.string(), " says fnv1a64 ", want, ", vocab ", j.value("vocab", int64_t{0}), ", corpus ",
                 j.value("corpus", std::string("?")), "; the file has ", have, ", vocab ", d.tokenizer.vocab(),
                 "): the corpus was rebuilt since; rebuild it as it was (remat corpus with the same --vocab, --seed "
-                "and catalogs) or point data.path at the run's corpus");
+                "and catalogs)");
 }
 
 int64_t Tokenizer::vocab() const {

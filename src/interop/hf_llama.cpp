@@ -238,7 +238,12 @@ nlohmann::json llama_export_config(const Config& cfg, const ExportShapes& x) {
   if (qkv_bias != o_bias)
     REMAT_THROW(cfg.source, ": qkv ", qkv_bias ? "has" : "has no", " bias but o_proj ", o_bias ? "has" : "has none",
                 "; Hugging Face's attention_bias covers all four projections");
-  const bool mlp_bias = has_param(x, "h0.gate.bias") || has_param(x, "h0.up.bias") || has_param(x, "h0.down.bias");
+  const int mlp_biases = has_param(x, "h0.gate.bias") + has_param(x, "h0.up.bias") + has_param(x, "h0.down.bias");
+  if (mlp_biases != 0 && mlp_biases != 3)
+    REMAT_THROW(cfg.source, ": ", mlp_biases,
+                " of gate, up and down have a bias; Hugging Face's mlp_bias covers all "
+                "three (give all or none a bias)");
+  const bool mlp_bias = mlp_biases == 3;
   const int64_t head_dim = x.qkv_rows / (m.heads + 2 * m.kv_heads);
   nlohmann::json c = {
       {"architectures", {"LlamaForCausalLM"}},

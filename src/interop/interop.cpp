@@ -417,29 +417,36 @@ class ParamLoader {
     const std::vector<int64_t> rows =
         keys.size() > 1 ? arch_->part_rows(cfg_, name, want[0]) : std::vector<int64_t>{want[0]};
     std::vector<Found> parts;
+    std::vector<std::string> part_keys;
     for (size_t k = 0; k < keys.size(); ++k) {
       auto it = by_name_.find(keys[k]);
       // An untied head loads the embedding when the file ties them (lm_head.weight left out).
       if (it == by_name_.end() && arch_ && keys[k] == arch_->head) it = by_name_.find(arch_->embed);
       if (it == by_name_.end()) {
-        if (partial_) return leave_initialised(p);
+        if (partial_) return leave_initialised(p);  // nothing of it used: its other parts stay unused
         REMAT_THROW(join(r_.files, 2), ": no tensor ",
                     arch_ ? "\"" + keys[k] + "\" (remat's \"" + name + "\")" : "\"" + name + "\"",
                     "; pass --init-from-partial to leave missing parameters as initialised");
       }
       const SafetensorsEntry& e = *it->second.entry;
       Shape want_file = conv1d ? transposed(want) : want;
+      int64_t first_row = 0;
+      for (size_t j = 0; j < k; ++j) first_row += rows[j];
       if (keys.size() > 1) want_file = want_file.rank() == 1 ? Shape{rows[k]} : Shape{rows[k], want[1]};
       if (e.shape != want_file)
         REMAT_THROW(it->second.file->source(), ": tensor \"", e.name, "\"", arch_ ? " (remat's \"" + name + "\")" : "",
                     " has shape ", e.shape.str(), ", the config (", cfg_.source, ") expects ", want_file.str(),
                     conv1d ? " (Conv1D [in, out] of remat's " + want.str() + ")" : "",
-                    keys.size() > 1 ? " (rows " + std::to_string(k + 1) + " of " + std::to_string(keys.size()) +
-                                          " of remat's " + want.str() + ")"
+                    keys.size() > 1 ? " (part " + std::to_string(k + 1) + " of " + std::to_string(keys.size()) +
+                                          ": rows " + std::to_string(first_row) + ".." +
+                                          std::to_string(first_row + rows[k] - 1) + " of remat's " + want.str() + ")"
                                     : "");
       parts.push_back(it->second);
-      used_.insert(it->first);
-      r_.bytes += static_cast<int64_t>(e.end - e.begin);
+      part_keys.push_back(it->first);
+    }
+    for (size_t k = 0; k < parts.size(); ++k) {
+      used_.insert(part_keys[k]);
+      r_.bytes += static_cast<int64_t>(parts[k].entry->end - parts[k].entry->begin);
     }
     load_param(parts, conv1d, params_.values[p]);
     ++r_.tensors;
