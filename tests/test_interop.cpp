@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fuzz/harness.h"
+#include "remat/bf16.h"
 #include "remat/interop.h"
 #include "remat/io.h"
 #include "remat/token_shards.h"
@@ -1023,6 +1024,27 @@ TEST(Export, HfLlamaShardedAndBackAgain) {
   const remat::InitFromReport rep = remat::init_from(d / "hf", c, b, false);
   EXPECT_EQ(rep.files.size(), files.size());
   expect_params(b, by);
+
+  // bf16: every value rounded to nearest even, half the bytes, torch_dtype bfloat16; loading
+  // it back widens the same values.
+  msg = remat::export_hf(d / "run", d / "hf16", remat::HfArch::llama, remat::kHfShardBytes, remat::DType::bf16);
+  EXPECT_NE(msg.find("(Hugging Face Llama, bf16)"), std::string::npos) << msg;
+  const remat::SafetensorsFile h = remat::SafetensorsFile::load(d / "hf16/model.safetensors");
+  const remat::SafetensorsEntry& gate = h.entry("model.layers.0.mlp.gate_proj.weight");
+  EXPECT_EQ(gate.dtype, remat::DType::bf16);
+  ASSERT_EQ(gate.end - gate.begin, by["h0.gate.weight"].size() * 2);
+  for (size_t i = 0; i < by["h0.gate.weight"].size(); ++i) {
+    uint16_t got;
+    std::memcpy(&got, h.data(gate) + 2 * i, 2);
+    ASSERT_EQ(got, remat::bf16_from_float(by["h0.gate.weight"][i])) << i;
+  }
+  EXPECT_EQ(nlohmann::json::parse(remat::read_file(d / "hf16/config.json"))["torch_dtype"], "bfloat16");
+  remat::ParamStore b16(g, remat::Device::cpu(), 12);
+  remat::init_from(d / "hf16", c, b16, false);
+  std::map<std::string, std::vector<float>> rounded = by;
+  for (auto& [n, v] : rounded)
+    for (float& x : v) x = remat::round_to_bf16(x);
+  expect_params(b16, rounded);
 
   // A GPT-2 run is not a Llama.
   const remat::Config gpt = tiny_config();

@@ -79,13 +79,14 @@ inline constexpr int64_t kHfShardBytes = 5'000'000'000;
 // `remat export RUN_DIR --format hf-gpt2|hf-llama OUT`: RUN_DIR's checkpoint (and
 // config.json) as a Hugging Face checkpoint that GPT2LMHeadModel / LlamaForCausalLM
 // .from_pretrained(OUT) loads: OUT/config.json and the weights with save_pretrained's
-// names (lm_head.weight left out when tied, metadata format "pt"), f32: OUT/model.safetensors
+// names (lm_head.weight left out when tied, metadata format "pt"), in `dtype` (f32, or bf16
+// rounded to nearest even as torch's .to(torch.bfloat16); torch_dtype says which): OUT/model.safetensors
 // when they fit in `max_shard_bytes`, else shards model-0000i-of-0000n.safetensors (each at
 // most that, unless one tensor is larger) and model.safetensors.index.json. Each file is
 // written to a temporary file and renamed, the weights first, the index and config.json
 // last; the files of the other layout left in OUT by an earlier export are removed. Returns
 // a line describing what was written.
 std::string export_hf(const std::string& run_dir, const std::string& out_dir, HfArch arch,
-                      int64_t max_shard_bytes = kHfShardBytes);
+                      int64_t max_shard_bytes = kHfShardBytes, DType dtype = DType::f32);
 
 }  // namespace remat

@@ -137,7 +137,6 @@ nlohmann::json gpt2_export_config(const Config& cfg, const ExportShapes& x) {
       {"reorder_and_upcast_attn", false},
       {"tie_word_embeddings", x.tied},
       {"use_cache", true},
-      {"torch_dtype", "float32"},
   };
   if (x.embed[0] == kGpt2Vocab) {  // GPT-2's tokenizer: <|endoftext|>
     c["bos_token_id"] = 50256;

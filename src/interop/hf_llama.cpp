@@ -265,7 +265,6 @@ nlohmann::json llama_export_config(const Config& cfg, const ExportShapes& x) {
       {"initializer_range", 0.02},
       {"tie_word_embeddings", x.tied},
       {"use_cache", true},
-      {"torch_dtype", "float32"},
   };
   if (mlp_bias) c["mlp_bias"] = true;  // transformers >= 4.41 reads it
   if (m.scaling.type == RopeScalingType::linear) {

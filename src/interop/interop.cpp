@@ -596,15 +596,23 @@ std::vector<ExportTensor> export_tensors(const Arch& a, const Config& cfg, const
   return outs;
 }
 
-// A safetensors file of `outs`, f32, Conv1D weights transposed; each copied in pieces whose
-// pages are released as they go.
-void write_hf_safetensors(const std::string& path, const SafetensorsFile& f, const std::vector<ExportTensor>& outs) {
+// The bytes of `o` in the export's dtype (f32 or bf16: half).
+size_t out_bytes(const ExportTensor& o, DType dtype) { return dtype == DType::bf16 ? o.bytes() / 2 : o.bytes(); }
+
+// A safetensors file of `outs` in `dtype` (F32, or BF16 rounded to nearest even as torch's
+// .to(torch.bfloat16)), Conv1D weights transposed; each copied in pieces whose pages are
+// released as they go.
+void write_hf_safetensors(const std::string& path, const SafetensorsFile& f, const std::vector<ExportTensor>& outs,
+                          DType dtype) {
+  const bool half = dtype == DType::bf16;
   nlohmann::json header = nlohmann::json::object();
   header["__metadata__"] = {{"format", "pt"}};  // transformers refuses safetensors without it
   size_t offset = 0;
   for (const ExportTensor& o : outs) {
-    header[o.name] = {{"dtype", "F32"}, {"shape", o.shape.dims()}, {"data_offsets", {offset, offset + o.bytes()}}};
-    offset += o.bytes();
+    const size_t n = out_bytes(o, dtype);
+    header[o.name] = {
+        {"dtype", half ? "BF16" : "F32"}, {"shape", o.shape.dims()}, {"data_offsets", {offset, offset + n}}};
+    offset += n;
   }
   std::string h = header.dump();
   while ((8 + h.size()) % 8 != 0) h.push_back(' ');
@@ -614,11 +622,27 @@ void write_hf_safetensors(const std::string& path, const SafetensorsFile& f, con
   w.write(size, 8);
   w.write(h.data(), h.size());
   std::vector<float> buf;
+  std::vector<uint16_t> narrow;
+  auto write_floats = [&](const float* x, size_t count) {
+    if (!half) {
+      w.write(x, count * sizeof(float));
+      return;
+    }
+    narrow.resize(count);
+    for (size_t i = 0; i < count; ++i) narrow[i] = bf16_from_float(x[i]);
+    w.write(narrow.data(), count * sizeof(uint16_t));
+  };
   for (const ExportTensor& o : outs) {
     if (!o.conv1d) {
       for (size_t b = o.begin; b < o.end; b += kPieceBytes) {
         const size_t e = std::min(o.end, b + kPieceBytes);
-        w.write(f.data(*o.entry) + b, e - b);
+        if (half) {
+          buf.resize((e - b) / sizeof(float));
+          std::memcpy(buf.data(), f.data(*o.entry) + b, e - b);  // the mapping need not be float-aligned
+          write_floats(buf.data(), buf.size());
+        } else {
+          w.write(f.data(*o.entry) + b, e - b);
+        }
         f.release(*o.entry, b, e);
       }
       continue;
@@ -627,7 +651,7 @@ void write_hf_safetensors(const std::string& path, const SafetensorsFile& f, con
     // loading, the other way round.
     buf.resize(static_cast<size_t>(o.shape.numel()));
     copy_entry(f, *o.entry, true, buf.data());
-    w.write(buf.data(), buf.size() * sizeof(float));
+    write_floats(buf.data(), buf.size());
   }
   w.commit();
 }
@@ -648,22 +672,23 @@ bool is_shard_name(const std::string& name) {
 // when the next tensor would not fit) with their index; removes what an earlier export of
 // the other layout left. Returns the files written.
 std::vector<std::string> write_weights(const fs::path& out, const SafetensorsFile& f,
-                                       const std::vector<ExportTensor>& outs, int64_t max_bytes) {
+                                       const std::vector<ExportTensor>& outs, int64_t max_bytes, DType dtype) {
   std::vector<std::vector<ExportTensor>> shards(1);
   size_t in_shard = 0, total = 0;
   for (const ExportTensor& o : outs) {
-    if (in_shard > 0 && in_shard + o.bytes() > static_cast<size_t>(max_bytes)) {
+    const size_t n = out_bytes(o, dtype);
+    if (in_shard > 0 && in_shard + n > static_cast<size_t>(max_bytes)) {
       shards.emplace_back();
       in_shard = 0;
     }
     shards.back().push_back(o);
-    in_shard += o.bytes();
-    total += o.bytes();
+    in_shard += n;
+    total += n;
   }
   std::vector<std::string> written;
   std::error_code ec;
   if (shards.size() == 1) {
-    write_hf_safetensors((out / "model.safetensors").string(), f, outs);
+    write_hf_safetensors((out / "model.safetensors").string(), f, outs, dtype);
     written.push_back("model.safetensors");
     fs::remove(out / "model.safetensors.index.json", ec);
     for (const auto& d : fs::directory_iterator(out, ec))
@@ -673,7 +698,7 @@ std::vector<std::string> write_weights(const fs::path& out, const SafetensorsFil
   nlohmann::json map = nlohmann::json::object();
   for (size_t i = 0; i < shards.size(); ++i) {
     const std::string name = shard_name(i, shards.size());
-    write_hf_safetensors((out / name).string(), f, shards[i]);
+    write_hf_safetensors((out / name).string(), f, shards[i], dtype);
     for (const ExportTensor& o : shards[i]) map[o.name] = name;
     written.push_back(name);
   }
@@ -690,7 +715,8 @@ std::vector<std::string> write_weights(const fs::path& out, const SafetensorsFil
 
 }  // namespace
 
-std::string export_hf(const std::string& run_dir, const std::string& out_dir, HfArch arch_id, int64_t max_shard_bytes) {
+std::string export_hf(const std::string& run_dir, const std::string& out_dir, HfArch arch_id, int64_t max_shard_bytes,
+                      DType dtype) {
   const Arch& a = hf::arch(arch_id);
   const fs::path run(run_dir);
   const std::string cfg_path = (run / "config.json").string();
@@ -698,6 +724,8 @@ std::string export_hf(const std::string& run_dir, const std::string& out_dir, Hf
   const std::string ckpt = run_checkpoint(run);
   if (ckpt.empty()) REMAT_THROW(run_dir, ": no complete checkpoint (checkpoint/state.json and model.safetensors)");
   REMAT_CHECK(max_shard_bytes > 0, "--max-shard-size must be positive");
+  REMAT_CHECK(dtype == DType::f32 || dtype == DType::bf16, "export: dtype ", dtype_name(dtype),
+              " (expected f32 or bf16)");
   const Config cfg = load_config(cfg_path);
   const SafetensorsFile f = SafetensorsFile::load((fs::path(ckpt) / "model.safetensors").string());
   REMAT_CHECK(f.has("embed.weight") && f.entry("embed.weight").shape.rank() == 2, f.source(),
@@ -708,18 +736,19 @@ std::string export_hf(const std::string& run_dir, const std::string& out_dir, Hf
   if (!g.input_ids.empty() && g.layer(g.input_ids.front()).out_shape.rank() >= 2)
     x.seq_len = g.layer(g.input_ids.front()).out_shape[1];
   const std::vector<ExportTensor> outs = export_tensors(a, cfg, g, f, x);
-  const nlohmann::json config = a.export_config(cfg, x);
+  nlohmann::json config = a.export_config(cfg, x);
+  config["torch_dtype"] = dtype == DType::bf16 ? "bfloat16" : "float32";
 
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) REMAT_THROW("cannot create ", out_dir, ": ", ec.message());
-  const std::vector<std::string> files = write_weights(fs::path(out_dir), f, outs, max_shard_bytes);
+  const std::vector<std::string> files = write_weights(fs::path(out_dir), f, outs, max_shard_bytes, dtype);
   write_file_atomic((fs::path(out_dir) / "config.json").string(), config.dump(2) + "\n");
   const std::string what =
       files.size() == 1 ? out_dir + "/model.safetensors"
                         : std::to_string(files.size() - 1) + " shards and " + out_dir + "/model.safetensors.index.json";
   return "exported " + ckpt + " (" + std::to_string(outs.size()) + " tensors, " + std::to_string(x.n_blocks) +
-         " blocks) to " + what + " and config.json (" + a.title + ")";
+         " blocks) to " + what + " and config.json (" + a.title + ", " + (dtype == DType::bf16 ? "bf16" : "f32") + ")";
 }
 
 }  // namespace remat

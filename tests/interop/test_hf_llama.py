@@ -14,7 +14,8 @@ grouped-query attention, SwiGLU). Then:
      losses within 1e-4;
   4. round trip: remat -> export --format hf-llama -> from_pretrained (same logits) ->
      save_pretrained -> remat is bitwise; an export with --max-shard-size is sharded and
-     loads the same; re-exporting into the folder unsharded leaves no stale shard;
+     loads the same; --dtype bf16 loads as torch's rounding of the checkpoint; re-exporting
+     into the folder unsharded leaves no stale shard;
   5. a tied model (tie_word_embeddings, as SmolLM and Llama 3.2 1B) loads into a config
      whose head has tie_weight, with transformers' logits;
   6. a model with linear rope_scaling (factor 4) gives transformers' logits in a config whose
@@ -111,6 +112,21 @@ def as_remat(state, tied):
     return out
 
 
+def as_remat_torch(state):
+    """as_remat of an untied state dict, kept as torch tensors (bf16 has no numpy type)."""
+    out = {"embed.weight": state["model.embed_tokens.weight"], "norm_f.weight": state["model.norm.weight"],
+           "head.weight": state["lm_head.weight"]}
+    for i in range(L):
+        p = f"model.layers.{i}."
+        out[f"h{i}.attn_norm.weight"] = state[p + "input_layernorm.weight"]
+        out[f"h{i}.qkv.weight"] = torch.cat([state[p + f"self_attn.{x}_proj.weight"] for x in "qkv"], 0)
+        out[f"h{i}.o_proj.weight"] = state[p + "self_attn.o_proj.weight"]
+        out[f"h{i}.mlp_norm.weight"] = state[p + "post_attention_layernorm.weight"]
+        for x in ("gate", "up", "down"):
+            out[f"h{i}.{x}.weight"] = state[p + f"mlp.{x}_proj.weight"]
+    return out
+
+
 def compare_logits(remat, config, init, val, windows, model, dump, what):
     run([remat, "eval", config, "--init-from", init, "--data", val, "--batch", windows, "--device", "cpu",
          "--save-logits", dump, "--quiet"])
@@ -204,6 +220,14 @@ def main():
           f"--max-shard-size 100KB: {len(files)} shards and an index")
     m3 = LlamaForCausalLM.from_pretrained(sharded)
     check(not bitwise(as_remat(m3.state_dict(), tied=False), ckpt), "transformers loads the sharded export, bit for bit")
+    half = os.path.join(w, "exported_bf16")
+    run([remat, "export", os.path.join(w, "run"), "--format", "hf-llama", half, "--dtype", "bf16"])
+    m5 = LlamaForCausalLM.from_pretrained(half, torch_dtype=torch.bfloat16)
+    want16 = {k: torch.from_numpy(np.ascontiguousarray(v)).to(torch.bfloat16) for k, v in ckpt.items()}
+    got16 = as_remat_torch(m5.state_dict())
+    check(m5.config.torch_dtype == torch.bfloat16 and sorted(got16) == sorted(want16) and
+          all(torch.equal(got16[k], want16[k]) for k in want16),
+          "--dtype bf16: transformers loads the checkpoint rounded as torch's .to(torch.bfloat16), bit for bit")
     run([remat, "export", os.path.join(w, "run"), "--format", "hf-llama", sharded])
     check(sorted(os.listdir(sharded)) == ["config.json", "model.safetensors"],
           "re-exported unsharded into the same folder: no stale shard or index is left")
