@@ -205,6 +205,35 @@ TEST(ChainPlanner, ModelEqualsSimulationForEveryUnitModePlan) {
   }
 }
 
+// plan_candidates reads its one-mode-per-unit plans (every:K, the mixed ones) off the chain
+// model instead of simulating each: every such candidate must be its plan's simulation, to
+// the byte and the FLOP, on a chain past 64 units (the deep case it is for), one of
+// differing units and an encoder-decoder.
+TEST(ChainPlanner, ModelledCandidatesAreTheirPlansSimulation) {
+  std::vector<std::pair<std::string, remat::Config>> cases{{"chain 70", chain_config(70)},
+                                                           {"mixed 2+3+2", mixed_chain_config(2, 3, 2)}};
+  cases.push_back({"nmt_tiny", remat::load_config(std::string(REMAT_SOURCE_DIR) + "/tests/configs/nmt_tiny.json")});
+  for (auto& [name, cfg] : cases) {
+    SCOPED_TRACE(name);
+    remat::Graph g = remat::build_config_graph(cfg, cfg.training.batch, 0);
+    int checked = 0;
+    for (const remat::PlanCandidate& c : remat::plan_candidates(cfg, g)) {
+      const bool modelled =
+          (c.name.rfind("every:", 0) == 0 && c.name.find('+') == std::string::npos) || c.name.rfind("first ", 0) == 0;
+      if (!modelled) continue;
+      const auto p = remat::profile_step(cfg, g, c.plan, remat::Device::meta(), false);
+      EXPECT_EQ(c.peak_bytes, p.peak_bytes) << c.name;
+      EXPECT_DOUBLE_EQ(c.recompute_flops, p.recompute_flops) << c.name;
+      EXPECT_DOUBLE_EQ(c.step_flops, p.step_flops()) << c.name;
+      EXPECT_DOUBLE_EQ(c.forward_flops, p.forward_flops) << c.name;
+      EXPECT_DOUBLE_EQ(c.backward_flops, p.backward_flops) << c.name;
+      EXPECT_EQ(c.plan.policy, c.name);
+      ++checked;
+    }
+    EXPECT_GE(checked, 6);
+  }
+}
+
 // Units that differ in size and cost (rotor's heterogeneous chains): the planner's choice
 // against brute force over every unit-mode plan and every revolve:S, at every achievable
 // peak. Which units to recompute matters here: the cheapest plan at a budget need not

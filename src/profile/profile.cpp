@@ -394,6 +394,23 @@ std::vector<PlanCandidate> plain_candidates(const Config& cfg, const Graph& g, B
   out.push_back(simulate(cfg, g, "selective", make_plan(g, "selective"), ws));
   const std::vector<Segment> us = plan_units(g);
   const auto n = static_cast<int64_t>(us.size());
+  // Plans of one mode per unit (every:K, the mixed ones) are read off the unit chain's
+  // model, which equals their simulation to the byte and the FLOP (chain_planner.h; tested
+  // on every such plan of differing chains and on these candidates of a deep one): four
+  // simulations instead of one per candidate, which on deep chains is most of the report's
+  // time (1024 blocks: ~100 candidates).
+  if (n == 0) return out;
+  const UnitChainModel model = measure_unit_chain(cfg, g, ws);
+  const PlanCandidate none = out.front();  // nothing re-run: the step's plan-independent FLOPs (a copy: out grows)
+  auto unit_plan = [&](const std::string& name, const std::vector<UnitModeSpec>& modes) {
+    PlanCandidate c{name, plan_from_unit_modes(g, name, modes), modelled_peak(model, modes),
+                    modelled_recompute_flops(model, modes)};
+    c.plan.policy = name;
+    c.forward_flops = none.forward_flops;
+    c.backward_flops = none.backward_flops;
+    c.step_flops = none.step_flops + c.recompute_flops;
+    return c;
+  };
   // The sizes tried: every one up to 24 units, beyond that 1-8, then steps of a quarter,
   // the round square root and its neighbours, and n: about 4 log n of them, since each
   // candidate is a simulation as long as the model (1024 blocks: ~0.1 s each).
@@ -410,7 +427,7 @@ std::vector<PlanCandidate> plain_candidates(const Config& cfg, const Graph& g, B
     std::vector<UnitModeSpec> full(static_cast<size_t>(n));
     for (int64_t u = 0; u < n; ++u) full[static_cast<size_t>(u)] = {2, static_cast<int>(u / k)};
     const std::string name = "every:" + std::to_string(k);
-    out.push_back(simulate(cfg, g, name, plan_from_unit_modes(g, name, full), ws));
+    out.push_back(unit_plan(name, full));
     // every:K+selective: the segments' GEMM/conv outputs are kept.
     std::vector<Segment> segs;
     for (int64_t i = 0; i < n; i += k)
@@ -437,14 +454,13 @@ std::vector<PlanCandidate> plain_candidates(const Config& cfg, const Graph& g, B
       b[static_cast<size_t>(u)] = u < m ? UnitModeSpec{2, static_cast<int>(u)} : UnitModeSpec{0, 0};
     }
     const std::string tag = std::to_string(m) + "/" + std::to_string(n);
-    out.push_back(simulate(cfg, g, "first " + tag + " full, rest selective", plan_from_unit_modes(g, "mixed", a), ws));
-    out.push_back(simulate(cfg, g, "first " + tag + " full, rest kept", plan_from_unit_modes(g, "mixed", b), ws));
+    out.push_back(unit_plan("first " + tag + " full, rest selective", a));
+    out.push_back(unit_plan("first " + tag + " full, rest kept", b));
   }
   // The unit program's cheapest plan at each peak of the front so far (chain_planner.h):
   // on chains of differing units it lies below the families' front. Up to 64 units (a
   // program on a deeper chain takes seconds; the budget search still runs it once).
   if (n > 64) return out;
-  const UnitChainModel model = measure_unit_chain(cfg, g, ws);
   std::set<std::string> seen;
   for (const PlanCandidate& c : pareto_front(out)) {
     const auto modes = cheapest_unit_modes(model, c.peak_bytes, unit_program_longest_segment(n));
