@@ -260,17 +260,20 @@ struct HfState {
   const std::vector<float>& v(const std::string& n) const { return t.at(n).second; }
 };
 
+// Adds tensor n of `shape`, uniform in [-1, 1) from gen.
+void add_random(HfState& s, std::mt19937& gen, const std::string& n, const std::vector<int64_t>& shape) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  int64_t k = 1;
+  for (int64_t d : shape) k *= d;
+  std::vector<float> v(static_cast<size_t>(k));
+  for (float& x : v) x = u(gen);
+  s.t[n] = {shape, v};
+}
+
 HfState hf_state(uint32_t seed) {
   std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   HfState s;
-  auto add = [&](const std::string& n, std::vector<int64_t> shape) {
-    int64_t k = 1;
-    for (int64_t d : shape) k *= d;
-    std::vector<float> v(static_cast<size_t>(k));
-    for (float& x : v) x = u(gen);
-    s.t[n] = {shape, v};
-  };
+  auto add = [&](const std::string& n, std::vector<int64_t> shape) { add_random(s, gen, n, shape); };
   add("wte.weight", {kV, kC});
   add("wpe.weight", {kP, kC});
   for (int64_t i = 0; i < kL; ++i) {
@@ -776,15 +779,8 @@ remat::Graph llama_graph(const remat::Config& c) {
 // LlamaForCausalLM's state dict at those sizes, by hand: name -> ([rows, cols], values).
 HfState llama_state(uint32_t seed) {
   std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   HfState s;
-  auto add = [&](const std::string& n, std::vector<int64_t> shape) {
-    int64_t k = 1;
-    for (int64_t x : shape) k *= x;
-    std::vector<float> v(static_cast<size_t>(k));
-    for (float& x : v) x = u(gen);
-    s.t[n] = {shape, v};
-  };
+  auto add = [&](const std::string& n, std::vector<int64_t> shape) { add_random(s, gen, n, shape); };
   add("model.embed_tokens.weight", {kLlamaV, kLlamaC});
   for (int64_t i = 0; i < kLlamaL; ++i) {
     const std::string l = "model.layers." + std::to_string(i) + ".";

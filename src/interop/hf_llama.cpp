@@ -66,10 +66,10 @@ RopeScaling remat_scaling(const nlohmann::json& j) {
   s.type = type == "linear"   ? RopeScalingType::linear
            : type == "llama3" ? RopeScalingType::llama3
                               : RopeScalingType::none;
-  s.factor = j.value("factor", 1.0);
-  s.low_freq_factor = j.value("low_freq_factor", 1.0);
-  s.high_freq_factor = j.value("high_freq_factor", 4.0);
-  s.original_max_position = j.value("original_max_position", 8192.0);
+  s.factor = j.value("factor", s.factor);
+  s.low_freq_factor = j.value("low_freq_factor", s.low_freq_factor);
+  s.high_freq_factor = j.value("high_freq_factor", s.high_freq_factor);
+  s.original_max_position = j.value("original_max_position", s.original_max_position);
   return s;
 }
 
@@ -89,13 +89,13 @@ bool hf_scaling(const nlohmann::json& j, RopeScaling* s) {
     s->type = RopeScalingType::linear;
   } else if (type == "llama3") {
     s->type = RopeScalingType::llama3;
-    s->low_freq_factor = j.value("low_freq_factor", 1.0);
-    s->high_freq_factor = j.value("high_freq_factor", 4.0);
-    s->original_max_position = j.value("original_max_position_embeddings", 8192.0);
+    s->low_freq_factor = j.value("low_freq_factor", s->low_freq_factor);
+    s->high_freq_factor = j.value("high_freq_factor", s->high_freq_factor);
+    s->original_max_position = j.value("original_max_position_embeddings", s->original_max_position);
   } else {
     return false;
   }
-  s->factor = j.value("factor", 1.0);
+  s->factor = j.value("factor", s->factor);
   return true;
 }
 

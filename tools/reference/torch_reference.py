@@ -351,10 +351,6 @@ class Graph:
         if t == "rmsnorm":
             self._param(n, "weight", (x[-1],), "ones", decay=False)
             return x
-        if t == "mul":
-            if len(shapes) != 2 or shapes[0] != shapes[1]:
-                raise ConfigError(f"{self.source}: {at}: mul needs two inputs of one shape, got {shapes}")
-            return x
         if t == "rope":
             c["kv_heads"] = c["kv_heads"] or c["heads"]
             if len(x) != 3 or x[2] % (c["heads"] + 2 * c["kv_heads"]):
@@ -364,9 +360,9 @@ class Graph:
             if t == "gelu" and c["approximate"] not in ("none", "tanh"):
                 raise ConfigError(f"{self.source}: {at}/approximate: expected none or tanh")
             return x
-        if t == "add":
+        if t in ("add", "mul"):
             if len(shapes) != 2 or shapes[0] != shapes[1]:
-                raise ConfigError(f"{self.source}: {at}: add needs two inputs of one shape, got {shapes}")
+                raise ConfigError(f"{self.source}: {at}: {t} needs two inputs of one shape, got {shapes}")
             return x
         if t == "flatten":
             return (x[0], int(np.prod(x[1:])) if x[0] else 0)

@@ -61,9 +61,10 @@ class Rope final : public Layer {
     if (sc.type != RopeScalingType::none) sc.factor = s.number("factor");
     if (sc.type != RopeScalingType::none && !(sc.factor > 0.0)) s.fail("factor", "must be positive");
     if (sc.type == RopeScalingType::llama3) {
-      sc.low_freq_factor = s.number_or("low_freq_factor", 1.0, 1e-6, 1e6);
-      sc.high_freq_factor = s.number_or("high_freq_factor", 4.0, 1e-6, 1e6);
-      sc.original_max_position = static_cast<double>(s.positive_int_or("original_max_position", 8192));
+      sc.low_freq_factor = s.number_or("low_freq_factor", sc.low_freq_factor, 1e-6, 1e6);
+      sc.high_freq_factor = s.number_or("high_freq_factor", sc.high_freq_factor, 1e-6, 1e6);
+      sc.original_max_position = static_cast<double>(
+          s.positive_int_or("original_max_position", static_cast<int64_t>(sc.original_max_position)));
       if (!(sc.high_freq_factor > sc.low_freq_factor))
         s.fail("high_freq_factor", "must be above low_freq_factor (" + std::to_string(sc.low_freq_factor) + ")");
     }
