@@ -97,3 +97,58 @@ TEST(Offload, CpuRefusesWithTheReason) {
   EXPECT_REMAT_ERROR(remat::make_plan(g, "sqrt+offlaod"), "unknown checkpoint policy \"sqrt+offlaod\"");
   EXPECT_REMAT_ERROR(remat::make_plan(g, "+offload"), "unknown checkpoint policy \"+offload\"");
 }
+
+// "+offload:J" offloads the products of the first J units only: exactly what "+offload"
+// offloads before the (J+1)-th unit begins, with the same prefetch points; J = units - 1
+// is "+offload". J outside 1 .. units - 1, or not a number, is refused naming the range.
+// (Under sqrt and revolve:1 some units keep nothing forward holds: J adds nothing there.)
+TEST(Offload, FirstJUnitsOffloadThatPrefixOfTheFullPlan) {
+  const remat::Graph g = tiny("gpt_char_tiny.json");
+  const std::vector<remat::Segment> units = remat::offload_units(g);
+  ASSERT_EQ(units.size(), 4u);
+  for (const char* base : {"none", "sqrt", "selective", "revolve:1"}) {
+    SCOPED_TRACE(base);
+    const remat::CheckpointPlan full = remat::make_plan(g, std::string(base) + "+offload");
+    size_t before = 0;  // products offloaded by the shorter prefix
+    for (int j = 1; j <= 3; ++j) {
+      const std::string policy = std::string(base) + "+offload:" + std::to_string(j);
+      const remat::CheckpointPlan p = remat::make_plan(g, policy);
+      EXPECT_EQ(p.policy, policy);
+      EXPECT_EQ(p.keep, full.keep);
+      size_t count = 0;
+      for (int l = 0; l < g.size(); ++l) {
+        const auto k = static_cast<size_t>(l);
+        const bool in_prefix = l < units[static_cast<size_t>(j)].begin;
+        EXPECT_EQ(p.offload[k], full.offload[k] && in_prefix) << g.layer(l).name << " J " << j;
+        EXPECT_EQ(p.prefetch_at[k], p.offload[k] ? full.prefetch_at[k] : -1) << g.layer(l).name;
+        EXPECT_EQ(p.need_at[k], p.offload[k] ? full.need_at[k] : -1) << g.layer(l).name;
+        count += p.offload[k];
+      }
+      // Each unit adds what it keeps: under none and selective every unit keeps some.
+      const bool every_unit_keeps = std::string(base) == "none" || std::string(base) == "selective";
+      EXPECT_TRUE(every_unit_keeps ? count > before : count >= before)
+          << "J " << j << ": " << count << " vs " << before;
+      before = count;
+      if (j == 3) {
+        EXPECT_EQ(p.offload, full.offload);
+      }
+    }
+  }
+  EXPECT_REMAT_ERROR(remat::make_plan(g, "sqrt+offload:4"),
+                     "policy \"sqrt+offload:4\": J counts the units offloaded, 1 to 3 (every unit but the last of 4)");
+  EXPECT_REMAT_ERROR(remat::make_plan(g, "sqrt+offload:0"),
+                     "policy \"sqrt+offload:0\": expected +offload:J with J (the units offloaded) a positive integer");
+  for (const char* bad : {"sqrt+offload:", "sqrt+offload:2x", "sqrt+offload:-1", "sqrt+offload: 2"})
+    EXPECT_REMAT_ERROR(remat::make_plan(g, bad), "expected +offload:J with J (the units offloaded) a positive integer");
+  EXPECT_REMAT_ERROR(remat::make_plan(g, "sqrt+offloads"), "unknown checkpoint policy \"sqrt+offloads\"");
+}
+
+// A budget plan chooses how many units to offload itself.
+TEST(Offload, BudgetPlansTakeNoUnitCount) {
+  const std::string path = std::string(REMAT_SOURCE_DIR) + "/tests/configs/gpt_char_tiny.json";
+  const remat::Config cfg = remat::load_config(path);
+  const remat::Graph g = remat::build_graph(cfg.model, 2, path, {{"vocab", 24}});
+  EXPECT_REMAT_ERROR(remat::resolve_policy(cfg, g, "budget:1GiB+offload:2"),
+                     "policy \"budget:1GiB+offload:2\": a budget plan chooses how many units to offload itself; "
+                     "write budget:SIZE+offload");
+}

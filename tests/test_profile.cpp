@@ -288,24 +288,29 @@ TEST(Planner, OffloadModelAddsTheCopiesComputeCannotHide) {
 }
 
 // With offload weighed, the budget planner against brute force: every unit-mode plan of
-// small chains and every revolve:S, each also with +offload, ranked by the modelled step
+// small chains and every revolve:S, each also with its first J units offloaded for every J
+// (+offload:J; the last J is +offload), ranked by the modelled step
 // time; the planner's choice fits and is the fastest that fits, under a link that hides
 // every copy (offload is free: the planner reaches below every plan without it at no
 // cost) and one that hides none (offload only where nothing else fits), and within a host
 // budget.
 TEST(Planner, WithOffloadMatchesBruteForceOfSmallChains) {
+  int partial = 0;  // budgets at which the planner offloads some units but not all
   for (int n : {3, 4}) {
     SCOPED_TRACE("blocks " + std::to_string(n));
     remat::Config cfg = chain_config(n);
     remat::Graph g = remat::build_config_graph(cfg, 16, 0);
     std::vector<remat::CheckpointPlan> plans = every_unit_mode_plan(g, n);
     for (int slots = 1; slots < n; ++slots) plans.push_back(remat::make_plan(g, "revolve:" + std::to_string(slots)));
+    // Each plan also with its first J units offloaded, for every J.
     const size_t plain = plans.size();
-    for (size_t i = 0; i < plain; ++i) {
-      remat::CheckpointPlan p = plans[i];
-      remat::add_offload(g, p);
-      plans.push_back(p);
-    }
+    const int most = static_cast<int>(remat::offload_units(g).size()) - 1;
+    for (size_t i = 0; i < plain; ++i)
+      for (int j = 1; j <= most; ++j) {
+        remat::CheckpointPlan p = plans[i];
+        remat::add_offload(g, p, j);
+        plans.push_back(p);
+      }
     std::vector<remat::PlanCandidate> simulated;  // each plan once; the models below only rank them
     for (const auto& plan : plans) {
       const auto p = remat::profile_step(cfg, g, plan, remat::Device::meta(), false);
@@ -333,6 +338,7 @@ TEST(Planner, WithOffloadMatchesBruteForceOfSmallChains) {
           for (const auto& c : all)
             if (c.peak_bytes <= budget) best = std::min(best, c.modelled_ms);
           const remat::PlanCandidate chosen = remat::plan_for_budget(cfg, g, budget, nullptr, &m);
+          partial += chosen.name.find("+offload:") != std::string::npos;
           EXPECT_LE(chosen.peak_bytes, budget);
           if (host_budget > 0) {
             EXPECT_LE(chosen.host_peak_bytes, host_budget) << chosen.name;
@@ -352,6 +358,7 @@ TEST(Planner, WithOffloadMatchesBruteForceOfSmallChains) {
       }
     }
   }
+  EXPECT_GT(partial, 0) << "no budget chose offloading some units but not all";
 }
 
 TEST(Memprof, MeasuredPeakEqualsPredictedForEveryShippedConfigAndPolicy) {

@@ -72,7 +72,7 @@ struct CheckpointPlan {
 };
 
 // Policies: none, all, every:K, sqrt, revolve:S, selective, manual, each optionally
-// followed by "+offload" (see docs/checkpointing.md).
+// followed by "+offload" or "+offload:J" (see docs/checkpointing.md).
 // Units are the repeated-block instances of the model, or, in a model without repeated
 // blocks, its layers.
 CheckpointPlan make_plan(const Graph& g, const std::string& policy);
@@ -95,12 +95,25 @@ CheckpointPlan make_plan_from_segments(const Graph& g, const std::string& name, 
                                        const std::vector<bool>& keep, const std::vector<bool>& keep_extras = {},
                                        std::vector<Nest> nests = {});
 
-// Marks for offload every product the plan keeps from forward to backward in the units
-// before the last (and the layers before the first unit; in a model of fewer than two
-// units, every layer counts as one), except views (their bytes are
-// another tensor's) and the tensors kept views read; sets prefetch_at one unit ahead of
-// need_at. Appends "+offload" to the policy name.
-void add_offload(const Graph& g, CheckpointPlan& p);
+// The units offload counts: plan_units, or in a model of fewer than two, every layer but
+// the inputs and the loss. Offload covers a prefix of them, never the last.
+std::vector<Segment> offload_units(const Graph& g);
+
+// Marks for offload every product the plan keeps from forward to backward in the first
+// `units` offload units (and the layers before the first unit), except views (their bytes
+// are another tensor's) and the tensors kept views read; sets prefetch_at one unit ahead of
+// need_at. `units` -1: every offload unit but the last; otherwise 1 .. offload_units - 1.
+// Appends "+offload" (units -1) or "+offload:J" to the policy name.
+void add_offload(const Graph& g, CheckpointPlan& p, int units = -1);
+
+// A policy's offload suffix: "P+offload" (every unit but the last) or "P+offload:J" (the
+// first J units). `offload` false: no suffix, `base` the whole policy.
+struct OffloadSuffix {
+  std::string base;
+  bool offload = false;
+  int units = -1;  // J, or -1 for every unit but the last
+};
+OffloadSuffix split_offload_suffix(const std::string& policy);
 
 // Revolve (Griewank and Walther 2000): the fewest unit forwards re-run in backward to
 // train a chain of `n` equal units holding at most `slots` unit boundaries at a time (the

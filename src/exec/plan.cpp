@@ -1,5 +1,6 @@
 // Checkpoint policies: from a policy name to segments and keep flags.
 #include <algorithm>
+#include <cctype>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -281,19 +282,45 @@ CheckpointPlan revolve_plan(const Graph& g, const std::string& policy, int slots
 
 bool CheckpointPlan::offloads() const { return std::find(offload.begin(), offload.end(), true) != offload.end(); }
 
-void add_offload(const Graph& g, CheckpointPlan& p) {
-  const auto n = static_cast<size_t>(g.size());
-  // The units of the plan; with fewer than two (one repeated block), every layer.
+std::vector<Segment> offload_units(const Graph& g) {
   std::vector<Segment> units = plan_units(g);
   if (units.size() < 2) {
     units.clear();
     for (int i = 0; i < g.size(); ++i)
       if (!always_kept(g.layer(i))) units.push_back({i, i + 1, false});
   }
+  return units;
+}
+
+OffloadSuffix split_offload_suffix(const std::string& policy) {
+  static const std::string kOffload = "+offload";
+  const size_t at = policy.rfind(kOffload);
+  if (at == std::string::npos || at == 0) return {policy, false, -1};
+  const std::string tail = policy.substr(at + kOffload.size());
+  if (tail.empty()) return {policy.substr(0, at), true, -1};
+  if (tail[0] != ':') return {policy, false, -1};
+  char* end = nullptr;
+  const long j = std::strtol(tail.c_str() + 1, &end, 10);
+  REMAT_CHECK(tail.size() > 1 && std::isdigit(static_cast<unsigned char>(tail[1])) && end && *end == '\0' && j > 0 &&
+                  j < INT_MAX,
+              "policy \"", policy, "\": expected +offload:J with J (the units offloaded) a positive integer");
+  return {policy.substr(0, at), true, static_cast<int>(j)};
+}
+
+void add_offload(const Graph& g, CheckpointPlan& p, int offloaded_units) {
+  const auto n = static_cast<size_t>(g.size());
+  const std::vector<Segment> units = offload_units(g);
+  const int most = static_cast<int>(units.size()) - 1;
+  REMAT_CHECK(offloaded_units == -1 || (offloaded_units >= 1 && offloaded_units <= most), "policy \"", p.policy,
+              "+offload:", offloaded_units, "\": ",
+              most < 1 ? std::string("this model has no unit before its last to offload")
+                       : "J counts the units offloaded, 1 to " + std::to_string(most) +
+                             " (every unit but the last of " + std::to_string(units.size()) + ")");
   p.offload.assign(n, false);
   p.prefetch_at.assign(n, -1);
   p.need_at.assign(n, -1);
-  if (!p.policy.empty()) p.policy += "+offload";
+  if (!p.policy.empty())
+    p.policy += offloaded_units == -1 ? std::string("+offload") : "+offload:" + std::to_string(offloaded_units);
   if (units.size() < 2) return;
   // The first backward step that reads each product (-1: none).
   std::vector<int> need(n, -1);
@@ -322,8 +349,8 @@ void add_offload(const Graph& g, CheckpointPlan& p) {
       for (int j : l.inputs) pinned[static_cast<size_t>(j)] = true;
     pinned[static_cast<size_t>(i)] = true;
   }
-  const int last_unit_begin = units.back().begin;
-  for (int j = 0; j < last_unit_begin; ++j) {
+  const int first_kept_on_device = units[static_cast<size_t>(offloaded_units == -1 ? most : offloaded_units)].begin;
+  for (int j = 0; j < first_kept_on_device; ++j) {
     const auto k = static_cast<size_t>(j);
     if (always_kept(g.layer(j)) || !p.keep[k] || p.kept_by[k] >= 0 || pinned[k] || need[k] < 0) continue;
     p.offload[k] = true;
@@ -341,11 +368,9 @@ void add_offload(const Graph& g, CheckpointPlan& p) {
 }
 
 CheckpointPlan make_plan(const Graph& g, const std::string& policy) {
-  static const std::string kOffload = "+offload";
-  if (policy.size() > kOffload.size() &&
-      policy.compare(policy.size() - kOffload.size(), kOffload.size(), kOffload) == 0) {
-    CheckpointPlan p = make_plan(g, policy.substr(0, policy.size() - kOffload.size()));
-    add_offload(g, p);
+  if (const OffloadSuffix o = split_offload_suffix(policy); o.offload) {
+    CheckpointPlan p = make_plan(g, o.base);
+    add_offload(g, p, o.units);
     return p;
   }
   const std::vector<Segment> units = plan_units(g);
@@ -398,7 +423,7 @@ CheckpointPlan make_plan(const Graph& g, const std::string& policy) {
   }
   REMAT_THROW("unknown checkpoint policy \"", policy,
               "\" (expected none, all, every:K, sqrt, revolve:S, selective or manual, each optionally followed by "
-              "+offload)");
+              "+offload or +offload:J)");
 }
 
 int CheckpointPlan::recomputed_layers() const {

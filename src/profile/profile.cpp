@@ -539,10 +539,12 @@ struct BudgetSearch {
 // One pass of the search over the plans without offload, or (offload) each with what it
 // keeps offloaded; `best` and `smallest` carry over from an earlier pass.
 void search_budget_pass(const Config& cfg, const Graph& g, int64_t budget, Backend* ws, const OffloadModel* om,
-                        bool offload, std::optional<PlanCandidate>& best, std::optional<PlanCandidate>& smallest) {
+                        bool offload, std::optional<PlanCandidate>& best, std::optional<PlanCandidate>& smallest,
+                        std::map<std::string, int64_t>& plain_peaks) {
   const int64_t n = unit_count(g);
   const int64_t host_budget = om && om->host_budget > 0 ? om->host_budget : INT64_MAX;
-  auto consider = [&](const PlanCandidate& c) {
+  auto record = [&](const PlanCandidate& c) {
+    if (!c.plan.offloads()) plain_peaks.emplace(c.name, c.peak_bytes);
     if (c.host_peak_bytes > host_budget) return;
     if (!smallest || c.peak_bytes < smallest->peak_bytes ||
         (c.peak_bytes == smallest->peak_bytes && c.cost() < smallest->cost()))
@@ -557,6 +559,68 @@ void search_budget_pass(const Config& cfg, const Graph& g, int64_t budget, Backe
   // Whether c fits the device budget (the host budget is a filter above: a plan over it is
   // treated as not fitting, so the searches move on to more recompute).
   auto fits = [&](const PlanCandidate& c) { return c.peak_bytes <= budget && c.host_peak_bytes <= host_budget; };
+  // An offloading plan that fits the device budget may fit with fewer units offloaded: less
+  // pinned host memory and fewer copies, so never a longer modelled step. Its trimmed form
+  // offloads the fewest leading units that still fit (binary search, each simulated; the
+  // full offload fits, so the search always ends on a simulated fitting plan). Trimmed
+  // only where that can matter: the host budget is exceeded, or the least copying any
+  // trimmed form needs would beat the best so far. That least: offload lowers the device
+  // peak by at most what the host holds, so a form that fits holds at least the same plan's
+  // peak without offload less the budget (bytes that go out and back once). record() sees
+  // both forms; consider() returns the one the searches go on with.
+  const int most = static_cast<int>(offload_units(g).size()) - 1;
+  auto plain_peak = [&](const PlanCandidate& c) {
+    const std::string base = c.name.substr(0, c.name.find_last_not_of(' ', c.name.rfind("+offload") - 1) + 1);
+    if (auto it = plain_peaks.find(base); it != plain_peaks.end()) return it->second;
+    CheckpointPlan p = c.plan;
+    p.offload.clear(), p.prefetch_at.clear(), p.need_at.clear();
+    const int64_t peak = simulate(cfg, g, base, p, ws).peak_bytes;
+    plain_peaks.emplace(base, peak);
+    return peak;
+  };
+  auto copies_free_ms = [&](PlanCandidate c) {
+    c.host_peak_bytes = 0;
+    return om->step_ms(c);
+  };
+  auto least_copying_ms = [&](PlanCandidate c) {
+    c.host_peak_bytes = std::max<int64_t>(0, plain_peak(c) - budget);
+    return om->step_ms(c);
+  };
+  auto trimmed = [&](const PlanCandidate& c) {
+    const OffloadSuffix o = split_offload_suffix(c.plan.policy);
+    int lo = 1, hi = o.units == -1 ? most : o.units;
+    PlanCandidate best_fit = c;
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      CheckpointPlan p = c.plan;
+      p.policy = o.base;
+      add_offload(g, p, mid);
+      const std::string suffix = c.name.substr(c.name.rfind("+offload"));
+      PlanCandidate t = simulate(
+          cfg, g, c.name.substr(0, c.name.size() - suffix.size()) + "+offload:" + std::to_string(mid), p, ws, om);
+      if (t.peak_bytes <= budget) {
+        best_fit = t;
+        hi = mid;
+      } else {
+        lo = mid + 1;
+      }
+    }
+    return best_fit;
+  };
+  auto consider = [&](const PlanCandidate& c) {
+    record(c);
+    if (!offload || !c.plan.offloads() || c.peak_bytes > budget) return c;
+    const bool host_over = c.host_peak_bytes > host_budget;
+    if (!host_over && best && c.cost() >= best->cost() && c.cost() == copies_free_ms(c)) return c;  // nothing to gain
+    const int64_t least_host = std::max<int64_t>(0, plain_peak(c) - budget);
+    if (least_host > host_budget) return c;  // no trimmed form fits the host
+    const double floor_ms = least_copying_ms(c);
+    const bool could_win = c.cost() > floor_ms && (!best || floor_ms < best->cost());
+    if (!host_over && !could_win) return c;
+    const PlanCandidate t = trimmed(c);
+    record(t);
+    return t;
+  };
   // Nested recompute (revolve:S) reaches below the family below; its peak grows and its
   // re-runs fall with S: the largest S that fits is its cheapest fitting plan. Searched
   // first: a fitting plan early bounds the search below.
@@ -565,8 +629,7 @@ void search_budget_pass(const Config& cfg, const Graph& g, int64_t budget, Backe
     while (lo < hi) {
       const int64_t mid = (lo + hi + 1) / 2;
       const std::string name = "revolve:" + std::to_string(mid) + (offload ? "+offload" : "");
-      PlanCandidate c = simulate(cfg, g, name, make_plan(g, name), ws, om);
-      consider(c);
+      const PlanCandidate c = consider(simulate(cfg, g, name, make_plan(g, name), ws, om));
       if (fits(c))
         lo = mid;
       else
@@ -622,14 +685,12 @@ void search_budget_pass(const Config& cfg, const Graph& g, int64_t budget, Backe
       // Peak falls as kept units become selective: find the fewest selective units that
       // fit (binary search), which is the cheapest plan of this (m_full, k).
       const int64_t rest = n - m_full;
-      PlanCandidate hi = ordered_plan(cfg, g, n, m_full, k, rest, ws, om, offload);
-      consider(hi);
+      const PlanCandidate hi = consider(ordered_plan(cfg, g, n, m_full, k, rest, ws, om, offload));
       if (!fits(hi)) continue;
       int64_t lo_sel = 0, hi_sel = rest;
       while (lo_sel < hi_sel) {
         const int64_t mid = (lo_sel + hi_sel) / 2;
-        PlanCandidate c = ordered_plan(cfg, g, n, m_full, k, mid, ws, om, offload);
-        consider(c);
+        const PlanCandidate c = consider(ordered_plan(cfg, g, n, m_full, k, mid, ws, om, offload));
         if (fits(c))
           hi_sel = mid;
         else
@@ -642,6 +703,9 @@ void search_budget_pass(const Config& cfg, const Graph& g, int64_t budget, Backe
   // on chains of differing units it beats the family above. Last, so that a tie keeps the
   // family's regular plan. Its plan is simulated; should the simulation exceed the budget,
   // the program runs again under the budget less the excess.
+  // The chosen offloading plan with the fewest units offloaded that fit: the same modelled
+  // time where copies hide behind compute, less pinned memory and link traffic.
+  if (offload && best && best->plan.offloads()) record(trimmed(*best));
   if (!offload) {
     const UnitChainModel model = measure_unit_chain(cfg, g, ws);
     const int longest = unit_program_longest_segment(n);
@@ -649,8 +713,8 @@ void search_budget_pass(const Config& cfg, const Graph& g, int64_t budget, Backe
     for (int attempt = 0; attempt < 4 && target > 0; ++attempt) {
       const auto modes = cheapest_unit_modes(model, target, longest);
       if (!modes) break;
-      PlanCandidate c = simulate_unit_modes(cfg, g, *modes, ws, om);
-      consider(c);
+      const PlanCandidate c = simulate_unit_modes(cfg, g, *modes, ws, om);
+      record(c);
       if (c.peak_bytes <= budget) break;
       target -= c.peak_bytes - budget;
     }
@@ -660,8 +724,9 @@ void search_budget_pass(const Config& cfg, const Graph& g, int64_t budget, Backe
 BudgetSearch search_budget(const Config& cfg, const Graph& g, int64_t budget, Backend* ws, const OffloadModel* om) {
   REMAT_CHECK(budget > 0, "the memory budget must be positive");
   std::optional<PlanCandidate> best, smallest;
-  search_budget_pass(cfg, g, budget, ws, om, false, best, smallest);
-  if (om) search_budget_pass(cfg, g, budget, ws, om, true, best, smallest);
+  std::map<std::string, int64_t> plain_peaks;  // by plan name: the peaks without offload
+  search_budget_pass(cfg, g, budget, ws, om, false, best, smallest, plain_peaks);
+  if (om) search_budget_pass(cfg, g, budget, ws, om, true, best, smallest, plain_peaks);
   REMAT_CHECK(smallest, "no plan holds within the host budget of ", format_bytes(om ? om->host_budget : 0));
   return {best, *smallest};
 }
@@ -711,19 +776,19 @@ MicroBatchPlan plan_micro_batch_for_budget(const Config& cfg, int64_t budget, in
 
 CheckpointPlan resolve_policy(const Config& cfg, const Graph& g, const std::string& policy, Backend* ws) {
   if (policy.rfind("budget:", 0) == 0) {
-    static const std::string kOffload = "+offload";
-    const bool offload = policy.size() > kOffload.size() &&
-                         policy.compare(policy.size() - kOffload.size(), kOffload.size(), kOffload) == 0;
-    const int64_t budget = parse_size(policy.substr(7, policy.size() - 7 - (offload ? kOffload.size() : 0)));
+    const OffloadSuffix o = split_offload_suffix(policy);
+    REMAT_CHECK(o.units == -1, "policy \"", policy,
+                "\": a budget plan chooses how many units to offload itself; write budget:SIZE+offload");
+    const int64_t budget = parse_size(o.base.substr(7));
     const OffloadModel om = declared_offload_model("h100", cfg.training.precision);
-    PlanCandidate c = plan_for_budget(cfg, g, budget, ws, offload ? &om : nullptr);
+    PlanCandidate c = plan_for_budget(cfg, g, budget, ws, o.offload ? &om : nullptr);
     c.plan.policy = policy + " -> " + c.name;
     return c.plan;
   }
   CheckpointPlan plan = make_plan(g, policy);
   // A policy that asked for recompute and got none: say why instead of profiling or
   // training a plain step under its name.
-  if (policy != "none" && policy != "none+offload" && plan.recomputed_layers() == 0)
+  if (split_offload_suffix(policy).base != "none" && plan.recomputed_layers() == 0)
     log().warn("policy {} recomputes nothing in this model: {}", policy,
                g.num_units > 0 ? std::string("every product it would free is read across its segments")
                                : std::string("it has no repeat blocks, so each layer is its own unit and each output "

@@ -371,6 +371,12 @@ Runner add_plan_command(CLI::App& app) {
       if (unit_count(g) <= 128)
         std::printf("  units (. kept, s selective, R recomputed, N nested, | between segments): %s\n",
                     best.plan.unit_layout(g).c_str());
+      if (best.plan.offloads()) {
+        const int units = static_cast<int>(offload_units(g).size());
+        const int j = split_offload_suffix(best.plan.policy).units;
+        std::printf("  offload: what the first %d of %d units keep waits in pinned host memory\n",
+                    j == -1 ? units - 1 : j, units);
+      }
       if (model)
         std::printf("  pinned host peak %s, modelled step %.2f ms\n", format_bytes(best.host_peak_bytes).c_str(),
                     best.modelled_ms);
