@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -123,6 +124,75 @@ TEST(MemoryHtml, TimelinePeakAndLiveSetMatchAReplayOfTheEvents) {
       EXPECT_LE(tot, p.peak_bytes);
       EXPECT_GE(tot, 0);
     }
+  }
+}
+
+// Offload's host tier on the timeline: present exactly for offloading plans; its peak is
+// the pool's (host_peak_bytes) and is drawn; at every drawn point it equals a replay of the
+// host pool's events up to that device event; each row is a product of a layer the plan
+// offloads, every such layer has one, and each leaves the host after its layer's forward
+// began and before backward's first reader of it ends.
+TEST(MemoryHtml, OffloadHostTierFollowsThePlan) {
+  const std::string path = std::string(REMAT_SOURCE_DIR) + "/tests/configs/gpt_char_tiny.json";
+  remat::Config cfg = remat::load_config(path);
+  const remat::Graph g = remat::build_graph(cfg.model, 3, path, {{"vocab", 24}});
+  for (const char* policy : {"none", "none+offload", "selective+offload:1", "revolve:1+offload"}) {
+    SCOPED_TRACE(policy);
+    const remat::CheckpointPlan plan = remat::make_plan(g, policy);
+    const remat::StepProfile p = remat::profile_step(cfg, g, plan, remat::Device::meta());
+    const nlohmann::json t = remat::step_timeline_json(p, 40, 3);
+    ASSERT_EQ(t.contains("host"), plan.offloads());
+    if (!plan.offloads()) continue;
+    const nlohmann::json& h = t["host"];
+    EXPECT_GT(p.host_peak_bytes, 0);
+    EXPECT_EQ(h["peak_bytes"].get<int64_t>(), p.host_peak_bytes);
+    ASSERT_EQ(h["values"].size(), t["event"].size());
+    // Device event index -> seq, for the replay and the spans.
+    std::vector<uint64_t> seq_of;
+    for (const auto& e : p.events)
+      if (e.kind == remat::MemoryEvent::Kind::alloc || e.kind == remat::MemoryEvent::Kind::free)
+        seq_of.push_back(e.seq);
+    auto index_of = [&](uint64_t seq) {
+      return static_cast<int64_t>(std::lower_bound(seq_of.begin(), seq_of.end(), seq) - seq_of.begin());
+    };
+    int64_t drawn_max = 0;
+    for (size_t k = 0; k < t["event"].size(); ++k) {
+      const auto at = t["event"][k].get<uint64_t>();
+      int64_t held = 0;
+      for (const auto& e : p.host_events) {
+        if (e.seq > seq_of[at]) break;
+        if (e.kind == remat::MemoryEvent::Kind::alloc) held += e.bytes;
+        if (e.kind == remat::MemoryEvent::Kind::free) held -= e.bytes;
+      }
+      EXPECT_EQ(h["values"][k].get<int64_t>(), held) << "point " << k << " (event " << at << ")";
+      drawn_max = std::max(drawn_max, held);
+    }
+    EXPECT_EQ(drawn_max, p.host_peak_bytes) << "the host peak is one of the drawn points";
+    // Rows against the plan and the layers' spans.
+    std::set<std::string> offloaded, listed;
+    std::map<std::string, int> id_of;
+    for (int j = 0; j < g.size(); ++j) {
+      id_of[g.layer(j).name] = j;
+      if (plan.offload[static_cast<size_t>(j)]) offloaded.insert(g.layer(j).name);
+    }
+    auto span = [&](int layer, remat::Phase ph) {
+      for (const auto& s : p.spans)
+        if (s.layer == layer && s.phase == ph) return std::pair<int64_t, int64_t>{index_of(s.begin), index_of(s.end)};
+      ADD_FAILURE() << "no span of layer " << layer;
+      return std::pair<int64_t, int64_t>{0, 0};
+    };
+    ASSERT_EQ(h["tensor_fields"], nlohmann::json({"begin", "end", "bytes", "layer"}));
+    for (const auto& r : h["tensors"]) {
+      const std::string layer = r[3].get<std::string>();
+      listed.insert(layer);
+      ASSERT_TRUE(offloaded.count(layer)) << r.dump();
+      const int j = id_of.at(layer);
+      EXPECT_GE(r[0].get<int64_t>(), span(j, remat::Phase::forward).first) << r.dump();
+      EXPECT_GE(r[1].get<int64_t>(), r[0].get<int64_t>()) << r.dump() << ": back before it went out";
+      const int reader = plan.need_at[static_cast<size_t>(j)];
+      EXPECT_LE(r[1].get<int64_t>(), span(reader, remat::Phase::backward).second) << r.dump();
+    }
+    EXPECT_EQ(listed, offloaded);
   }
 }
 

@@ -86,6 +86,7 @@ class Executor {
   // offload), made once with the executor; null where nothing is offloaded. Its stats are
   // the host tier's (allocated, peak), exact on meta as on the device.
   const CachingAllocator* host_pool() const { return host_pool_.get(); }
+  CachingAllocator* host_pool() { return host_pool_.get(); }
   // Sets ExecOptions::on_grads_final after construction (an empty function: none).
   void set_on_grads_final(std::function<void(const std::vector<int>& params)> hook);
 

@@ -177,6 +177,11 @@ class CachingAllocator {
   std::map<std::string, OwnerStats> owner_stats() const;
 
   void set_event_logging(bool on);
+  // Numbers this allocator's events by another's instead of its own: each event's seq is
+  // `clock`'s event_count() when it happens (the seq of the clock's next event), so events
+  // of the two allocators interleave in one order (the pinned host pool's on the device's
+  // timeline). Null: its own count. `clock` must outlive the logging.
+  void set_event_clock(const CachingAllocator* clock);
   std::vector<MemoryEvent> events() const;
   uint64_t event_count() const;  // events recorded so far (the next event's index)
   void clear_events();
@@ -207,6 +212,7 @@ class CachingAllocator {
   std::vector<std::string> shapes_{""};
   std::unordered_map<std::string, uint32_t> shape_ids_{{"", 0}};
   uint64_t seq_ = 0;
+  const CachingAllocator* clock_ = nullptr;
   uint64_t next_alloc_id_ = 1;
   std::vector<MemoryEvent> events_;
 };

@@ -57,6 +57,11 @@ struct StepProfile {
   std::vector<std::string> shapes;  // names for MemoryEvent::shape ("[2, 64] f32")
   std::vector<LayerSpan> spans;
   std::vector<std::string> layer_names;  // by graph layer id (for spans)
+  // With events and offload: the pinned host pool's events, each numbered by the device's
+  // (seq: the device event it came just before; CachingAllocator::set_event_clock), and
+  // the names of their owners (the layers whose products they hold).
+  std::vector<MemoryEvent> host_events;
+  std::vector<std::string> host_owners;
 };
 
 struct ProfileInput {

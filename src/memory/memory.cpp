@@ -214,7 +214,7 @@ uint32_t CachingAllocator::intern_owner(const std::string& name) {
 void CachingAllocator::record(MemoryEvent::Kind kind, int64_t bytes, const Block& b) {
   if (!log_events_) return;
   MemoryEvent e;
-  e.seq = seq_++;
+  e.seq = clock_ ? clock_->event_count() : seq_++;
   e.alloc_id = b.alloc_id;
   e.kind = kind;
   e.bytes = bytes;
@@ -369,6 +369,12 @@ std::map<std::string, OwnerStats> CachingAllocator::owner_stats() const {
 void CachingAllocator::set_event_logging(bool on) {
   std::lock_guard<std::mutex> lock(mutex_);
   log_events_ = on;
+}
+
+void CachingAllocator::set_event_clock(const CachingAllocator* clock) {
+  REMAT_CHECK(clock != this, "an allocator cannot number its events by itself");
+  std::lock_guard<std::mutex> lock(mutex_);
+  clock_ = clock;
 }
 
 std::vector<MemoryEvent> CachingAllocator::events() const {

@@ -38,7 +38,9 @@ tr.hl td { background: #ffe1a8; }
 .chart { position: relative; flex: 1 1 auto; min-width: 0; height: 420px; }
 .small { height: 340px; }
 #live { flex: 0 0 460px; max-height: 460px; overflow: auto; border: 1px solid #ddd; padding: 6px; }
-#live h3 { font-size: 14px; margin: 0 0 4px; }
+#live h3, #host-live h3 { font-size: 14px; margin: 0 0 4px; }
+#host-live { margin-top: 8px; border: 1px solid #ddd; padding: 6px; max-width: 620px; }
+#host-live th { position: static; }
 #live table { table-layout: fixed; width: 100%; }
 #live td.t { white-space: normal; overflow-wrap: anywhere; }
 #live tr > :nth-child(1) { width: 30%; } #live tr > :nth-child(2) { width: 30%; }
@@ -59,6 +61,7 @@ const char* const kScript = R"js(
     parameter: '#4e79a7', gradient: '#f28e2b', optimizer_state: '#e15759', activation: '#76b7b2',
     recomputed: '#59a14f', workspace: '#edc948', temporary: '#b07aa1', input: '#9c755f'
   };
+  const HOST_COLOR = '#6a3d9a', HOST_LABEL = 'pinned host memory (offloaded)';
   const PHASE_COLORS = {
     setup: 'rgba(0,0,0,0)', forward: 'rgba(78,121,167,0.10)', recompute: 'rgba(89,161,79,0.22)',
     backward: 'rgba(225,87,89,0.10)', optimizer: 'rgba(176,122,161,0.14)'
@@ -268,10 +271,18 @@ const char* const kScript = R"js(
       label: 'reserved', stack: 'reserved', fill: false, borderWidth: 1.5, borderDash: [4, 3], pointRadius: 0,
       borderColor: '#333', backgroundColor: 'rgba(0,0,0,0)', data: tl.event.map((e, k) => ({ x: e, y: tl.reserved[k] }))
     });
+    if (tl.host) {  // offload: the pinned host tier, beside the device's bytes (not stacked on them)
+      ds.push({
+        label: HOST_LABEL, stack: 'host', order: -1, fill: false, borderWidth: 2.5, pointRadius: 0, stepped: 'before',
+        borderColor: HOST_COLOR, backgroundColor: HOST_COLOR, data: tl.event.map((e, k) => ({ x: e, y: tl.host.values[k] }))
+      });
+    }
     return ds;
   }
   let timeline = null;
-  function yMax(p) { return Math.max(p.peak_reserved_bytes, p.peak_bytes, p.budget_bytes || 0) * 1.08 || 1; }
+  function yMax(p) {
+    return Math.max(p.peak_reserved_bytes, p.peak_bytes, p.budget_bytes || 0, p.host_peak_bytes || 0) * 1.08 || 1;
+  }
   function drawTimeline() {
     const p = policies[state.policy];
     if (!p.timeline) { $('timeline-note').textContent = 'no events recorded for this policy'; return; }
@@ -365,7 +376,38 @@ const char* const kScript = R"js(
     box.appendChild(frag);
     const more = tl.live_count[k] - rows.length;
     $('live-more').textContent = more > 0 ? '… and ' + more + ' smaller tensors, ' + fmtBytes(total - shown) : '';
+    showHost(tl, e);
   }
+  // The offloaded products held in pinned host memory at event e (tl.host.tensors rows:
+  // [begin, end, bytes, layer]; end -1 held to the end), largest first, the first ten.
+  function showHost(tl, e) {
+    const head = $('host-head'), box = $('host-rows');
+    box.textContent = '';
+    $('host-live').hidden = !tl.host;
+    if (!tl.host) return;
+    const held = tl.host.tensors.filter((t) => t[0] <= e && (t[1] < 0 || e < t[1])).sort((a, b) => b[2] - a[2]);
+    let bytes = 0;
+    for (const t of held) bytes += t[2];
+    head.textContent = 'In pinned host memory: ' + exact(bytes) + ' (' + fmtBytes(bytes) + ') in ' + held.length +
+                       ' offloaded products (the line in the timeline)';
+    head.dataset.bytes = String(bytes);
+    for (const t of held.slice(0, 10)) {
+      const tr = el('tr');
+      tr.dataset.layer = t[3];
+      const lt = el('td', null, 't');
+      lt.appendChild(el('span', t[3], 'layer'));
+      tr.appendChild(lt);
+      const bt = el('td', fmtBytes(t[2]));
+      bt.title = exact(t[2]);
+      bt.dataset.bytes = String(t[2]);
+      tr.appendChild(bt);
+      box.appendChild(tr);
+    }
+    $('host-more').textContent = held.length > 10 ? '… and ' + (held.length - 10) + ' smaller' : '';
+  }
+  $('host-rows').addEventListener('click', (ev) => {
+    if (ev.target.classList.contains('layer')) selectLayer(layerOf(ev.target.closest('tr').dataset.layer));
+  });
   $('live-rows').addEventListener('click', (ev) => {
     if (ev.target.classList.contains('layer')) selectLayer(layerOf(ev.target.closest('tr').dataset.layer));
   });
@@ -530,6 +572,9 @@ to see what is live; click a layer to find it.</p>
     <table><thead><tr><th class="t">tensor</th><th class="t">layer</th><th class="t">shape</th><th>bytes</th></tr></thead>
     <tbody id="live-rows"></tbody></table><p class="note" id="live-more"></p></div>
 </div>
+<div id="host-live" hidden><h3 id="host-head"></h3>
+  <table><thead><tr><th class="t">offloaded product of layer</th><th>bytes</th></tr></thead><tbody id="host-rows"></tbody></table>
+  <p class="note" id="host-more"></p></div>
 <h2>Policies side by side</h2>
 <div class="chart small"><canvas id="compare"></canvas></div>
 <section id="pareto-section">

@@ -123,6 +123,11 @@ void run_step(const Config& cfg, const Graph& g, const CheckpointPlan& plan, Dev
     };
   }
   Executor ex(g, params, be, plan, eo);
+  CachingAllocator* host = keep_events ? ex.host_pool() : nullptr;
+  if (host) {  // the host tier's events, on the device's timeline
+    host->set_event_clock(&alloc);
+    host->set_event_logging(true);
+  }
   RngGenerator gen(cfg.training.seed);
   const auto t0 = std::chrono::steady_clock::now();
   const StepStats st = ex.train_step(batch, gen);
@@ -133,10 +138,16 @@ void run_step(const Config& cfg, const Graph& g, const CheckpointPlan& plan, Dev
   p.backward_flops = st.backward_flops;
   p.recompute_flops = st.recompute_flops;
   p.recomputed_layers = st.recomputed_layers;
-  if (const CachingAllocator* host = ex.host_pool()) {
-    const MemoryStats hs = host->stats();
+  if (const CachingAllocator* pool = ex.host_pool()) {
+    const MemoryStats hs = pool->stats();
     p.host_peak_bytes = hs.peak_allocated;
     p.host_reserved_bytes = hs.peak_reserved;
+  }
+  if (host) {
+    p.host_events = host->events();
+    p.host_owners = host->owner_names();
+    host->set_event_logging(false);
+    host->set_event_clock(nullptr);
   }
   p.optimizer_flops = (cfg.optimizer.type == "adamw" ? 12.0 : 4.0) * static_cast<double>(g.parameter_count());
 }

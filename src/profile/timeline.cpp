@@ -3,6 +3,7 @@
 // exact; the tensors live at the peak; what each layer recomputes.
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
@@ -226,12 +227,74 @@ void phase_runs(const StepProfile& p, const Sweep& w, nlohmann::json& phases, nl
   }
 }
 
+// The pinned host tier of an offloading step: each offloaded product as [begin, end, bytes,
+// layer] in device event indices (end -1: held at the end; a host event numbered seq
+// happens just before the device's event of that seq, so it counts from that event's index
+// on), the bytes held after each index where they change, and the first index of the peak.
+struct HostTier {
+  nlohmann::json rows = nlohmann::json::array();
+  std::vector<std::pair<int64_t, int64_t>> held;  // (device event index, bytes held from it on)
+  int64_t peak = 0;
+  int64_t peak_at = -1;
+};
+
+HostTier host_tier(const StepProfile& p, const Sweep& w) {
+  HostTier h;
+  std::vector<std::pair<int64_t, int64_t>> deltas;  // (device event index, bytes)
+  std::unordered_map<uint64_t, size_t> open;        // alloc id -> row
+  for (const MemoryEvent& e : p.host_events) {
+    if (!is_alloc_or_free(e)) continue;
+    const int64_t at = w.index_of_seq(e.seq);
+    if (e.kind == MemoryEvent::Kind::alloc) {
+      deltas.push_back({at, e.bytes});
+      open[e.alloc_id] = h.rows.size();
+      h.rows.push_back({at, -1, e.bytes, e.owner < p.host_owners.size() ? p.host_owners[e.owner] : std::string()});
+    } else if (auto it = open.find(e.alloc_id); it != open.end()) {
+      deltas.push_back({at, -e.bytes});
+      h.rows[it->second][1] = at;
+      open.erase(it);
+    }
+  }
+  std::stable_sort(deltas.begin(), deltas.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  int64_t live = 0;
+  for (size_t d = 0; d < deltas.size();) {
+    const int64_t at = deltas[d].first;
+    for (; d < deltas.size() && deltas[d].first == at; ++d) live += deltas[d].second;
+    h.held.push_back({at, live});
+    if (live > h.peak) h.peak = live, h.peak_at = at;
+  }
+  return h;
+}
+
+// The host tier's JSON: bytes held at each drawn point, its peak, the products.
+nlohmann::json host_json(const HostTier& h, const std::vector<size_t>& pts) {
+  nlohmann::json values = nlohmann::json::array();
+  int64_t live = 0;
+  size_t d = 0;
+  for (size_t pt : pts) {
+    while (d < h.held.size() && h.held[d].first <= static_cast<int64_t>(pt)) live = h.held[d++].second;
+    values.push_back(live);
+  }
+  return {{"values", values},
+          {"peak_bytes", h.peak},
+          {"tensor_fields", {"begin", "end", "bytes", "layer"}},
+          {"tensors", h.rows}};
+}
+
 }  // namespace
 
 nlohmann::json step_timeline_json(const StepProfile& p, size_t max_points, size_t top_k) {
   const auto& series = timeline_series();
   const Sweep w = sweep_events(p);
-  const std::vector<size_t> pts = drawn_points(w.total, max_points);
+  std::vector<size_t> pts = drawn_points(w.total, max_points);
+  std::optional<HostTier> host;
+  if (!p.host_events.empty()) {  // the host tier's peak is drawn too, exact
+    host = host_tier(p, w);
+    if (host->peak_at >= 0 && static_cast<size_t>(host->peak_at) < w.ev.size() &&
+        !std::binary_search(pts.begin(), pts.end(), static_cast<size_t>(host->peak_at)))
+      pts.insert(std::upper_bound(pts.begin(), pts.end(), static_cast<size_t>(host->peak_at)),
+                 static_cast<size_t>(host->peak_at));
+  }
   const Samples samples = sample_points(p, w, pts, top_k);
   TensorRows rows = tensor_rows(p, w, samples);
   nlohmann::json phases, layer_spans;
@@ -255,6 +318,7 @@ nlohmann::json step_timeline_json(const StepProfile& p, size_t max_points, size_
                    {"phases", phases},
                    {"layer_spans", layer_spans},
                    {"live_at_peak", rows.peak_rows}};
+  if (host) j["host"] = host_json(*host, pts);
   return j;
 }
 

@@ -8,8 +8,10 @@ chromium driven by Playwright (which never downloads a browser of its own: it is
 /usr/bin/chromium) and checks: no console error or page error, no network request, the peak
 shown equals the JSON's peak_bytes to the byte for every policy, hovering the peak lists
 exactly the tensors the JSON lists live at the peak (largest first), the policy table sorts
-by peak both ways, clicking a layer highlights it, and (with --max-bytes / --max-draw-ms,
-for a big model) the page's size and the time until it is drawn. Writes OUTDIR/NAME.png.
+by peak both ways, clicking a layer highlights it, offloading policies draw their pinned
+host tier (peaking at host_peak_bytes, listed in the panel), and (with --max-bytes /
+--max-draw-ms, for a big model) the page's size and the time until it is drawn. Writes
+OUTDIR/NAME.png, and OUTDIR/NAME_offload.png where a policy offloads.
 
 Exits 77 (ctest SKIP_RETURN_CODE) saying why when there is no browser or no Playwright.
 """
@@ -170,6 +172,37 @@ def main():
         check(fill in ("rgba(0,0,0,0)", "transparent"), "the reserved swatch is an outline, not a block: " + str(fill))
         check(page.evaluate("() => !document.getElementById('pareto-section').hidden") == ("pareto" in report),
               "the checkpoint-plan section is shown exactly when the report has planner data")
+
+        # Offload: the pinned host tier drawn beside the device's bytes exactly for the policies
+        # that offload, its line peaking at host_peak_bytes, and the panel's host list at the
+        # hovered point summing to the drawn value there (largest first, the first ten).
+        offloading = None
+        for i, pol in enumerate(report["policies"]):
+            host = pol.get("timeline", {}).get("host")
+            check((host is not None) == (pol.get("host_peak_bytes", 0) > 0),
+                  "policy %s: a host tier exactly where it offloads" % pol["policy"])
+            if host is None:
+                continue
+            offloading = i if offloading is None else offloading
+            page.evaluate("i => window.rematPage.selectPolicy(i)", i)
+            drawn = page.evaluate("""() => {
+                const d = window.rematPage.timeline.data.datasets.find(d => d.label === 'pinned host memory (offloaded)');
+                return d ? Math.max(...d.data.map(p => p.y)) : -1; }""")
+            check(drawn == pol["host_peak_bytes"], "policy %s: the host line peaks at host_peak_bytes %d (drawn %d)" %
+                  (pol["policy"], pol["host_peak_bytes"], drawn))
+            k = page.evaluate("() => window.rematPage.state.hover")
+            shown = int(page.get_attribute("#host-head", "data-bytes"))
+            rows = page.eval_on_selector_all("#host-rows tr td:last-child", "ts => ts.map(t => Number(t.dataset.bytes))")
+            check(shown == host["values"][k] and rows == sorted(rows, reverse=True) and
+                  (sum(rows) == shown or len(rows) == 10),
+                  "policy %s: the panel's host list at the peak: %d bytes, drawn %d, rows %s" %
+                  (pol["policy"], shown, host["values"][k], rows[:4]))
+        if offloading is not None:  # the first offloading policy, hovered at its peak
+            page.evaluate("i => window.rematPage.selectPolicy(i)", offloading)
+            shot = os.path.join(outdir, a.name + "_offload.png")
+            page.screenshot(path=shot, full_page=True)
+            check(os.path.getsize(shot) > 10000, "screenshot written: " + shot)
+        page.evaluate("() => window.rematPage.selectPolicy(0)")
 
         page.mouse.move(box["x"] + px, box["y"] + py)
         shot = os.path.join(outdir, a.name + ".png")
