@@ -21,6 +21,7 @@
 #include "remat/config.h"
 #include "remat/error.h"
 #include "remat/exec.h"
+#include "remat/incremental.h"
 #include "remat/optim.h"
 #include "remat/profile.h"
 #include "remat/train.h"
@@ -368,6 +369,49 @@ TEST(DeviceExec, OffloadPeaksEqualThePrediction) {
         EXPECT_EQ(host_peak["none+offload:1"], host_peak["none+offload"]);
       }
     }
+}
+
+// Incremental decoding (remat/incremental.h) on the device: for every encoder-decoder model
+// (shipped configs scaled down, nmt_tiny), fp32 and bf16, each step's logits, one target
+// position at a time with the key/value cache (causal self-attention reading q out of the
+// step's packed q, k, v beside a cache of keys masked by length), equal the whole model's
+// forward over the same target.
+TEST(DeviceExec, IncrementalDecodingMatchesTheWholeModel) {
+  if (skip_without_device()) GTEST_SKIP() << "no CUDA device: " << remat::cuda_status().error;
+  int decoders = 0;
+  for (const Model& m : test_models()) {
+    if (m.graph.input("tgt") < 0) continue;
+    ASSERT_EQ(remat::IncrementalDecoder::unsupported(m.graph, "tgt"), "") << m.name;
+    ++decoders;
+    for (remat::DType precision : {remat::DType::f32, remat::DType::bf16}) {
+      SCOPED_TRACE(m.name + (precision == remat::DType::bf16 ? " bf16" : " fp32"));
+      remat::Backend& be = remat::backend_for(dut());
+      remat::ActivationDTypeScope scope(precision);
+      remat::ParamStore params(m.graph, dut(), 5);
+      const remat::Batch b = batch_for(m.graph, 1, dut());
+      remat::Executor ex(m.graph, params, be, remat::make_plan(m.graph, "none"));
+      float loss = 0;
+      const std::vector<float> whole = ex.evaluate(b, &loss).to_vector();
+      const int64_t B = m.graph.batch, T = b.at("tgt").size(1), V = m.graph.layer(m.graph.logits_id).out_shape[-1];
+      const std::vector<int32_t> tgt = b.at("tgt").to_ints();
+      remat::IncrementalDecoder dec(m.graph, params, be, "tgt");
+      dec.start(b);
+      double worst = 0, scale = 0;
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<int32_t> col(static_cast<size_t>(B));
+        for (int64_t r = 0; r < B; ++r) col[static_cast<size_t>(r)] = tgt[static_cast<size_t>(r * T + t)];
+        const std::vector<float> step = dec.step(Tensor::from_ints(col, remat::Shape{B, 1}).to(dut()), t).to_vector();
+        for (int64_t r = 0; r < B; ++r)
+          for (int64_t v = 0; v < V; ++v) {
+            const double want = whole[static_cast<size_t>((r * T + t) * V + v)];
+            worst = std::max(worst, std::abs(step[static_cast<size_t>(r * V + v)] - want));
+            scale = std::max(scale, std::abs(want));
+          }
+      }
+      EXPECT_LE(worst, (precision == remat::DType::f32 ? 1e-5 : 3e-2) * std::max(1.0, scale));
+    }
+  }
+  EXPECT_GE(decoders, 3) << "nmt_tiny, nmt_de and transformer_base";
 }
 
 #if defined(REMAT_TEST_EMU)

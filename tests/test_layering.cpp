@@ -86,6 +86,7 @@ const std::map<std::string, std::string> kHeaders = {
     {"evaluate.h", "train"},
     {"bleu.h", "eval"},
     {"translate.h", "eval"},
+    {"incremental.h", "eval"},
     {"dist.h", "dist"},
 };
 

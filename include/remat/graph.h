@@ -64,6 +64,11 @@ struct ForwardContext {
   // may leave out undefined and skip the work that only the output needs (attention's
   // P V). A layer may also ignore it and compute everything; the output is discarded.
   bool extras_only = false;
+  // Incremental decoding (Layer::step_run): the position of the sequence inputs' one row,
+  // and, for causal self-attention, its key/value cache [B, T, 2 kv_heads d] (rows 0 ..
+  // position - 1 filled by the earlier steps).
+  int64_t position = 0;
+  Tensor* kv_cache = nullptr;
 };
 
 struct BackwardContext;
@@ -145,6 +150,15 @@ class Layer {
   // layer must opt in; a bf16 run of a graph with a layer that does not is refused up
   // front with the layer's name (bf16_unsupported_layer), never failed mid-step.
   virtual bool runs_in_bf16() const { return false; }
+  // Incremental decoding (remat/incremental.h): how this layer runs on one sequence
+  // position at a time, its sequence inputs [B, 1, ...]. `positionwise`: each position's
+  // output reads that position alone, so forward runs as is (linear, norms, pointwise,
+  // dropout in evaluation, cross-attention's queries); `positional`: it also reads
+  // ForwardContext::position (learned positions); `cached`: causal self-attention, which
+  // adds the position's keys and values to ForwardContext::kv_cache and attends over the
+  // positions so far. No by default, so a new layer must opt in (rope does not yet).
+  enum class StepRun { no, positionwise, positional, cached };
+  virtual StepRun step_run() const { return StepRun::no; }
 };
 
 // Builds layers of one type from their JSON object (see docs/config.md).

@@ -18,10 +18,12 @@ namespace remat {
 // predicts one position at a time from <s>, each the arg max of the logits (the lowest id
 // on ties), until </s> or the model's target length. `g` is the model at its batch size
 // B; sources go B at a time (a short last batch is filled with copies of its first source
-// and their outputs dropped). Each position runs the model's forward in evaluation mode
-// once over the whole target (no key/value cache yet: T forwards a batch).
+// and their outputs dropped). With `kv_cache` (and a model that allows it:
+// IncrementalDecoder::unsupported), the encoder runs once a batch and each position runs
+// the decoder on that position alone (remat/incremental.h); otherwise each position runs
+// the whole model's forward in evaluation mode over the whole target.
 std::vector<std::vector<int32_t>> greedy_decode(const Graph& g, ParamStore& params, Backend& be,
-                                                const std::vector<std::vector<int32_t>>& sources);
+                                                const std::vector<std::vector<int32_t>>& sources, bool kv_cache = true);
 
 // A decoded target: its pieces (no </s>) and its log-probability under the model, the sum
 // over its pieces and the </s> that ended it (none when it ran to the target length).
@@ -38,10 +40,11 @@ struct Hypothesis {
 // as they are, without a </s> (fairseq forces one and scores it). The result is the
 // finished hypothesis with the best log_prob / length^length_penalty (length: pieces, plus
 // one for the </s> when there is one). Each position runs the model once over B / beam
-// sources' hypotheses (B: g's batch, at least `beam`). beam 1 picks what greedy_decode picks.
+// sources' hypotheses (B: g's batch, at least `beam`), with a key/value cache as
+// greedy_decode's whose rows follow their hypotheses. beam 1 picks what greedy_decode picks.
 std::vector<Hypothesis> beam_decode(const Graph& g, ParamStore& params, Backend& be,
                                     const std::vector<std::vector<int32_t>>& sources, int64_t beam,
-                                    double length_penalty = 1.0);
+                                    double length_penalty = 1.0, bool kv_cache = true);
 
 struct TranslateOptions {
   std::string run;             // a run folder: its config.json and checkpoint
@@ -53,6 +56,7 @@ struct TranslateOptions {
   int64_t max_sentences = 0;     // 0: all
   int64_t beam = 1;              // 1: greedy; more: beam search (beam_decode)
   double length_penalty = 1.0;   // beam search: scores divided by length^length_penalty
+  bool no_kv_cache = false;      // run the whole model at every position (greedy_decode's kv_cache off)
   bool quiet = false;
 };
 

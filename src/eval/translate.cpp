@@ -8,10 +8,12 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 
 #include "remat/config.h"
 #include "remat/error.h"
 #include "remat/executor.h"
+#include "remat/incremental.h"
 #include "remat/interop.h"
 #include "remat/io.h"
 #include "remat/memory.h"
@@ -21,14 +23,60 @@ namespace fs = std::filesystem;
 
 namespace remat {
 
+namespace {
+
+// The logits of each decoding step: from an IncrementalDecoder (one position a step, a
+// key/value cache) where the model allows and the caller asks, else one forward of the
+// whole model over the prefix (Executor::evaluate).
+class StepLogits {
+ public:
+  StepLogits(const Graph& g, ParamStore& params, Backend& be, bool kv_cache)
+      : g_(g), t_(g.layer(g.require_input(kTargetInName, "decoding")).out_shape[1]), device_(be.device()) {
+    if (kv_cache && IncrementalDecoder::unsupported(g, kTargetInName).empty())
+      dec_.emplace(g, params, be, kTargetInName);
+    else
+      ex_.emplace(g, params, be, make_plan(g, "none"));
+  }
+  // A new batch: `inputs` holds the model's inputs (the target's and the labels' contents
+  // are read at each step).
+  void start(const Batch& inputs) {
+    if (dec_) dec_->start(inputs);
+  }
+  // The logits of position t for every row ([B, 1, V] cached, else [B, T, V]), given each
+  // row's target tokens up to t (tgt: B x T ids); `inputs()` makes the whole batch where
+  // each step runs the whole model.
+  template <class Inputs>
+  Tensor at(int64_t t, const std::vector<int32_t>& tgt, Inputs&& inputs) {
+    if (!dec_) {
+      float loss = 0;
+      return ex_->evaluate(inputs(), &loss);
+    }
+    std::vector<int32_t> col(static_cast<size_t>(g_.batch));
+    for (int64_t r = 0; r < g_.batch; ++r) col[static_cast<size_t>(r)] = tgt[static_cast<size_t>(r * t_ + t)];
+    return dec_->step(Tensor::from_ints(col, Shape{g_.batch, 1}).to(device_), t);
+  }
+  // The offset of row r's logits at position t in what at() returned.
+  int64_t row(int64_t r, int64_t t, int64_t v) const { return dec_ ? r * v : (r * t_ + t) * v; }
+  IncrementalDecoder* cached() { return dec_ ? &*dec_ : nullptr; }
+
+ private:
+  const Graph& g_;
+  int64_t t_;
+  Device device_;
+  std::optional<IncrementalDecoder> dec_;
+  std::optional<Executor> ex_;
+};
+
+}  // namespace
+
 std::vector<std::vector<int32_t>> greedy_decode(const Graph& g, ParamStore& params, Backend& be,
-                                                const std::vector<std::vector<int32_t>>& sources) {
+                                                const std::vector<std::vector<int32_t>>& sources, bool kv_cache) {
   const Layer& src_in = g.layer(g.require_input(kSourceName, "greedy decoding"));
   const Layer& tgt_in = g.layer(g.require_input(kTargetInName, "greedy decoding"));
   const int64_t B = g.batch, S = src_in.out_shape[1], T = tgt_in.out_shape[1];
   const int64_t V = g.layer(g.logits_id).out_shape[-1];
   const Device dev = be.device();
-  Executor ex(g, params, be, make_plan(g, "none"));
+  StepLogits model(g, params, be, kv_cache);
   std::vector<std::vector<int32_t>> out(sources.size());
   for (size_t first = 0; first < sources.size(); first += static_cast<size_t>(B)) {
     const size_t n = std::min(sources.size() - first, static_cast<size_t>(B));
@@ -50,18 +98,21 @@ std::vector<std::vector<int32_t>> greedy_decode(const Graph& g, ParamStore& para
     auto put = [&](const std::vector<int32_t>& v, const Shape& s) { return Tensor::from_ints(v, s).to(dev); };
     const Tensor src_t = put(src, Shape{B, S}), len_t = put(len, Shape{B});
     const Tensor labels_t = put(labels, Shape{B, T});
+    Batch batch;
+    batch.set(kSourceName, src_t);
+    batch.set(kSourceLengthName, len_t);
+    batch.set(kTargetInName, put(tgt, Shape{B, T}));
+    batch.set(kTargetsName, labels_t);
+    model.start(batch);
     for (int64_t t = 0; t < T; ++t) {
-      Batch batch;
-      batch.set(kSourceName, src_t);
-      batch.set(kSourceLengthName, len_t);
-      batch.set(kTargetInName, put(tgt, Shape{B, T}));
-      batch.set(kTargetsName, labels_t);
-      float loss = 0;
-      const Tensor logits = ex.evaluate(batch, &loss);
+      const Tensor logits = model.at(t, tgt, [&]() -> const Batch& {
+        batch.set(kTargetInName, put(tgt, Shape{B, T}));
+        return batch;
+      });
       bool all_done = true;
       for (int64_t r = 0; r < static_cast<int64_t>(n); ++r) {
         if (done[static_cast<size_t>(r)]) continue;
-        const std::vector<float> row = logits.view_at((r * T + t) * V, Shape{V}).to_vector();
+        const std::vector<float> row = logits.view_at(model.row(r, t, V), Shape{V}).to_vector();
         const auto best = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
         if (best == Tokenizer::kEos) {
           done[static_cast<size_t>(r)] = true;
@@ -130,14 +181,14 @@ std::vector<double> log_softmax_row(const std::vector<float>& x) {
 
 std::vector<Hypothesis> beam_decode(const Graph& g, ParamStore& params, Backend& be,
                                     const std::vector<std::vector<int32_t>>& sources, int64_t beam,
-                                    double length_penalty) {
+                                    double length_penalty, bool kv_cache) {
   const int64_t B = g.batch, S = g.layer(g.require_input(kSourceName, "beam search")).out_shape[1];
   const int64_t T = g.layer(g.require_input(kTargetInName, "beam search")).out_shape[1];
   const int64_t V = g.layer(g.logits_id).out_shape[-1];
   REMAT_CHECK(beam >= 1 && beam <= B, "beam search: a beam of ", beam, " needs a batch of at least as many rows (the ",
               "batch is ", B, ")");
   const int64_t per = B / beam;  // sources a forward
-  Executor ex(g, params, be, make_plan(g, "none"));
+  StepLogits model(g, params, be, kv_cache);
   TagScope scope(MemoryCategory::activation, "decode", Phase::forward);
   std::vector<Hypothesis> result(sources.size());
   auto normalised = [&](const Hypothesis& h, size_t length) {
@@ -153,6 +204,8 @@ std::vector<Hypothesis> beam_decode(const Graph& g, ParamStore& params, Backend&
     }
     std::vector<std::vector<Hypothesis>> live(static_cast<size_t>(n), std::vector<Hypothesis>(1));
     std::vector<std::vector<std::pair<Hypothesis, double>>> done(static_cast<size_t>(n));  // with normalised scores
+    model.start(rows.batch(be.device()));
+    std::vector<int64_t> from(static_cast<size_t>(B));  // cached: the row each row's hypothesis came from
     for (int64_t t = 0; t < T; ++t) {
       bool any = false;
       for (int64_t i = 0; i < n; ++i) {
@@ -161,8 +214,8 @@ std::vector<Hypothesis> beam_decode(const Graph& g, ParamStore& params, Backend&
         any = any || !lv.empty();
       }
       if (!any) break;
-      float loss = 0;
-      const Tensor logits = ex.evaluate(rows.batch(be.device()), &loss);
+      const Tensor logits = model.at(t, rows.tgt, [&]() { return rows.batch(be.device()); });
+      for (int64_t r = 0; r < B; ++r) from[static_cast<size_t>(r)] = r;
       for (int64_t i = 0; i < n; ++i) {
         auto& lv = live[static_cast<size_t>(i)];
         auto& fin = done[static_cast<size_t>(i)];
@@ -176,7 +229,7 @@ std::vector<Hypothesis> beam_decode(const Graph& g, ParamStore& params, Backend&
         cands.reserve(lv.size() * static_cast<size_t>(V));
         for (size_t k = 0; k < lv.size(); ++k) {
           const int64_t r = i * beam + static_cast<int64_t>(k);
-          const std::vector<double> lp = log_softmax_row(logits.view_at((r * T + t) * V, Shape{V}).to_vector());
+          const std::vector<double> lp = log_softmax_row(logits.view_at(model.row(r, t, V), Shape{V}).to_vector());
           for (int64_t v = 0; v < V; ++v)
             cands.push_back({lv[k].log_prob + lp[static_cast<size_t>(v)], k, static_cast<int32_t>(v)});
         }
@@ -197,6 +250,7 @@ std::vector<Hypothesis> beam_decode(const Graph& g, ParamStore& params, Backend&
             fin.emplace_back(h, normalised(h, length));
           } else {
             h.tokens.push_back(cands[c].v);
+            from[static_cast<size_t>(i * beam) + next.size()] = i * beam + static_cast<int64_t>(cands[c].k);
             next.push_back(std::move(h));
           }
         }
@@ -204,6 +258,7 @@ std::vector<Hypothesis> beam_decode(const Graph& g, ParamStore& params, Backend&
         if (t == T - 1)  // at the target length: the live hypotheses finish as they are
           for (Hypothesis& h : lv) fin.emplace_back(h, normalised(h, h.tokens.size()));
       }
+      if (model.cached() && t + 1 < T) model.cached()->reorder(from);  // each row's cache follows its hypothesis
     }
     for (int64_t i = 0; i < n; ++i) {
       const auto& fin = done[static_cast<size_t>(i)];
@@ -284,17 +339,22 @@ TranslateResult translate(const TranslateOptions& o) {
   ActivationDTypeScope precision(precision_dtype(cfg.training.precision));
   ParamStore params(g, dev, cfg.training.seed, /*initialise=*/false);
   const InitFromReport init = init_from(o.run, cfg, params, false);
+  const std::string no_cache = IncrementalDecoder::unsupported(g, kTargetInName);
   if (!o.quiet) {
-    const std::string how = o.beam <= 1 ? "greedy" : "beam " + std::to_string(o.beam);
+    std::string how = o.beam <= 1 ? "greedy" : "beam " + std::to_string(o.beam);
+    how += o.no_kv_cache      ? ", the whole model at every position (--no-kv-cache)"
+           : no_cache.empty() ? ", key/value cache"
+                              : ", the whole model at every position (no key/value cache: " + no_cache + ")";
     std::fprintf(stderr, "remat translate %s: %zu sentences%s on %s, batch %lld, %s\n", o.run.c_str(), sources.size(),
                  o.input.empty() ? (" of the " + o.split + " split").c_str() : "", dev.str().c_str(),
                  static_cast<long long>(batch), how.c_str());
     std::fprintf(stderr, "%s\n", init.describe().c_str());
   }
   if (o.beam <= 1) {
-    for (const auto& ids : greedy_decode(g, params, be, sources)) res.hypotheses.push_back(data.tokenizer.decode(ids));
+    for (const auto& ids : greedy_decode(g, params, be, sources, !o.no_kv_cache))
+      res.hypotheses.push_back(data.tokenizer.decode(ids));
   } else {
-    for (const Hypothesis& h : beam_decode(g, params, be, sources, o.beam, o.length_penalty))
+    for (const Hypothesis& h : beam_decode(g, params, be, sources, o.beam, o.length_penalty, !o.no_kv_cache))
       res.hypotheses.push_back(data.tokenizer.decode(h.tokens));
   }
   if (!res.references.empty()) {

@@ -56,6 +56,9 @@ Runner add_translate_command(CLI::App& app) {
                   "Beam search: a hypothesis's log-probability is divided by its length to this power")
       ->default_val(1.0)
       ->check(CLI::Range(0.0, 10.0));
+  cmd->add_flag("--no-kv-cache", opt->no_kv_cache,
+                "Run the whole model at every position instead of the decoder on one position with a key/value "
+                "cache (the same translations, slower; for comparison)");
   cmd->add_flag("--quiet", opt->quiet, "Only the translations (and the score)");
   return [cmd, opt]() -> int {
     if (!cmd->parsed()) return -1;

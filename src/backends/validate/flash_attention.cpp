@@ -7,7 +7,10 @@ namespace {
 
 // The fused attention's operands: xq [B, tq, Wq] and xkv [B, tk, Wkv] tiled exactly by the
 // column ranges of p (remat/backend.h, FlashAttentionParams); `packed` when xkv is xq.
-void check_flash(const Check& c, const Shape& xq, const Shape& xkv, bool packed, const FlashAttentionParams& p) {
+// `wide_q`: (forward) xq's rows may hold more than q, which then lies at columns q_col ..
+// (incremental decoding reads q out of a step's packed q, k, v).
+void check_flash(const Check& c, const Shape& xq, const Shape& xkv, bool packed, const FlashAttentionParams& p,
+                 bool wide_q = false) {
   if (xq.rank() != 3) c.fail("xq " + xq.str() + ": expected rank 3 (B, tq, columns)");
   if (xkv.rank() != 3) c.fail("xkv " + xkv.str() + ": expected rank 3 (B, tk, columns)");
   if (xq[0] != xkv[0]) c.fail("xq " + xq.str() + " and xkv " + xkv.str() + " have different batch sizes");
@@ -24,11 +27,12 @@ void check_flash(const Check& c, const Shape& xq, const Shape& xkv, bool packed,
   const int64_t q = p.n_head * p.head_dim, kv = p.kv_heads() * p.head_dim;
   // The layouts the op reads: [q | k | v] packed, or q alone and [k | v] (either order).
   const bool kv_ok = (p.k_col + kv == p.v_col || p.v_col + kv == p.k_col);
-  const bool layout =
-      packed ? (xq[2] == q + 2 * kv && kv_ok && p.q_col >= 0 && p.k_col >= 0 && p.v_col >= 0 &&
-                std::min({p.q_col, p.k_col, p.v_col}) == 0 &&
-                (p.q_col + q == std::min(p.k_col, p.v_col) || std::max(p.k_col, p.v_col) + kv == p.q_col))
-             : (xq[2] == q && p.q_col == 0 && xkv[2] == 2 * kv && kv_ok && std::min(p.k_col, p.v_col) == 0);
+  const bool layout = packed
+                          ? (xq[2] == q + 2 * kv && kv_ok && p.q_col >= 0 && p.k_col >= 0 && p.v_col >= 0 &&
+                             std::min({p.q_col, p.k_col, p.v_col}) == 0 &&
+                             (p.q_col + q == std::min(p.k_col, p.v_col) || std::max(p.k_col, p.v_col) + kv == p.q_col))
+                          : ((wide_q ? p.q_col >= 0 && p.q_col + q <= xq[2] : xq[2] == q && p.q_col == 0) &&
+                             xkv[2] == 2 * kv && kv_ok && std::min(p.k_col, p.v_col) == 0);
   if (!layout)
     c.fail("xq " + xq.str() + " and xkv " + xkv.str() + " are not tiled by q (columns " + std::to_string(p.q_col) +
            " + " + std::to_string(q) + "), k (" + std::to_string(p.k_col) + " + " + std::to_string(kv) + ") and v (" +
@@ -50,7 +54,7 @@ void check_flash_attention_forward(const Check& ck, const Tensor& xq, const Tens
   ck.tensor("xq", xq);
   ck.tensor("xkv", xkv);
   if (xq.dtype() != xkv.dtype()) ck.fail("xq " + xq.str() + " and xkv " + xkv.str() + " need one dtype");
-  check_flash(ck, xq.shape(), xkv.shape(), xkv.same_view(xq), p);
+  check_flash(ck, xq.shape(), xkv.shape(), xkv.same_view(xq), p, /*wide_q=*/true);
   check_flash_lens(ck, kv_lens, xq.size(0));
   ck.tensor("out", out);
   ck.shape("out", out, Shape{xq.size(0), xq.size(1), p.n_head * p.head_dim});

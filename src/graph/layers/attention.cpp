@@ -37,6 +37,12 @@ class Attention final : public Layer {
              "\"fused\"");
   }
   LayerKind kind() const override { return LayerKind::attention; }
+  // Cross-attention's queries are position-wise (its keys are another sequence's); causal
+  // fused self-attention decodes with a key/value cache; non-causal self-attention cannot.
+  StepRun step_run() const override {
+    if (cross_) return StepRun::positionwise;
+    return causal_ && fused_ && !lengths_ ? StepRun::cached : StepRun::no;
+  }
   // Fused: nothing T x T to rebuild, so selective keeps it whole, as a GEMM. Materialised:
   // P V is a GEMM product worth keeping; the probabilities (a softmax) are recomputed.
   SelectiveKeep selective_keep() const override { return fused_ ? SelectiveKeep::all : SelectiveKeep::output; }
@@ -85,6 +91,7 @@ class Attention final : public Layer {
   }
 
   void forward(ForwardContext& c) const override {
+    if (c.kv_cache) return forward_cached(c);
     if (!fused_) return forward_materialized(c);
     const FlashAttentionParams p = params(c.training);
     const Tensor& xkv = cross_ ? c.in[1] : c.in[0];
@@ -126,6 +133,27 @@ class Attention final : public Layer {
                   : FlashAttentionParams::packed(heads_, kv_heads_, d_, causal_, drop);
   }
   Tensor lengths(const std::vector<Tensor>& in) const { return lengths_ ? in.back() : Tensor(); }
+  // Incremental decoding: the position's q, k, v [B, 1, W]; k and v go to the cache's row
+  // `position`, then q attends over rows 0 .. position (the rest masked by length), as the
+  // causal attention's row `position` does over the whole sequence.
+  void forward_cached(ForwardContext& c) const {
+    Tensor& cache = *c.kv_cache;
+    const Tensor& x = c.in[0];
+    const int64_t b = x.size(0), w = x.size(2), q = heads_ * d_, kv = 2 * int64_t{kv_heads_} * d_, t = cache.size(1);
+    REMAT_CHECK(x.size(1) == 1 && cache.rank() == 3 && cache.size(0) == b && cache.size(2) == kv && c.position >= 0 &&
+                    c.position < t,
+                "attention: a cached step takes one position [", b, ", 1, ", w, "] and a cache [", b, ", T, ", kv,
+                "] with the position below T; got ", x.str(), ", ", cache.str(), ", position ", c.position);
+    for (int64_t r = 0; r < b; ++r)
+      cache.view_at((r * t + c.position) * kv, Shape{kv}).copy_from(x.view_at(r * w + q, Shape{kv}));
+    const Tensor lens =
+        Tensor::from_ints(std::vector<int32_t>(static_cast<size_t>(b), static_cast<int32_t>(c.position + 1)), Shape{b})
+            .to(c.be.device());
+    FlashAttentionParams p = FlashAttentionParams::cross(heads_, kv_heads_, d_, 0.0f);
+    auto r = ops::flash_attention(c.be, x, cache, lens, p, c.rng);  // q: the first heads d columns of x
+    c.out = r.out;
+    c.extras = {r.lse};
+  }
   void forward_materialized(ForwardContext& c) const {
     AttentionParams p{heads_, causal_, dropout_};
     if (c.extras_only) {  // the output is kept: rebuild the probabilities only

@@ -10,6 +10,7 @@ class Dropout final : public Layer {
   bool runs_in_bf16() const override { return true; }
   explicit Dropout(ConfigReader& r) : p_(static_cast<float>(r.number_or("p", 0.5, 0.0, 1.0))) {}
   LayerKind kind() const override { return LayerKind::dropout; }
+  StepRun step_run() const override { return StepRun::positionwise; }  // evaluation: the identity
   Shape infer(const std::vector<Shape>& in) override {
     expect_inputs(in, 1);
     n_ = in[0].numel();

@@ -13,6 +13,7 @@ class Embedding final : public Layer {
         max_seq_(r.int_or("positions", 0, 0, int64_t{1} << 24)),
         init_std_(r.number_or("init_std", 1.0, 1e-6, 10.0)) {}
   LayerKind kind() const override { return LayerKind::embedding; }
+  StepRun step_run() const override { return max_seq_ > 0 ? StepRun::positional : StepRun::positionwise; }
   bool input_differentiable(int) const override { return false; }
   DType input_dtype(int) const override { return DType::i32; }
   int64_t input_id_range(int) const override { return vocab_; }
@@ -33,7 +34,12 @@ class Embedding final : public Layer {
   }
   double forward_flops() const override { return static_cast<double>(n_) * dim_; }
   void forward(ForwardContext& c) const override {
-    c.out = ops::embedding(c.be, c.in[0], c.params[0], max_seq_ > 0 ? c.params[1] : Tensor());
+    Tensor pos = max_seq_ > 0 ? c.params[1] : Tensor();
+    if (pos.defined() && c.position > 0) {  // incremental decoding: the rows from that position on
+      REMAT_CHECK(c.position < max_seq_, "embedding: position ", c.position, " is past its ", max_seq_, " positions");
+      pos = pos.view_at(c.position * dim_, Shape{max_seq_ - c.position, dim_});
+    }
+    c.out = ops::embedding(c.be, c.in[0], c.params[0], pos);
   }
   void backward(BackwardContext& c) const override {
     ops::embedding_backward(c.be, c.dout, c.in[0], c.grads[0], max_seq_ > 0 ? c.grads[1] : Tensor());

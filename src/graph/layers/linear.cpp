@@ -13,6 +13,7 @@ class Linear final : public Layer {
         init_std_(r.number_or("init_std", 0.0, 0.0, 10.0)),
         tie_(r.string_or("tie_weight", "")) {}
   LayerKind kind() const override { return LayerKind::gemm; }
+  StepRun step_run() const override { return StepRun::positionwise; }
   SelectiveKeep selective_keep() const override { return SelectiveKeep::all; }
   Shape infer(const std::vector<Shape>& in) override {
     expect_inputs(in, 1);

@@ -55,6 +55,7 @@ class LayerNorm final : public Layer {
   bool runs_in_bf16() const override { return true; }
   explicit LayerNorm(ConfigReader& r) { p_.eps = static_cast<float>(r.number_or("eps", 1e-5, 1e-12, 1.0)); }
   LayerKind kind() const override { return LayerKind::norm; }
+  StepRun step_run() const override { return StepRun::positionwise; }
   Shape infer(const std::vector<Shape>& in) override {
     expect_inputs(in, 1);
     REMAT_CHECK(in[0].rank() >= 2, "layernorm: input ", in[0].str(), " must have rank >= 2");

@@ -10,6 +10,7 @@ class Relu final : public Layer {
   bool runs_in_bf16() const override { return true; }
   explicit Relu(ConfigReader&) {}
   LayerKind kind() const override { return LayerKind::pointwise; }
+  StepRun step_run() const override { return StepRun::positionwise; }
   Shape infer(const std::vector<Shape>& in) override {
     expect_inputs(in, 1);
     n_ = in[0].numel();
@@ -35,6 +36,7 @@ class Gelu final : public Layer {
   explicit Gelu(ConfigReader& r)
       : approx_(r.one_of("approximate", {"none", "tanh"}, "none") == "tanh" ? GeluApprox::tanh : GeluApprox::none) {}
   LayerKind kind() const override { return LayerKind::pointwise; }
+  StepRun step_run() const override { return StepRun::positionwise; }
   Shape infer(const std::vector<Shape>& in) override {
     expect_inputs(in, 1);
     n_ = in[0].numel();
@@ -59,6 +61,7 @@ class Silu final : public Layer {
   bool runs_in_bf16() const override { return true; }
   explicit Silu(ConfigReader&) {}
   LayerKind kind() const override { return LayerKind::pointwise; }
+  StepRun step_run() const override { return StepRun::positionwise; }
   Shape infer(const std::vector<Shape>& in) override {
     expect_inputs(in, 1);
     n_ = in[0].numel();
@@ -86,6 +89,7 @@ class Add final : public Layer {
   bool runs_in_bf16() const override { return true; }
   explicit Add(ConfigReader&) {}
   LayerKind kind() const override { return LayerKind::pointwise; }
+  StepRun step_run() const override { return StepRun::positionwise; }
   Shape infer(const std::vector<Shape>& in) override {
     expect_inputs(in, 2);
     REMAT_CHECK(in[0] == in[1], "add: inputs ", in[0].str(), " and ", in[1].str(), " differ in shape");
@@ -106,6 +110,7 @@ class Mul final : public Layer {
   bool runs_in_bf16() const override { return true; }
   explicit Mul(ConfigReader&) {}
   LayerKind kind() const override { return LayerKind::pointwise; }
+  StepRun step_run() const override { return StepRun::positionwise; }
   Shape infer(const std::vector<Shape>& in) override {
     expect_inputs(in, 2);
     REMAT_CHECK(in[0] == in[1], "mul: inputs ", in[0].str(), " and ", in[1].str(), " differ in shape");

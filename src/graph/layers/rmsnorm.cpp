@@ -11,6 +11,7 @@ class RmsNorm final : public Layer {
   bool runs_in_bf16() const override { return true; }
   explicit RmsNorm(ConfigReader& r) { p_.eps = static_cast<float>(r.number_or("eps", 1e-6, 1e-12, 1.0)); }
   LayerKind kind() const override { return LayerKind::norm; }
+  StepRun step_run() const override { return StepRun::positionwise; }
   Shape infer(const std::vector<Shape>& in) override {
     expect_inputs(in, 1);
     REMAT_CHECK(in[0].rank() >= 2, "rmsnorm: input ", in[0].str(), " must have rank >= 2");
