@@ -478,6 +478,36 @@ TEST(Translation, CorpusTrainAndTranslateCommands) {
   EXPECT_NE(tr.find("copy-the-source baseline: BLEU = "), std::string::npos) << tr;
   EXPECT_NE(tr.find("5 sentences of the test split"), std::string::npos) << tr;
 
+  // remat eval RUN: the split's loss and the BLEU of greedy translations, the same BLEU as
+  // translate's on the same pairs; neither depends on the batch (the 12 test pairs in 4s,
+  // or in 5s with a short last batch).
+  ASSERT_EQ(run("eval " + dir + "/run --max-batches 2 --device cpu", dir + "/eval.txt"), 0)
+      << remat::read_file(dir + "/eval.txt");
+  ASSERT_EQ(run("translate " + dir + "/run --max 8 --device cpu", dir + "/translate8.txt"), 0);
+  auto bleu_line = [](const std::string& text) {
+    const size_t at = text.find("BLEU = ");
+    return at == std::string::npos ? std::string("none") : text.substr(at, text.find(" (BP", at) - at);
+  };
+  const std::string ev = remat::read_file(dir + "/eval.txt");
+  EXPECT_NE(ev.find("eval: 8 pairs of the test split"), std::string::npos) << ev;
+  EXPECT_NE(ev.find("greedy BLEU = "), std::string::npos) << ev;
+  EXPECT_EQ(bleu_line(ev), bleu_line(remat::read_file(dir + "/translate8.txt")));
+  ASSERT_EQ(run("eval " + dir + "/run --batch 4 --quiet --device cpu", dir + "/eval4.txt"), 0);
+  ASSERT_EQ(run("eval " + dir + "/run --batch 5 --quiet --device cpu", dir + "/eval3.txt"), 0);
+  double loss4 = 0, loss3 = 0, bleu4 = -1, bleu3 = -2;
+  ASSERT_EQ(
+      std::sscanf(remat::read_file(dir + "/eval4.txt").c_str(), "loss %lf perplexity %*f bleu %lf", &loss4, &bleu4), 2)
+      << remat::read_file(dir + "/eval4.txt");
+  ASSERT_EQ(
+      std::sscanf(remat::read_file(dir + "/eval3.txt").c_str(), "loss %lf perplexity %*f bleu %lf", &loss3, &bleu3), 2);
+  EXPECT_NEAR(loss3, loss4, 1e-5 * loss4);
+  EXPECT_GT(loss4, 0.0);
+  EXPECT_EQ(bleu3, bleu4);
+  EXPECT_EQ(run("eval " + dir + "/run --data x.bin --device cpu", dir + "/evalbad.txt"), 1);
+  EXPECT_NE(remat::read_file(dir + "/evalbad.txt").find("--data: a translation model reads its corpus"),
+            std::string::npos)
+      << remat::read_file(dir + "/evalbad.txt");
+
   remat::write_file_atomic(dir + "/in.txt", "too many warning\nfile error\n");
   ASSERT_EQ(run("translate " + dir + "/run --input " + dir + "/in.txt --output " + dir + "/out.txt --device cpu",
                 dir + "/file.txt"),

@@ -1,24 +1,27 @@
 // `remat eval`: the loss and perplexity of a language model on token shards, for
-// comparing a fine-tuned model with the one it started from.
+// comparing a fine-tuned model with the one it started from; for a translation model, its
+// loss on a corpus split and the BLEU of its greedy translations.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
 
+#include "remat/bleu.h"
 #include "remat/interop.h"
 
 namespace remat {
 
 struct EvalOptions {
-  std::string config;     // model config (models/*.json)
+  std::string config;     // model config (models/*.json), or a run folder (its config.json and weights)
   std::string init_from;  // weights (interop.h's init_from); "" = initialised from the seed
   bool init_from_partial = false;
   std::string data_path;  // token shards: a file, folder or glob; "" = the config's data.path
   std::string device = "auto";
   std::optional<int64_t> batch;  // > 0; unset: the config's training.batch
   std::optional<int64_t> seed;   // >= 0; unset: the config's training.seed
-  int64_t max_batches = 0;       // 0 = every window
+  int64_t max_batches = 0;       // 0 = every window (translation: every pair of the split)
+  std::string split = "test";    // translation: the corpus split (train | valid | test)
   std::string save_logits;       // a safetensors file for the first batch's input_ids, targets and logits
   bool quiet = false;
 };
@@ -29,8 +32,18 @@ struct EvalResult {
   int64_t windows = 0, tokens = 0, batches = 0;
   std::string data;     // the files evaluated
   InitFromReport init;  // empty path when there was no --init-from
+  // Translation: loss is the model's loss layer (label smoothing as configured) per target
+  // piece; windows counts pairs; the BLEU of greedy translations and of copying the source.
+  std::optional<BleuScore> bleu, copy_bleu;
 };
 
+// A language model on token shards.
 EvalResult evaluate_lm(const EvalOptions& opt);
+// An encoder-decoder on a split of its translation corpus (data.dataset "translation").
+EvalResult evaluate_translation(const EvalOptions& opt);
+// `remat eval`: a run folder's config and weights when `config` is a folder (its weights
+// unless --init-from says otherwise), then by the config's data set: evaluate_translation
+// or evaluate_lm.
+EvalResult evaluate(EvalOptions opt);
 
 }  // namespace remat

@@ -3,14 +3,18 @@
 // token counts once, so the loss is the mean over every target of the windows.
 #include "remat/evaluate.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 #include "remat/error.h"
 #include "remat/executor.h"
 #include "remat/io.h"
 #include "remat/token_shards.h"
+#include "remat/translate.h"
+#include "remat/translation.h"
 
 namespace remat {
 
@@ -102,6 +106,113 @@ EvalResult evaluate_lm(const EvalOptions& o) {
                 std::chrono::duration<double>(Clock::now() - t0).count());
   }
   return res;
+}
+
+EvalResult evaluate_translation(const EvalOptions& o) {
+  using Clock = std::chrono::steady_clock;
+  const Config cfg = load_config(o.config);
+  REMAT_CHECK(cfg.data.dataset == "translation", o.config, ": data.dataset is \"", cfg.data.dataset,
+              "\", not translation");
+  REMAT_CHECK(o.data_path.empty(), "--data: a translation model reads its corpus (data.path), not token shards");
+  REMAT_CHECK(o.save_logits.empty(), "--save-logits: language models only");
+  REMAT_CHECK(!o.batch || *o.batch > 0, "--batch ", o.batch.value_or(0), ": must be positive");
+  REMAT_CHECK(!o.seed || *o.seed >= 0, "--seed ", o.seed.value_or(0), ": must be 0 or more");
+  REMAT_CHECK(o.max_batches >= 0, "--max-batches ", o.max_batches, ": must be 0 (every pair) or more");
+  Device dev =
+      o.device == "auto" ? (cuda_status().available ? Device::cuda(0) : Device::cpu()) : Device::parse(o.device);
+  require_available(dev);
+  if (dev.is_meta()) REMAT_THROW("cannot evaluate on meta (it holds no data)");
+  Backend& be = backend_for(dev);
+
+  EvalResult res;
+  const bool default_dir = cfg.data.path.empty();
+  res.data = default_dir ? default_translation_corpus_dir(cfg.data.vocab) : cfg.data.path;
+  TranslationData data = load_translation_data(res.data, cfg.data.vocab, default_dir);
+  if (data.tokenizer.vocab() != cfg.data.vocab)
+    REMAT_THROW(o.config, ": the model reads ", cfg.data.vocab, " pieces, but the tokenizer of ", res.data, " has ",
+                data.tokenizer.vocab(), " (was the corpus rebuilt with another --vocab?)");
+  if (!o.init_from.empty() && std::filesystem::is_directory(o.init_from)) check_run_tokenizer(o.init_from, data);
+  const int64_t batch = o.batch.value_or(cfg.training.batch);
+  const std::map<std::string, int64_t> vars{{"vocab", cfg.data.vocab}};
+  const Graph g = build_graph(cfg.model, batch, cfg.source, vars);
+  const int64_t S = g.layer(g.require_input(kSourceName, "remat eval")).out_shape[1];
+  const int64_t T = g.layer(g.require_input(kTargetInName, "remat eval")).out_shape[1];
+  data.fit(S, T);
+  const TranslationSplit& split = data.split(o.split);
+  REMAT_CHECK(split.size() > 0, res.data, ": no ", o.split, " pair fits the model's ", S, " source and ", T,
+              " target pieces");
+  int64_t n = split.size();
+  if (o.max_batches > 0) n = std::min(n, o.max_batches * batch);
+
+  // The run's precision, as in training and translate.
+  ActivationDTypeScope precision(precision_dtype(cfg.training.precision));
+  const uint64_t seed = o.seed ? static_cast<uint64_t>(*o.seed) : cfg.training.seed;
+  ParamStore params(g, dev, seed, /*initialise=*/o.init_from.empty());
+  if (!o.init_from.empty()) {
+    res.init = init_from(o.init_from, cfg, params, o.init_from_partial);
+    if (!o.quiet) std::printf("%s\n", res.init.describe().c_str());
+  }
+  if (!o.quiet) {
+    std::printf("eval: %lld pairs of the %s split of %s on %s, batch %lld\n", static_cast<long long>(n),
+                o.split.c_str(), res.data.c_str(), dev.str().c_str(), static_cast<long long>(batch));
+    std::fflush(stdout);
+  }
+  const Clock::time_point t0 = Clock::now();
+  // The loss: the loss layer's mean over each batch's counted targets (those not its
+  // ignore index), weighted by their count. A short last batch runs at its own size.
+  const std::optional<int> ignore = g.layer(g.loss_id).ignore_index();
+  double loss_sum = 0;
+  for (int64_t first = 0; first < n; first += batch) {
+    const int64_t b = std::min(batch, n - first);
+    const Graph tail = b == batch ? Graph() : build_graph(cfg.model, b, cfg.source, vars);
+    const Graph& gb = b == batch ? g : tail;
+    std::vector<int64_t> idx(static_cast<size_t>(b));
+    for (int64_t i = 0; i < b; ++i) idx[static_cast<size_t>(i)] = first + i;
+    TagScope scope(MemoryCategory::activation, "eval", Phase::forward);
+    const Batch bt = translation_batch(split, idx, S, T, dev);
+    int64_t counted = 0;
+    for (int32_t t : bt.at(kTargetsName).to_ints()) counted += !ignore || t != *ignore;
+    Executor ex(gb, params, be, make_plan(gb, "none"));
+    float loss = 0;
+    ex.evaluate(bt, &loss);
+    if (!std::isfinite(loss)) REMAT_THROW("eval: the loss of pairs ", first, "..", first + b - 1, " is ", loss);
+    loss_sum += static_cast<double>(loss) * static_cast<double>(counted);
+    res.tokens += counted;
+    ++res.batches;
+  }
+  res.windows = n;
+  res.loss = loss_sum / static_cast<double>(std::max<int64_t>(1, res.tokens));
+  res.perplexity = std::exp(res.loss);
+  // BLEU of greedy translations (remat translate's, with the key/value cache).
+  std::vector<std::vector<int32_t>> sources(split.source.begin(), split.source.begin() + n);
+  std::vector<std::string> hyps, refs, srcs;
+  for (const auto& ids : greedy_decode(g, params, be, sources)) hyps.push_back(data.tokenizer.decode(ids));
+  for (int64_t i = 0; i < n; ++i) {
+    refs.push_back(split.pairs[static_cast<size_t>(i)].target);
+    srcs.push_back(split.pairs[static_cast<size_t>(i)].source);
+  }
+  res.bleu = corpus_bleu(hyps, refs);
+  res.copy_bleu = corpus_bleu(srcs, refs);
+  if (!o.quiet) {
+    std::printf("eval: loss %.6f | perplexity %.4f | %lld pairs, %lld target pieces | %.1f s\n", res.loss,
+                res.perplexity, static_cast<long long>(n), static_cast<long long>(res.tokens),
+                std::chrono::duration<double>(Clock::now() - t0).count());
+    std::printf("greedy %s\ncopy-the-source baseline: %s\n", res.bleu->describe().c_str(),
+                res.copy_bleu->describe().c_str());
+  }
+  return res;
+}
+
+EvalResult evaluate(EvalOptions o) {
+  if (std::filesystem::is_directory(o.config)) {  // a run folder: its config, its weights
+    const std::string run = o.config;
+    o.config = (std::filesystem::path(run) / "config.json").string();
+    if (!std::filesystem::exists(o.config))
+      REMAT_THROW(run, ": not a run folder (no config.json); pass a model config or the --out folder of `remat train`");
+    if (o.init_from.empty()) o.init_from = run;
+  }
+  const Config cfg = load_config(o.config);
+  return cfg.data.dataset == "translation" ? evaluate_translation(o) : evaluate_lm(o);
 }
 
 }  // namespace remat

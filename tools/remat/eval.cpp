@@ -1,5 +1,5 @@
 // `remat eval CONFIG --data SHARDS ...`: loss and perplexity of a language model on token
-// shards (see docs/cli.md).
+// shards; `remat eval RUN` of a translation run: its loss and BLEU on a split (see docs/cli.md).
 #include <cstdio>
 
 #include "commands.h"
@@ -8,9 +8,13 @@
 namespace remat::cli {
 
 Runner add_eval_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("eval", "Loss and perplexity of a language model on token shards");
+  auto* cmd = app.add_subcommand(
+      "eval", "Loss and perplexity of a language model on token shards; loss and BLEU of a translation model");
   auto opt = std::make_shared<EvalOptions>();
-  cmd->add_option("config", opt->config, "Model config (models/*.json)")->required()->check(CLI::ExistingFile);
+  cmd->add_option("config", opt->config,
+                  "Model config (models/*.json), or a run folder (its config and, unless --init-from, its weights)")
+      ->required()
+      ->check(CLI::ExistingPath);
   cmd->add_option("--init-from", opt->init_from,
                   "Weights: a Hugging Face GPT-2 folder or .safetensors file, or a remat run folder (default: "
                   "initialised from the seed)");
@@ -28,11 +32,18 @@ Runner add_eval_command(CLI::App& app) {
       ->check(non_negative("0 (every window) or more"));
   cmd->add_option("--save-logits", opt->save_logits,
                   "Write the first batch's input_ids, targets and logits to this safetensors file");
+  cmd->add_option("--split", opt->split, "Translation models: the corpus split evaluated")
+      ->default_val("test")
+      ->check(CLI::IsMember({"train", "valid", "test"}));
   cmd->add_flag("--quiet", opt->quiet, "Only the result line");
   return [cmd, opt]() -> int {
     if (!cmd->parsed()) return -1;
-    const EvalResult r = evaluate_lm(*opt);
-    if (opt->quiet) std::printf("loss %.6f perplexity %.4f\n", r.loss, r.perplexity);
+    const EvalResult r = evaluate(*opt);
+    if (opt->quiet) {
+      std::printf("loss %.6f perplexity %.4f", r.loss, r.perplexity);
+      if (r.bleu) std::printf(" bleu %.2f", r.bleu->score);
+      std::printf("\n");
+    }
     return 0;
   };
 }
