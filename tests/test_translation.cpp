@@ -29,6 +29,7 @@
 #include "remat/translate.h"
 #include "remat/translation.h"
 #include "support/expect_error.h"
+#include "support/models.h"
 
 namespace fs = std::filesystem;
 using remat::ParallelPair;
@@ -382,6 +383,64 @@ TEST(Translation, GreedyDecodingAgreesWithATeacherForcedForward) {
       EXPECT_EQ(best, t < hyp.size() ? hyp[t] : remat::Tokenizer::kEos) << "source " << i << " position " << t;
     }
   }
+}
+
+// Shared source and target embeddings (`"tie_weight": "src_embed"` on tgt_embed; the head
+// stays tied to tgt_embed, so all three read one table): one parameter fewer, and one step
+// gives the losses of the untied model holding the same table twice, and as the shared
+// table's gradient the sum of the two tables' gradients there.
+TEST(Translation, SharedEmbeddingsSumBothGradients) {
+  const std::string path = std::string(REMAT_SOURCE_DIR) + "/tests/configs/nmt_tiny.json";
+  const nlohmann::json base = nlohmann::json::parse(remat::read_file(path));
+  nlohmann::json shared = base;
+  for (auto& l : shared["model"]["layers"])
+    if (l.value("name", "") == "tgt_embed") l["tie_weight"] = "src_embed";
+  const remat::Graph ga = remat::build_graph(shared["model"], 3, path, {{"vocab", 24}});
+  const remat::Graph gb = remat::build_graph(base["model"], 3, path, {{"vocab", 24}});
+  ASSERT_EQ(ga.params.size() + 1, gb.params.size());
+  auto index = [](const remat::Graph& g, const std::string& name) {
+    for (size_t p = 0; p < g.params.size(); ++p)
+      if (g.params[p].name == name) return p;
+    ADD_FAILURE() << "no parameter " << name;
+    return size_t{0};
+  };
+  for (int i = 0; i < ga.size(); ++i)  // src_embed, tgt_embed and the head hold one table
+    if (ga.layer(i).name == "tgt_embed" || ga.layer(i).name == "head") {
+      EXPECT_EQ(ga.layer_params[static_cast<size_t>(i)][0], static_cast<int>(index(ga, "src_embed.weight")))
+          << ga.layer(i).name;
+    }
+  remat::Backend& be = remat::backend_for(remat::Device::cpu());
+  remat::ParamStore pa(ga, remat::Device::cpu(), 5), pb(gb, remat::Device::cpu(), 5);
+  for (size_t p = 0; p < gb.params.size(); ++p) {
+    const std::string& name = gb.params[p].name;
+    pb.values[p].copy_from(pa.values[index(ga, name == "tgt_embed.weight" ? "src_embed.weight" : name)]);
+  }
+  const remat::Batch batch = remat::test::batch_for(ga, 3);
+  remat::Executor ea(ga, pa, be, remat::make_plan(ga, "sqrt")), eb(gb, pb, be, remat::make_plan(gb, "sqrt"));
+  remat::RngGenerator ra(9), rb(9);
+  pa.zero_grads(be);
+  pb.zero_grads(be);
+  EXPECT_EQ(ea.train_step(batch, ra).loss, eb.train_step(batch, rb).loss);
+  const std::vector<float> got = pa.grads[index(ga, "src_embed.weight")].to_vector();
+  const std::vector<float> src = pb.grads[index(gb, "src_embed.weight")].to_vector();
+  const std::vector<float> tgt = pb.grads[index(gb, "tgt_embed.weight")].to_vector();
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    worst = std::max(worst, std::abs(double(got[i]) - (double(src[i]) + double(tgt[i]))));
+    scale = std::max(scale, std::abs(double(src[i]) + double(tgt[i])));
+  }
+  EXPECT_GT(scale, 0.0);
+  EXPECT_LE(worst, 1e-6 * scale);
+  for (size_t p = 0; p < ga.params.size(); ++p)  // the others: the same gradients
+    if (ga.params[p].name != "src_embed.weight" && pa.grads[p].defined()) {
+      EXPECT_EQ(pa.grads[p].to_vector(), pb.grads[index(gb, ga.params[p].name)].to_vector()) << ga.params[p].name;
+    }
+  // A table of another shape is named.
+  nlohmann::json bad = shared;
+  for (auto& l : bad["model"]["layers"])
+    if (l.value("name", "") == "tgt_embed") l["dim"] = 8;
+  EXPECT_REMAT_ERROR(remat::build_graph(bad["model"], 3, path, {{"vocab", 24}}),
+                     "\"src_embed.weight\" has shape [24, 16], this layer needs [24, 8]");
 }
 
 // The key/value cache (remat/incremental.h): each step's logits, one position at a time,

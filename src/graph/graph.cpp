@@ -73,6 +73,7 @@ struct Builder {
           REMAT_THROW(msg);
         }
         pidx.push_back(it->second);
+        param_index[full] = it->second;  // a later layer may tie to this name too
         continue;
       }
       param_index[full] = static_cast<int>(g.params.size());

@@ -11,7 +11,8 @@ class Embedding final : public Layer {
       : vocab_(r.positive_int("vocab")),
         dim_(r.positive_int("dim")),
         max_seq_(r.int_or("positions", 0, 0, int64_t{1} << 24)),
-        init_std_(r.number_or("init_std", 1.0, 1e-6, 10.0)) {}
+        init_std_(r.number_or("init_std", 1.0, 1e-6, 10.0)),
+        tie_(r.string_or("tie_weight", "")) {}
   LayerKind kind() const override { return LayerKind::embedding; }
   StepRun step_run() const override { return max_seq_ > 0 ? StepRun::positional : StepRun::positionwise; }
   bool input_differentiable(int) const override { return false; }
@@ -27,7 +28,9 @@ class Embedding final : public Layer {
     return Shape{in[0][0], in[0][1], dim_};
   }
   std::vector<ParamSpec> param_specs() const override {
-    std::vector<ParamSpec> ps{ParamSpec::normal("weight", Shape{vocab_, dim_}, static_cast<float>(init_std_))};
+    ParamSpec w = ParamSpec::normal("weight", Shape{vocab_, dim_}, static_cast<float>(init_std_));
+    if (!tie_.empty()) w = w.tied_to(tie_ + ".weight");  // one table for two vocabularies' tokens
+    std::vector<ParamSpec> ps{w};
     if (max_seq_ > 0)
       ps.push_back(ParamSpec::normal("pos_weight", Shape{max_seq_, dim_}, static_cast<float>(init_std_)));
     return ps;
@@ -50,6 +53,7 @@ class Embedding final : public Layer {
  private:
   int64_t vocab_, dim_, max_seq_;
   double init_std_;
+  std::string tie_;
   int64_t n_ = 0;
 };
 
