@@ -361,6 +361,34 @@ TEST(Planner, WithOffloadMatchesBruteForceOfSmallChains) {
   EXPECT_GT(partial, 0) << "no budget chose offloading some units but not all";
 }
 
+// Budgets that hold on a GPU: planned against the reserved bytes (what the caching
+// allocator holds from the device), the chosen plan's reserved peak fits, as its
+// simulation says, wherever the plan for the same budget of allocated bytes reserves more;
+// it costs at least as much recompute; nothing fitting is named in reserved bytes.
+TEST(Planner, ReservedBudgetsBoundWhatTheAllocatorReserves) {
+  remat::Config cfg = chain_config(4);
+  remat::Graph g = remat::build_config_graph(cfg, 16, 0);
+  std::vector<remat::PlanCandidate> all = remat::plan_candidates(cfg, g);
+  int over = 0;  // budgets whose allocated plan reserves more than the budget
+  for (int64_t budget : distinct_peaks(all)) {
+    const remat::PlanCandidate a = remat::plan_for_budget(cfg, g, budget, nullptr, nullptr, remat::BudgetOf::allocated);
+    EXPECT_LE(a.peak_bytes, budget);
+    if (a.reserved_bytes <= budget) continue;
+    ++over;
+    try {
+      const remat::PlanCandidate r =
+          remat::plan_for_budget(cfg, g, budget, nullptr, nullptr, remat::BudgetOf::reserved);
+      EXPECT_LE(r.reserved_bytes, budget) << r.name;
+      EXPECT_EQ(remat::profile_step(cfg, g, r.plan, remat::Device::meta(), false).peak_reserved_bytes,
+                r.reserved_bytes);
+      EXPECT_GE(r.recompute_flops, a.recompute_flops) << r.name << " against " << a.name;
+    } catch (const remat::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(" bytes reserved)"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_GT(over, 0) << "no budget where allocated and reserved part";
+}
+
 TEST(Memprof, MeasuredPeakEqualsPredictedForEveryShippedConfigAndPolicy) {
   for (const auto& entry : std::filesystem::directory_iterator(std::string(REMAT_SOURCE_DIR) + "/models")) {
     if (entry.path().extension() != ".json") continue;

@@ -87,11 +87,19 @@ StepProfile profile_step(const Config& cfg, const Graph& g, const CheckpointPlan
 // powers of 1024; KB/MB/GB/TB powers of 1000). Throws a clear error otherwise.
 int64_t parse_size(const std::string& s);
 
+// What a memory budget bounds: the bytes allocated at the step's peak, or the bytes the
+// caching allocator reserves from the device at its peak — allocated plus the free blocks
+// it caches, what runs out on a GPU. Both are predicted on meta exactly (the same allocator
+// runs over a meta raw allocator).
+enum class BudgetOf { allocated, reserved };
+
 struct PlanCandidate {
   std::string name;
   CheckpointPlan plan;
   int64_t peak_bytes = 0;
   double recompute_flops = 0.0;
+  int64_t reserved_bytes = 0;  // the allocator's peak reserved bytes
+  int64_t peak(BudgetOf of) const { return of == BudgetOf::reserved ? reserved_bytes : peak_bytes; }
   int64_t host_peak_bytes = 0;  // pinned host memory of an offloading plan (0: none)
   double forward_flops = 0.0, backward_flops = 0.0, step_flops = 0.0;
   double modelled_ms = 0.0;  // under the planner's OffloadModel; 0 without one
@@ -144,8 +152,10 @@ std::vector<PlanCandidate> pareto_front(std::vector<PlanCandidate> c);
 // peak fits its host budget; the search runs over the plans with and without offload);
 // if none fits, an error that gives the smallest achievable peak and the plan that
 // reaches it.
+// `of`: what the budget bounds (allocated by default here; `remat plan` and budget:SIZE
+// plan against reserved).
 PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget, Backend* workspace_model = nullptr,
-                              const OffloadModel* offload = nullptr);
+                              const OffloadModel* offload = nullptr, BudgetOf of = BudgetOf::allocated);
 
 // Gradient accumulation as a second lever: the largest micro-batch dividing
 // cfg.training.batch (the whole batch first; with cfg.training.ranks R, one that gives a
@@ -159,10 +169,12 @@ struct MicroBatchPlan {
   PlanCandidate best;
 };
 MicroBatchPlan plan_micro_batch_for_budget(const Config& cfg, int64_t budget, int64_t seq = 0,
-                                           Backend* workspace_model = nullptr, const OffloadModel* offload = nullptr);
+                                           Backend* workspace_model = nullptr, const OffloadModel* offload = nullptr,
+                                           BudgetOf of = BudgetOf::allocated);
 
 // A plan for a policy string, including "budget:SIZE" and "budget:SIZE+offload" (the
-// latter with declared_offload_model("h100", the config's precision), no host limit).
+// latter with declared_offload_model("h100", the config's precision), no host limit); a
+// budget bounds the reserved bytes (BudgetOf::reserved).
 CheckpointPlan resolve_policy(const Config& cfg, const Graph& g, const std::string& policy,
                               Backend* workspace_model = nullptr);
 

@@ -283,6 +283,7 @@ PlanCandidate simulate(const Config& cfg, const Graph& g, const std::string& nam
   CheckpointPlan named = plan;
   named.policy = name;
   PlanCandidate c{name, named, p.peak_bytes, p.recompute_flops};
+  c.reserved_bytes = p.peak_reserved_bytes;
   c.host_peak_bytes = p.host_peak_bytes;
   c.forward_flops = p.forward_flops;
   c.backward_flops = p.backward_flops;
@@ -551,25 +552,25 @@ struct BudgetSearch {
 // keeps offloaded; `best` and `smallest` carry over from an earlier pass.
 void search_budget_pass(const Config& cfg, const Graph& g, int64_t budget, Backend* ws, const OffloadModel* om,
                         bool offload, std::optional<PlanCandidate>& best, std::optional<PlanCandidate>& smallest,
-                        std::map<std::string, int64_t>& plain_peaks) {
+                        std::map<std::string, int64_t>& plain_peaks, BudgetOf of) {
   const int64_t n = unit_count(g);
   const int64_t host_budget = om && om->host_budget > 0 ? om->host_budget : INT64_MAX;
   auto record = [&](const PlanCandidate& c) {
     if (!c.plan.offloads()) plain_peaks.emplace(c.name, c.peak_bytes);
     if (c.host_peak_bytes > host_budget) return;
-    if (!smallest || c.peak_bytes < smallest->peak_bytes ||
-        (c.peak_bytes == smallest->peak_bytes && c.cost() < smallest->cost()))
+    if (!smallest || c.peak(of) < smallest->peak(of) ||
+        (c.peak(of) == smallest->peak(of) && c.cost() < smallest->cost()))
       smallest = c;
     // Ties (offload the model hides entirely): the least host memory, then the least peak.
-    if (c.peak_bytes <= budget && (!best || c.cost() < best->cost() ||
-                                   (c.cost() == best->cost() &&
-                                    (c.host_peak_bytes < best->host_peak_bytes ||
-                                     (c.host_peak_bytes == best->host_peak_bytes && c.peak_bytes < best->peak_bytes)))))
+    if (c.peak(of) <= budget &&
+        (!best || c.cost() < best->cost() ||
+         (c.cost() == best->cost() && (c.host_peak_bytes < best->host_peak_bytes ||
+                                       (c.host_peak_bytes == best->host_peak_bytes && c.peak(of) < best->peak(of))))))
       best = c;
   };
   // Whether c fits the device budget (the host budget is a filter above: a plan over it is
   // treated as not fitting, so the searches move on to more recompute).
-  auto fits = [&](const PlanCandidate& c) { return c.peak_bytes <= budget && c.host_peak_bytes <= host_budget; };
+  auto fits = [&](const PlanCandidate& c) { return c.peak(of) <= budget && c.host_peak_bytes <= host_budget; };
   // An offloading plan that fits the device budget may fit with fewer units offloaded: less
   // pinned host memory and fewer copies, so never a longer modelled step. Its trimmed form
   // offloads the fewest leading units that still fit (binary search, each simulated; the
@@ -609,7 +610,7 @@ void search_budget_pass(const Config& cfg, const Graph& g, int64_t budget, Backe
       const std::string suffix = c.name.substr(c.name.rfind("+offload"));
       PlanCandidate t = simulate(
           cfg, g, c.name.substr(0, c.name.size() - suffix.size()) + "+offload:" + std::to_string(mid), p, ws, om);
-      if (t.peak_bytes <= budget) {
+      if (t.peak(of) <= budget) {
         best_fit = t;
         hi = mid;
       } else {
@@ -620,7 +621,7 @@ void search_budget_pass(const Config& cfg, const Graph& g, int64_t budget, Backe
   };
   auto consider = [&](const PlanCandidate& c) {
     record(c);
-    if (!offload || !c.plan.offloads() || c.peak_bytes > budget) return c;
+    if (!offload || !c.plan.offloads() || c.peak(of) > budget) return c;
     const bool host_over = c.host_peak_bytes > host_budget;
     if (!host_over && best && c.cost() >= best->cost() && c.cost() == copies_free_ms(c)) return c;  // nothing to gain
     const int64_t least_host = std::max<int64_t>(0, plain_peak(c) - budget);
@@ -726,34 +727,37 @@ void search_budget_pass(const Config& cfg, const Graph& g, int64_t budget, Backe
       if (!modes) break;
       const PlanCandidate c = simulate_unit_modes(cfg, g, *modes, ws, om);
       record(c);
-      if (c.peak_bytes <= budget) break;
-      target -= c.peak_bytes - budget;
+      if (c.peak(of) <= budget) break;
+      target -= c.peak(of) - budget;  // the model predicts allocated bytes: aim below by the excess
     }
   }
 }
 
-BudgetSearch search_budget(const Config& cfg, const Graph& g, int64_t budget, Backend* ws, const OffloadModel* om) {
+BudgetSearch search_budget(const Config& cfg, const Graph& g, int64_t budget, Backend* ws, const OffloadModel* om,
+                           BudgetOf of) {
   REMAT_CHECK(budget > 0, "the memory budget must be positive");
   std::optional<PlanCandidate> best, smallest;
   std::map<std::string, int64_t> plain_peaks;  // by plan name: the peaks without offload
-  search_budget_pass(cfg, g, budget, ws, om, false, best, smallest, plain_peaks);
-  if (om) search_budget_pass(cfg, g, budget, ws, om, true, best, smallest, plain_peaks);
+  search_budget_pass(cfg, g, budget, ws, om, false, best, smallest, plain_peaks, of);
+  if (om) search_budget_pass(cfg, g, budget, ws, om, true, best, smallest, plain_peaks, of);
   REMAT_CHECK(smallest, "no plan holds within the host budget of ", format_bytes(om ? om->host_budget : 0));
   return {best, *smallest};
 }
 
 [[noreturn]] void throw_nothing_fits(int64_t budget, const PlanCandidate& smallest, const std::string& where,
-                                     const std::string& reached) {
-  REMAT_THROW("no plan fits the budget of ", format_bytes(budget), " (", budget, " bytes)", where,
-              ": the smallest achievable peak is ", format_bytes(smallest.peak_bytes), " (", smallest.peak_bytes,
-              " bytes), reached", reached, " by plan ", smallest.name);
+                                     const std::string& reached, BudgetOf of) {
+  const char* what = of == BudgetOf::reserved ? " reserved" : "";
+  REMAT_THROW("no plan fits the budget of ", format_bytes(budget), " (", budget, " bytes", what, ")", where,
+              ": the smallest achievable peak is ", format_bytes(smallest.peak(of)), " (", smallest.peak(of), " bytes",
+              what, "), reached", reached, " by plan ", smallest.name);
 }
 
 }  // namespace
 
-PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget, Backend* ws, const OffloadModel* om) {
-  BudgetSearch r = search_budget(cfg, g, budget, ws, om);
-  if (!r.best) throw_nothing_fits(budget, r.smallest, " at batch " + std::to_string(g.batch), "");
+PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget, Backend* ws, const OffloadModel* om,
+                              BudgetOf of) {
+  BudgetSearch r = search_budget(cfg, g, budget, ws, om, of);
+  if (!r.best) throw_nothing_fits(budget, r.smallest, " at batch " + std::to_string(g.batch), "", of);
   return *r.best;
 }
 
@@ -761,7 +765,7 @@ PlanCandidate plan_for_budget(const Config& cfg, const Graph& g, int64_t budget,
 // fits at any micro-batch, the error names the lowest peak over all of them (a smaller
 // micro-batch is not always lower: its accumulation buffer can cost more than it saves).
 MicroBatchPlan plan_micro_batch_for_budget(const Config& cfg, int64_t budget, int64_t seq, Backend* ws,
-                                           const OffloadModel* om) {
+                                           const OffloadModel* om, BudgetOf of) {
   const int64_t batch = cfg.training.batch;
   const int ranks = cfg.training.ranks;
   REMAT_CHECK(batch % ranks == 0, cfg.source, ": /training/batch ", batch, " does not split over ", ranks, " ranks");
@@ -774,15 +778,15 @@ MicroBatchPlan plan_micro_batch_for_budget(const Config& cfg, int64_t budget, in
     r.config = cfg;
     r.config.training.micro_batch = b == batch ? 0 : b;
     r.graph = build_config_graph(r.config, b, seq);
-    BudgetSearch found = search_budget(r.config, r.graph, budget, ws, om);
+    BudgetSearch found = search_budget(r.config, r.graph, budget, ws, om, of);
     if (found.best) {
       r.best = *found.best;
       return r;
     }
-    if (!smallest || found.smallest.peak_bytes < smallest->peak_bytes) smallest = found.smallest, smallest_at = b;
+    if (!smallest || found.smallest.peak(of) < smallest->peak(of)) smallest = found.smallest, smallest_at = b;
   }
   throw_nothing_fits(budget, *smallest, " at batch " + std::to_string(batch) + " with any micro-batch",
-                     " at micro-batch " + std::to_string(smallest_at));
+                     " at micro-batch " + std::to_string(smallest_at), of);
 }
 
 CheckpointPlan resolve_policy(const Config& cfg, const Graph& g, const std::string& policy, Backend* ws) {
@@ -792,7 +796,7 @@ CheckpointPlan resolve_policy(const Config& cfg, const Graph& g, const std::stri
                 "\": a budget plan chooses how many units to offload itself; write budget:SIZE+offload");
     const int64_t budget = parse_size(o.base.substr(7));
     const OffloadModel om = declared_offload_model("h100", cfg.training.precision);
-    PlanCandidate c = plan_for_budget(cfg, g, budget, ws, o.offload ? &om : nullptr);
+    PlanCandidate c = plan_for_budget(cfg, g, budget, ws, o.offload ? &om : nullptr, BudgetOf::reserved);
     c.plan.policy = policy + " -> " + c.name;
     return c.plan;
   }

@@ -258,12 +258,17 @@ Runner add_plan_command(CLI::App& app) {
     int ranks = 1;
     bool shard_optimizer = false;
     bool offload = false;
-    std::string host_budget, precision;
+    std::string host_budget, precision, budget_of = "reserved";
     double link_gbps = 0, tflops = 0;  // 0: the declared model's
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("config", o->config, "Model config (models/*.json)")->required()->check(CLI::ExistingFile);
   cmd->add_option("--budget", o->budget, "Memory budget, e.g. 8GiB, 512MiB, 12GB");
+  cmd->add_option("--budget-of", o->budget_of,
+                  "What the budget bounds: reserved (what the caching allocator holds from the device, what runs out "
+                  "on a GPU) or allocated (the tensors' bytes alone)")
+      ->default_val("reserved")
+      ->check(CLI::IsMember({"reserved", "allocated"}));
   cmd->add_option("--precision", o->precision, "fp32 or bf16 (default: the config's training.precision)");
   cmd->add_flag("--offload", o->offload,
                 "Weigh activation offload too: each plan also with +offload, ranked by modelled step time (the "
@@ -329,9 +334,10 @@ Runner add_plan_command(CLI::App& app) {
       if (!o->host_budget.empty()) om->host_budget = parse_size(o->host_budget);
     }
     const OffloadModel* model = om ? &*om : nullptr;
+    const BudgetOf of = o->budget_of == "allocated" ? BudgetOf::allocated : BudgetOf::reserved;
     if (search_micro) {
       // Search the micro-batch too: the front and the answer are then at the one found.
-      searched = plan_micro_batch_for_budget(cfg, budget, o->seq, ws, model);
+      searched = plan_micro_batch_for_budget(cfg, budget, o->seq, ws, model, of);
       cfg = searched->config;
     }
     Graph g = build_config_graph(cfg, cfg.training.micro(), o->seq);
@@ -360,14 +366,16 @@ Runner add_plan_command(CLI::App& app) {
       write_file_atomic(o->svg,
                         pareto_svg(all, front, cfg.name + ", batch " + std::to_string(batch) + ": checkpoint plans"));
     if (budget > 0) {
-      PlanCandidate best = searched ? searched->best : plan_for_budget(cfg, g, budget, ws, model);
+      PlanCandidate best = searched ? searched->best : plan_for_budget(cfg, g, budget, ws, model, of);
       std::string micro;
       if (cfg.training.micro_batches() > 1)
         micro = ", micro-batch " + std::to_string(cfg.training.micro()) + " (" +
                 std::to_string(cfg.training.micro_batches()) + " per step)";
-      std::printf("\nbudget %s: plan %s%s, peak %s, recompute %.3f GFLOP per micro-batch\n  %s\n",
-                  format_bytes(budget).c_str(), best.name.c_str(), micro.c_str(), format_bytes(best.peak_bytes).c_str(),
-                  best.recompute_flops / 1e9, best.plan.describe(g).c_str());
+      std::printf(
+          "\nbudget %s (%s): plan %s%s, peak %s allocated, %s reserved, recompute %.3f GFLOP per micro-batch\n  %s\n",
+          format_bytes(budget).c_str(), o->budget_of.c_str(), best.name.c_str(), micro.c_str(),
+          format_bytes(best.peak_bytes).c_str(), format_bytes(best.reserved_bytes).c_str(), best.recompute_flops / 1e9,
+          best.plan.describe(g).c_str());
       if (unit_count(g) <= 128)
         std::printf("  units (. kept, s selective, R recomputed, N nested, | between segments): %s\n",
                     best.plan.unit_layout(g).c_str());
