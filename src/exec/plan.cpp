@@ -423,7 +423,7 @@ CheckpointPlan make_plan(const Graph& g, const std::string& policy) {
   }
   REMAT_THROW("unknown checkpoint policy \"", policy,
               "\" (expected none, all, every:K, sqrt, revolve:S, selective or manual, each optionally followed by "
-              "+offload or +offload:J)");
+              "+offload or +offload:J; or budget:SIZE, optionally +offload)");
 }
 
 int CheckpointPlan::recomputed_layers() const {

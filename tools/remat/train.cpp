@@ -16,8 +16,9 @@ Runner add_train_command(CLI::App& app) {
   cmd->add_option("config", opt->config, "Model config (models/*.json)")->required()->check(CLI::ExistingFile);
   cmd->add_option(
       "--policy", opt->policy,
-      "Checkpoint policy: none, all, every:K, sqrt, revolve:S, selective, manual (each optionally +offload: CUDA "
-      "devices), budget:SIZE (default: the config's)");
+      "Checkpoint policy: none, all, every:K, sqrt, revolve:S, selective, manual (each optionally +offload or "
+      "+offload:J, the first J units: CUDA devices), budget:SIZE (the reserved bytes; +offload too) (default: the "
+      "config's)");
   cmd->add_option("--precision", opt->precision, "fp32 or bf16 (default: the config's training.precision)");
   cmd->add_option(
          "--device", opt->device,
