@@ -194,6 +194,10 @@ TEST(MemoryHtml, OffloadHostTierFollowsThePlan) {
     }
     EXPECT_EQ(listed, offloaded);
   }
+  // A budget plan with offload: its budget is read back from "budget:SIZE+offload -> ...".
+  const remat::CheckpointPlan b = remat::resolve_policy(cfg, g, "budget:1GiB+offload");
+  const nlohmann::json report = remat::profile_json({remat::profile_step(cfg, g, b, remat::Device::meta())}, nullptr);
+  EXPECT_EQ(report["policies"][0]["budget_bytes"].get<int64_t>(), int64_t{1} << 30);
 }
 
 TEST(MemoryHtml, EmbeddedDataRoundTripsToTheJsonReport) {

@@ -141,6 +141,8 @@ TEST(Offload, FirstJUnitsOffloadThatPrefixOfTheFullPlan) {
   for (const char* bad : {"sqrt+offload:", "sqrt+offload:2x", "sqrt+offload:-1", "sqrt+offload: 2"})
     EXPECT_REMAT_ERROR(remat::make_plan(g, bad), "expected +offload:J with J (the units offloaded) a positive integer");
   EXPECT_REMAT_ERROR(remat::make_plan(g, "sqrt+offloads"), "unknown checkpoint policy \"sqrt+offloads\"");
+  EXPECT_REMAT_ERROR(remat::make_plan(g, "sqrt+offload:2+offload"),
+                     "policy \"sqrt+offload:2+offload\": +offload twice");
 }
 
 // A budget plan chooses how many units to offload itself.

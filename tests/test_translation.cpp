@@ -133,6 +133,11 @@ std::string nmt_config(const std::string& dir, const std::string& policy, const 
   if (tweak == "ignore_index") c["model"]["layers"].back()["ignore_index"] = -100;
   if (tweak == "vocab") c["data"]["vocab"] = 65;
   if (tweak == "input") c["model"]["inputs"][0]["name"] = "input";
+  if (tweak == "kv_from_target")  // cross-attention over the decoder's own states
+    for (auto& l : c["model"]["layers"])
+      if (l.value("name", "") == "dec")
+        for (auto& b : l["layers"])
+          if (b.value("name", "") == "kv") b["inputs"] = {"ln2"};
   if (tweak == "noncausal")  // the decoder's self-attention sees later positions: no incremental decoding
     for (auto& l : c["model"]["layers"])
       if (l.value("name", "") == "dec")
@@ -498,6 +503,21 @@ TEST(Translation, KeyValueCacheDecodesAsTheWholeModel) {
       EXPECT_EQ(cached[i].log_prob, full[i].log_prob) << "source " << i;
     }
   }
+  {  // beam 3 at batch 7: two sources a batch and a spare row, hypotheses moving between rows
+    DecodeModel m(tmp_dir("kv_cache_beam"), 7, 5);
+    std::vector<std::vector<int32_t>> sources;
+    for (int i = 0; i < 5; ++i) sources.push_back(m.data.train.source[static_cast<size_t>(i)]);
+    const auto cached = remat::beam_decode(m.g, m.params, m.be, sources, 3, 1.0, true);
+    const auto full = remat::beam_decode(m.g, m.params, m.be, sources, 3, 1.0, false);
+    for (size_t i = 0; i < sources.size(); ++i) {
+      EXPECT_EQ(cached[i].tokens, full[i].tokens) << "source " << i;
+      EXPECT_EQ(cached[i].log_prob, full[i].log_prob) << "source " << i;
+    }
+  }
+  DecodeModel cross(tmp_dir("kv_cache_cross"), 3, 5, "kv_from_target");
+  EXPECT_EQ(remat::IncrementalDecoder::unsupported(cross.g, remat::kTargetInName),
+            "layer \"dec0.cross_attn\" (cross-attention) reads keys, values or key lengths computed from the target "
+            "(\"dec0.kv\"): one position would see itself alone");
   DecodeModel bad(tmp_dir("kv_cache_noncausal"), 3, 5, "noncausal");
   EXPECT_EQ(remat::IncrementalDecoder::unsupported(bad.g, remat::kTargetInName),
             "layer \"dec0.self_attn\" (attention) reads the target but cannot run on one position at a time");

@@ -45,7 +45,15 @@ std::string IncrementalDecoder::unsupported(const Graph& g, const std::string& t
     if (run == Layer::StepRun::no)
       return "layer \"" + l.name + "\" (" + layer_kind_name(l.kind()) + ") reads the target but cannot run on one " +
              "position at a time";
-    if (l.kind() == LayerKind::attention) continue;  // cross-attention: keys from another sequence
+    if (l.kind() == LayerKind::attention) {  // cross-attention: queries from the target, keys from another sequence
+      for (size_t k = 0; k < l.inputs.size(); ++k)
+        if (dyn[static_cast<size_t>(l.inputs[k])] != (k == 0))
+          return "layer \"" + l.name + "\" (cross-attention) reads " +
+                 (k == 0 ? "queries that do not come from the target"
+                         : "keys, values or key lengths computed from the target (\"" + g.layer(l.inputs[k]).name +
+                               "\"): one position would see itself alone");
+      continue;
+    }
     for (int j : l.inputs)
       if (!dyn[static_cast<size_t>(j)])
         return "layer \"" + l.name + "\" reads the target and \"" + g.layer(j).name +

@@ -297,6 +297,7 @@ OffloadSuffix split_offload_suffix(const std::string& policy) {
   const size_t at = policy.rfind(kOffload);
   if (at == std::string::npos || at == 0) return {policy, false, -1};
   const std::string tail = policy.substr(at + kOffload.size());
+  REMAT_CHECK(policy.find(kOffload) == at, "policy \"", policy, "\": +offload twice");
   if (tail.empty()) return {policy.substr(0, at), true, -1};
   if (tail[0] != ':') return {policy, false, -1};
   char* end = nullptr;

@@ -285,7 +285,11 @@ const char* const kScript = R"js(
   }
   function drawTimeline() {
     const p = policies[state.policy];
-    if (!p.timeline) { $('timeline-note').textContent = 'no events recorded for this policy'; return; }
+    if (!p.timeline) {
+      $('timeline-note').textContent = 'no events recorded for this policy';
+      $('host-live').hidden = true;
+      return;
+    }
     const cfg = {
       type: 'line',
       data: { datasets: timelineDatasets(p) },

@@ -710,14 +710,14 @@ void search_budget_pass(const Config& cfg, const Graph& g, int64_t budget, Backe
       }  // lo_sel's plan was simulated: the last fitting mid, or the all-selective one
     }
   }
+  // The chosen offloading plan with the fewest units offloaded that fit: the same modelled
+  // time where copies hide behind compute, less pinned memory and link traffic.
+  if (offload && best && best->plan.offloads()) record(trimmed(*best));
   // The dynamic program over the units (remat/chain_planner.h): the cheapest plan of one
   // mode per unit, exact over those plans where its model is (tests/test_profile.cpp);
   // on chains of differing units it beats the family above. Last, so that a tie keeps the
   // family's regular plan. Its plan is simulated; should the simulation exceed the budget,
   // the program runs again under the budget less the excess.
-  // The chosen offloading plan with the fewest units offloaded that fit: the same modelled
-  // time where copies hide behind compute, less pinned memory and link traffic.
-  if (offload && best && best->plan.offloads()) record(trimmed(*best));
   if (!offload) {
     const UnitChainModel model = measure_unit_chain(cfg, g, ws);
     const int longest = unit_program_longest_segment(n);

@@ -171,9 +171,8 @@ nlohmann::json profile_json(const std::vector<StepProfile>& predicted, const std
         {"step_ms",
          measured && (*measured)[i].step_ms ? nlohmann::json(*(*measured)[i].step_ms) : nlohmann::json(nullptr)},
         {"layers", layers}};
-    if (p.policy.rfind("budget:", 0) == 0)  // "budget:SIZE -> the plan found"
-      pj["budget_bytes"] = parse_size(
-          p.policy.substr(7, p.policy.find(' ') == std::string::npos ? std::string::npos : p.policy.find(' ') - 7));
+    if (p.policy.rfind("budget:", 0) == 0)  // "budget:SIZE[+offload] -> the plan found"
+      pj["budget_bytes"] = parse_size(split_offload_suffix(p.policy.substr(0, p.policy.find(' '))).base.substr(7));
     if (!shown.events.empty()) pj["timeline"] = step_timeline_json(shown);
     arr.push_back(pj);
   }
