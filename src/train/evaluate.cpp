@@ -18,11 +18,24 @@
 
 namespace remat {
 
+namespace {
+
+// The options both kinds of model share, checked, and the device evaluated on.
+Device eval_device(const EvalOptions& o) {
+  REMAT_CHECK(!o.batch || *o.batch > 0, "--batch ", o.batch.value_or(0), ": must be positive");
+  REMAT_CHECK(!o.seed || *o.seed >= 0, "--seed ", o.seed.value_or(0), ": must be 0 or more");
+  const Device dev =
+      o.device == "auto" ? (cuda_status().available ? Device::cuda(0) : Device::cpu()) : Device::parse(o.device);
+  require_available(dev);
+  if (dev.is_meta()) REMAT_THROW("cannot evaluate on meta (it holds no data)");
+  return dev;
+}
+
+}  // namespace
+
 EvalResult evaluate_lm(const EvalOptions& o) {
   using Clock = std::chrono::steady_clock;
   Config cfg = load_config(o.config);
-  REMAT_CHECK(!o.batch || *o.batch > 0, "--batch ", o.batch.value_or(0), ": must be positive");
-  REMAT_CHECK(!o.seed || *o.seed >= 0, "--seed ", o.seed.value_or(0), ": must be 0 or more");
   REMAT_CHECK(o.max_batches >= 0, "--max-batches ", o.max_batches, ": must be 0 (every window) or more");
   const int64_t batch = o.batch.value_or(cfg.training.batch);
   const uint64_t seed = o.seed ? static_cast<uint64_t>(*o.seed) : cfg.training.seed;
@@ -35,10 +48,7 @@ EvalResult evaluate_lm(const EvalOptions& o) {
   REMAT_CHECK(declared_input_type(cfg.model, kInputName) == "tokens", o.config,
               ": /model: remat eval needs a model of tokens (an input \"input\" of type \"tokens\")");
 
-  Device dev =
-      o.device == "auto" ? (cuda_status().available ? Device::cuda(0) : Device::cpu()) : Device::parse(o.device);
-  require_available(dev);
-  if (dev.is_meta()) REMAT_THROW("cannot evaluate on meta (it holds no data)");
+  const Device dev = eval_device(o);
   Backend& be = backend_for(dev);
 
   EvalResult res;
@@ -115,13 +125,8 @@ EvalResult evaluate_translation(const EvalOptions& o) {
               "\", not translation");
   REMAT_CHECK(o.data_path.empty(), "--data: a translation model reads its corpus (data.path), not token shards");
   REMAT_CHECK(o.save_logits.empty(), "--save-logits: language models only");
-  REMAT_CHECK(!o.batch || *o.batch > 0, "--batch ", o.batch.value_or(0), ": must be positive");
-  REMAT_CHECK(!o.seed || *o.seed >= 0, "--seed ", o.seed.value_or(0), ": must be 0 or more");
   REMAT_CHECK(o.max_batches >= 0, "--max-batches ", o.max_batches, ": must be 0 (every pair) or more");
-  Device dev =
-      o.device == "auto" ? (cuda_status().available ? Device::cuda(0) : Device::cpu()) : Device::parse(o.device);
-  require_available(dev);
-  if (dev.is_meta()) REMAT_THROW("cannot evaluate on meta (it holds no data)");
+  const Device dev = eval_device(o);
   Backend& be = backend_for(dev);
 
   EvalResult res;
