@@ -76,6 +76,7 @@ const std::map<std::string, std::string> kHeaders = {
     {"graph.h", "graph"},
     {"exec.h", "exec"},
     {"plan.h", "exec"},
+    {"schedule.h", "exec"},
     {"params.h", "exec"},
     {"executor.h", "exec"},
     {"optim.h", "optim"},

@@ -1,15 +1,16 @@
 // The executor: one training step or evaluation of a graph under a checkpoint plan.
 //
-// The executor walks the graph in topological order. A CheckpointPlan cuts the layers
-// into segments and marks, per layer, whether its products (output and extras) are
-// *kept* from forward to backward or *recomputed*. In forward, a recomputed product is
-// freed as soon as forward no longer needs it (at the latest at its segment's boundary);
-// in backward, before the first backward of a segment, the executor re-runs the forward
-// of the segment's recomputed layers from the kept tensors, with the RngState each layer
-// drew in forward and without side effects (batchnorm running statistics), then
-// backpropagates, freeing every tensor right after its last use. Because every op is
-// deterministic and the random draws are replayed, a checkpointed step gives bitwise the
-// losses and gradients of a plain one.
+// The executor compiles its CheckpointPlan once into a Schedule (remat/schedule.h): the
+// explicit list of forward runs, frees, offloads, recomputes, prefetches and backward runs
+// of a step, in order. A plan cuts the layers into segments and marks, per layer, whether
+// its products (output and extras) are *kept* from forward to backward or *recomputed*. In
+// forward, a recomputed product is freed as soon as forward no longer needs it (at the
+// latest at its segment's boundary); in backward, before the first backward of a segment,
+// the schedule re-runs the forward of the segment's recomputed layers from the kept
+// tensors, with the RngState each layer drew in forward and without side effects
+// (batchnorm running statistics), then backpropagates, freeing every tensor right after
+// its last use. Because every op is deterministic and the random draws are replayed, a
+// checkpointed step gives bitwise the losses and gradients of a plain one.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +26,7 @@
 #include "remat/params.h"
 #include "remat/plan.h"
 #include "remat/rng.h"
+#include "remat/schedule.h"
 
 namespace remat {
 
@@ -82,6 +84,8 @@ class Executor {
   Tensor evaluate(const Batch& batch, float* loss);
 
   const CheckpointPlan& plan() const { return plan_; }
+  // The plan compiled: what train_step and evaluate run, instruction by instruction.
+  const Schedule& schedule() const { return sched_; }
   // The pinned host pool offloaded products live in (the plan offloads: CheckpointPlan::
   // offload), made once with the executor; null where nothing is offloaded. Its stats are
   // the host tier's (allocated, peak), exact on meta as on the device.
@@ -91,18 +95,6 @@ class Executor {
   void set_on_grads_final(std::function<void(const std::vector<int>& params)> hook);
 
  private:
-  // What the plan means for one layer's products, worked out once (the constructor).
-  struct Lifetime {
-    int fwd_last = -1;                                      // last forward consumer of the output, -1 if none
-    bool read_by_backward = false;                          // some backward reads the output
-    bool read_by_recompute = false;                         // a kept output some recomputed layer reads
-    int bwd_last = 0;                                       // smallest layer id whose backward (or recompute) reads it
-    int rec_last = -1;                                      // last recomputed consumer within its segment
-    std::vector<int> free_after;                            // outputs to free after this layer's backward
-    bool keep = false, keep_extras = false, rerun = false;  // the plan's flags
-    int kept_by = -1;                                       // the nest whose advance keeps it, -1: forward
-    int segment = -1;
-  };
   // One layer's part of a step.
   struct Live {
     Tensor out;
@@ -114,24 +106,22 @@ class Executor {
     Tensor host_out;
     std::vector<Tensor> host_extras;
     std::vector<uint64_t> copies;
+    bool out_trip = false;         // the output is among the products brought back
     std::vector<uint64_t> hashes;  // --verify-recompute: the products' hashes before the trip
   };
 
   void begin_step(const Batch& batch);
   void bind_inputs(const Batch& batch);
-  void forward_pass(RngGenerator& gen, StepStats& st);
-  void release_after_forward(int j);
-  void backward_pass(StepStats& st);
+  // Runs one program of the schedule; `st` null in evaluation.
+  void run(const std::vector<Instr>& program, RngGenerator* gen, StepStats* st);
   void backward_layer(int i, StepStats& st);
   void accumulate_input_grads(const Layer& l, std::vector<Tensor>& din, const std::vector<bool>& need);
-  void rebuild_for(int layer, StepStats& st);
-  void advance_nest(int nest, StepStats& st);
-  void recompute_segment(int s, StepStats& st);
   void verify_recomputed(int i, bool extras_only);
   void forward_layer(int i, bool training, bool recompute, Phase phase, bool extras_only = false);
+  void drop_extras(int i, bool record_hash);
   void drop_output(int j, bool record_hash);
-  void plan_offload();
-  void start_offload(int j);
+  void make_host_pool();
+  void start_offload(int j, bool with_output);
   void finish_offload(int j);
   void start_prefetch(int j);
   void finish_prefetch(int j);
@@ -143,19 +133,10 @@ class Executor {
   CheckpointPlan plan_;
   ExecOptions opt_;
 
+  Schedule sched_;
   std::unique_ptr<CachingAllocator> host_pool_;  // before live_: outlives the host copies
-  PerLayer<std::vector<int>> offload_done_;      // per layer: offloads whose device products go before its forward
-  PerLayer<std::vector<int>> prefetch_;          // per layer: prefetches its backward step starts
-  PerLayer<std::vector<int>> prefetch_done_;     // per layer: prefetches its backward step waits for
-  PerLayer<Lifetime> life_;
-  PerLayer<std::vector<int>> grads_final_;  // per layer: parameters whose gradients its backward completes
+  PerLayer<std::vector<int>> grads_final_;       // per layer: the trainable ones of Schedule::grads_final
   PerLayer<Live> live_;
-  std::vector<bool> recomputed_;  // per segment, this step
-  std::vector<bool> advanced_;    // per nest, this step
-  std::vector<int> nest_path_;    // rebuild_for's scratch: the nests to advance, innermost first
-  // Per nest, aligned with Nest::advance: the last layer of the advance that reads each
-  // layer's output (-1: none).
-  std::vector<std::vector<int>> advance_last_;
   std::map<std::pair<int, int>, uint64_t> hashes_;  // (layer, product: -1 output) -> hash
 };
 

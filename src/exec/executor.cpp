@@ -17,115 +17,30 @@ uint64_t tensor_hash(const Tensor& t) {
 }
 
 Executor::Executor(const Graph& g, ParamStore& params, Backend& be, CheckpointPlan plan, ExecOptions opt)
-    : g_(g), params_(params), be_(be), plan_(std::move(plan)), opt_(opt) {
+    : g_(g), params_(params), be_(be), plan_(std::move(plan)), opt_(opt), sched_(compile_schedule(g, plan_)) {
   REMAT_CHECK(params.device() == be.device(), "executor: parameters on ", params.device().str(), " but backend ",
               be.name(), " runs on ", be.device().str());
-  REMAT_CHECK(static_cast<int>(plan_.keep.size()) == g.size() && plan_.keep_extras.size() == plan_.keep.size(),
-              "executor: plan does not match the graph");
-  const int n = g.size();
-  life_ = PerLayer<Lifetime>(n);
-  for (int i = 0; i < n; ++i) {
-    Lifetime& li = life_[i];
-    const auto k = static_cast<size_t>(i);
-    li.bwd_last = n;
-    li.keep = plan_.keep[k];
-    li.keep_extras = plan_.keep_extras[k];
-    li.rerun = plan_.rerun[k];
-    li.kept_by = plan_.kept_by.empty() ? -1 : plan_.kept_by[k];
-    li.segment = plan_.segment_of[k];
-  }
-  for (int i = 0; i < n; ++i) {
-    const Layer& l = g.layer(i);
-    for (int j : l.inputs) life_[j].fwd_last = std::max(life_[j].fwd_last, i);
-    for (int p : l.backward_inputs()) {
-      Lifetime& in = life_[l.inputs[static_cast<size_t>(p)]];
-      in.read_by_backward = true;
-      in.bwd_last = std::min(in.bwd_last, i);
-    }
-    if (l.backward_uses_output()) {
-      life_[i].read_by_backward = true;
-      life_[i].bwd_last = std::min(life_[i].bwd_last, i);
-    }
-  }
-  // A kept output read by a recomputed layer is that segment's checkpoint: it must live
-  // until the segment is recomputed, which happens just before the backward of the
-  // segment's last layer.
-  for (int i = 0; i < n; ++i) {
-    if (!life_[i].rerun) continue;
-    const int seg_last = plan_.segments[static_cast<size_t>(life_[i].segment)].end - 1;
-    for (int j : g.layer(i).inputs) {
-      if (!life_[j].keep) continue;
-      life_[j].read_by_recompute = true;
-      life_[j].bwd_last = std::min(life_[j].bwd_last, seg_last);
-    }
-  }
-  // A nest's advance runs when backward reaches the nest's last layer; what it reads from
-  // outside the advance (kept by forward or an enclosing advance) lives until then.
-  advance_last_.assign(plan_.nests.size(), {});
-  for (size_t k = 0; k < plan_.nests.size(); ++k) {
-    const Nest& m = plan_.nests[k];
-    std::vector<int>& last = advance_last_[k];
-    last.assign(m.advance.size(), -1);
-    for (int i : m.advance)
-      for (int j : g.layer(i).inputs) {
-        const auto it = std::lower_bound(m.advance.begin(), m.advance.end(), j);
-        if (it != m.advance.end() && *it == j) {
-          last[static_cast<size_t>(it - m.advance.begin())] = i;
-        } else {
-          REMAT_CHECK(life_[j].keep, "executor: nest advance of \"", g.layer(i).name, "\" reads \"", g.layer(j).name,
-                      "\", which is not kept (plan bug)");
-          life_[j].read_by_recompute = true;
-          life_[j].bwd_last = std::min(life_[j].bwd_last, m.end - 1);
-        }
-      }
-  }
-  for (int j = 0; j < n; ++j) {
-    if (g.layer(j).kind() == LayerKind::input || j == g.loss_id) continue;
-    if (life_[j].bwd_last < n) life_[life_[j].bwd_last].free_after.push_back(j);
-  }
-  // A trainable parameter's gradient is final after the backward of the first layer that
-  // uses it (backward runs in reverse graph order).
-  grads_final_ = PerLayer<std::vector<int>>(n);
-  std::vector<int> first_use(g.params.size(), n);
-  for (int i = 0; i < n; ++i)
-    for (int p : g.layer_params[static_cast<size_t>(i)])
-      first_use[static_cast<size_t>(p)] = std::min(first_use[static_cast<size_t>(p)], i);
-  for (size_t p = 0; p < first_use.size(); ++p)
-    if (first_use[p] < n && p < params.grads.size() && params.grads[p].defined())
-      grads_final_[first_use[p]].push_back(static_cast<int>(p));
-  // Within a recompute pass, the last recomputed consumer of each recomputed output.
-  for (int i = 0; i < n; ++i) {
-    if (!life_[i].rerun) continue;
-    for (int j : g.layer(i).inputs)
-      if (life_[j].segment == life_[i].segment) life_[j].rec_last = std::max(life_[j].rec_last, i);
-  }
-  if (plan_.offloads()) plan_offload();
+  const std::string wrong = check_schedule(g, sched_);
+  REMAT_CHECK(wrong.empty(), "policy \"", plan_.policy, "\" compiles to a schedule that cannot run: ", wrong,
+              " (plan bug)");
+  // The parameters whose gradients are final after each layer's backward, of those this
+  // step trains (a frozen parameter has no gradient).
+  grads_final_ = PerLayer<std::vector<int>>(g.size());
+  for (int i = 0; i < g.size(); ++i)
+    for (int p : sched_.grads_final[static_cast<size_t>(i)])
+      if (static_cast<size_t>(p) < params.grads.size() && params.grads[static_cast<size_t>(p)].defined())
+        grads_final_[i].push_back(p);
+  if (plan_.offloads()) make_host_pool();
 }
 
-// Offload: when each offloaded product's device copy goes (after the forward of its last
-// forward reader, and not before that of the next layer, so that its copy-out overlaps at
-// least one layer's compute), and when backward brings it back; the host pool, sized by
-// the outputs.
-void Executor::plan_offload() {
+// Offload: the host pool, sized by the offloaded outputs, made once.
+void Executor::make_host_pool() {
   const std::string why = be_.offload_unsupported();
   REMAT_CHECK(why.empty(), "policy \"", plan_.policy, "\" offloads activations to host memory, which ", be_.name(),
               " cannot do: ", why, " (offload needs a GPU: --device cuda, or cuda-emu to try it)");
-  const int n = g_.size();
-  REMAT_CHECK(static_cast<int>(plan_.offload.size()) == n && static_cast<int>(plan_.prefetch_at.size()) == n &&
-                  static_cast<int>(plan_.need_at.size()) == n,
-              "executor: offload flags do not match the graph");
-  offload_done_ = PerLayer<std::vector<int>>(n + 1);  // [n]: when forward ends
-  prefetch_ = PerLayer<std::vector<int>>(n);
-  prefetch_done_ = PerLayer<std::vector<int>>(n);
   size_t estimate = 0;
-  for (int j = 0; j < n; ++j) {
+  for (int j = 0; j < g_.size(); ++j) {
     if (!plan_.offload[static_cast<size_t>(j)]) continue;
-    const int need = plan_.need_at[static_cast<size_t>(j)], at = plan_.prefetch_at[static_cast<size_t>(j)];
-    REMAT_CHECK(life_[j].keep && life_[j].kept_by < 0 && need >= j && at >= need && at < n, "executor: offload of \"",
-                g_.layer(j).name, "\" is not planned consistently (plan bug)");
-    offload_done_[std::min(n, std::max(life_[j].fwd_last, j + 1) + 1)].push_back(j);
-    prefetch_[at].push_back(j);
-    prefetch_done_[need].push_back(j);
     const Layer& l = g_.layer(j);
     estimate += CachingAllocator::round_size(static_cast<size_t>(l.out_shape.numel()) * dtype_size(l.out_dtype));
   }
@@ -135,8 +50,9 @@ void Executor::plan_offload() {
 }
 
 // The products a layer keeps go to the host pool, on the copy stream, from the end of its
-// forward; the device copies stay until finish_offload.
-void Executor::start_offload(int j) {
+// forward (the output only where it outlives forward: `with_output`); the device copies
+// stay until finish_offload.
+void Executor::start_offload(int j, bool with_output) {
   Live& L = live_[j];
   const AllocTag tag{MemoryCategory::activation, g_.layer(j).name, Phase::forward};
   auto copy_out = [&](const Tensor& t) {
@@ -145,7 +61,7 @@ void Executor::start_offload(int j) {
     L.copies.push_back(be_.copy_async(h, t));
     return h;
   };
-  L.host_out = copy_out(L.out);
+  if (with_output) L.host_out = copy_out(L.out);
   for (const Tensor& e : L.extras) L.host_extras.push_back(copy_out(e));
 }
 
@@ -155,7 +71,7 @@ void Executor::finish_offload(int j) {
   Live& L = live_[j];
   for (uint64_t t : L.copies) be_.wait_copy(t);
   L.copies.clear();
-  L.out = Tensor();
+  if (L.host_out.defined()) L.out = Tensor();
   L.extras.clear();
 }
 
@@ -170,7 +86,8 @@ void Executor::start_prefetch(int j) {
     h = Tensor();
     return d;
   };
-  L.out = copy_in(L.host_out);
+  L.out_trip = L.host_out.defined();
+  if (L.out_trip) L.out = copy_in(L.host_out);
   for (Tensor& h : L.host_extras) L.extras.push_back(copy_in(h));
   L.host_extras.clear();
 }
@@ -181,12 +98,12 @@ void Executor::finish_prefetch(int j) {
   for (uint64_t t : L.copies) be_.wait_copy(t);
   L.copies.clear();
   if (!opt_.verify_recompute) return;
-  std::vector<const Tensor*> products{&L.out};
-  for (const Tensor& e : L.extras) products.push_back(&e);
+  std::vector<std::pair<const Tensor*, std::string>> products;
+  if (L.out_trip) products.emplace_back(&L.out, "its output");
+  for (size_t k = 0; k < L.extras.size(); ++k) products.emplace_back(&L.extras[k], "extra " + std::to_string(k));
   for (size_t k = 0; k < products.size() && k < L.hashes.size(); ++k)
-    REMAT_CHECK(tensor_hash(*products[k]) == L.hashes[k], "verify-recompute: layer \"", g_.layer(j).name,
-                "\": ", k == 0 ? std::string("its output") : "extra " + std::to_string(k - 1),
-                " differs after its round trip through host memory (offload)");
+    REMAT_CHECK(tensor_hash(*products[k].first) == L.hashes[k], "verify-recompute: layer \"", g_.layer(j).name,
+                "\": ", products[k].second, " differs after its round trip through host memory (offload)");
   L.hashes.clear();
 }
 
@@ -208,8 +125,18 @@ void Executor::forward_layer(int i, bool training, bool recompute, Phase phase, 
   if (opt_.on_layer) opt_.on_layer(i, phase, true);
   l.forward(c);
   if (opt_.on_layer) opt_.on_layer(i, phase, false);
+  // The schedule frees extras only where a layer names them (Layer::extra_names).
+  REMAT_CHECK(c.extras.size() <= l.extra_names().size(), "layer \"", l.name, "\" (", l.type, ") made ", c.extras.size(),
+              " extras but names ", l.extra_names().size(), " (layer bug)");
   if (!extras_only) live_[i].out = c.out;  // else the kept output stays
   live_[i].extras = c.extras;
+}
+
+void Executor::drop_extras(int i, bool record_hash) {
+  std::vector<Tensor>& extras = live_[i].extras;
+  if (record_hash && opt_.verify_recompute)
+    for (size_t k = 0; k < extras.size(); ++k) hashes_[{i, static_cast<int>(k)}] = tensor_hash(extras[k]);
+  extras.clear();
 }
 
 void Executor::drop_output(int j, bool record_hash) {
@@ -218,14 +145,14 @@ void Executor::drop_output(int j, bool record_hash) {
   t = Tensor();
 }
 
-// ---- one training step: forward, then backward with recompute ----------------------------------
+// ---- one training step: the schedule's forward, then its backward --------------------------------
 
 StepStats Executor::train_step(const Batch& batch, RngGenerator& gen) {
   ActivationDTypeScope precision(params_.precision());  // bf16 activations under training.precision bf16
   StepStats st;
   begin_step(batch);
   gen.clear_reservations();  // keep only this step's record
-  forward_pass(gen, st);
+  run(sched_.forward, &gen, &st);
   const Tensor& loss = live_[g_.loss_id].out;
   if (loss.device().is_meta())
     st.loss = 0.0f;
@@ -233,7 +160,7 @@ StepStats Executor::train_step(const Batch& batch, RngGenerator& gen) {
     st.loss = loss.to_vector()[0];
   else
     st.loss = NAN, st.loss_value = loss;
-  backward_pass(st);
+  run(sched_.backward, &gen, &st);
   end_step();
   return st;
 }
@@ -241,8 +168,6 @@ StepStats Executor::train_step(const Batch& batch, RngGenerator& gen) {
 void Executor::begin_step(const Batch& batch) {
   params_.refresh_working(be_);
   live_ = PerLayer<Live>(g_.size());
-  recomputed_.assign(plan_.segments.size(), false);
-  advanced_.assign(plan_.nests.size(), false);
   hashes_.clear();
   bind_inputs(batch);
 }
@@ -267,54 +192,37 @@ void Executor::end_step() {
   for (int i = 0; i < g_.size(); ++i) live_[i].extras.clear();
 }
 
-void Executor::forward_pass(RngGenerator& gen, StepStats& st) {
-  for (int i = 0; i < g_.size(); ++i) {
+// The interpreter: each instruction as remat/schedule.h defines it.
+void Executor::run(const std::vector<Instr>& program, RngGenerator* gen, StepStats* st) {
+  for (const Instr& x : program) {
+    const int i = x.layer;
     const Layer& l = g_.layer(i);
-    if (host_pool_)
-      for (int j : offload_done_[i]) finish_offload(j);  // after the forward of layer i - 1
-    if (l.kind() == LayerKind::input) continue;
-    if (const uint64_t words = l.rng_words()) live_[i].rng = gen.reserve(words, l.name);
-    forward_layer(i, /*training=*/true, /*recompute=*/false, Phase::forward);
-    st.forward_flops += l.forward_flops();
-    if (!life_[i].keep_extras || life_[i].kept_by >= 0) {  // read only by this layer's backward, after recompute
-      std::vector<Tensor>& extras = live_[i].extras;
-      if (opt_.verify_recompute)
-        for (size_t k = 0; k < extras.size(); ++k) hashes_[{i, static_cast<int>(k)}] = tensor_hash(extras[k]);
-      extras.clear();
+    switch (x.op) {
+      case Step::forward:
+        if (x.flag)
+          if (const uint64_t words = l.rng_words()) live_[i].rng = gen->reserve(words, l.name);
+        forward_layer(i, /*training=*/x.flag, /*recompute=*/false, Phase::forward);
+        if (st) st->forward_flops += l.forward_flops();
+        break;
+      case Step::recompute:
+        forward_layer(i, /*training=*/true, /*recompute=*/true, Phase::recompute, /*extras_only=*/x.flag);
+        st->recomputed_layers++;
+        st->recompute_flops += x.flag ? l.extras_flops() : l.forward_flops();
+        if (opt_.verify_recompute) verify_recomputed(i, x.flag);
+        break;
+      case Step::backward:
+        if (i == g_.loss_id || live_[i].dout.defined()) backward_layer(i, *st);
+        break;
+      case Step::drop_extras: drop_extras(i, x.flag); break;
+      case Step::free: drop_output(i, x.flag); break;
+      case Step::offload: start_offload(i, x.flag); break;
+      case Step::offload_wait: finish_offload(i); break;
+      case Step::prefetch: start_prefetch(i); break;
+      case Step::prefetch_wait: finish_prefetch(i); break;
+      case Step::grads_final:
+        if (opt_.on_grads_final && !grads_final_[i].empty()) opt_.on_grads_final(grads_final_[i]);
+        break;
     }
-    if (host_pool_ && plan_.offload[static_cast<size_t>(i)]) start_offload(i);
-    for (int j : l.inputs)
-      if (life_[j].fwd_last == i) release_after_forward(j);
-    if (life_[i].fwd_last < 0) release_after_forward(i);
-  }
-  if (host_pool_)
-    for (int j : offload_done_[g_.size()]) finish_offload(j);
-}
-
-// An output whose forward life ended: kept only if backward (or a recompute) reads it and
-// the plan keeps it; freed otherwise (recompute rebuilds what backward needs).
-void Executor::release_after_forward(int j) {
-  if (g_.layer(j).kind() == LayerKind::input || j == g_.loss_id) return;
-  const Lifetime& lj = life_[j];
-  if (lj.keep && lj.kept_by < 0 && (lj.read_by_backward || lj.read_by_recompute)) return;
-  drop_output(j, lj.read_by_backward || lj.kept_by >= 0);
-}
-
-void Executor::backward_pass(StepStats& st) {
-  for (int i = g_.size() - 1; i >= 0; --i) {
-    const Layer& l = g_.layer(i);
-    if (host_pool_) {
-      for (int j : prefetch_[i]) start_prefetch(j);
-      for (int j : prefetch_done_[i]) finish_prefetch(j);
-    }
-    if (l.kind() == LayerKind::input) continue;
-    rebuild_for(i, st);
-    if (i == g_.loss_id || live_[i].dout.defined()) backward_layer(i, st);
-    live_[i].extras.clear();
-    // Free every output whose last reader (backward or recompute) was this step.
-    for (int j : life_[i].free_after) live_[j].out = Tensor();
-    if (i == g_.loss_id) live_[i].out = Tensor();
-    if (opt_.on_grads_final && !grads_final_[i].empty()) opt_.on_grads_final(grads_final_[i]);
   }
 }
 
@@ -371,67 +279,6 @@ void Executor::accumulate_input_grads(const Layer& l, std::vector<Tensor>& din, 
   }
 }
 
-// Before the backward of layer i: the advances of the nests that hold it, outermost
-// first, then the recompute of its segment, each once a step.
-void Executor::rebuild_for(int i, StepStats& st) {
-  const int s = life_[i].segment;
-  if (!plan_.nests.empty()) {
-    // The nests not yet advanced hold this one's parent chain up to the first advanced one.
-    nest_path_.clear();
-    for (int k = plan_.nest_of[static_cast<size_t>(s)]; k >= 0 && !advanced_[static_cast<size_t>(k)];
-         k = plan_.nests[static_cast<size_t>(k)].parent)
-      nest_path_.push_back(k);
-    for (auto it = nest_path_.rbegin(); it != nest_path_.rend(); ++it) advance_nest(*it, st);
-  }
-  if (plan_.segments[static_cast<size_t>(s)].recompute && !recomputed_[static_cast<size_t>(s)])
-    recompute_segment(s, st);
-}
-
-// A nest's advance: forward over its children but the last, keeping only the
-// checkpoints the plan gives it (their extras too where the plan keeps them); every other
-// product is freed after its last reader in the advance.
-void Executor::advance_nest(int k, StepStats& st) {
-  const Nest& m = plan_.nests[static_cast<size_t>(k)];
-  advanced_[static_cast<size_t>(k)] = true;
-  const std::vector<int>& last = advance_last_[static_cast<size_t>(k)];
-  for (size_t a = 0; a < m.advance.size(); ++a) {
-    const int i = m.advance[a];
-    const Layer& l = g_.layer(i);
-    forward_layer(i, /*training=*/true, /*recompute=*/true, Phase::recompute);
-    st.recomputed_layers++;
-    st.recompute_flops += l.forward_flops();
-    if (opt_.verify_recompute) verify_recomputed(i, false);
-    const bool kept_here = life_[i].kept_by == k && life_[i].keep;
-    if (!(kept_here && life_[i].keep_extras)) live_[i].extras.clear();
-    for (int j : l.inputs) {
-      const auto it = std::lower_bound(m.advance.begin(), m.advance.end(), j);
-      if (it == m.advance.end() || *it != j) continue;
-      if (last[static_cast<size_t>(it - m.advance.begin())] == i && life_[j].kept_by != k) live_[j].out = Tensor();
-    }
-    if (!kept_here && last[a] < 0) live_[i].out = Tensor();
-  }
-}
-
-void Executor::recompute_segment(int s, StepStats& st) {
-  const Segment& seg = plan_.segments[static_cast<size_t>(s)];
-  recomputed_[static_cast<size_t>(s)] = true;
-  for (int i = seg.begin; i < seg.end; ++i) {
-    if (!life_[i].rerun) continue;
-    const Layer& l = g_.layer(i);
-    // A layer whose output is kept is re-run for its extras only.
-    const bool extras_only = life_[i].keep;
-    forward_layer(i, /*training=*/true, /*recompute=*/true, Phase::recompute, extras_only);
-    st.recomputed_layers++;
-    st.recompute_flops += extras_only ? l.extras_flops() : l.forward_flops();
-    if (opt_.verify_recompute) verify_recomputed(i, extras_only);
-    // Recomputed outputs that backward does not read are dropped after their last
-    // recomputed consumer.
-    for (int j : l.inputs)
-      if (life_[j].rec_last == i && !life_[j].keep && !life_[j].read_by_backward) live_[j].out = Tensor();
-    if (!extras_only && life_[i].rec_last < 0 && !life_[i].read_by_backward) live_[i].out = Tensor();
-  }
-}
-
 // --verify-recompute: what a re-run produced must hash as what forward produced.
 void Executor::verify_recomputed(int i, bool extras_only) {
   const Layer& l = g_.layer(i);
@@ -463,15 +310,7 @@ Tensor Executor::evaluate(const Batch& batch, float* loss) {
   params_.refresh_working(be_);
   live_ = PerLayer<Live>(g_.size());
   bind_inputs(batch);
-  for (int i = 0; i < g_.size(); ++i) {
-    const Layer& l = g_.layer(i);
-    if (l.kind() == LayerKind::input) continue;
-    forward_layer(i, /*training=*/false, /*recompute=*/false, Phase::forward);
-    live_[i].extras.clear();
-    for (int j : l.inputs)
-      if (life_[j].fwd_last == i && j != g_.logits_id && g_.layer(j).kind() != LayerKind::input)
-        live_[j].out = Tensor();
-  }
+  run(sched_.evaluate, nullptr, nullptr);
   Tensor logits = live_[g_.logits_id].out;
   if (loss) *loss = logits.device().is_meta() ? 0.0f : live_[g_.loss_id].out.to_vector()[0];
   for (int i = 0; i < g_.size(); ++i) live_[i].out = Tensor();

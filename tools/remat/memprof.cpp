@@ -13,6 +13,7 @@
 #include "remat/error.h"
 #include "remat/io.h"
 #include "remat/profile.h"
+#include "remat/schedule.h"
 
 namespace remat::cli {
 
@@ -97,7 +98,7 @@ struct MemprofOptions {
   std::optional<int64_t> batch, micro_batch;  // unset: the config's
   int64_t seq = 0;                            // 0: the config's
   int ranks = 1;
-  bool layers = false, shard_optimizer = false;
+  bool layers = false, schedule = false, shard_optimizer = false;
 };
 
 void add_memprof_options(CLI::App* cmd, MemprofOptions& o) {
@@ -127,6 +128,9 @@ void add_memprof_options(CLI::App* cmd, MemprofOptions& o) {
   cmd->add_option("--html", o.html,
                   "Write a self-contained interactive page: timeline, live tensors, policies, Pareto front, layers");
   cmd->add_flag("--layers", o.layers, "Print the per-layer table of each policy");
+  cmd->add_flag("--schedule", o.schedule,
+                "Print each policy's schedule: the forward runs, frees, offloads, recomputes, prefetches and "
+                "backward runs of a step, in the order the executor runs them");
 }
 
 // Every output file's folder exists and is writable, and --html has Chart.js, before the
@@ -224,6 +228,11 @@ int run_memprof(const MemprofOptions& o) {
         "statistics\n");
   if (o.layers)
     for (const auto& p : dev.is_meta() ? pr.predicted : pr.measured) std::printf("\n%s", layer_table(p).c_str());
+  if (o.schedule) {
+    Backend* ws = dev.is_meta() ? nullptr : &backend_for(dev);
+    for (const std::string& pol : split_policies(o.policies))
+      std::printf("\n%s", compile_schedule(g, resolve_policy(cfg, g, pol, ws)).listing(g).c_str());
+  }
   write_memprof_files(o, cfg, g, dev, pr);
   if (!dev.is_meta())
     for (size_t i = 0; i < pr.predicted.size(); ++i)
