@@ -25,6 +25,7 @@
 #include "remat/optim.h"
 #include "remat/profile.h"
 #include "remat/train.h"
+#include "support/expect_error.h"
 #include "support/golden.h"
 #include "support/models.h"
 #if defined(REMAT_TEST_EMU)
@@ -438,6 +439,28 @@ TEST(DeviceExec, EmulatedCopyStreamCopiesOnlyWhenWaitedFor) {
   be.wait_copy(in);
   EXPECT_EQ(back.to_vector(), (std::vector<float>{9.0f, 9.0f, 9.0f, 9.0f}));
   EXPECT_THROW(be.wait_copy(in), remat::Error) << "a ticket is waited for once";
+}
+
+// A copy whose device tensor is freed before compute waits for it fails at the wait, on
+// the emulator as on a GPU: the allocator could have handed the block to a kernel while
+// the copy stream read or wrote it.
+TEST(DeviceExec, CopyWhoseDeviceTensorWentBeforeTheWaitFails) {
+  remat::Backend& be = remat::backend_for(dut());
+  remat::CachingAllocator pool(Device::cpu(), be.make_pinned_allocator(1 << 20));
+  const remat::AllocTag tag{remat::MemoryCategory::activation, "test", remat::Phase::forward};
+  Tensor host = Tensor::empty_in(pool, remat::Shape{4}, remat::DType::f32, tag);
+  Tensor dev = Tensor::from_vector({1.0f, 2.0f, 3.0f, 4.0f}, remat::Shape{4}, dut());
+  const uint64_t out = be.copy_async(host, dev);
+  dev = Tensor();
+  EXPECT_REMAT_ERROR(be.wait_copy(out),
+                     "offload copy " + std::to_string(out) +
+                         ": the device tensor it reads was freed before compute waited for the copy");
+  Tensor back = Tensor::zeros(remat::Shape{4}, dut());
+  const uint64_t in = be.copy_async(back, host);
+  host = Tensor();  // the host side may go at once: only the copy stream touches the pool
+  back = Tensor();
+  EXPECT_REMAT_ERROR(be.wait_copy(in),
+                     "offload copy " + std::to_string(in) + ": the device tensor it writes was freed");
 }
 
 // The cuda-emu device's tensors live in the emulator's device memory, which host code

@@ -110,6 +110,8 @@ class Tensor {
   }
   long storage_use_count() const { return storage_.use_count(); }
   const Storage* storage() const { return storage_.get(); }
+  // A handle that tells whether the storage is still held (a pending copy's check).
+  std::weak_ptr<const Storage> storage_ref() const { return storage_; }
 
   std::string str() const;  // "f32[2, 3] on cpu"
 

@@ -129,7 +129,7 @@ CudaBackend::CudaBackend(Device device) : device_(device) {
 CudaBackend::~CudaBackend() {
   activate();
   if (copy_stream_) cudaStreamDestroy(copy_stream_);  // completes its copies first
-  for (auto& [ticket, e] : copies_) cudaEventDestroy(e);
+  for (auto& [ticket, c] : copies_) cudaEventDestroy(c.done);
   for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
   if (start_) cudaEventDestroy(start_);
   if (stop_) cudaEventDestroy(stop_);

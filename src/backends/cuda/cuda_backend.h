@@ -123,7 +123,14 @@ class CudaBackend : public Backend, public BackendTuning {
   // Offload's copy stream and events, made on first use; a ticket's event until waited for.
   cudaStream_t copy_stream_ = nullptr;
   std::vector<cudaEvent_t> spare_events_;
-  std::map<uint64_t, cudaEvent_t> copies_;
+  // A pending copy: its event, and the device tensor it reads (copy-out) or writes
+  // (copy-in), which must stay held until the copy is waited for.
+  struct PendingCopy {
+    cudaEvent_t done = nullptr;
+    std::weak_ptr<const Storage> device_side;
+    bool out = false;
+  };
+  std::map<uint64_t, PendingCopy> copies_;
   uint64_t next_ticket_ = 0;
   cudaEvent_t take_event();
   // For time_ms and flush_caches, made on first use.

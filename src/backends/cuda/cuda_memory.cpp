@@ -112,16 +112,23 @@ uint64_t CudaBackend::copy_async(const Tensor& dst, const Tensor& src) {
                                    in ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, copy_stream_));
   cudaEvent_t done = take_event();
   REMAT_CUDA_CHECK(cudaEventRecord(done, copy_stream_));
-  copies_[++next_ticket_] = done;
+  copies_[++next_ticket_] = PendingCopy{done, (in ? dst : src).storage_ref(), out};
   return next_ticket_;
 }
 
 void CudaBackend::wait_copy(uint64_t ticket) {
   auto it = copies_.find(ticket);
   REMAT_CHECK(it != copies_.end(), "offload: copy ", ticket, " is not pending (waited for twice?)");
+  // Until compute waits for the copy, the caching allocator may hand a freed device block
+  // to the next kernel while the copy stream still reads (or writes) it.
+  const PendingCopy& c = it->second;
+  REMAT_CHECK(!c.device_side.expired(), "offload copy ", ticket, ": the device tensor it ",
+              (c.out ? "reads" : "writes"),
+              " was freed before compute waited for the copy; the allocator could hand its block to a kernel while "
+              "the copy stream still uses it (executor bug)");
   activate();
-  REMAT_CUDA_CHECK(cudaStreamWaitEvent(stream_, it->second, 0));
-  spare_events_.push_back(it->second);
+  REMAT_CUDA_CHECK(cudaStreamWaitEvent(stream_, c.done, 0));
+  spare_events_.push_back(c.done);
   copies_.erase(it);
 }
 
