@@ -1,13 +1,17 @@
 // remat train's evaluation: accuracy counts the rows the loss counts, i.e. it skips the
-// targets equal to the model's loss.ignore_index (not always -100).
+// targets equal to the model's loss.ignore_index (not always -100); remat eval of an image
+// run agrees with it.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "remat/config.h"
 #include "remat/data.h"
+#include "remat/evaluate.h"
 #include "remat/io.h"
 #include "remat/train.h"
+#include "support/expect_error.h"
 
 namespace fs = std::filesystem;
 using remat::Device;
@@ -62,5 +66,49 @@ TEST(Eval, AccuracySkipsTheTargetsTheLossIgnores) {
   const double with_all_rows = static_cast<double>(correct_all) / static_cast<double>(rows);
   ASSERT_NE(want, with_all_rows) << "ignoring the targets makes no difference here: the test would not tell";
   EXPECT_DOUBLE_EQ(r.eval_accuracy, want);
+  fs::remove_all(dir);
+}
+
+// `remat eval RUN` of an image classifier: the whole evaluation set in batches of 7 and a
+// tail batch of the rest gives the loss and accuracy the trainer's own evaluation (one batch
+// of all 64 images) gives; --max-batches stops early; --split is refused, and --data (token
+// shards) wants a model of tokens.
+TEST(Eval, ImageRunScoresItsEvaluationSetAsTheTrainerDoes) {
+  const std::string cfg_path = std::string(REMAT_SOURCE_DIR) + "/tests/configs/fashion_cnn_tiny.json";
+  const fs::path dir = fs::temp_directory_path() / ("remat_eval_images_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  remat::TrainOptions o;
+  o.config = cfg_path;
+  o.steps = 6;
+  o.device = "cpu";
+  o.out = dir.string();
+  o.quiet = true;
+  const remat::TrainResult r = remat::train(o);
+  ASSERT_GE(r.eval_accuracy, 0.0);
+
+  remat::EvalOptions e;
+  e.config = dir.string();
+  e.device = "cpu";
+  e.batch = 7;
+  e.quiet = true;
+  const remat::EvalResult res = remat::evaluate(e);
+  EXPECT_EQ(res.windows, 64);
+  EXPECT_EQ(res.batches, 10);  // 9 of 7, then 1
+  EXPECT_EQ(res.tokens, 0);
+  ASSERT_TRUE(res.accuracy.has_value());
+  EXPECT_EQ(*res.accuracy, r.eval_accuracy);
+  EXPECT_NEAR(res.loss, r.eval_loss, 1e-5 * std::abs(r.eval_loss));
+  EXPECT_TRUE(std::isnan(res.perplexity));
+  EXPECT_EQ(res.init.path, dir.string());
+
+  e.max_batches = 2;
+  EXPECT_EQ(remat::evaluate(e).windows, 14);
+  e.max_batches = 0;
+  e.split = "valid";
+  EXPECT_REMAT_ERROR(remat::evaluate(e),
+                     "--split valid: a model of data.dataset \"synthetic_images\" evaluates one set");
+  e.split.reset();
+  e.data_path = dir.string();
+  EXPECT_REMAT_ERROR(remat::evaluate(e), "remat eval needs a model of tokens");  // --data: token shards
   fs::remove_all(dir);
 }

@@ -1,6 +1,8 @@
 // `remat eval`: the loss and perplexity of a language model on token shards, for
 // comparing a fine-tuned model with the one it started from; for a translation model, its
-// loss on a corpus split and the BLEU of its greedy translations.
+// loss on a corpus split and the BLEU of its greedy translations; for any other model (an
+// image classifier, a character-level model on its text), its loss and accuracy on the
+// whole evaluation set of its config's data.
 #pragma once
 
 #include <cstdint>
@@ -18,17 +20,18 @@ struct EvalOptions {
   bool init_from_partial = false;
   std::string data_path;  // token shards: a file, folder or glob; "" = the config's data.path
   std::string device = "auto";
-  std::optional<int64_t> batch;  // > 0; unset: the config's training.batch
-  std::optional<int64_t> seed;   // >= 0; unset: the config's training.seed
-  int64_t max_batches = 0;       // 0 = every window (translation: every pair of the split)
-  std::string split = "test";    // translation: the corpus split (train | valid | test)
-  std::string save_logits;       // a safetensors file for the first batch's input_ids, targets and logits
+  std::optional<int64_t> batch;      // > 0; unset: the config's training.batch
+  std::optional<int64_t> seed;       // >= 0; unset: the config's training.seed
+  int64_t max_batches = 0;           // 0 = every window (translation: every pair of the split)
+  std::optional<std::string> split;  // translation: the corpus split (train | valid | test); unset: test
+  std::string save_logits;           // a safetensors file for the first batch's input_ids, targets and logits
   bool quiet = false;
 };
 
 struct EvalResult {
-  double loss = 0;        // mean cross-entropy per target token, over every window evaluated
-  double perplexity = 0;  // exp(loss)
+  double loss = 0;                 // mean cross-entropy per target token, over every window evaluated
+  double perplexity = 0;           // exp(loss); NaN for a model of images
+  std::optional<double> accuracy;  // evaluate_dataset: the share of targets whose logit is the largest
   int64_t windows = 0, tokens = 0, batches = 0;
   std::string data;     // the files evaluated
   InitFromReport init;  // empty path when there was no --init-from
@@ -41,9 +44,14 @@ struct EvalResult {
 EvalResult evaluate_lm(const EvalOptions& opt);
 // An encoder-decoder on a split of its translation corpus (data.dataset "translation").
 EvalResult evaluate_translation(const EvalOptions& opt);
+// Any other model on the whole evaluation set of its config's data (images: their test
+// set; text: its evaluation windows), in batches of --batch and one batch for the rest:
+// loss (per image, or per target token of text) and accuracy (the targets its loss does not
+// ignore). windows counts the samples.
+EvalResult evaluate_dataset(const EvalOptions& opt);
 // `remat eval`: a run folder's config and weights when `config` is a folder (its weights
-// unless --init-from says otherwise), then by the config's data set: evaluate_translation
-// or evaluate_lm.
+// unless --init-from says otherwise), then by the config's data set: evaluate_translation,
+// evaluate_lm (token shards, or --data), or evaluate_dataset.
 EvalResult evaluate(EvalOptions opt);
 
 }  // namespace remat

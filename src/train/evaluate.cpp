@@ -1,6 +1,8 @@
 // `remat eval`: a language model's loss and perplexity on token shards. Windows of
 // seq_len tokens (stride seq_len, as in training) are taken in file order; each target
-// token counts once, so the loss is the mean over every target of the windows.
+// token counts once, so the loss is the mean over every target of the windows. A
+// translation model's loss and BLEU on a corpus split; any other model's loss and
+// accuracy on its evaluation set.
 #include "remat/evaluate.h"
 
 #include <algorithm>
@@ -8,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 
 #include "remat/error.h"
 #include "remat/executor.h"
@@ -15,6 +18,7 @@
 #include "remat/token_shards.h"
 #include "remat/translate.h"
 #include "remat/translation.h"
+#include "train/run_data.h"
 
 namespace remat {
 
@@ -31,12 +35,19 @@ Device eval_device(const EvalOptions& o) {
   return dev;
 }
 
+// --split names a split of a translation corpus; other models have one evaluation set.
+void refuse_split(const EvalOptions& o, const char* what) {
+  REMAT_CHECK(!o.split, "--split ", o.split.value_or(""), ": ", what,
+              " evaluates one set; --split chooses among a translation corpus's splits");
+}
+
 }  // namespace
 
 EvalResult evaluate_lm(const EvalOptions& o) {
   using Clock = std::chrono::steady_clock;
   Config cfg = load_config(o.config);
   REMAT_CHECK(o.max_batches >= 0, "--max-batches ", o.max_batches, ": must be 0 (every window) or more");
+  refuse_split(o, "a language model on token shards");
   const int64_t batch = o.batch.value_or(cfg.training.batch);
   const uint64_t seed = o.seed ? static_cast<uint64_t>(*o.seed) : cfg.training.seed;
   const bool shards_config = cfg.data.dataset == "token_shards";
@@ -143,8 +154,9 @@ EvalResult evaluate_translation(const EvalOptions& o) {
   const int64_t S = g.layer(g.require_input(kSourceName, "remat eval")).out_shape[1];
   const int64_t T = g.layer(g.require_input(kTargetInName, "remat eval")).out_shape[1];
   data.fit(S, T);
-  const TranslationSplit& split = data.split(o.split);
-  REMAT_CHECK(split.size() > 0, res.data, ": no ", o.split, " pair fits the model's ", S, " source and ", T,
+  const std::string split_name = o.split.value_or("test");
+  const TranslationSplit& split = data.split(split_name);
+  REMAT_CHECK(split.size() > 0, res.data, ": no ", split_name, " pair fits the model's ", S, " source and ", T,
               " target pieces");
   int64_t n = split.size();
   if (o.max_batches > 0) n = std::min(n, o.max_batches * batch);
@@ -159,7 +171,7 @@ EvalResult evaluate_translation(const EvalOptions& o) {
   }
   if (!o.quiet) {
     std::printf("eval: %lld pairs of the %s split of %s on %s, batch %lld\n", static_cast<long long>(n),
-                o.split.c_str(), res.data.c_str(), dev.str().c_str(), static_cast<long long>(batch));
+                split_name.c_str(), res.data.c_str(), dev.str().c_str(), static_cast<long long>(batch));
     std::fflush(stdout);
   }
   const Clock::time_point t0 = Clock::now();
@@ -208,6 +220,96 @@ EvalResult evaluate_translation(const EvalOptions& o) {
   return res;
 }
 
+EvalResult evaluate_dataset(const EvalOptions& o) {
+  using Clock = std::chrono::steady_clock;
+  Config cfg = load_config(o.config);
+  REMAT_CHECK(cfg.data.dataset != "translation" && cfg.data.dataset != "token_shards", o.config, ": data.dataset \"",
+              cfg.data.dataset, "\" is evaluated by remat eval's own path for it");
+  REMAT_CHECK(o.data_path.empty(), "--data: token shards, for a language model; ", o.config, " reads data.dataset \"",
+              cfg.data.dataset, "\" and is evaluated on its evaluation set");
+  REMAT_CHECK(o.save_logits.empty(), "--save-logits: language models on token shards only");
+  REMAT_CHECK(o.max_batches >= 0, "--max-batches ", o.max_batches, ": must be 0 (the whole set) or more");
+  refuse_split(o, std::string("a model of data.dataset \"" + cfg.data.dataset + "\"").c_str());
+  const Device dev = eval_device(o);
+  Backend& be = backend_for(dev);
+  const int64_t batch = o.batch.value_or(cfg.training.batch);
+  const uint64_t seed = o.seed ? static_cast<uint64_t>(*o.seed) : cfg.training.seed;
+
+  EvalResult res;
+  RunData data = load_run_data(cfg, cfg.model);
+  std::map<std::string, int64_t> vars;
+  if (data.text) vars["vocab"] = data.train_text.vocab_size();
+  Graph g = build_graph(cfg.model, batch, cfg.source, vars);
+  fit_data_to_model(data, g, cfg);  // the data against the model, named before any batch
+  ParamStore params(g, dev, seed, /*initialise=*/o.init_from.empty());
+  if (!o.init_from.empty()) {
+    res.init = init_from(o.init_from, cfg, params, o.init_from_partial);
+    if (!o.quiet) std::printf("%s\n", res.init.describe().c_str());
+  }
+  const std::optional<int> ignore = g.layer(g.loss_id).ignore_index();
+  int64_t n = data.eval_size();
+  REMAT_CHECK(n > 0, o.config, ": the evaluation set of data.dataset \"", cfg.data.dataset, "\" is empty");
+  if (o.max_batches > 0) n = std::min(n, o.max_batches * batch);
+  const int64_t full = n / batch, rest = n % batch;
+  const char* unit = data.text ? "windows" : "images";
+  res.data = cfg.data.dataset + (cfg.data.path.empty() ? std::string() : " (" + cfg.data.path + ")");
+  if (!o.quiet) {
+    std::printf("remat eval %s: the evaluation set of %s on %s, %lld %s in batches of %lld\n", o.config.c_str(),
+                res.data.c_str(), dev.str().c_str(), static_cast<long long>(n), unit, static_cast<long long>(batch));
+    std::fflush(stdout);
+  }
+
+  const Clock::time_point t0 = Clock::now();
+  ActivationDTypeScope precision(params.precision());  // accuracy reads the logits in the run's precision
+  double loss_sum = 0;                                 // per sample
+  int64_t done = 0, correct = 0, counted = 0;
+  auto run = [&](const Graph& graph, int64_t count, int64_t b) {
+    Executor ex(graph, params, be, make_plan(graph, "none"));
+    for (int64_t k = 0; k < count; ++k) {
+      std::vector<int64_t> idx;
+      for (int64_t i = 0; i < b; ++i) idx.push_back(done + i);
+      TagScope scope(MemoryCategory::activation, "eval", Phase::forward);
+      const Batch bt = data.eval_batch(idx, dev);
+      float loss = 0;
+      Tensor logits = ex.evaluate(bt, &loss);
+      if (!std::isfinite(loss)) REMAT_THROW("eval: the loss of ", unit, " ", done, "..", done + b - 1, " is ", loss);
+      if (ignore && graph.targets_id >= 0) {
+        const Tensor& targets = bt.at(graph.layer(graph.targets_id).name);
+        const int64_t v = logits.size(-1);
+        int64_t m = 0;
+        correct +=
+            be.accuracy(logits.view(Shape{logits.numel() / v, v}), targets.view(Shape{targets.numel()}), *ignore, &m);
+        counted += m;
+      }
+      loss_sum += static_cast<double>(loss) * static_cast<double>(b);
+      done += b;
+      ++res.batches;
+      if (!o.quiet && res.batches % 50 == 0) {
+        std::printf("  %lld/%lld %s | loss so far %.4f\n", static_cast<long long>(done), static_cast<long long>(n),
+                    unit, loss_sum / static_cast<double>(done));
+        std::fflush(stdout);
+      }
+    }
+  };
+  if (full > 0) run(g, full, batch);
+  if (rest > 0) run(build_graph(cfg.model, rest, cfg.source, vars), 1, rest);
+  res.windows = done;
+  res.tokens = data.text ? done * data.seq_len : 0;
+  res.loss = loss_sum / static_cast<double>(done);
+  res.perplexity = data.text ? std::exp(res.loss) : NAN;
+  if (counted > 0) res.accuracy = static_cast<double>(correct) / static_cast<double>(counted);
+  if (!o.quiet) {
+    std::printf("eval: loss %.6f", res.loss);
+    if (data.text) std::printf(" | perplexity %.4f", res.perplexity);
+    if (res.accuracy)
+      std::printf(" | accuracy %.4f (%lld of %lld)", *res.accuracy, static_cast<long long>(correct),
+                  static_cast<long long>(counted));
+    std::printf(" | %lld %s | %.1f s\n", static_cast<long long>(done), unit,
+                std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return res;
+}
+
 EvalResult evaluate(EvalOptions o) {
   if (std::filesystem::is_directory(o.config)) {  // a run folder: its config, its weights
     const std::string run = o.config;
@@ -217,7 +319,9 @@ EvalResult evaluate(EvalOptions o) {
     if (o.init_from.empty()) o.init_from = run;
   }
   const Config cfg = load_config(o.config);
-  return cfg.data.dataset == "translation" ? evaluate_translation(o) : evaluate_lm(o);
+  if (cfg.data.dataset == "translation") return evaluate_translation(o);
+  if (cfg.data.dataset == "token_shards" || !o.data_path.empty()) return evaluate_lm(o);
+  return evaluate_dataset(o);
 }
 
 }  // namespace remat

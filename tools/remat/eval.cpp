@@ -1,5 +1,6 @@
 // `remat eval CONFIG --data SHARDS ...`: loss and perplexity of a language model on token
-// shards; `remat eval RUN` of a translation run: its loss and BLEU on a split (see docs/cli.md).
+// shards; `remat eval RUN` of a translation run: its loss and BLEU on a split; of any other
+// run: its loss and accuracy on its evaluation set (see docs/cli.md).
 #include <cstdio>
 
 #include "commands.h"
@@ -9,7 +10,9 @@ namespace remat::cli {
 
 Runner add_eval_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
-      "eval", "Loss and perplexity of a language model on token shards; loss and BLEU of a translation model");
+      "eval",
+      "Loss and perplexity of a language model on token shards; loss and BLEU of a translation model; loss and "
+      "accuracy of any other model on its evaluation set");
   auto opt = std::make_shared<EvalOptions>();
   cmd->add_option("config", opt->config,
                   "Model config (models/*.json), or a run folder (its config and, unless --init-from, its weights)")
@@ -32,15 +35,16 @@ Runner add_eval_command(CLI::App& app) {
       ->check(non_negative("0 (every window) or more"));
   cmd->add_option("--save-logits", opt->save_logits,
                   "Write the first batch's input_ids, targets and logits to this safetensors file");
-  cmd->add_option("--split", opt->split, "Translation models: the corpus split evaluated")
-      ->default_val("test")
+  cmd->add_option("--split", opt->split, "Translation models: the corpus split evaluated (default: test)")
       ->check(CLI::IsMember({"train", "valid", "test"}));
   cmd->add_flag("--quiet", opt->quiet, "Only the result line");
   return [cmd, opt]() -> int {
     if (!cmd->parsed()) return -1;
     const EvalResult r = evaluate(*opt);
     if (opt->quiet) {
-      std::printf("loss %.6f perplexity %.4f", r.loss, r.perplexity);
+      std::printf("loss %.6f", r.loss);
+      if (r.tokens > 0) std::printf(" perplexity %.4f", r.perplexity);
+      if (r.accuracy) std::printf(" accuracy %.4f", *r.accuracy);
       if (r.bleu) std::printf(" bleu %.2f", r.bleu->score);
       std::printf("\n");
     }
