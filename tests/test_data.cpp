@@ -710,3 +710,85 @@ void replay(const std::string& kind, int (*run)(const uint8_t*, size_t), int min
 TEST(FuzzCorpus, IdxSeedsReplay) { replay("idx", remat::fuzz::run_idx_input, 4); }
 TEST(FuzzCorpus, SafetensorsSeedsReplay) { replay("safetensors", remat::fuzz::run_safetensors_input, 2); }
 TEST(FuzzCorpus, TokenShardsSeedsReplay) { replay("token_shards", remat::fuzz::run_token_shard_input, 2); }
+TEST(FuzzCorpus, NpySeedsReplay) { replay("npy", remat::fuzz::run_npy_input, 3); }
+
+// ---- .npy arrays (NumPy's own files: tools/reference/gen_npy_golden.py) ------------------------
+
+namespace {
+
+std::string npy_golden(const std::string& name) { return std::string(REMAT_SOURCE_DIR) + "/tests/golden/npy/" + name; }
+
+}  // namespace
+
+// Every readable kind as NumPy wrote it: element k is k * 0.5 (floats) or k (integers), in
+// C order, whatever the header's version; u1 images are divided by 255.
+TEST(Npy, ReadsWhatNumpyWrote) {
+  const remat::NpyArray f32 = remat::load_npy(npy_golden("x_f32.npy"));
+  EXPECT_EQ(f32.shape, (std::vector<int64_t>{2, 1, 2, 3}));
+  EXPECT_EQ(f32.dtype(), "<f4");
+  for (int64_t k = 0; k < 12; ++k) EXPECT_EQ(f32.at(k), 0.5 * static_cast<double>(k)) << k;
+  const remat::NpyArray f64 = remat::load_npy(npy_golden("x_f64_v2.npy"));  // format version 2.0
+  EXPECT_EQ(f64.shape, (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(f64.dtype(), "<f8");
+  for (int64_t k = 0; k < 8; ++k) EXPECT_EQ(f64.at(k), 0.5 * static_cast<double>(k)) << k;
+  const remat::NpyArray i16 = remat::load_npy(npy_golden("x_i16.npy"));
+  for (int64_t k = 0; k < 6; ++k) EXPECT_EQ(i16.at(k), static_cast<double>(k - 3)) << k;
+  EXPECT_EQ(remat::load_npy(npy_golden("y_i64.npy")).at(0), 1.0);
+
+  // As a data set: [N, C, H, W] as it is, [N, H, W] one channel, [N, D] as [N, 1, 1, D].
+  const ImageDataset a = remat::npy_dataset(f32, remat::load_npy(npy_golden("y_i64.npy")), 2);
+  EXPECT_EQ(a.images.shape(), remat::Shape({2, 1, 2, 3}));
+  EXPECT_EQ(a.images.to_vector()[11], 5.5f);
+  EXPECT_EQ(a.labels.to_ints(), (std::vector<int32_t>{1, 0}));
+  const ImageDataset u8 =
+      remat::npy_dataset(remat::load_npy(npy_golden("x_u8.npy")), remat::load_npy(npy_golden("y_u8.npy")), 3);
+  EXPECT_EQ(u8.images.shape(), remat::Shape({2, 1, 2, 2}));
+  const std::vector<float> px = u8.images.to_vector();
+  EXPECT_EQ(px[0], 0.0f);
+  EXPECT_EQ(px[1], 1.0f);
+  EXPECT_EQ(px[2], static_cast<float>(51.0 / 255.0));
+  EXPECT_EQ(u8.labels.to_ints(), (std::vector<int32_t>{2, 1}));
+  const ImageDataset flat = remat::npy_dataset(f64, remat::load_npy(npy_golden("y_col_i32.npy")), 2);
+  EXPECT_EQ(flat.images.shape(), remat::Shape({2, 1, 1, 4}));
+  EXPECT_EQ(flat.labels.to_ints(), (std::vector<int32_t>{1, 0}));
+}
+
+// What cannot be read says which file, what is wrong and how to save it so it reads.
+TEST(Npy, ErrorsNameTheFileAndWhatIsWrong) {
+  auto load = [](const char* f) { return remat::load_npy(npy_golden(f)); };
+  EXPECT_REMAT_ERROR(load("fortran.npy"), "fortran.npy: the array is in Fortran (column-major) order");
+  EXPECT_REMAT_ERROR(load("big_endian.npy"), "big_endian.npy: the dtype '>f4' is big-endian");
+  EXPECT_REMAT_ERROR(load("half.npy"), "half.npy: the dtype '<f2' is not one remat reads");
+  EXPECT_REMAT_ERROR(load("structured.npy"), "structured.npy: a structured array");
+  const std::string bytes = remat::read_file(npy_golden("x_f32.npy"));
+  EXPECT_REMAT_ERROR(
+      remat::parse_npy(bytes.substr(0, bytes.size() - 4), "cut.npy"),
+      "cut.npy: the header says shape (2, 1, 2, 3) of <f4, 48 bytes, but 44 bytes follow it (truncated)");
+  EXPECT_REMAT_ERROR(remat::parse_npy(bytes + "xx", "long.npy"), "but 50 bytes follow it");
+  EXPECT_REMAT_ERROR(remat::parse_npy("PK\x03\x04 not an array", "a.npz"), "a.npz: not a .npy file");
+  EXPECT_REMAT_ERROR(remat::parse_npy(bytes.substr(0, 20), "head.npy"), "head.npy: truncated in the .npy header");
+  std::string v9 = bytes;
+  v9[6] = 9;
+  EXPECT_REMAT_ERROR(remat::parse_npy(v9, "v9.npy"), "v9.npy: .npy format version 9.0 is not one remat reads");
+  std::string huge = bytes;  // a shape whose product overflows
+  const size_t s = huge.find("(2, 1, 2, 3)");
+  ASSERT_NE(s, std::string::npos);
+  const std::string shape = "(99999999999, 99999999999)";
+  huge.replace(s, 12, shape);
+  huge.erase(huge.find('\n') - (shape.size() - 12), shape.size() - 12);  // the padding: the same header length
+  EXPECT_REMAT_ERROR(remat::parse_npy(huge, "huge.npy"),
+                     "huge.npy: the header says shape (99999999999, 99999999999) "
+                     "of <f4, more bytes than the file holds, but 48 bytes follow");
+  huge = bytes;
+  huge.replace(s, 12, "(12,)       ");  // the same count as another shape: it reads
+  EXPECT_EQ(remat::parse_npy(huge, "flat.npy").shape, (std::vector<int64_t>{12}));
+
+  const remat::NpyArray x = load("x_f32.npy");
+  EXPECT_REMAT_ERROR(remat::npy_dataset(x, load("y_i64.npy"), 1), "y_i64.npy: label 0 is 1, outside the 1 classes");
+  EXPECT_REMAT_ERROR(remat::npy_dataset(x, load("y_float.npy"), 2), "y_float.npy: labels of type <f4");
+  EXPECT_REMAT_ERROR(remat::npy_dataset(x, load("x_f32.npy"), 2), "x_f32.npy: labels of shape (2, 1, 2, 3)");
+  EXPECT_REMAT_ERROR(remat::npy_dataset(load("x_nan.npy"), load("y_i64.npy"), 2), "x_nan.npy: element 1 is nan");
+  EXPECT_REMAT_ERROR(remat::npy_dataset(load("y_i64.npy"), load("y_i64.npy"), 2), "y_i64.npy: images of shape (2);");
+  const remat::NpyArray three = remat::load_npy(npy_golden("blobs/test_y.npy"));
+  EXPECT_REMAT_ERROR(remat::npy_dataset(x, three, 3), "test_y.npy: 24 labels for the 2 images of");
+}

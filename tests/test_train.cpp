@@ -2,6 +2,8 @@
 // bad files give clear errors, the shipped configs run a step.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -456,5 +458,44 @@ TEST(Train, ResumeWithMoreStepsKeepsTheRunsSchedule) {
   for (int64_t step = 5; step <= 6; ++step)
     EXPECT_EQ(stretched.at(step), remat::scheduled_lr(c.optimizer, c.schedule, step, 6)) << "step " << step;
   EXPECT_GT(stretched.at(5), final_lr);
+  fs::remove_all(dir);
+}
+
+// A folder of .npy arrays trains a model (tests/configs/npy_tiny.json: three separable
+// classes), evaluated on its test arrays, or on the held-out tail of its training arrays
+// where it has none; a model that does not match the arrays fails at load, naming both.
+TEST(Train, LearnsFromAFolderOfNpyArrays) {
+  const std::string src = REMAT_SOURCE_DIR;
+  remat::TrainOptions o;
+  o.config = src + "/tests/configs/npy_tiny.json";
+  o.data_path = src + "/tests/golden/npy/blobs";
+  o.device = "cpu";
+  o.quiet = true;
+  const remat::TrainResult r = remat::train(o);
+  EXPECT_EQ(r.steps, 40);
+  EXPECT_LT(r.last_loss, 0.1f * r.losses.front());
+  EXPECT_GE(r.eval_accuracy, 0.95) << "24 test images of 3 separable classes";
+  o.data_path = src + "/tests/golden/npy/blobs_train";  // 96 samples: 86 train, the last 10 evaluate
+  o.steps = 1;
+  EXPECT_GE(remat::train(o).eval_accuracy, 0.0);
+
+  // The model against the arrays, before any step.
+  nlohmann::json j = nlohmann::json::parse(remat::read_file(src + "/tests/configs/npy_tiny.json"));
+  const fs::path dir = fs::temp_directory_path() / ("remat_npy_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  j["model"]["input"]["shape"] = {1, 5, 5};
+  remat::write_file_atomic((dir / "wide.json").string(), j.dump());
+  o.config = (dir / "wide.json").string();
+  o.data_path = src + "/tests/golden/npy/blobs";
+  EXPECT_REMAT_ERROR(remat::train(o),
+                     "data.dataset npy gives images [8, 1, 4, 4] f32 for \"input\", but the model "
+                     "declares [8, 1, 5, 5] f32");
+  j["model"]["input"]["shape"] = {1, 4, 4};
+  j["model"]["layers"][3]["out_features"] = 2;
+  remat::write_file_atomic((dir / "two.json").string(), j.dump());
+  o.config = (dir / "two.json").string();
+  EXPECT_REMAT_ERROR(remat::train(o), "data.dataset npy has 3 classes, but the loss");
+  o.data_path = src + "/tests/golden/npy";
+  EXPECT_REMAT_ERROR(remat::train(o), "has no train_x.npy; the npy data set reads train_x.npy and train_y.npy");
   fs::remove_all(dir);
 }

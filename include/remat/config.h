@@ -66,17 +66,21 @@ constexpr int64_t kGpt2Vocab = 50257;  // GPT-2's tokenizer: the default vocabul
 // The default tokenizer size of a "translation" data set (remat corpus --vocab; data.vocab).
 constexpr int64_t kTranslationVocab = 4000;
 
+// The values of data.dataset (DataConfig::dataset), for the config reader and --dataset.
+const std::vector<std::string>& known_datasets();
+
 struct DataConfig {
-  // fashion_mnist | text | synthetic_images | synthetic_text | token_shards | translation
+  // fashion_mnist | text | synthetic_images | synthetic_text | token_shards | translation | npy
   std::string dataset = "fashion_mnist";
-  std::string path;               // folder (fashion_mnist, text corpus, shards), file or glob (shards)
+  std::string path;               // folder (fashion_mnist, text corpus, shards, npy arrays), file or glob (shards)
   int64_t synthetic_size = 2048;  // samples (images) or tokens (text) for synthetic sets
   // synthetic_text: the vocabulary; token_shards: $vocab (kGpt2Vocab); translation: the tokenizer's size
   int64_t vocab = 32;
   std::vector<int64_t> image_shape{1, 28, 28};
   int64_t classes = 10;
-  double eval_fraction = 0.1;  // text: share of the tokens held out for evaluation
-  bool shuffle = true;         // false: batches in data order (for comparisons)
+  double eval_fraction =
+      0.1;              // text: share of the tokens held out for evaluation; npy without test files: of the samples
+  bool shuffle = true;  // false: batches in data order (for comparisons)
   // Training-time augmentation of image batches ("augment": {...}); evaluation batches are
   // never augmented.
   struct Augment {

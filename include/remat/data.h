@@ -47,6 +47,28 @@ IdxArray parse_idx(std::string bytes, const std::string& name, size_t max_bytes 
 ImageDataset idx_dataset(const IdxArray& images, const IdxArray& labels, float mean = 0.2860f, float std = 0.3530f,
                          int num_classes = 10);
 
+// NumPy .npy files (numpy.lib.format versions 1.0, 2.0 and 3.0): C-order arrays of a
+// little-endian float (f4, f8), signed or unsigned integer (1 to 8 bytes) or bool type.
+struct NpyArray {
+  std::vector<int64_t> shape;
+  char kind = 'f';     // 'f' float, 'i' signed, 'u' unsigned, 'b' bool
+  int item_bytes = 4;  // bytes per element
+  std::string data;    // prod(shape) * item_bytes bytes
+  std::string name;    // for messages
+  int64_t numel() const;
+  std::string dtype() const;   // NumPy's name: "<f4", "|u1", ...
+  double at(int64_t k) const;  // element k of the flattened array, as a double
+};
+// Parses one .npy file's bytes, checking the header (magic, version, dtype, order, shape)
+// against the byte count before it copies any data. Errors name the file and what is
+// wrong, and say how to save the array so that it reads (e.g. astype('float32')).
+NpyArray parse_npy(const std::string& bytes, const std::string& name);
+NpyArray load_npy(const std::string& path);
+// Images x and class ids y as a data set. x: [N, C, H, W]; [N, H, W] is one channel and
+// [N, D] is [N, 1, 1, D]; any numeric type (u1 pixels are divided by 255, other values
+// kept), every value finite. y: [N] or [N, 1] of integers in [0, num_classes).
+ImageDataset npy_dataset(const NpyArray& x, const NpyArray& y, int num_classes);
+
 // Where Debian's dataset-fashion-mnist package puts the files; `split` is "train" or "test".
 // Returns {images_path, labels_path}; throws a clear error naming the package if absent.
 std::pair<std::string, std::string> fashion_mnist_paths(const std::string& dir, const std::string& split);

@@ -234,9 +234,7 @@ Config parse_config(const nlohmann::json& j, const std::string& source) {
   }
   if (root.has("data")) {
     ConfigReader d = root.child("data");
-    c.data.dataset = d.one_of(
-        "dataset", {"fashion_mnist", "text", "synthetic_images", "synthetic_text", "token_shards", "translation"},
-        c.data.dataset);
+    c.data.dataset = d.one_of("dataset", known_datasets(), c.data.dataset);
     c.data.path = d.string_or("path", "");
     c.data.synthetic_size = d.positive_int_or("synthetic_size", c.data.synthetic_size);
     // Token shards hold uint16 ids of some tokenizer; by default GPT-2's vocabulary.
@@ -311,6 +309,12 @@ void check_micro_batch(const Config& c) {
   REMAT_CHECK(t.micro_batch >= 0 && t.micro() <= t.batch && t.batch % t.micro() == 0, c.source,
               ": /training/micro_batch: ", t.micro_batch, " does not divide /training/batch ", t.batch,
               " (a step of batch B runs B / micro_batch micro-batches)");
+}
+
+const std::vector<std::string>& known_datasets() {
+  static const std::vector<std::string> names{
+      "fashion_mnist", "text", "synthetic_images", "synthetic_text", "token_shards", "translation", "npy"};
+  return names;
 }
 
 Config load_config(const std::string& path, const std::string& dataset) {

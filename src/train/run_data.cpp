@@ -1,6 +1,7 @@
 #include "train/run_data.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include "remat/error.h"
@@ -12,6 +13,58 @@ namespace fs = std::filesystem;
 namespace remat {
 
 static_assert(kTranslationVocab == kDefaultTokenizerVocab, "one default tokenizer size for config and corpus");
+
+namespace {
+
+// Samples [b, b + n) of an image set, a copy.
+ImageDataset slice_images(const ImageDataset& all, int64_t b, int64_t n) {
+  ImageDataset d;
+  d.num_classes = all.num_classes;
+  d.source = all.source;
+  const Shape& s = all.images.shape();
+  const int64_t per = all.images.numel() / s[0];
+  TagScope scope(MemoryCategory::input, "data", Phase::setup);
+  d.images = Tensor::empty(Shape{n, s[1], s[2], s[3]});
+  d.labels = Tensor::empty(Shape{n}, Device::cpu(), DType::i32);
+  std::copy(all.images.f32() + b * per, all.images.f32() + (b + n) * per, d.images.f32());
+  std::copy(all.labels.i32() + b, all.labels.i32() + b + n, d.labels.i32());
+  return d;
+}
+
+// The npy data set: data.path's train_x.npy and train_y.npy, evaluated on test_x.npy and
+// test_y.npy where the folder has them, else on the last eval_fraction of the training
+// arrays (which then do not train).
+void load_npy_data(const Config& cfg, RunData& d) {
+  const DataConfig& dc = cfg.data;
+  const std::string files = "train_x.npy and train_y.npy (and test_x.npy and test_y.npy to evaluate on)";
+  REMAT_CHECK(!dc.path.empty(), cfg.source, ": /data/path: the npy data set reads ", files,
+              " from a folder; set data.path to it (or pass --data)");
+  std::error_code ec;
+  REMAT_CHECK(fs::is_directory(dc.path, ec), cfg.source, ": /data/path: ", dc.path,
+              " is not a folder; the npy data set reads ", files, " from one");
+  auto file = [&](const char* f) { return (fs::path(dc.path) / f).string(); };
+  for (const char* f : {"train_x.npy", "train_y.npy"})
+    REMAT_CHECK(fs::exists(file(f), ec), cfg.source, ": /data/path: ", dc.path, " has no ", f,
+                "; the npy data set reads ", files);
+  const int classes = static_cast<int>(dc.classes);
+  ImageDataset all = npy_dataset(load_npy(file("train_x.npy")), load_npy(file("train_y.npy")), classes);
+  const bool has_test = fs::exists(file("test_x.npy"), ec), has_test_y = fs::exists(file("test_y.npy"), ec);
+  REMAT_CHECK(has_test == has_test_y, cfg.source, ": /data/path: ", dc.path, " has ",
+              has_test ? "test_x.npy but no test_y.npy" : "test_y.npy but no test_x.npy", "; give both or neither");
+  if (has_test) {
+    d.train_images = std::move(all);
+    d.eval_images = npy_dataset(load_npy(file("test_x.npy")), load_npy(file("test_y.npy")), classes);
+    return;
+  }
+  const int64_t n = all.labels.numel();
+  const int64_t n_eval = std::max<int64_t>(1, std::llround(static_cast<double>(n) * dc.eval_fraction));
+  REMAT_CHECK(n > n_eval, cfg.source, ": ", file("train_x.npy"), " holds ", n,
+              " samples, too few to hold out data.eval_fraction ", dc.eval_fraction, " for evaluation");
+  d.train_images = slice_images(all, 0, n - n_eval);
+  d.eval_images = slice_images(all, n - n_eval, n_eval);
+}
+
+}  // namespace
 
 Batch RunData::train_batch(const std::vector<int64_t>& idx, int64_t epoch, Device d) const {
   std::vector<uint8_t> flips;
@@ -44,6 +97,11 @@ RunData load_run_data(const Config& cfg, const nlohmann::json& model) {
   // names what the data set fills and what the model declares.
   const std::string input_type = declared_input_type(model, kInputName);
   const bool tokens = input_type == "tokens";
+  if (dc.dataset == "npy") {
+    if (tokens) REMAT_THROW(cfg.source, ": /data/dataset: npy gives images but the model takes tokens");
+    load_npy_data(cfg, d);
+    return d;
+  }
   if (dc.dataset == "fashion_mnist" || dc.dataset == "synthetic_images") {
     if (tokens) REMAT_THROW(cfg.source, ": /data/dataset: ", dc.dataset, " gives images but the model takes tokens");
     if (dc.dataset == "fashion_mnist") {
@@ -60,20 +118,8 @@ RunData load_run_data(const Config& cfg, const nlohmann::json& model) {
       const int64_t n_train = dc.synthetic_size, n_eval = std::max<int64_t>(dc.synthetic_size / 4, 1);
       ImageDataset all = synthetic_images(n_train + n_eval, static_cast<int>(s[0]), static_cast<int>(s[1]),
                                           static_cast<int>(s[2]), static_cast<int>(dc.classes), cfg.training.seed);
-      const int64_t per = all.images.numel() / (n_train + n_eval);
-      auto slice = [&](int64_t b, int64_t n) {
-        ImageDataset d2;
-        d2.num_classes = all.num_classes;
-        d2.source = all.source;
-        TagScope scope(MemoryCategory::input, "data", Phase::setup);
-        d2.images = Tensor::empty(Shape{n, s[0], s[1], s[2]});
-        d2.labels = Tensor::empty(Shape{n}, Device::cpu(), DType::i32);
-        std::copy(all.images.f32() + b * per, all.images.f32() + (b + n) * per, d2.images.f32());
-        std::copy(all.labels.i32() + b, all.labels.i32() + b + n, d2.labels.i32());
-        return d2;
-      };
-      d.train_images = slice(0, n_train);
-      d.eval_images = slice(n_train, n_eval);
+      d.train_images = slice_images(all, 0, n_train);
+      d.eval_images = slice_images(all, n_train, n_eval);
     }
     return d;
   }

@@ -92,6 +92,42 @@ inline int run_safetensors_input(const uint8_t* data, size_t size) {
   }
 }
 
+// .npy input: the whole file. Returns 1 when it parsed and made a data set. A parsed array
+// holds exactly its elements' bytes; as images (with as many zero labels), every element
+// comes through as the same value.
+inline int run_npy_input(const uint8_t* data, size_t size) {
+  NpyArray a;
+  try {
+    a = parse_npy(std::string(reinterpret_cast<const char*>(data), size), "fuzz.npy");
+  } catch (const Error&) {
+    return 0;
+  }
+  int64_t n = 1;
+  for (int64_t d : a.shape) {
+    REMAT_FUZZ_ASSERT(d >= 0);
+    n *= d;
+  }
+  REMAT_FUZZ_ASSERT(a.data.size() == static_cast<size_t>(n) * static_cast<size_t>(a.item_bytes) &&
+                    a.data.size() <= size);
+  if (a.shape.empty() || a.shape[0] > (1 << 20)) return 0;
+  NpyArray y;
+  y.shape = {a.shape[0]};
+  y.kind = 'u';
+  y.item_bytes = 1;
+  y.data.assign(static_cast<size_t>(a.shape[0]), '\0');
+  y.name = "labels.npy";
+  try {
+    ImageDataset d = npy_dataset(a, y, 1);
+    REMAT_FUZZ_ASSERT(d.images.numel() == n && d.labels.numel() == a.shape[0]);
+    const std::vector<float> v = d.images.to_vector();
+    const double scale = a.kind == 'u' && a.item_bytes == 1 ? 1.0 / 255.0 : 1.0;
+    for (int64_t k = 0; k < n; ++k) REMAT_FUZZ_ASSERT(v[static_cast<size_t>(k)] == static_cast<float>(a.at(k) * scale));
+    return 1;
+  } catch (const Error&) {
+    return 0;
+  }
+}
+
 // Token shard input: the whole file (llm.c's format). Returns 1 when it validated. A valid
 // shard is then read as windows of a few lengths: the first and last window's tokens must
 // come back as the file's (targets shifted by one), and the vocabulary check must refuse

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the seed corpus of the fuzz targets (tests/fuzz/corpus/{idx,safetensors,token_shards}).
+"""Writes the seed corpus of the fuzz targets (tests/fuzz/corpus/{idx,safetensors,token_shards,npy}).
 
 Run from anywhere: python3 tests/fuzz/make_corpus.py. The files are committed; this
 script only documents how they were made. IDX inputs follow harness.h: u16 LE length of
@@ -85,3 +85,24 @@ write("token_shards", "truncated_tokens", shard(tokens)[:-3])
 write("token_shards", "truncated_header", shard(tokens)[:100])
 write("token_shards", "trailing_bytes", shard(tokens) + b"\0\0")
 write("token_shards", "huge_count", shard(tokens, count=0x7FFFFFFF))
+
+
+def npy(descr, shape, data, major=1, fortran=False):
+    dims = "".join(f"{d}, " for d in shape) if len(shape) != 1 else f"{shape[0]},"
+    header = f"{{'descr': '{descr}', 'fortran_order': {fortran}, 'shape': ({dims.rstrip(', ') if len(shape) != 1 else dims}), }}"
+    len_bytes = 2 if major == 1 else 4
+    pad = (64 - (6 + 2 + len_bytes + len(header) + 1) % 64) % 64
+    header = (header + " " * pad + "\n").encode()
+    size = struct.pack("<H" if major == 1 else "<I", len(header))
+    return b"\x93NUMPY" + bytes([major, 0]) + size + header + data
+
+
+f32_6 = struct.pack("<6f", 0, 0.5, 1, 1.5, 2, 2.5)
+write("npy", "valid_f32", npy("<f4", [2, 1, 1, 3], f32_6))
+write("npy", "valid_u8_v2", npy("|u1", [2, 2, 2], bytes(range(0, 240, 30)), major=2))
+write("npy", "valid_i16_flat", npy("<i2", [3, 2], struct.pack("<6h", -3, -2, -1, 0, 1, 2)))
+write("npy", "fortran", npy("<f4", [2, 3], f32_6, fortran=True))
+write("npy", "big_endian", npy(">f4", [2, 3], struct.pack(">6f", *range(6))))
+write("npy", "truncated", npy("<f4", [2, 1, 1, 3], f32_6)[:-2])
+write("npy", "huge_shape", npy("<f4", [99999999999, 99999999999], f32_6))
+write("npy", "nan", npy("<f4", [2, 3], struct.pack("<6f", 0, float("nan"), 1, 2, 3, 4)))

@@ -64,8 +64,7 @@ Runner add_train_command(CLI::App& app) {
       ->needs(resume);
   cmd->add_option("--data", opt->data_path, "Data folder, file or (token shards) glob (overrides data.path)");
   cmd->add_option("--dataset", opt->dataset, "Data set (overrides data.dataset), e.g. token_shards")
-      ->check(CLI::IsMember(
-          {"fashion_mnist", "text", "synthetic_images", "synthetic_text", "token_shards", "translation"}));
+      ->check(CLI::IsMember(known_datasets()));
   auto* init = cmd->add_option("--init-from", opt->init_from,
                                "Start from these weights: a Hugging Face GPT-2 folder or .safetensors file, or a remat "
                                "run folder (a fresh optimizer, unlike --resume)");
