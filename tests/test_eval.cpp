@@ -1,7 +1,8 @@
 // remat train's evaluation: accuracy counts the rows the loss counts, i.e. it skips the
 // targets equal to the model's loss.ignore_index (not always -100); remat eval of an image
-// run agrees with it.
+// run agrees with it; remat predict classifies images of a .npy file.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -110,5 +111,55 @@ TEST(Eval, ImageRunScoresItsEvaluationSetAsTheTrainerDoes) {
   e.split.reset();
   e.data_path = dir.string();
   EXPECT_REMAT_ERROR(remat::evaluate(e), "remat eval needs a model of tokens");  // --data: token shards
+  fs::remove_all(dir);
+}
+
+// `remat predict` of a model trained on .npy arrays (three separable classes): its classes
+// for the 24 test images are their labels as NumPy wrote them, in batches of 5 and one of 4;
+// the files it writes read back as NumPy's format, the classes the argmax of the logits.
+TEST(Predict, ClassifiesImagesOfANpyFile) {
+  const std::string src = REMAT_SOURCE_DIR;
+  const fs::path dir = fs::temp_directory_path() / ("remat_predict_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  remat::TrainOptions t;
+  t.config = src + "/tests/configs/npy_tiny.json";
+  t.data_path = src + "/tests/golden/npy/blobs";
+  t.device = "cpu";
+  t.out = (dir / "run").string();
+  t.quiet = true;
+  ASSERT_EQ(remat::train(t).eval_accuracy, 1.0);
+
+  remat::PredictOptions o;
+  o.config = (dir / "run").string();
+  o.input = src + "/tests/golden/npy/blobs/test_x.npy";
+  o.out = (dir / "classes.npy").string();
+  o.logits_out = (dir / "logits.npy").string();
+  o.device = "cpu";
+  o.batch = 5;
+  o.quiet = true;
+  const remat::Predictions p = remat::predict_images(o);
+  const remat::NpyArray labels = remat::load_npy(src + "/tests/golden/npy/blobs/test_y.npy");
+  ASSERT_EQ(p.classes.size(), 24u);
+  for (int64_t k = 0; k < 24; ++k) EXPECT_EQ(p.classes[static_cast<size_t>(k)], labels.at(k)) << k;
+  const remat::NpyArray classes = remat::load_npy(o.out), logits = remat::load_npy(o.logits_out);
+  EXPECT_EQ(classes.dtype(), "<i4");
+  EXPECT_EQ(classes.shape, (std::vector<int64_t>{24}));
+  EXPECT_EQ(logits.dtype(), "<f4");
+  EXPECT_EQ(logits.shape, (std::vector<int64_t>{24, 3}));
+  for (int64_t k = 0; k < 24; ++k) {
+    EXPECT_EQ(classes.at(k), p.classes[static_cast<size_t>(k)]);
+    const double a = logits.at(3 * k), b = logits.at(3 * k + 1), c = logits.at(3 * k + 2);
+    const int best = a >= b && a >= c ? 0 : b >= c ? 1 : 2;
+    EXPECT_EQ(best, p.classes[static_cast<size_t>(k)]) << k;
+    EXPECT_EQ(static_cast<float>(a), p.logits.f32()[3 * k]);
+  }
+
+  o.input = src + "/tests/golden/npy/x_f32.npy";  // [2, 1, 2, 3]
+  EXPECT_REMAT_ERROR(remat::predict_images(o),
+                     "x_f32.npy: images [1, 2, 3], but the model \"npy_tiny\" reads images "
+                     "[1, 4, 4]");
+  o.config = src + "/tests/configs/gpt_char_tiny.json";
+  EXPECT_REMAT_ERROR(remat::predict_images(o), "remat predict classifies images");
   fs::remove_all(dir);
 }

@@ -68,6 +68,11 @@ NpyArray load_npy(const std::string& path);
 // [N, D] is [N, 1, 1, D]; any numeric type (u1 pixels are divided by 255, other values
 // kept), every value finite. y: [N] or [N, 1] of integers in [0, num_classes).
 ImageDataset npy_dataset(const NpyArray& x, const NpyArray& y, int num_classes);
+// x alone as images, by npy_dataset's rules: f32 [N, C, H, W] on the host.
+Tensor npy_images(const NpyArray& x);
+// Writes an f32 or i32 tensor as a C-order little-endian .npy file (format 1.0, as np.save
+// writes it), atomically.
+void save_npy(const std::string& path, const Tensor& t);
 
 // Where Debian's dataset-fashion-mnist package puts the files; `split` is "train" or "test".
 // Returns {images_path, labels_path}; throws a clear error naming the package if absent.

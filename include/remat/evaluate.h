@@ -49,6 +49,25 @@ EvalResult evaluate_translation(const EvalOptions& opt);
 // loss (per image, or per target token of text) and accuracy (the targets its loss does not
 // ignore). windows counts the samples.
 EvalResult evaluate_dataset(const EvalOptions& opt);
+// `remat predict`: an image classifier's classes (and logits) for images in a .npy file.
+struct PredictOptions {
+  std::string config;     // model config, or a run folder (its config.json and weights)
+  std::string init_from;  // weights; "" = the run folder's, else initialised from the seed
+  bool init_from_partial = false;
+  std::string input;       // images: a .npy file (npy_images' rules)
+  std::string out;         // "" or a .npy file for the classes, i32 [N]
+  std::string logits_out;  // "" or a .npy file for the logits, f32 [N, classes]
+  std::string device = "auto";
+  std::optional<int64_t> batch;  // > 0; unset: the config's training.batch
+  std::optional<int64_t> seed;   // >= 0; unset: the config's training.seed
+  bool quiet = false;
+};
+struct Predictions {
+  std::vector<int32_t> classes;  // per image, the class of the largest logit (the first of equals)
+  Tensor logits;                 // f32 [N, classes] on the host
+};
+Predictions predict_images(PredictOptions opt);
+
 // `remat eval`: a run folder's config and weights when `config` is a folder (its weights
 // unless --init-from says otherwise), then by the config's data set: evaluate_translation,
 // evaluate_lm (token shards, or --data), or evaluate_dataset.

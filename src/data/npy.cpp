@@ -160,12 +160,17 @@ NpyArray parse_npy(const std::string& bytes, const std::string& name) {
 
 NpyArray load_npy(const std::string& path) { return parse_npy(read_file(path), path); }
 
-ImageDataset npy_dataset(const NpyArray& x, const NpyArray& y, int num_classes) {
-  auto shape_text = [](const NpyArray& a) {
-    std::string s;
-    for (size_t i = 0; i < a.shape.size(); ++i) s += (i ? ", " : "") + std::to_string(a.shape[i]);
-    return "(" + s + ")";
-  };
+namespace {
+
+std::string shape_text(const NpyArray& a) {
+  std::string s;
+  for (size_t i = 0; i < a.shape.size(); ++i) s += (i ? ", " : "") + std::to_string(a.shape[i]);
+  return "(" + s + ")";
+}
+
+}  // namespace
+
+Tensor npy_images(const NpyArray& x) {
   REMAT_CHECK(x.shape.size() >= 2 && x.shape.size() <= 4, x.name, ": images of shape ", shape_text(x),
               "; expected (N, C, H, W), (N, H, W) or (N, D)");
   REMAT_CHECK(x.kind != 'b', x.name, ": bool images; save them as numbers: arr.astype('float32')");
@@ -175,24 +180,31 @@ ImageDataset npy_dataset(const NpyArray& x, const NpyArray& y, int num_classes) 
   if (x.shape.size() == 3) s = Shape{n, 1, x.shape[1], x.shape[2]};
   if (x.shape.size() == 2) s = Shape{n, 1, 1, x.shape[1]};
   REMAT_CHECK(n > 0 && s.numel() > 0, x.name, ": no images (shape ", shape_text(x), ")");
-  const bool labels_shape = y.shape.size() == 1 || (y.shape.size() == 2 && y.shape[1] == 1);
-  REMAT_CHECK(labels_shape, y.name, ": labels of shape ", shape_text(y), "; expected (N,) or (N, 1) class ids");
-  REMAT_CHECK(y.kind == 'i' || y.kind == 'u', y.name, ": labels of type ", y.dtype(),
-              "; expected integer class ids (save with arr.astype('int64'))");
-  REMAT_CHECK(y.shape[0] == n, y.name, ": ", y.shape[0], " labels for the ", n, " images of ", x.name);
-  ImageDataset d;
-  d.num_classes = num_classes;
-  d.source = x.name;
   TagScope scope(MemoryCategory::input, "data", Phase::setup);
-  d.images = Tensor::empty(s, Device::cpu(), DType::f32);
-  d.labels = Tensor::empty(Shape{n}, Device::cpu(), DType::i32);
+  Tensor images = Tensor::empty(s, Device::cpu(), DType::f32);
   const double scale = x.kind == 'u' && x.item_bytes == 1 ? 1.0 / 255.0 : 1.0;
-  float* px = d.images.f32();
+  float* px = images.f32();
   for (int64_t k = 0; k < s.numel(); ++k) {
     const double v = x.at(k) * scale;
     REMAT_CHECK(std::isfinite(v), x.name, ": element ", k, " is ", v, "; every value must be finite");
     px[k] = static_cast<float>(v);
   }
+  return images;
+}
+
+ImageDataset npy_dataset(const NpyArray& x, const NpyArray& y, int num_classes) {
+  ImageDataset d;
+  d.num_classes = num_classes;
+  d.source = x.name;
+  d.images = npy_images(x);
+  const int64_t n = d.images.size(0);
+  const bool labels_shape = y.shape.size() == 1 || (y.shape.size() == 2 && y.shape[1] == 1);
+  REMAT_CHECK(labels_shape, y.name, ": labels of shape ", shape_text(y), "; expected (N,) or (N, 1) class ids");
+  REMAT_CHECK(y.kind == 'i' || y.kind == 'u', y.name, ": labels of type ", y.dtype(),
+              "; expected integer class ids (save with arr.astype('int64'))");
+  REMAT_CHECK(y.shape[0] == n, y.name, ": ", y.shape[0], " labels for the ", n, " images of ", x.name);
+  TagScope scope(MemoryCategory::input, "data", Phase::setup);
+  d.labels = Tensor::empty(Shape{n}, Device::cpu(), DType::i32);
   int32_t* py = d.labels.i32();
   for (int64_t k = 0; k < n; ++k) {
     const double v = y.at(k);
@@ -201,6 +213,29 @@ ImageDataset npy_dataset(const NpyArray& x, const NpyArray& y, int num_classes) 
     py[k] = static_cast<int32_t>(v);
   }
   return d;
+}
+
+void save_npy(const std::string& path, const Tensor& t) {
+  REMAT_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::i32, path, ": .npy files of ", dtype_name(t.dtype()),
+              " tensors are not written (f32 and i32 are)");
+  const Tensor h = t.device().is_cpu() ? t : t.to(Device::cpu());
+  std::string shape;
+  for (int i = 0; i < h.shape().rank(); ++i) shape += std::to_string(h.shape()[i]) + ", ";
+  if (h.shape().rank() > 1) shape.resize(shape.size() - 2);  // "(N,)" for one dimension, "(N, M)" else
+  if (h.shape().rank() == 1) shape.resize(shape.size() - 1);
+  std::string header = std::string("{'descr': '") + (t.dtype() == DType::f32 ? "<f4" : "<i4") +
+                       "', 'fortran_order': False, 'shape': (" + shape + "), }";
+  // Padded with spaces and a newline so that the data starts at a multiple of 64 bytes.
+  const size_t used = kMagicBytes + 2 + 2 + header.size() + 1;
+  header += std::string((64 - used % 64) % 64, ' ') + "\n";
+  std::string out(kMagic, kMagicBytes);
+  out += '\x01';
+  out += '\x00';
+  out += static_cast<char>(header.size() & 0xFF);
+  out += static_cast<char>(header.size() >> 8);
+  out += header;
+  out.append(static_cast<const char*>(h.raw_data()), h.nbytes());
+  write_file_atomic(path, out);
 }
 
 }  // namespace remat

@@ -11,7 +11,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <numeric>
 
+#include "remat/data.h"
 #include "remat/error.h"
 #include "remat/executor.h"
 #include "remat/io.h"
@@ -33,6 +35,35 @@ Device eval_device(const EvalOptions& o) {
   require_available(dev);
   if (dev.is_meta()) REMAT_THROW("cannot evaluate on meta (it holds no data)");
   return dev;
+}
+
+// A run folder (the --out of remat train) stands for its config.json and, unless other
+// weights are named, its own.
+void open_run_folder(std::string& config, std::string& init_from) {
+  if (!std::filesystem::is_directory(config)) return;
+  const std::string run = config;
+  config = (std::filesystem::path(run) / "config.json").string();
+  if (!std::filesystem::exists(config))
+    REMAT_THROW(run, ": not a run folder (no config.json); pass a model config or the --out folder of `remat train`");
+  if (init_from.empty()) init_from = run;
+}
+
+// Samples [0, n) in order, g's batch at a time and the rest as one batch of a graph of that
+// size (the same parameters), each batch's indices handed to visit(ex, idx) in evaluation.
+template <typename Visit>
+void over_batches(const Config& cfg, const Graph& g, const std::map<std::string, int64_t>& vars, ParamStore& params,
+                  Backend& be, int64_t n, Visit visit) {
+  int64_t done = 0;
+  auto run = [&](const Graph& graph, int64_t count) {
+    Executor ex(graph, params, be, make_plan(graph, "none"));
+    for (int64_t k = 0; k < count; ++k, done += graph.batch) {
+      std::vector<int64_t> idx(static_cast<size_t>(graph.batch));
+      std::iota(idx.begin(), idx.end(), done);
+      visit(ex, idx);
+    }
+  };
+  if (n / g.batch > 0) run(g, n / g.batch);
+  if (n % g.batch > 0) run(build_graph(cfg.model, n % g.batch, cfg.source, vars), 1);
 }
 
 // --split names a split of a translation corpus; other models have one evaluation set.
@@ -79,7 +110,6 @@ EvalResult evaluate_lm(const EvalOptions& o) {
               " tokens and its target");
   int64_t n_windows = res.windows;
   if (o.max_batches > 0) n_windows = std::min(n_windows, o.max_batches * batch);
-  const int64_t full = n_windows / batch, rest = n_windows % batch;
   if (!o.quiet) {
     std::printf("remat eval %s: %s on %s, %lld windows of %lld tokens in batches of %lld\n", o.config.c_str(),
                 res.data.c_str(), dev.str().c_str(), static_cast<long long>(n_windows), static_cast<long long>(seq_len),
@@ -90,11 +120,9 @@ EvalResult evaluate_lm(const EvalOptions& o) {
   const Clock::time_point t0 = Clock::now();
   double loss_sum = 0;  // sum over target tokens
   int64_t done = 0;
-  auto run = [&](const Graph& graph, int64_t count, int64_t b) {
-    Executor ex(graph, params, be, make_plan(graph, "none"));
-    for (int64_t k = 0; k < count; ++k) {
-      std::vector<int64_t> idx;
-      for (int64_t i = 0; i < b; ++i) idx.push_back(done + i);
+  over_batches(cfg, g, vars, params, be, n_windows, [&](Executor& ex, const std::vector<int64_t>& idx) {
+    const auto b = static_cast<int64_t>(idx.size());
+    {
       TagScope scope(MemoryCategory::activation, "eval", Phase::forward);
       const Batch bt = data.batch(idx, seq_len, vocab, dev);
       float loss = 0;
@@ -112,12 +140,7 @@ EvalResult evaluate_lm(const EvalOptions& o) {
         std::fflush(stdout);
       }
     }
-  };
-  if (full > 0) run(g, full, batch);
-  if (rest > 0) {
-    const Graph tail = build_graph(cfg.model, rest, cfg.source, vars);
-    run(tail, 1, rest);
-  }
+  });
   res.tokens = done * seq_len;
   res.loss = loss_sum / static_cast<double>(res.tokens);
   res.perplexity = std::exp(res.loss);
@@ -250,7 +273,6 @@ EvalResult evaluate_dataset(const EvalOptions& o) {
   int64_t n = data.eval_size();
   REMAT_CHECK(n > 0, o.config, ": the evaluation set of data.dataset \"", cfg.data.dataset, "\" is empty");
   if (o.max_batches > 0) n = std::min(n, o.max_batches * batch);
-  const int64_t full = n / batch, rest = n % batch;
   const char* unit = data.text ? "windows" : "images";
   res.data = cfg.data.dataset + (cfg.data.path.empty() ? std::string() : " (" + cfg.data.path + ")");
   if (!o.quiet) {
@@ -263,18 +285,16 @@ EvalResult evaluate_dataset(const EvalOptions& o) {
   ActivationDTypeScope precision(params.precision());  // accuracy reads the logits in the run's precision
   double loss_sum = 0;                                 // per sample
   int64_t done = 0, correct = 0, counted = 0;
-  auto run = [&](const Graph& graph, int64_t count, int64_t b) {
-    Executor ex(graph, params, be, make_plan(graph, "none"));
-    for (int64_t k = 0; k < count; ++k) {
-      std::vector<int64_t> idx;
-      for (int64_t i = 0; i < b; ++i) idx.push_back(done + i);
+  over_batches(cfg, g, vars, params, be, n, [&](Executor& ex, const std::vector<int64_t>& idx) {
+    const auto b = static_cast<int64_t>(idx.size());
+    {
       TagScope scope(MemoryCategory::activation, "eval", Phase::forward);
       const Batch bt = data.eval_batch(idx, dev);
       float loss = 0;
       Tensor logits = ex.evaluate(bt, &loss);
       if (!std::isfinite(loss)) REMAT_THROW("eval: the loss of ", unit, " ", done, "..", done + b - 1, " is ", loss);
-      if (ignore && graph.targets_id >= 0) {
-        const Tensor& targets = bt.at(graph.layer(graph.targets_id).name);
+      if (ignore && g.targets_id >= 0) {
+        const Tensor& targets = bt.at(g.layer(g.targets_id).name);
         const int64_t v = logits.size(-1);
         int64_t m = 0;
         correct +=
@@ -290,9 +310,7 @@ EvalResult evaluate_dataset(const EvalOptions& o) {
         std::fflush(stdout);
       }
     }
-  };
-  if (full > 0) run(g, full, batch);
-  if (rest > 0) run(build_graph(cfg.model, rest, cfg.source, vars), 1, rest);
+  });
   res.windows = done;
   res.tokens = data.text ? done * data.seq_len : 0;
   res.loss = loss_sum / static_cast<double>(done);
@@ -311,17 +329,93 @@ EvalResult evaluate_dataset(const EvalOptions& o) {
 }
 
 EvalResult evaluate(EvalOptions o) {
-  if (std::filesystem::is_directory(o.config)) {  // a run folder: its config, its weights
-    const std::string run = o.config;
-    o.config = (std::filesystem::path(run) / "config.json").string();
-    if (!std::filesystem::exists(o.config))
-      REMAT_THROW(run, ": not a run folder (no config.json); pass a model config or the --out folder of `remat train`");
-    if (o.init_from.empty()) o.init_from = run;
-  }
+  open_run_folder(o.config, o.init_from);
   const Config cfg = load_config(o.config);
   if (cfg.data.dataset == "translation") return evaluate_translation(o);
   if (cfg.data.dataset == "token_shards" || !o.data_path.empty()) return evaluate_lm(o);
   return evaluate_dataset(o);
+}
+
+// ---- remat predict ----------------------------------------------------------------------------------
+
+Predictions predict_images(PredictOptions o) {
+  using Clock = std::chrono::steady_clock;
+  open_run_folder(o.config, o.init_from);
+  const Config cfg = load_config(o.config);
+  REMAT_CHECK(declared_input_type(cfg.model, kInputName) == "image", o.config,
+              ": /model: remat predict classifies images (an input \"input\" of type \"image\"); a language model "
+              "samples with remat train, a translation model translates with remat translate");
+  EvalOptions common;
+  common.device = o.device, common.batch = o.batch, common.seed = o.seed;
+  const Device dev = eval_device(common);
+  Backend& be = backend_for(dev);
+  const int64_t batch = o.batch.value_or(cfg.training.batch);
+  const uint64_t seed = o.seed ? static_cast<uint64_t>(*o.seed) : cfg.training.seed;
+
+  ImageDataset images;
+  images.images = npy_images(load_npy(o.input));
+  images.source = o.input;
+  const int64_t n = images.images.size(0);
+  {
+    TagScope scope(MemoryCategory::input, "data", Phase::setup);
+    images.labels = Tensor::zeros(Shape{n}, Device::cpu(), DType::i32);  // the loss reads some class; unused
+  }
+  Graph g = build_graph(cfg.model, batch, cfg.source);
+  const Layer& in = g.layer(g.require_input(kInputName, "remat predict"));
+  const Shape& is = images.images.shape();
+  if (in.out_shape[1] != is[1] || in.out_shape[2] != is[2] || in.out_shape[3] != is[3])
+    REMAT_THROW(o.input, ": images [", is[1], ", ", is[2], ", ", is[3], "], but the model \"", cfg.name,
+                "\" reads images [", in.out_shape[1], ", ", in.out_shape[2], ", ", in.out_shape[3], "]");
+  ParamStore params(g, dev, seed, /*initialise=*/o.init_from.empty());
+  if (!o.init_from.empty()) {
+    const InitFromReport r = init_from(o.init_from, cfg, params, o.init_from_partial);
+    if (!o.quiet) std::printf("%s\n", r.describe().c_str());
+  }
+  const int64_t classes = g.layer(g.logits_id).out_shape[-1];
+  if (!o.quiet) {
+    std::printf("remat predict %s: %lld images of %s on %s, in batches of %lld\n", o.config.c_str(),
+                static_cast<long long>(n), o.input.c_str(), dev.str().c_str(), static_cast<long long>(batch));
+    std::fflush(stdout);
+  }
+  const Clock::time_point t0 = Clock::now();
+  Predictions p;
+  {
+    TagScope scope(MemoryCategory::input, "predictions", Phase::setup);
+    p.logits = Tensor::empty(Shape{n, classes}, Device::cpu(), DType::f32);
+  }
+  int64_t done = 0;
+  over_batches(cfg, g, {}, params, be, n, [&](Executor& ex, const std::vector<int64_t>& idx) {
+    const auto b = static_cast<int64_t>(idx.size());
+    {
+      TagScope scope(MemoryCategory::activation, "predict", Phase::forward);
+      const std::vector<float> logits = ex.evaluate(image_batch(images, idx, dev), nullptr).to_vector();
+      REMAT_CHECK(static_cast<int64_t>(logits.size()) == b * classes, "predict: logits of ", logits.size(),
+                  " values for ", b, " images of ", classes, " classes");
+      std::copy(logits.begin(), logits.end(), p.logits.f32() + done * classes);
+      for (int64_t i = 0; i < b; ++i) {
+        const float* row = logits.data() + i * classes;
+        p.classes.push_back(static_cast<int32_t>(std::max_element(row, row + classes) - row));
+      }
+      done += b;
+    }
+  });
+  if (!o.out.empty()) save_npy(o.out, Tensor::from_ints(p.classes, Shape{n}));
+  if (!o.logits_out.empty()) save_npy(o.logits_out, p.logits);
+  if (!o.quiet) {
+    std::vector<int64_t> counts(static_cast<size_t>(classes), 0);
+    for (int32_t c : p.classes) ++counts[static_cast<size_t>(c)];
+    std::string hist;
+    for (int64_t c = 0; c < classes; ++c)
+      if (counts[static_cast<size_t>(c)] > 0)
+        hist += (hist.empty() ? "" : ", ") + std::to_string(c) + ": " + std::to_string(counts[static_cast<size_t>(c)]);
+    std::printf("predicted classes (class: images): %s | %.1f s\n", hist.c_str(),
+                std::chrono::duration<double>(Clock::now() - t0).count());
+    if (!o.out.empty()) std::printf("classes written to %s (int32 [%lld])\n", o.out.c_str(), static_cast<long long>(n));
+    if (!o.logits_out.empty())
+      std::printf("logits written to %s (float32 [%lld, %lld])\n", o.logits_out.c_str(), static_cast<long long>(n),
+                  static_cast<long long>(classes));
+  }
+  return p;
 }
 
 }  // namespace remat

@@ -62,5 +62,6 @@ Runner add_eval_command(CLI::App& app);
 Runner add_export_command(CLI::App& app);
 Runner add_corpus_command(CLI::App& app);
 Runner add_translate_command(CLI::App& app);
+Runner add_predict_command(CLI::App& app);
 
 }  // namespace remat::cli

@@ -73,6 +73,7 @@ int main(int argc, char** argv) {
   runners.push_back(remat::cli::add_export_command(app));
   runners.push_back(remat::cli::add_corpus_command(app));
   runners.push_back(remat::cli::add_translate_command(app));
+  runners.push_back(remat::cli::add_predict_command(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
