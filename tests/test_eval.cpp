@@ -7,6 +7,8 @@
 #include <cmath>
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
 #include "remat/config.h"
 #include "remat/data.h"
 #include "remat/evaluate.h"
@@ -161,5 +163,46 @@ TEST(Predict, ClassifiesImagesOfANpyFile) {
                      "[1, 4, 4]");
   o.config = src + "/tests/configs/gpt_char_tiny.json";
   EXPECT_REMAT_ERROR(remat::predict_images(o), "remat predict classifies images");
+  fs::remove_all(dir);
+}
+
+// A Fashion-MNIST run trained on normalised pixels: predict normalises its images the same
+// way, so its logits for pixels x are the logits another run (the same weights, data not
+// Fashion-MNIST) gives for (x - mean) / std.
+TEST(Predict, NormalisesPixelsAsAFashionMnistRunTrained) {
+  const std::string src = REMAT_SOURCE_DIR;
+  const fs::path dir = fs::temp_directory_path() / ("remat_predict_fm_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  remat::TrainOptions t;
+  t.config = src + "/tests/configs/fashion_cnn_tiny.json";
+  t.steps = 2;
+  t.device = "cpu";
+  t.out = (dir / "plain").string();
+  t.quiet = true;
+  remat::train(t);
+  fs::copy(dir / "plain", dir / "fashion", fs::copy_options::recursive);
+  nlohmann::json cfg = nlohmann::json::parse(remat::read_file((dir / "fashion" / "config.json").string()));
+  cfg["data"]["dataset"] = "fashion_mnist";
+  remat::write_file_atomic((dir / "fashion" / "config.json").string(), cfg.dump());
+
+  std::vector<float> pixels(3 * 12 * 12), normalised(pixels.size());
+  for (size_t k = 0; k < pixels.size(); ++k) {
+    pixels[k] = static_cast<float>(k % 256) / 255.0f;
+    normalised[k] = (pixels[k] - remat::kFashionMnistMean) / remat::kFashionMnistStd;
+  }
+  remat::save_npy((dir / "x.npy").string(), Tensor::from_vector(pixels, remat::Shape{3, 12, 12}));
+  remat::save_npy((dir / "xn.npy").string(), Tensor::from_vector(normalised, remat::Shape{3, 12, 12}));
+  remat::PredictOptions o;
+  o.device = "cpu";
+  o.quiet = true;
+  o.config = (dir / "fashion").string();
+  o.input = (dir / "x.npy").string();
+  const remat::Predictions fashion = remat::predict_images(o);
+  o.config = (dir / "plain").string();
+  o.input = (dir / "xn.npy").string();
+  const remat::Predictions plain = remat::predict_images(o);
+  EXPECT_EQ(fashion.logits.to_vector(), plain.logits.to_vector());
+  o.input = (dir / "x.npy").string();
+  EXPECT_NE(remat::predict_images(o).logits.to_vector(), plain.logits.to_vector()) << "normalisation changes nothing";
   fs::remove_all(dir);
 }

@@ -228,3 +228,49 @@ TEST(Schedule, ListingNamesEveryInstructionInOrder) {
   EXPECT_GT(count(s.backward, Step::prefetch), 0);
   EXPECT_GE(find(s.backward, Step::recompute, [](const Instr& x) { return x.nest >= 0; }), 0);
 }
+
+namespace {
+
+// Sets "impl": "materialized" on every attention layer of a model's JSON.
+void materialize_attention(nlohmann::json& j) {
+  if (j.is_object()) {
+    if (j.value("type", "") == "attention") j["impl"] = "materialized";
+    for (auto& v : j) materialize_attention(v);
+  } else if (j.is_array()) {
+    for (auto& v : j) materialize_attention(v);
+  }
+}
+
+}  // namespace
+
+// The planner's every:K+selective with offload, K = 3 units: the materialized attention
+// keeps its output (offloaded) and re-runs for its probabilities only, while that output
+// still waits in host memory (its prefetch comes one unit later). A re-run for extras does
+// not read its own output, so the schedule is valid: it passes the check and a step runs.
+TEST(Schedule, ExtrasOnlyRerunWhileItsOutputWaitsInHostMemory) {
+  const std::string path = std::string(REMAT_SOURCE_DIR) + "/tests/configs/gpt_char_tiny.json";
+  nlohmann::json model = remat::load_config(path).model;
+  materialize_attention(model);
+  const remat::Graph g = remat::build_graph(model, 2, path, {{"vocab", 24}});
+  const std::vector<remat::Segment> units = remat::plan_units(g);
+  ASSERT_EQ(units.size(), 4u);
+  const std::vector<remat::Segment> segs{{units[0].begin, units[2].end, true}, {units[3].begin, units[3].end, true}};
+  std::vector<bool> keep(static_cast<size_t>(g.size()), true), keep_extras = keep;
+  for (const auto& s : segs) remat::keep_selective(g, s, keep, keep_extras);
+  remat::CheckpointPlan p = remat::make_plan_from_segments(g, "every:3+selective", segs, keep, keep_extras);
+  remat::add_offload(g, p);
+  const remat::Schedule s = remat::compile_schedule(g, p);
+  // The case itself: an extras-only re-run of a layer whose output is offloaded, before its prefetch.
+  bool away = false;
+  for (size_t k = 0; k < s.backward.size() && !away; ++k) {
+    const Instr& x = s.backward[k];
+    if (x.op != Step::recompute || !x.flag || !p.offload[static_cast<size_t>(x.layer)]) continue;
+    away = find(s.backward, Step::prefetch, [&](const Instr& y) { return y.layer == x.layer; }) > static_cast<int>(k);
+  }
+  ASSERT_TRUE(away) << "the plan no longer re-runs an offloaded layer for its extras before its prefetch";
+  EXPECT_EQ(remat::check_schedule(g, s), "");
+  remat::ParamStore params(g, Device::meta(), 1);
+  remat::Executor ex(g, params, remat::backend_for(Device::meta()), p);
+  remat::RngGenerator gen(1);
+  EXPECT_EQ(ex.train_step(remat::test::batch_for(g, 1, Device::meta()), gen).recomputed_layers, s.recomputed_layers());
+}

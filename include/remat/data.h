@@ -25,8 +25,10 @@ struct ImageDataset {
 // (magic 0x00000801, u8 labels, [N]); each may be gzip-compressed (detected by magic).
 // Pixels become (p / 255 - mean) / std as f32 [N, 1, H, W]. Errors name the file and
 // what is wrong (bad magic, truncated, counts that disagree, label >= num_classes).
-ImageDataset load_idx(const std::string& images_path, const std::string& labels_path, float mean = 0.2860f,
-                      float std = 0.3530f, int num_classes = 10);
+// Fashion-MNIST's pixel mean and standard deviation (of p / 255), which training normalises by.
+constexpr float kFashionMnistMean = 0.2860f, kFashionMnistStd = 0.3530f;
+ImageDataset load_idx(const std::string& images_path, const std::string& labels_path, float mean = kFashionMnistMean,
+                      float std = kFashionMnistStd, int num_classes = 10);
 
 // The largest decompressed IDX file accepted, a sanity cap against gzip bombs and
 // headers that claim absurd sizes: 1 GiB.
@@ -44,8 +46,8 @@ struct IdxArray {
 // with the output and never beyond what the header implies (nor max_bytes).
 IdxArray parse_idx(std::string bytes, const std::string& name, size_t max_bytes = kMaxIdxBytes);
 // images [N, H, W] and labels [N] -> a data set; checks dims, counts and label range.
-ImageDataset idx_dataset(const IdxArray& images, const IdxArray& labels, float mean = 0.2860f, float std = 0.3530f,
-                         int num_classes = 10);
+ImageDataset idx_dataset(const IdxArray& images, const IdxArray& labels, float mean = kFashionMnistMean,
+                         float std = kFashionMnistStd, int num_classes = 10);
 
 // NumPy .npy files (numpy.lib.format versions 1.0, 2.0 and 3.0): C-order arrays of a
 // little-endian float (f4, f8), signed or unsigned integer (1 to 8 bytes) or bool type.

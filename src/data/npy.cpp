@@ -186,8 +186,9 @@ Tensor npy_images(const NpyArray& x) {
   float* px = images.f32();
   for (int64_t k = 0; k < s.numel(); ++k) {
     const double v = x.at(k) * scale;
-    REMAT_CHECK(std::isfinite(v), x.name, ": element ", k, " is ", v, "; every value must be finite");
     px[k] = static_cast<float>(v);
+    REMAT_CHECK(std::isfinite(px[k]), x.name, ": element ", k, " is ", v,
+                std::isfinite(v) ? " (beyond float32's range)" : "", "; every value must be finite");
   }
   return images;
 }

@@ -415,8 +415,16 @@ class Checker {
         if (x.op == Step::forward && x.flag != training) return "a forward in the wrong mode";
         for (int j : l.inputs)
           if (const std::string e = read(j, "an input"); !e.empty()) return e;
-        if (x.op == Step::recompute && x.flag && !me.out) return "re-runs for its extras a layer whose output is gone";
-        me.out = true;
+        if (x.op == Step::recompute && x.flag) {
+          // For its extras only: the kept output stays where it is (on the device, or waiting
+          // in host memory for its prefetch); the extras must not be mid-copy.
+          if (!me.out && !(me.trip_out && me.trip == Trip::away))
+            return "re-runs for its extras a layer whose output is gone";
+        } else {
+          if (me.trip_out && me.trip != Trip::none) return "overwrites an output whose copy is in flight or away";
+          me.out = true;
+        }
+        if (me.trip_extras && me.trip != Trip::none) return "overwrites extras whose copy is in flight or away";
         me.extras = has_extras(l);
         return "";
       }

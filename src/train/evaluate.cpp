@@ -355,6 +355,11 @@ Predictions predict_images(PredictOptions o) {
   ImageDataset images;
   images.images = npy_images(load_npy(o.input));
   images.source = o.input;
+  // A Fashion-MNIST run trained on normalised pixels: the images get the same.
+  const bool normalise = cfg.data.dataset == "fashion_mnist";
+  if (normalise)
+    for (float *p = images.images.f32(), *end = p + images.images.numel(); p != end; ++p)
+      *p = (*p - kFashionMnistMean) / kFashionMnistStd;
   const int64_t n = images.images.size(0);
   {
     TagScope scope(MemoryCategory::input, "data", Phase::setup);
@@ -375,6 +380,9 @@ Predictions predict_images(PredictOptions o) {
   if (!o.quiet) {
     std::printf("remat predict %s: %lld images of %s on %s, in batches of %lld\n", o.config.c_str(),
                 static_cast<long long>(n), o.input.c_str(), dev.str().c_str(), static_cast<long long>(batch));
+    if (normalise)
+      std::printf("pixels normalised as the run's Fashion-MNIST training did: (x - %.4f) / %.4f\n",
+                  static_cast<double>(kFashionMnistMean), static_cast<double>(kFashionMnistStd));
     std::fflush(stdout);
   }
   const Clock::time_point t0 = Clock::now();

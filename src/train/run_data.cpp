@@ -54,6 +54,10 @@ void load_npy_data(const Config& cfg, RunData& d) {
   if (has_test) {
     d.train_images = std::move(all);
     d.eval_images = npy_dataset(load_npy(file("test_x.npy")), load_npy(file("test_y.npy")), classes);
+    const Shape& tr = d.train_images.images.shape();
+    const Shape& te = d.eval_images.images.shape();
+    REMAT_CHECK(tr[1] == te[1] && tr[2] == te[2] && tr[3] == te[3], file("test_x.npy"), ": images [", te[1], ", ",
+                te[2], ", ", te[3], "], but train_x.npy's are [", tr[1], ", ", tr[2], ", ", tr[3], "]");
     return;
   }
   const int64_t n = all.labels.numel();

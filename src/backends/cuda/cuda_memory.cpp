@@ -121,15 +121,15 @@ void CudaBackend::wait_copy(uint64_t ticket) {
   REMAT_CHECK(it != copies_.end(), "offload: copy ", ticket, " is not pending (waited for twice?)");
   // Until compute waits for the copy, the caching allocator may hand a freed device block
   // to the next kernel while the copy stream still reads (or writes) it.
-  const PendingCopy& c = it->second;
+  const PendingCopy c = it->second;
+  copies_.erase(it);
+  activate();
+  REMAT_CUDA_CHECK(cudaStreamWaitEvent(stream_, c.done, 0));
+  spare_events_.push_back(c.done);
   REMAT_CHECK(!c.device_side.expired(), "offload copy ", ticket, ": the device tensor it ",
               (c.out ? "reads" : "writes"),
               " was freed before compute waited for the copy; the allocator could hand its block to a kernel while "
               "the copy stream still uses it (executor bug)");
-  activate();
-  REMAT_CUDA_CHECK(cudaStreamWaitEvent(stream_, c.done, 0));
-  spare_events_.push_back(c.done);
-  copies_.erase(it);
 }
 
 namespace cuda_device {
