@@ -287,6 +287,74 @@ TEST(Planner, OffloadModelAddsTheCopiesComputeCannotHide) {
   EXPECT_DOUBLE_EQ(remat::declared_offload_model("h100", "bf16").flops_per_s, 494.5e12);
 }
 
+namespace {
+
+// One chain of n units against brute force with offload weighed (the test below); counts
+// in `partial` the budgets at which the planner offloaded some units but not all.
+void expect_offload_planner_matches_brute_force(const remat::Config& cfg, int n, int& partial) {
+  remat::Graph g = remat::build_config_graph(cfg, 16, 0);
+  ASSERT_EQ(remat::unit_count(g), n);
+  std::vector<remat::CheckpointPlan> plans = every_unit_mode_plan(g, n);
+  for (int slots = 1; slots < n; ++slots) plans.push_back(remat::make_plan(g, "revolve:" + std::to_string(slots)));
+  // Each plan also with its first J units offloaded, for every J.
+  const size_t plain = plans.size();
+  const int most = static_cast<int>(remat::offload_units(g).size()) - 1;
+  for (size_t i = 0; i < plain; ++i)
+    for (int j = 1; j <= most; ++j) {
+      remat::CheckpointPlan p = plans[i];
+      remat::add_offload(g, p, j);
+      plans.push_back(p);
+    }
+  std::vector<remat::PlanCandidate> simulated;  // each plan once; the models below only rank them
+  for (const auto& plan : plans) {
+    const auto p = remat::profile_step(cfg, g, plan, remat::Device::meta(), false);
+    remat::PlanCandidate c{"brute", plan, p.peak_bytes, p.recompute_flops};
+    c.host_peak_bytes = p.host_peak_bytes;
+    c.forward_flops = p.forward_flops;
+    c.step_flops = p.step_flops();
+    simulated.push_back(c);
+  }
+  for (double link : {1e18, 1e3}) {
+    for (int64_t host_budget : {int64_t{0}, int64_t{40000}}) {
+      SCOPED_TRACE("link " + std::to_string(link) + " B/s, host budget " + std::to_string(host_budget));
+      remat::OffloadModel m;
+      m.name = "test";
+      m.flops_per_s = 1e9;
+      m.d2h_bytes_per_s = m.h2d_bytes_per_s = link;
+      m.host_budget = host_budget;
+      std::vector<remat::PlanCandidate> all;
+      for (remat::PlanCandidate c : simulated) {
+        c.modelled_ms = m.step_ms(c);
+        if (host_budget == 0 || c.host_peak_bytes <= host_budget) all.push_back(c);
+      }
+      for (int64_t budget : distinct_peaks(all)) {
+        double best = INFINITY;
+        for (const auto& c : all)
+          if (c.peak_bytes <= budget) best = std::min(best, c.modelled_ms);
+        const remat::PlanCandidate chosen = remat::plan_for_budget(cfg, g, budget, nullptr, &m);
+        partial += chosen.name.find("+offload:") != std::string::npos;
+        EXPECT_LE(chosen.peak_bytes, budget);
+        if (host_budget > 0) {
+          EXPECT_LE(chosen.host_peak_bytes, host_budget) << chosen.name;
+        }
+        EXPECT_LE(chosen.modelled_ms, best * (1 + 1e-12)) << "budget " << budget << ": planner chose " << chosen.name;
+      }
+      // Offload lowers the peak of the plain step: `none+offload` below `none`.
+      if (host_budget == 0) {
+        int64_t none_peak = 0, none_offload_peak = 0;
+        for (size_t i = 0; i < plans.size(); ++i) {
+          const bool keeps_all = std::find(plans[i].keep.begin(), plans[i].keep.end(), false) == plans[i].keep.end();
+          if (keeps_all) (plans[i].offloads() ? none_offload_peak : none_peak) = all[i].peak_bytes;
+        }
+        EXPECT_GT(none_offload_peak, 0);
+        EXPECT_LT(none_offload_peak, none_peak);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 // With offload weighed, the budget planner against brute force: every unit-mode plan of
 // small chains and every revolve:S, each also with its first J units offloaded for every J
 // (+offload:J; the last J is +offload), ranked by the modelled step
@@ -298,65 +366,19 @@ TEST(Planner, WithOffloadMatchesBruteForceOfSmallChains) {
   int partial = 0;  // budgets at which the planner offloads some units but not all
   for (int n : {3, 4}) {
     SCOPED_TRACE("blocks " + std::to_string(n));
-    remat::Config cfg = chain_config(n);
-    remat::Graph g = remat::build_config_graph(cfg, 16, 0);
-    std::vector<remat::CheckpointPlan> plans = every_unit_mode_plan(g, n);
-    for (int slots = 1; slots < n; ++slots) plans.push_back(remat::make_plan(g, "revolve:" + std::to_string(slots)));
-    // Each plan also with its first J units offloaded, for every J.
-    const size_t plain = plans.size();
-    const int most = static_cast<int>(remat::offload_units(g).size()) - 1;
-    for (size_t i = 0; i < plain; ++i)
-      for (int j = 1; j <= most; ++j) {
-        remat::CheckpointPlan p = plans[i];
-        remat::add_offload(g, p, j);
-        plans.push_back(p);
-      }
-    std::vector<remat::PlanCandidate> simulated;  // each plan once; the models below only rank them
-    for (const auto& plan : plans) {
-      const auto p = remat::profile_step(cfg, g, plan, remat::Device::meta(), false);
-      remat::PlanCandidate c{"brute", plan, p.peak_bytes, p.recompute_flops};
-      c.host_peak_bytes = p.host_peak_bytes;
-      c.forward_flops = p.forward_flops;
-      c.step_flops = p.step_flops();
-      simulated.push_back(c);
-    }
-    for (double link : {1e18, 1e3}) {
-      for (int64_t host_budget : {int64_t{0}, int64_t{40000}}) {
-        SCOPED_TRACE("link " + std::to_string(link) + " B/s, host budget " + std::to_string(host_budget));
-        remat::OffloadModel m;
-        m.name = "test";
-        m.flops_per_s = 1e9;
-        m.d2h_bytes_per_s = m.h2d_bytes_per_s = link;
-        m.host_budget = host_budget;
-        std::vector<remat::PlanCandidate> all;
-        for (remat::PlanCandidate c : simulated) {
-          c.modelled_ms = m.step_ms(c);
-          if (host_budget == 0 || c.host_peak_bytes <= host_budget) all.push_back(c);
-        }
-        for (int64_t budget : distinct_peaks(all)) {
-          double best = INFINITY;
-          for (const auto& c : all)
-            if (c.peak_bytes <= budget) best = std::min(best, c.modelled_ms);
-          const remat::PlanCandidate chosen = remat::plan_for_budget(cfg, g, budget, nullptr, &m);
-          partial += chosen.name.find("+offload:") != std::string::npos;
-          EXPECT_LE(chosen.peak_bytes, budget);
-          if (host_budget > 0) {
-            EXPECT_LE(chosen.host_peak_bytes, host_budget) << chosen.name;
-          }
-          EXPECT_LE(chosen.modelled_ms, best * (1 + 1e-12)) << "budget " << budget << ": planner chose " << chosen.name;
-        }
-        // Offload lowers the peak of the plain step: `none+offload` below `none`.
-        if (host_budget == 0) {
-          int64_t none_peak = 0, none_offload_peak = 0;
-          for (size_t i = 0; i < plans.size(); ++i) {
-            const bool keeps_all = std::find(plans[i].keep.begin(), plans[i].keep.end(), false) == plans[i].keep.end();
-            if (keeps_all) (plans[i].offloads() ? none_offload_peak : none_peak) = all[i].peak_bytes;
-          }
-          EXPECT_GT(none_offload_peak, 0);
-          EXPECT_LT(none_offload_peak, none_peak);
-        }
-      }
-    }
+    expect_offload_planner_matches_brute_force(chain_config(n), n, partial);
+  }
+  EXPECT_GT(partial, 0) << "no budget chose offloading some units but not all";
+}
+
+// The same on chains whose units differ: there the cheapest plan that fits once offloaded
+// need not be one of the regular family's (recomputed units first, then selective, then
+// kept), so the planner offloads the unit program's plans too.
+TEST(Planner, WithOffloadMatchesBruteForceOfHeterogeneousChains) {
+  int partial = 0;
+  for (auto [a, b, c] : {std::tuple{1, 2, 1}, std::tuple{0, 2, 2}, std::tuple{2, 1, 1}}) {
+    SCOPED_TRACE("blocks " + std::to_string(a) + "+" + std::to_string(b) + "+" + std::to_string(c));
+    expect_offload_planner_matches_brute_force(mixed_chain_config(a, b, c), a + b + c, partial);
   }
   EXPECT_GT(partial, 0) << "no budget chose offloading some units but not all";
 }

@@ -37,6 +37,13 @@ struct UnitChainModel {
   // recompute, the units rebuilt before it), calibrated on the four simulations.
   std::vector<int64_t> forward_keep, forward_selective, forward_last, forward_inner;
   std::vector<int64_t> recompute_selective, recompute_last, recompute_inner, backward;
+  // The leading items whose kept bytes wait in host memory between forward and backward
+  // (the plan offloads its first units, add_offload): a block of them holds its kept bytes
+  // on the device through the next block's phases (the copy out during its forward, the
+  // copy back one unit ahead of its own backward) and adds nothing to what the device holds
+  // for the blocks after that. A model, not exact (where a copy waits depends on the
+  // schedule): the planner simulates what the program returns. 0 without offload.
+  size_t offloaded_items = 0;
   int64_t after_units = 0;  // the layers after the units (head, loss) over every item's kept bytes
   int64_t outside = 0;      // everything else (layers before the units, optimizer): plan-independent
   // Per item, the forward FLOPs re-run: selective, in full at a segment's end, in full

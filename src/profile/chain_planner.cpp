@@ -210,11 +210,13 @@ void for_each_block(const UnitChainModel& m, const std::vector<UnitModeSpec>& mo
 }  // namespace
 
 int64_t modelled_peak(const UnitChainModel& m, const std::vector<UnitModeSpec>& modes) {
-  int64_t kept = 0, peak = m.outside;
+  int64_t kept = 0, in_flight = 0, peak = m.outside;
   for_each_block(m, item_modes(m, modes), [&](size_t i, size_t j, int mode) {
     const ChainBlock b = block_of(m, i, j, mode);
-    peak = std::max(peak, kept + b.peak);
-    kept += b.kept;
+    peak = std::max(peak, kept + in_flight + b.peak);
+    const bool offloaded = j <= m.offloaded_items;  // as in cheapest_unit_modes
+    kept += offloaded ? 0 : b.kept;
+    in_flight = offloaded ? b.kept : 0;
   });
   return std::max(peak, kept + m.after_units);
 }
@@ -234,18 +236,31 @@ std::optional<std::vector<UnitModeSpec>> cheapest_unit_modes(const UnitChainMode
   // (ascending) and the recompute FLOPs spent (descending), each with how it was reached.
   struct State {
     int64_t kept = 0;
+    int64_t in_flight = 0;  // an offloaded block's kept bytes, still on the device for the next block
     double flops = 0.0;
     size_t from = 0, from_state = 0;  // the boundary and state it extends
     int mode = 0;                     // of the block [from, here)
   };
   // Sorts by kept bytes and keeps each state that spends less than every state keeping
-  // fewer bytes.
+  // fewer bytes. Within an offloaded prefix, a state is dropped only where one that keeps
+  // no more, has no more in flight and spends no more comes before it.
   auto prune = [](std::vector<State>& v) {
-    std::sort(v.begin(), v.end(),
-              [](const State& a, const State& b) { return a.kept != b.kept ? a.kept < b.kept : a.flops < b.flops; });
+    std::sort(v.begin(), v.end(), [](const State& a, const State& b) {
+      return a.kept != b.kept             ? a.kept < b.kept
+             : a.in_flight != b.in_flight ? a.in_flight < b.in_flight
+                                          : a.flops < b.flops;
+    });
     size_t out = 0;
-    for (size_t k = 0; k < v.size(); ++k)
-      if (out == 0 || v[k].flops < v[out - 1].flops) v[out++] = v[k];
+    const bool any_in_flight = std::any_of(v.begin(), v.end(), [](const State& x) { return x.in_flight > 0; });
+    for (size_t k = 0; k < v.size(); ++k) {
+      bool dominated = false;
+      if (!any_in_flight)
+        dominated = out > 0 && v[out - 1].flops <= v[k].flops;  // the last kept spends least so far
+      else
+        for (size_t q = 0; q < out && !dominated; ++q)
+          dominated = v[q].in_flight <= v[k].in_flight && v[q].flops <= v[k].flops;
+      if (!dominated) v[out++] = v[k];
+    }
     v.resize(out);
   };
   constexpr size_t kMaxStates = 2048;
@@ -283,8 +298,14 @@ std::optional<std::vector<UnitModeSpec>> cheapest_unit_modes(const UnitChainMode
       for (size_t b = 0; b < blocks.size(); ++b) {
         const auto& [j, blk] = blocks[b];
         // Kept bytes only grow, and the layers after the units see all of them.
-        if (s.kept + blk.peak > budget || s.kept + blk.kept + m.after_units > budget) continue;
-        pending[j].push_back({s.kept + blk.kept, s.flops + blk.flops, i, k, b < 2 ? static_cast<int>(b) : 2});
+        // A block in the offloaded prefix hands its kept bytes to the host: they stay on the
+        // device while the next block's forward runs (the copy out) and its backward (the
+        // copy back, one unit ahead), and leave the running total.
+        const bool offloaded = j <= m.offloaded_items;
+        const int64_t kept = s.kept + (offloaded ? 0 : blk.kept);
+        if (s.kept + s.in_flight + blk.peak > budget || kept + m.after_units > budget) continue;
+        pending[j].push_back(
+            {kept, offloaded ? blk.kept : 0, s.flops + blk.flops, i, k, b < 2 ? static_cast<int>(b) : 2});
         if (pending[j].size() >= 4 * kMaxStates) prune(pending[j]);
       }
     }

@@ -304,9 +304,10 @@ std::optional<PlanCandidate> simulate_offloaded(const Config& cfg, const Graph& 
 
 // A plan the unit program chose, simulated, named by how many units each mode has and, up
 // to 24 units, the plan's layout (CheckpointPlan::unit_layout), e.g. "units: 2 full (1
-// segment), 4 selective [sss sRR]".
+// segment), 4 selective [sss sRR]"; with its first `offloaded` units offloaded where
+// that is positive ("... +offload:3").
 PlanCandidate simulate_unit_modes(const Config& cfg, const Graph& g, const std::vector<UnitModeSpec>& modes,
-                                  Backend* ws, const OffloadModel* om = nullptr) {
+                                  Backend* ws, const OffloadModel* om = nullptr, int offloaded = 0) {
   int count[3] = {0, 0, 0}, segments = 0;
   for (size_t u = 0; u < modes.size(); ++u) {
     ++count[modes[u].mode];
@@ -318,8 +319,12 @@ PlanCandidate simulate_unit_modes(const Config& cfg, const Graph& g, const std::
             (segments == 1 ? " segment)" : " segments)");
   if (count[1] > 0) name += std::string(count[2] ? "," : "") + " " + std::to_string(count[1]) + " selective";
   if (count[0] > 0) name += std::string(count[2] || count[1] ? "," : "") + " " + std::to_string(count[0]) + " kept";
-  const CheckpointPlan plan = plan_from_unit_modes(g, "units", modes);
+  CheckpointPlan plan = plan_from_unit_modes(g, "units", modes);
   if (modes.size() <= 24) name += " [" + plan.unit_layout(g) + "]";  // tells apart plans of the same counts
+  if (offloaded > 0) {
+    add_offload(g, plan, offloaded);
+    name += " +offload:" + std::to_string(offloaded);
+  }
   return simulate(cfg, g, name, plan, ws, om);
 }
 
@@ -552,7 +557,8 @@ struct BudgetSearch {
 // keeps offloaded; `best` and `smallest` carry over from an earlier pass.
 void search_budget_pass(const Config& cfg, const Graph& g, int64_t budget, Backend* ws, const OffloadModel* om,
                         bool offload, std::optional<PlanCandidate>& best, std::optional<PlanCandidate>& smallest,
-                        std::map<std::string, int64_t>& plain_peaks, BudgetOf of) {
+                        std::map<std::string, int64_t>& plain_peaks, std::optional<UnitChainModel>& model,
+                        BudgetOf of) {
   const int64_t n = unit_count(g);
   const int64_t host_budget = om && om->host_budget > 0 ? om->host_budget : INT64_MAX;
   auto record = [&](const PlanCandidate& c) {
@@ -718,17 +724,50 @@ void search_budget_pass(const Config& cfg, const Graph& g, int64_t budget, Backe
   // on chains of differing units it beats the family above. Last, so that a tie keeps the
   // family's regular plan. Its plan is simulated; should the simulation exceed the budget,
   // the program runs again under the budget less the excess.
+  if (n == 0) return;
+  if (!model) model = measure_unit_chain(cfg, g, ws);
+  const int longest = unit_program_longest_segment(n);
   if (!offload) {
-    const UnitChainModel model = measure_unit_chain(cfg, g, ws);
-    const int longest = unit_program_longest_segment(n);
     int64_t target = budget;
     for (int attempt = 0; attempt < 4 && target > 0; ++attempt) {
-      const auto modes = cheapest_unit_modes(model, target, longest);
+      const auto modes = cheapest_unit_modes(*model, target, longest);
       if (!modes) break;
       const PlanCandidate c = simulate_unit_modes(cfg, g, *modes, ws, om);
       record(c);
       if (c.peak(of) <= budget) break;
       target -= c.peak(of) - budget;  // the model predicts allocated bytes: aim below by the excess
+    }
+    return;
+  }
+  // With offload, a plan of one mode per unit that does not fit as it is may fit with
+  // what its first units keep offloaded, and on chains of differing units the cheapest of
+  // those need not be in the family above: which units to recompute depends on which keep
+  // their bytes on the device. For each number J of offloaded units the program runs on
+  // the model with the first J units' kept bytes off the device (offloaded_items); its plan
+  // is offloaded that far, simulated and trimmed (consider()), and as above run again under
+  // the budget less any excess. A J is left where even a copy-free step of its plan's
+  // recompute cannot beat the best so far. Tested against brute force on chains of
+  // differing units (tests/test_profile.cpp).
+  const int units_offloadable = static_cast<int>(offload_units(g).size()) - 1;
+  if (units_offloadable < 1 || model->units() != units_offloadable + 1) return;
+  std::vector<int> js;  // every J up to 64 units; on deeper chains a grid of about 4 log n
+  for (int j = 1; j <= units_offloadable; j = j < 8 || units_offloadable <= 64 ? j + 1 : j + j / 4) js.push_back(j);
+  if (js.back() != units_offloadable) js.push_back(units_offloadable);
+  if (!plain) plain = simulate(cfg, g, "none", make_plan(g, "none"), ws, om);
+  for (int j : js) {
+    UnitChainModel mj = *model;
+    mj.offloaded_items = static_cast<size_t>(model->unit_item[static_cast<size_t>(j)]);
+    int64_t target = budget;
+    for (int attempt = 0; attempt < 4 && target > 0; ++attempt) {
+      const auto modes = cheapest_unit_modes(mj, target, longest);
+      if (!modes) break;
+      PlanCandidate bound{"", {}, 0, modelled_recompute_flops(mj, *modes)};
+      bound.forward_flops = plain->forward_flops;
+      bound.step_flops = plain->step_flops + bound.recompute_flops;
+      if (best && om->step_ms(bound) >= best->cost()) break;
+      const PlanCandidate c = consider(simulate_unit_modes(cfg, g, *modes, ws, om, j));
+      if (c.peak(of) <= budget) break;
+      target -= c.peak(of) - budget;  // the model is not exact: aim below by the excess
     }
   }
 }
@@ -738,8 +777,9 @@ BudgetSearch search_budget(const Config& cfg, const Graph& g, int64_t budget, Ba
   REMAT_CHECK(budget > 0, "the memory budget must be positive");
   std::optional<PlanCandidate> best, smallest;
   std::map<std::string, int64_t> plain_peaks;  // by plan name: the peaks without offload
-  search_budget_pass(cfg, g, budget, ws, om, false, best, smallest, plain_peaks, of);
-  if (om) search_budget_pass(cfg, g, budget, ws, om, true, best, smallest, plain_peaks, of);
+  std::optional<UnitChainModel> model;         // measured once, for both passes
+  search_budget_pass(cfg, g, budget, ws, om, false, best, smallest, plain_peaks, model, of);
+  if (om) search_budget_pass(cfg, g, budget, ws, om, true, best, smallest, plain_peaks, model, of);
   REMAT_CHECK(smallest, "no plan holds within the host budget of ", format_bytes(om ? om->host_budget : 0));
   return {best, *smallest};
 }
