@@ -788,7 +788,7 @@ TEST(Npy, ErrorsNameTheFileAndWhatIsWrong) {
   EXPECT_REMAT_ERROR(remat::npy_dataset(x, load("y_float.npy"), 2), "y_float.npy: labels of type <f4");
   EXPECT_REMAT_ERROR(remat::npy_dataset(x, load("x_f32.npy"), 2), "x_f32.npy: labels of shape (2, 1, 2, 3)");
   EXPECT_REMAT_ERROR(remat::npy_dataset(load("x_nan.npy"), load("y_i64.npy"), 2), "x_nan.npy: element 1 is nan");
-  EXPECT_REMAT_ERROR(remat::npy_dataset(load("y_i64.npy"), load("y_i64.npy"), 2), "y_i64.npy: images of shape (2);");
+  EXPECT_REMAT_ERROR(remat::npy_dataset(load("y_i64.npy"), load("y_i64.npy"), 2), "y_i64.npy: images of shape (2,);");
   const remat::NpyArray three = remat::load_npy(npy_golden("blobs/test_y.npy"));
   EXPECT_REMAT_ERROR(remat::npy_dataset(x, three, 3), "test_y.npy: 24 labels for the 2 images of");
 }

@@ -80,6 +80,13 @@ double read_as(const std::string& data, int64_t k) {
   return static_cast<double>(v);
 }
 
+// A shape as NumPy writes a tuple: "(2, 3)", and "(5,)" for one dimension.
+std::string shape_text(const std::vector<int64_t>& dims) {
+  std::string s;
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return "(" + s + (dims.size() == 1 ? ",)" : ")");
+}
+
 }  // namespace
 
 int64_t NpyArray::numel() const {
@@ -149,9 +156,7 @@ NpyArray parse_npy(const std::string& bytes, const std::string& name) {
     }
     want *= static_cast<size_t>(d);
   }
-  std::string shape;
-  for (size_t i = 0; i < a.shape.size(); ++i) shape += (i ? ", " : "") + std::to_string(a.shape[i]);
-  REMAT_CHECK(want == have, name, ": the header says shape (", shape, ") of ", a.dtype(), ", ",
+  REMAT_CHECK(want == have, name, ": the header says shape ", shape_text(a.shape), " of ", a.dtype(), ", ",
               want == SIZE_MAX ? std::string("more bytes than the file holds") : std::to_string(want) + " bytes",
               ", but ", have, " bytes follow it", want != SIZE_MAX && want > have ? " (truncated)" : "");
   a.data = bytes.substr(start + header_len);
@@ -160,18 +165,8 @@ NpyArray parse_npy(const std::string& bytes, const std::string& name) {
 
 NpyArray load_npy(const std::string& path) { return parse_npy(read_file(path), path); }
 
-namespace {
-
-std::string shape_text(const NpyArray& a) {
-  std::string s;
-  for (size_t i = 0; i < a.shape.size(); ++i) s += (i ? ", " : "") + std::to_string(a.shape[i]);
-  return "(" + s + ")";
-}
-
-}  // namespace
-
 Tensor npy_images(const NpyArray& x) {
-  REMAT_CHECK(x.shape.size() >= 2 && x.shape.size() <= 4, x.name, ": images of shape ", shape_text(x),
+  REMAT_CHECK(x.shape.size() >= 2 && x.shape.size() <= 4, x.name, ": images of shape ", shape_text(x.shape),
               "; expected (N, C, H, W), (N, H, W) or (N, D)");
   REMAT_CHECK(x.kind != 'b', x.name, ": bool images; save them as numbers: arr.astype('float32')");
   const int64_t n = x.shape[0];
@@ -179,7 +174,7 @@ Tensor npy_images(const NpyArray& x) {
   if (x.shape.size() == 4) s = Shape{n, x.shape[1], x.shape[2], x.shape[3]};
   if (x.shape.size() == 3) s = Shape{n, 1, x.shape[1], x.shape[2]};
   if (x.shape.size() == 2) s = Shape{n, 1, 1, x.shape[1]};
-  REMAT_CHECK(n > 0 && s.numel() > 0, x.name, ": no images (shape ", shape_text(x), ")");
+  REMAT_CHECK(n > 0 && s.numel() > 0, x.name, ": no images (shape ", shape_text(x.shape), ")");
   TagScope scope(MemoryCategory::input, "data", Phase::setup);
   Tensor images = Tensor::empty(s, Device::cpu(), DType::f32);
   const double scale = x.kind == 'u' && x.item_bytes == 1 ? 1.0 / 255.0 : 1.0;
@@ -200,7 +195,7 @@ ImageDataset npy_dataset(const NpyArray& x, const NpyArray& y, int num_classes) 
   d.images = npy_images(x);
   const int64_t n = d.images.size(0);
   const bool labels_shape = y.shape.size() == 1 || (y.shape.size() == 2 && y.shape[1] == 1);
-  REMAT_CHECK(labels_shape, y.name, ": labels of shape ", shape_text(y), "; expected (N,) or (N, 1) class ids");
+  REMAT_CHECK(labels_shape, y.name, ": labels of shape ", shape_text(y.shape), "; expected (N,) or (N, 1) class ids");
   REMAT_CHECK(y.kind == 'i' || y.kind == 'u', y.name, ": labels of type ", y.dtype(),
               "; expected integer class ids (save with arr.astype('int64'))");
   REMAT_CHECK(y.shape[0] == n, y.name, ": ", y.shape[0], " labels for the ", n, " images of ", x.name);
@@ -220,12 +215,10 @@ void save_npy(const std::string& path, const Tensor& t) {
   REMAT_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::i32, path, ": .npy files of ", dtype_name(t.dtype()),
               " tensors are not written (f32 and i32 are)");
   const Tensor h = t.device().is_cpu() ? t : t.to(Device::cpu());
-  std::string shape;
-  for (int i = 0; i < h.shape().rank(); ++i) shape += std::to_string(h.shape()[i]) + ", ";
-  if (h.shape().rank() > 1) shape.resize(shape.size() - 2);  // "(N,)" for one dimension, "(N, M)" else
-  if (h.shape().rank() == 1) shape.resize(shape.size() - 1);
+  std::vector<int64_t> dims;
+  for (int i = 0; i < h.shape().rank(); ++i) dims.push_back(h.shape()[i]);
   std::string header = std::string("{'descr': '") + (t.dtype() == DType::f32 ? "<f4" : "<i4") +
-                       "', 'fortran_order': False, 'shape': (" + shape + "), }";
+                       "', 'fortran_order': False, 'shape': " + shape_text(dims) + ", }";
   // Padded with spaces and a newline so that the data starts at a multiple of 64 bytes.
   const size_t used = kMagicBytes + 2 + 2 + header.size() + 1;
   header += std::string((64 - used % 64) % 64, ' ') + "\n";
