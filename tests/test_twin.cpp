@@ -184,8 +184,8 @@ INSTANTIATE_TEST_SUITE_P(Configs, Twin, ::testing::ValuesIn(cases()),
 // silently shrink the parameterised suite).
 TEST(TwinGoldens, EveryTinyConfigHasOne) {
   const auto v = cases();
-  for (const char* want :
-       {"twin/gpt_char_tiny", "twin/fashion_cnn_tiny", "twin/conv_mix_tiny", "twin/seq_mix_tiny", "twin/llama_tiny"})
+  for (const char* want : {"twin/gpt_char_tiny", "twin/fashion_cnn_tiny", "twin/conv_mix_tiny", "twin/seq_mix_tiny",
+                           "twin/llama_tiny", "twin/vit_tiny"})
     EXPECT_NE(std::find(v.begin(), v.end(), want), v.end()) << want;
 }
 

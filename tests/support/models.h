@@ -47,7 +47,8 @@ inline Batch batch_for(const Graph& g, uint32_t seed, Device d = Device::cpu()) 
 
 // A shipped config scaled down: transformer widths scaled so that model width D becomes
 // 12 (3 heads of 4; qkv 3D -> 36, MLP 4D -> 48; with kv_heads, 2 heads sharing 1), other
-// widths and counts clamped.
+// widths and counts clamped. D: an embedding's dim, or a vision transformer's patch
+// conv2d channels (the conv2d before patch_tokens).
 inline int64_t model_dim(const nlohmann::json& j) {
   if (j.is_object()) {
     if (j.value("type", "") == "embedding" && j.contains("dim") && j["dim"].is_number_integer())
@@ -55,6 +56,10 @@ inline int64_t model_dim(const nlohmann::json& j) {
     for (const auto& v : j)
       if (int64_t d = model_dim(v)) return d;
   } else if (j.is_array()) {
+    for (size_t i = 1; i < j.size(); ++i)
+      if (j[i].is_object() && j[i].value("type", "") == "patch_tokens" && j[i - 1].is_object() &&
+          j[i - 1].value("type", "") == "conv2d" && j[i - 1].contains("out_channels"))
+        return j[i - 1]["out_channels"].get<int64_t>();
     for (const auto& v : j)
       if (int64_t d = model_dim(v)) return d;
   }
@@ -73,7 +78,10 @@ inline nlohmann::json shrink(nlohmann::json j, int64_t dim) {
           if (k == "out_features" && dim > 0 && x % dim != 0) v = std::min<int64_t>(x, 11);
         }
         if (k == "count") v = std::min<int64_t>(x, 3);
-        if (k == "seq_len" || k == "positions") v = std::min<int64_t>(x, 8);
+        // A position_embedding keeps its table: the scaled-down image's patches may
+        // outnumber 8.
+        if (k == "seq_len" || (k == "positions" && j.value("type", "") != "position_embedding"))
+          v = std::min<int64_t>(x, 8);
         if (k == "vocab") v = std::min<int64_t>(x, 11);
         if (k == "heads") v = 3;
       }

@@ -165,6 +165,9 @@ LAYER_KEYS = {
     "silu": {},
     "mul": {},
     "rope": {"heads": 1, "kv_heads": 0, "theta": 10000.0, "scaling": {}},
+    "patch_tokens": {},
+    "position_embedding": {"positions": None, "init_std": 0.02},
+    "mean_tokens": {},
 }
 INT_KEYS = {"out_features", "out_channels", "groups", "vocab", "dim", "positions", "heads", "kv_heads"}
 PAIR_KEYS = {"kernel", "stride", "padding", "dilation"}
@@ -388,6 +391,19 @@ class Graph:
             if len(x) != 3 or x[2] % all_heads:
                 raise ConfigError(f"{self.source}: {at}: attention input {x} must be [B, T, (heads + 2 kv_heads) d]")
             return (x[0], x[1], x[2] // all_heads * c["heads"])
+        if t == "patch_tokens":
+            if len(x) != 4:
+                raise ConfigError(f"{self.source}: {at}: patch_tokens input {x} must be [N, C, H, W]")
+            return (x[0], x[2] * x[3], x[1])
+        if t == "position_embedding":
+            if len(x) != 3 or x[1] > c["positions"]:
+                raise ConfigError(f"{self.source}: {at}: position_embedding input {x} must be [N, T <= positions, D]")
+            self._param(n, "weight", (c["positions"], x[2]), "normal", float(c["init_std"]), decay=False)
+            return x
+        if t == "mean_tokens":
+            if len(x) != 3:
+                raise ConfigError(f"{self.source}: {at}: mean_tokens input {x} must be [N, T, D]")
+            return (x[0], x[2])
         if t == "cross_entropy":
             return (1,)
         raise ConfigError(f"{self.source}: {at}: no shape rule for {t}")
@@ -503,6 +519,12 @@ class Graph:
             return y
         if t == "attention":
             return self._attention(x, c, training)
+        if t == "patch_tokens":
+            return x.flatten(2).transpose(1, 2)
+        if t == "position_embedding":
+            return x + p[0][: x.shape[1]]
+        if t == "mean_tokens":
+            return x.mean(dim=1)
         if t == "cross_entropy":
             v = x.shape[-1]
             return F.cross_entropy(x.reshape(-1, v), ins[1].reshape(-1).long(), ignore_index=self.ignore_index)
