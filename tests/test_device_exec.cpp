@@ -98,7 +98,7 @@ std::vector<Model> test_models() {
                    remat::build_graph(remat::test::shrink_model(c.model), 3, entry.path().string(), {{"vocab", 11}})});
   }
   for (const char* tiny : {"gpt_char_tiny.json", "fashion_cnn_tiny.json", "conv_mix_tiny.json", "seq_mix_tiny.json",
-                           "swiglu_tiny.json", "nmt_tiny.json", "llama_tiny.json", "vit_tiny.json"}) {
+                           "swiglu_tiny.json", "nmt_tiny.json", "llama_tiny.json", "vit_tiny.json", "unet_tiny.json"}) {
     const std::string path = std::string(REMAT_SOURCE_DIR) + "/tests/configs/" + tiny;
     remat::Config c = remat::load_config(path);
     out.push_back({tiny, remat::build_graph(c.model, 2, path, {{"vocab", 24}})});

@@ -185,7 +185,7 @@ INSTANTIATE_TEST_SUITE_P(Configs, Twin, ::testing::ValuesIn(cases()),
 TEST(TwinGoldens, EveryTinyConfigHasOne) {
   const auto v = cases();
   for (const char* want : {"twin/gpt_char_tiny", "twin/fashion_cnn_tiny", "twin/conv_mix_tiny", "twin/seq_mix_tiny",
-                           "twin/llama_tiny", "twin/vit_tiny"})
+                           "twin/llama_tiny", "twin/vit_tiny", "twin/unet_tiny"})
     EXPECT_NE(std::find(v.begin(), v.end(), want), v.end()) << want;
 }
 

@@ -168,8 +168,10 @@ LAYER_KEYS = {
     "patch_tokens": {},
     "position_embedding": {"positions": None, "init_std": 0.02},
     "mean_tokens": {},
+    "concat": {},
+    "upsample": {"scale_factor": 2},
 }
-INT_KEYS = {"out_features", "out_channels", "groups", "vocab", "dim", "positions", "heads", "kv_heads"}
+INT_KEYS = {"out_features", "out_channels", "groups", "vocab", "dim", "positions", "heads", "kv_heads", "scale_factor"}
 PAIR_KEYS = {"kernel", "stride", "padding", "dilation"}
 
 
@@ -404,6 +406,14 @@ class Graph:
             if len(x) != 3:
                 raise ConfigError(f"{self.source}: {at}: mean_tokens input {x} must be [N, T, D]")
             return (x[0], x[2])
+        if t == "concat":
+            if len(shapes) < 2 or any(len(s) != len(x) or s[:1] + s[2:] != x[:1] + x[2:] for s in shapes):
+                raise ConfigError(f"{self.source}: {at}: concat inputs {shapes} differ beyond dimension 1")
+            return (x[0], sum(s[1] for s in shapes)) + tuple(x[2:])
+        if t == "upsample":
+            if len(x) != 4 or c["scale_factor"] != 2:
+                raise ConfigError(f"{self.source}: {at}: upsample needs [N, C, H, W] and scale_factor 2")
+            return (x[0], x[1], 2 * x[2], 2 * x[3])
         if t == "cross_entropy":
             return (1,)
         raise ConfigError(f"{self.source}: {at}: no shape rule for {t}")
@@ -525,6 +535,10 @@ class Graph:
             return x + p[0][: x.shape[1]]
         if t == "mean_tokens":
             return x.mean(dim=1)
+        if t == "concat":
+            return torch.cat(ins, dim=1)
+        if t == "upsample":
+            return F.interpolate(x, scale_factor=2, mode="nearest")
         if t == "cross_entropy":
             v = x.shape[-1]
             return F.cross_entropy(x.reshape(-1, v), ins[1].reshape(-1).long(), ignore_index=self.ignore_index)
