@@ -40,9 +40,11 @@ struct UnitChainModel {
   // The leading items whose kept bytes wait in host memory between forward and backward
   // (the plan offloads its first units, add_offload): a block of them holds its kept bytes
   // on the device through the next block's phases (the copy out during its forward, the
-  // copy back one unit ahead of its own backward) and adds nothing to what the device holds
-  // for the blocks after that. A model, not exact (where a copy waits depends on the
-  // schedule): the planner simulates what the program returns. 0 without offload.
+  // copy back ahead of its own backward) and adds nothing to what the device holds for the
+  // blocks after that. A model, not exact: a product the next unit's backward reads comes
+  // back two units ahead, and host bytes and copy time are not weighed (within the prefix
+  // the least recompute wins); the planner simulates what the program returns, runs it
+  // again under the budget less any excess, and cuts offload back. 0 without offload.
   size_t offloaded_items = 0;
   int64_t after_units = 0;  // the layers after the units (head, loss) over every item's kept bytes
   int64_t outside = 0;      // everything else (layers before the units, optimizer): plan-independent

@@ -561,8 +561,16 @@ void search_budget_pass(const Config& cfg, const Graph& g, int64_t budget, Backe
                         BudgetOf of) {
   const int64_t n = unit_count(g);
   const int64_t host_budget = om && om->host_budget > 0 ? om->host_budget : INT64_MAX;
+  // plain_peaks' key: the plan's name without its offload suffix and its unit layout (names
+  // of the unit program's plans beyond 24 units give counts only, not which unit does what).
+  auto plain_key = [&](const PlanCandidate& c) {
+    const size_t at = c.name.rfind("+offload");
+    const std::string base =
+        at == std::string::npos ? c.name : c.name.substr(0, c.name.find_last_not_of(' ', at - 1) + 1);
+    return base + " " + c.plan.unit_layout(g);
+  };
   auto record = [&](const PlanCandidate& c) {
-    if (!c.plan.offloads()) plain_peaks.emplace(c.name, c.peak_bytes);
+    if (!c.plan.offloads()) plain_peaks.emplace(plain_key(c), c.peak_bytes);
     if (c.host_peak_bytes > host_budget) return;
     if (!smallest || c.peak(of) < smallest->peak(of) ||
         (c.peak(of) == smallest->peak(of) && c.cost() < smallest->cost()))
@@ -588,12 +596,12 @@ void search_budget_pass(const Config& cfg, const Graph& g, int64_t budget, Backe
   // both forms; consider() returns the one the searches go on with.
   const int most = static_cast<int>(offload_units(g).size()) - 1;
   auto plain_peak = [&](const PlanCandidate& c) {
-    const std::string base = c.name.substr(0, c.name.find_last_not_of(' ', c.name.rfind("+offload") - 1) + 1);
-    if (auto it = plain_peaks.find(base); it != plain_peaks.end()) return it->second;
+    const std::string key = plain_key(c);
+    if (auto it = plain_peaks.find(key); it != plain_peaks.end()) return it->second;
     CheckpointPlan p = c.plan;
     p.offload.clear(), p.prefetch_at.clear(), p.need_at.clear();
-    const int64_t peak = simulate(cfg, g, base, p, ws).peak_bytes;
-    plain_peaks.emplace(base, peak);
+    const int64_t peak = simulate(cfg, g, key, p, ws).peak_bytes;
+    plain_peaks.emplace(key, peak);
     return peak;
   };
   auto copies_free_ms = [&](PlanCandidate c) {
@@ -776,7 +784,7 @@ BudgetSearch search_budget(const Config& cfg, const Graph& g, int64_t budget, Ba
                            BudgetOf of) {
   REMAT_CHECK(budget > 0, "the memory budget must be positive");
   std::optional<PlanCandidate> best, smallest;
-  std::map<std::string, int64_t> plain_peaks;  // by plan name: the peaks without offload
+  std::map<std::string, int64_t> plain_peaks;  // by plan name and layout: the peaks without offload
   std::optional<UnitChainModel> model;         // measured once, for both passes
   search_budget_pass(cfg, g, budget, ws, om, false, best, smallest, plain_peaks, model, of);
   if (om) search_budget_pass(cfg, g, budget, ws, om, true, best, smallest, plain_peaks, model, of);

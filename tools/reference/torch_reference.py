@@ -407,7 +407,8 @@ class Graph:
                 raise ConfigError(f"{self.source}: {at}: mean_tokens input {x} must be [N, T, D]")
             return (x[0], x[2])
         if t == "concat":
-            if len(shapes) < 2 or any(len(s) != len(x) or s[:1] + s[2:] != x[:1] + x[2:] for s in shapes):
+            if len(shapes) < 2 or len(x) < 2 or any(len(s) != len(x) or s[:1] + s[2:] != x[:1] + x[2:]
+                                                    for s in shapes):
                 raise ConfigError(f"{self.source}: {at}: concat inputs {shapes} differ beyond dimension 1")
             return (x[0], sum(s[1] for s in shapes)) + tuple(x[2:])
         if t == "upsample":

@@ -4,8 +4,8 @@
 // neighbour, PyTorch's F.interpolate(scale_factor=2, mode="nearest")). Built from ops every
 // backend has: concat copies each sample's block of channels with scale(x, 1) (exact in
 // fp32 and bf16); upsample is 4 x avgpool2d's backward over 2x2 windows (each output dy/4,
-// times 4: exact, as both are powers of two), its backward 4 x avgpool2d's forward (the sum
-// of each 2x2 block of the gradient).
+// times 4: exact, both powers of two, but for subnormal values and the sign of a zero), its
+// backward 4 x avgpool2d's forward (the sum of each 2x2 block of the gradient).
 #include "graph/layers/layer_util.h"
 
 namespace remat::layers {
