@@ -348,6 +348,100 @@ TEST(BatchSampler, SeekResumesExactly) {
   EXPECT_REMAT_ERROR(s.seek(-1, 0), "epoch -1 is negative");
 }
 
+// Length grouping (data.length_buckets) against a reference built from the ungrouped
+// sampler's order: each pool of 20 batches sorted by length, cut into batches. The grouped
+// epoch holds those batches (as sets; their order shuffled, a partial last batch last), so
+// a batch's lengths span little where the ungrouped batches' span most of the range.
+TEST(BatchSampler, LengthGroupingSortsPoolsAndShufflesTheirBatches) {
+  const int64_t n = 1003, batch = 10, pool = 20;
+  std::vector<int64_t> lengths(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) lengths[static_cast<size_t>(i)] = 1 + (i * 7919) % 32;
+  for (bool drop_last : {true, false}) {
+    BatchSampler plain(n, batch, 5, true, drop_last), grouped(n, batch, 5, true, drop_last);
+    grouped.group_by_length(lengths, pool);
+    auto span = [&](const std::vector<int64_t>& b) {
+      int64_t lo = 99, hi = 0;
+      for (int64_t i : b)
+        lo = std::min(lo, lengths[static_cast<size_t>(i)]), hi = std::max(hi, lengths[static_cast<size_t>(i)]);
+      return static_cast<double>(hi - lo);
+    };
+    double plain_span = 0, grouped_span = 0;
+    for (int epoch = 0; epoch < 3; ++epoch) {
+      std::vector<int64_t> order;
+      for (const auto& b : take(plain, static_cast<int>(plain.batches_per_epoch()))) {
+        order.insert(order.end(), b.begin(), b.end());
+        plain_span += span(b);
+      }
+      // The reference: the shuffled order (drop_last leaves out its tail, which the pools
+      // still sort among), pools sorted, batches cut.
+      std::vector<int64_t> full = order;
+      if (drop_last) {
+        BatchSampler all(n, n, 5, true);  // one batch: the whole shuffled order of this epoch
+        all.seek(epoch, 0);
+        full = all.next();
+      }
+      for (size_t at = 0; at < full.size(); at += pool * batch) {
+        const auto end = full.begin() + static_cast<ptrdiff_t>(std::min(full.size(), at + pool * batch));
+        std::stable_sort(full.begin() + static_cast<ptrdiff_t>(at), end, [&](int64_t x, int64_t y) {
+          return lengths[static_cast<size_t>(x)] < lengths[static_cast<size_t>(y)];
+        });
+      }
+      std::multiset<std::vector<int64_t>> expect, got;
+      const int64_t batches = grouped.batches_per_epoch();
+      for (int64_t b = 0; b < batches; ++b) {
+        const auto first = full.begin() + b * batch;
+        std::vector<int64_t> v(first, first + std::min<int64_t>(batch, static_cast<int64_t>(full.size()) - b * batch));
+        std::sort(v.begin(), v.end());
+        expect.insert(v);
+      }
+      std::vector<std::vector<int64_t>> in_order;
+      for (int64_t b = 0; b < batches; ++b) {
+        auto v = grouped.next();
+        EXPECT_EQ(grouped.epoch(), epoch);
+        grouped_span += span(v);
+        std::sort(v.begin(), v.end());
+        in_order.push_back(v);
+        got.insert(v);
+      }
+      EXPECT_EQ(got, expect) << "epoch " << epoch << (drop_last ? ", drop_last" : "");
+      if (!drop_last) {
+        EXPECT_EQ(in_order.back().size(), 3u) << "the partial batch stays last";
+      }
+      // Not the pool order: the batches were shuffled (the pool order has ascending runs).
+      std::vector<std::vector<int64_t>> pool_order;
+      for (int64_t b = 0; b < batches; ++b) {
+        const auto first = full.begin() + b * batch;
+        std::vector<int64_t> v(first, first + std::min<int64_t>(batch, static_cast<int64_t>(full.size()) - b * batch));
+        std::sort(v.begin(), v.end());
+        pool_order.push_back(v);
+      }
+      EXPECT_NE(in_order, pool_order);
+    }
+    const double epochs_batches = 3.0 * static_cast<double>(grouped.batches_per_epoch());
+    EXPECT_LT(grouped_span / epochs_batches, 2.5) << "a grouped batch's lengths span little";
+    EXPECT_GT(plain_span / epochs_batches, 20.0) << "an ungrouped batch's lengths span most of 1..32";
+  }
+  // Resuming mid-epoch sees the same grouped batches; without shuffle the pools' batches
+  // come in order, each ascending.
+  BatchSampler a(n, batch, 9, true), b(n, batch, 9, true);
+  a.group_by_length(lengths, pool);
+  b.group_by_length(lengths, pool);
+  take(a, 27);
+  BatchSampler c(n, batch, 9, true);
+  c.group_by_length(lengths, pool);
+  c.seek(a.epoch(), a.position());
+  EXPECT_EQ(take(a, 30), take(c, 30));
+  BatchSampler ordered(n, batch, 9, false);
+  ordered.group_by_length(lengths, pool);
+  const auto first = ordered.next(), second = ordered.next();
+  EXPECT_TRUE(std::is_sorted(first.begin(), first.end(), [&](int64_t x, int64_t y) {
+    return lengths[static_cast<size_t>(x)] < lengths[static_cast<size_t>(y)];
+  }));
+  EXPECT_LE(lengths[static_cast<size_t>(first.back())], lengths[static_cast<size_t>(second.front())]);
+  EXPECT_REMAT_ERROR(a.group_by_length({1, 2}, pool), "2 lengths for 1003 samples");
+  EXPECT_REMAT_ERROR(a.group_by_length(lengths, 0), "pool of 0 batches");
+}
+
 TEST(BatchSampler, ShuffleIsUniform) {
   // All 24 orders of 4 elements, over 24000 epochs: each about 1000 times. A biased shuffle
   // (e.g. j drawn from [0, n) or Sattolo's [0, i)) fails this.

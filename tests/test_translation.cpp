@@ -133,6 +133,11 @@ std::string nmt_config(const std::string& dir, const std::string& policy, const 
   if (tweak == "ignore_index") c["model"]["layers"].back()["ignore_index"] = -100;
   if (tweak == "vocab") c["data"]["vocab"] = 65;
   if (tweak == "input") c["model"]["inputs"][0]["name"] = "input";
+  if (tweak == "buckets") {
+    c["data"]["length_buckets"] = {3, 4, 5, 6, 7};
+    c["training"]["steps"] = 6;
+    c["training"]["checkpoint_every"] = 1;
+  }
   if (tweak == "kv_from_target")  // cross-attention over the decoder's own states
     for (auto& l : c["model"]["layers"])
       if (l.value("name", "") == "dec")
@@ -349,6 +354,131 @@ TEST(Translation, CheckpointedStepsOnACorpusAreBitwiseThePlainOnes) {
       for (size_t i = 0; i < plain.size(); ++i)
         EXPECT_EQ(std::memcmp(&plain[i], &r.losses[i], sizeof(float)), 0) << policy << " step " << i + 1;
   }
+}
+
+// A batch cut to its length bucket (data.length_buckets) trains as the same pairs padded to
+// the model's lengths: padded keys are masked by the source lengths, padded targets are
+// ignored by the loss, and causal self-attention keeps the decoder's padded positions from
+// the real ones, so the loss and every gradient agree to rounding (dropout off: its masks
+// follow a tensor's geometry). Plans differ too (none against sqrt), as they may in a run.
+// On cpu they come out bitwise equal here (the padded rows add exact zeros to sums whose
+// other terms keep their order); a GEMM that blocks its reduction by the row count need not.
+TEST(Translation, ABatchCutToItsBucketTrainsAsThePaddedOne) {
+  if (!remat::have_sentencepiece()) GTEST_SKIP() << "built without SentencePiece";
+  const std::string dir = tmp_dir("bucket");
+  nlohmann::json model = remat::load_config(nmt_config(dir, "none")).model;
+  for (auto& l : model["layers"]) {
+    auto no_dropout = [](nlohmann::json& x) {
+      if (x.value("type", "") == "dropout") x["p"] = 0.0;
+      if (x.contains("dropout")) x["dropout"] = 0.0;
+    };
+    no_dropout(l);
+    if (l.contains("layers"))
+      for (auto& b : l["layers"]) no_dropout(b);
+  }
+  nlohmann::json cut_model = model;
+  for (auto& in : cut_model["inputs"])
+    if (in.contains("seq_len")) in["seq_len"] = 6;
+  remat::TranslationData data = remat::load_translation_data(corpus_dir(), 64, false);
+  data.fit(10, 8);
+  std::vector<int64_t> idx;  // pairs of at most 5 pieces a side, among them one of 5
+  bool longest = false;
+  for (int64_t i = 0; i < data.train.size() && idx.size() < 4; ++i) {
+    const size_t n =
+        std::max(data.train.source[static_cast<size_t>(i)].size(), data.train.target[static_cast<size_t>(i)].size());
+    if (n > 5 || (idx.size() == 3 && !longest && n != 5)) continue;
+    longest = longest || n == 5;
+    idx.push_back(i);
+  }
+  ASSERT_EQ(idx.size(), 4u);
+  const std::string path = dir + "/nmt_none.json";
+  const remat::Graph full = remat::build_graph(model, 4, path, {{"vocab", 64}});
+  const remat::Graph cut = remat::build_graph(cut_model, 4, path, {{"vocab", 64}});
+  remat::Backend& be = remat::backend_for(remat::Device::cpu());
+  remat::ParamStore params(full, remat::Device::cpu(), 11);
+  remat::Executor ef(full, params, be, remat::make_plan(full, "none"));
+  remat::Executor ec(cut, params, be, remat::make_plan(cut, "sqrt"));
+  remat::RngGenerator ga(4), gb(4);
+  params.zero_grads(be);
+  const float loss_full =
+      ef.train_step(remat::translation_batch(data.train, idx, 10, 8, remat::Device::cpu()), ga).loss;
+  std::vector<std::vector<float>> grads_full;
+  for (const remat::Tensor& t : params.grads) grads_full.push_back(t.defined() ? t.to_vector() : std::vector<float>{});
+  params.zero_grads(be);
+  const float loss_cut = ec.train_step(remat::translation_batch(data.train, idx, 6, 6, remat::Device::cpu()), gb).loss;
+  EXPECT_GT(loss_full, 0.0f);
+  EXPECT_NEAR(loss_cut, loss_full, 1e-6 * loss_full);
+  for (size_t p = 0; p < params.grads.size(); ++p) {
+    if (!params.grads[p].defined()) continue;
+    const std::vector<float> g = params.grads[p].to_vector();
+    ASSERT_EQ(g.size(), grads_full[p].size());
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      worst = std::max(worst, std::abs(double(g[i]) - double(grads_full[p][i])));
+      scale = std::max(scale, std::abs(double(grads_full[p][i])));
+    }
+    EXPECT_LE(worst, 1e-5 * scale + 1e-9) << full.params[p].name << " (largest gradient " << scale << ")";
+  }
+}
+
+// A run with length buckets: every policy trains the same bits (a batch's bucket graph is
+// planned and checkpointed as the model's), and a run resumed mid-epoch draws the same
+// grouped batches as the uninterrupted one. Bad buckets are named with the config's field.
+TEST(Translation, LengthBucketedRunsAreCheckpointedAndResumedExactly) {
+  if (!remat::have_sentencepiece()) GTEST_SKIP() << "built without SentencePiece";
+  const std::string dir = tmp_dir("buckets");
+  std::vector<float> plain;
+  for (const std::string policy : {"none", "sqrt", "selective"}) {
+    remat::TrainOptions o;
+    o.config = nmt_config(dir, policy, "buckets");
+    o.device = "cpu";
+    o.quiet = true;
+    const remat::TrainResult r = remat::train(o);
+    ASSERT_EQ(r.losses.size(), 6u) << policy;
+    for (float l : r.losses) EXPECT_TRUE(std::isfinite(l) && l > 0) << policy;
+    int64_t batches = 0;
+    for (const auto& [length, n] : r.batches_by_length) batches += n;
+    EXPECT_EQ(batches, 6);
+    EXPECT_GE(r.batches_by_length.size(), 2u) << "the six batches should use two lengths at least";
+    if (plain.empty())
+      plain = r.losses;
+    else
+      for (size_t i = 0; i < plain.size(); ++i)
+        EXPECT_EQ(std::memcmp(&plain[i], &r.losses[i], sizeof(float)), 0) << policy << " step " << i + 1;
+  }
+  remat::TrainOptions a;
+  a.config = nmt_config(dir, "sqrt", "buckets");
+  a.device = "cpu";
+  a.quiet = true;
+  a.out = dir + "/run";
+  a.on_step = [](int64_t step, float) {
+    if (step == 4) throw remat::Error("interrupted");
+  };
+  EXPECT_REMAT_ERROR(remat::train(a), "interrupted");  // the checkpoint is step 3's
+  remat::TrainOptions b = a;
+  b.on_step = nullptr;
+  b.out.clear();
+  b.resume = dir + "/run";
+  const remat::TrainResult rest = remat::train(b);
+  ASSERT_EQ(rest.losses.size(), 3u);
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_EQ(std::memcmp(&plain[i + 3], &rest.losses[i], sizeof(float)), 0) << "resumed step " << i + 4;
+
+  nlohmann::json c = nlohmann::json::parse(remat::read_file(nmt_config(dir, "none", "buckets")));
+  auto fails = [&](const nlohmann::json& buckets, const std::string& expect) {
+    c["data"]["length_buckets"] = buckets;
+    remat::write_file_atomic(dir + "/bad.json", c.dump());
+    remat::TrainOptions o;
+    o.config = dir + "/bad.json";
+    o.device = "cpu";
+    o.quiet = true;
+    EXPECT_REMAT_ERROR(remat::train(o), expect);
+  };
+  fails({6, 4}, "/data/length_buckets: expected ascending lengths of at least 2, got 4 after 6");
+  fails({4, 10}, "/data/length_buckets: 10 is not below the model's lengths (source 10, target 8)");
+  c["data"] = {{"dataset", "synthetic_text"}, {"length_buckets", {4}}};
+  remat::write_file_atomic(dir + "/bad.json", c.dump());
+  EXPECT_REMAT_ERROR(remat::load_config(dir + "/bad.json"), "but the data set synthetic_text is not translation");
 }
 
 TEST(Translation, AMismatchedConfigIsNamedBeforeAnyStep) {

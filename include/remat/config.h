@@ -81,6 +81,10 @@ struct DataConfig {
   double eval_fraction =
       0.1;              // text: share of the tokens held out for evaluation; npy without test files: of the samples
   bool shuffle = true;  // false: batches in data order (for comparisons)
+  // translation: shorter lengths a batch of like-length pairs is cut to (ascending, each
+  // below the model's; BatchSampler::group_by_length), run on a graph built at that
+  // length; empty: every batch has the model's lengths.
+  std::vector<int64_t> length_buckets;
   // Training-time augmentation of image batches ("augment": {...}); evaluation batches are
   // never augmented.
   struct Augment {

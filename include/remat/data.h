@@ -117,6 +117,14 @@ TextDataset load_text_corpus(const std::string& dir);
 // epoch is 0, 1, ..., n-1. With drop_last the last n % batch samples of an epoch are not
 // used; without it the last batch is smaller. position() counts batches taken in the
 // current epoch (0..batches_per_epoch()); seek(epoch, position) restores a saved pair.
+//
+// Length grouping (a translation corpus's data.length_buckets): after the epoch's shuffle,
+// its order is cut into pools of `pool_batches` batches, each pool is sorted by length
+// (stable, so ties keep the shuffled order), and the epoch's whole batches are then
+// shuffled among themselves (Fisher-Yates again, seeded by (seed, epoch) through another
+// splitmix64 round; without shuffle they stay in pool order). A batch then holds samples of
+// like length, so it can be cut short, and long and short batches still come in random
+// order. The pools and the order are fixed by (seed, epoch) as before.
 class BatchSampler {
  public:
   BatchSampler(int64_t n, int64_t batch, uint64_t seed, bool shuffle, bool drop_last = true);
@@ -126,14 +134,20 @@ class BatchSampler {
   int64_t epoch() const { return epoch_; }
   int64_t position() const { return position_; }  // batches taken in this epoch
   void seek(int64_t epoch, int64_t position);
+  // Groups every epoch's batches by `lengths` (one per sample, n of them), from the
+  // current epoch on; pool_batches >= 1.
+  void group_by_length(std::vector<int64_t> lengths, int64_t pool_batches);
 
  private:
   void shuffle_epoch();
+  void group_epoch();
   int64_t n_, batch_;
   uint64_t seed_;
   bool shuffle_, drop_last_;
   int64_t epoch_ = 0, position_ = 0;
   std::vector<int64_t> order_;
+  std::vector<int64_t> lengths_;  // empty: no grouping
+  int64_t pool_batches_ = 0;
 };
 
 // A batch on a device: one tensor per model input, by the names the model declares

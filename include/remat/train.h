@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -74,7 +75,10 @@ struct TrainResult {
   int64_t host_peak_bytes = 0;  // the pinned host pool's peak (the plan offloads: POLICY+offload)
   std::string policy;           // the plan the run trained under (a budget: "budget:SIZE -> plan")
   std::string precision;        // fp32 or bf16
-  double valid_bleu = -1.0;     // a translation run: greedy BLEU on its valid split's first pairs (-1: none)
+  // data.length_buckets: the steps of this call by the length their batch was cut to (0:
+  // the model's lengths); empty without buckets.
+  std::map<int64_t, int64_t> batches_by_length;
+  double valid_bleu = -1.0;  // a translation run: greedy BLEU on its valid split's first pairs (-1: none)
 };
 
 // A training run in named phases (tiny-cuda-nn's Trainer is the model):

@@ -26,15 +26,58 @@ BatchSampler::BatchSampler(int64_t n, int64_t batch, uint64_t seed, bool shuffle
 
 int64_t BatchSampler::batches_per_epoch() const { return drop_last_ ? n_ / batch_ : (n_ + batch_ - 1) / batch_; }
 
+namespace {
+
+template <class T>
+void fisher_yates(std::vector<T>& v, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  for (auto i = static_cast<int64_t>(v.size()) - 1; i > 0; --i) {
+    const auto j = static_cast<int64_t>(detail::uniform_below(gen, static_cast<uint64_t>(i) + 1));
+    std::swap(v[static_cast<size_t>(i)], v[static_cast<size_t>(j)]);
+  }
+}
+
+}  // namespace
+
 void BatchSampler::shuffle_epoch() {
   order_.resize(static_cast<size_t>(n_));
   std::iota(order_.begin(), order_.end(), int64_t{0});
-  if (!shuffle_) return;
-  std::mt19937_64 gen(detail::splitmix64(detail::splitmix64(seed_) ^ static_cast<uint64_t>(epoch_)));
-  for (int64_t i = n_ - 1; i > 0; --i) {
-    const auto j = static_cast<int64_t>(detail::uniform_below(gen, static_cast<uint64_t>(i) + 1));
-    std::swap(order_[static_cast<size_t>(i)], order_[static_cast<size_t>(j)]);
+  if (shuffle_) fisher_yates(order_, detail::splitmix64(detail::splitmix64(seed_) ^ static_cast<uint64_t>(epoch_)));
+  if (!lengths_.empty()) group_epoch();
+}
+
+void BatchSampler::group_epoch() {
+  const auto pool = static_cast<ptrdiff_t>(pool_batches_ * batch_);
+  auto by_length = [&](int64_t a, int64_t b) {
+    return lengths_[static_cast<size_t>(a)] < lengths_[static_cast<size_t>(b)];
+  };
+  for (auto it = order_.begin(); it != order_.end();) {
+    const auto end = order_.end() - it > pool ? it + pool : order_.end();
+    std::stable_sort(it, end, by_length);
+    it = end;
   }
+  // The whole batches change places; a last, partial batch (no drop_last) stays last.
+  const int64_t whole = n_ / batch_;
+  std::vector<int64_t> batches(static_cast<size_t>(whole));
+  std::iota(batches.begin(), batches.end(), int64_t{0});
+  if (shuffle_)
+    fisher_yates(batches,
+                 detail::splitmix64(detail::splitmix64(detail::splitmix64(seed_) ^ static_cast<uint64_t>(epoch_))));
+  std::vector<int64_t> grouped;
+  grouped.reserve(order_.size());
+  for (int64_t b : batches)
+    grouped.insert(grouped.end(), order_.begin() + b * batch_, order_.begin() + (b + 1) * batch_);
+  grouped.insert(grouped.end(), order_.begin() + whole * batch_, order_.end());
+  order_ = std::move(grouped);
+}
+
+void BatchSampler::group_by_length(std::vector<int64_t> lengths, int64_t pool_batches) {
+  REMAT_CHECK(static_cast<int64_t>(lengths.size()) == n_, "BatchSampler::group_by_length: ", lengths.size(),
+              " lengths for ", n_, " samples");
+  REMAT_CHECK(pool_batches >= 1, "BatchSampler::group_by_length: pool of ", pool_batches, " batches");
+  lengths_ = std::move(lengths);
+  pool_batches_ = pool_batches;
+  shuffle_epoch();
 }
 
 std::vector<int64_t> BatchSampler::next() {

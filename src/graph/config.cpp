@@ -246,6 +246,18 @@ Config parse_config(const nlohmann::json& j, const std::string& source) {
     c.data.classes = d.positive_int_or("classes", c.data.classes);
     c.data.eval_fraction = d.number_or("eval_fraction", c.data.eval_fraction, 0.0, 0.9);
     c.data.shuffle = d.bool_or("shuffle", c.data.shuffle);
+    // An empty list: none (what a run's config.json records without buckets).
+    if (d.has("length_buckets") && !(d.raw("length_buckets").is_array() && d.raw("length_buckets").empty())) {
+      c.data.length_buckets = d.shape("length_buckets");
+      if (c.data.dataset != "translation")
+        d.fail("length_buckets",
+               "cuts translation batches short, but the data set " + c.data.dataset + " is not translation");
+      for (size_t i = 0; i < c.data.length_buckets.size(); ++i)
+        if (c.data.length_buckets[i] < 2 || (i > 0 && c.data.length_buckets[i] <= c.data.length_buckets[i - 1]))
+          d.fail("length_buckets", "expected ascending lengths of at least 2, got " +
+                                       std::to_string(c.data.length_buckets[i]) +
+                                       (i > 0 ? " after " + std::to_string(c.data.length_buckets[i - 1]) : ""));
+    }
     if (d.has("augment")) {
       ConfigReader a = d.child("augment");
       c.data.augment.hflip = a.number_or("hflip", c.data.augment.hflip, 0.0, 1.0);
@@ -345,6 +357,7 @@ nlohmann::json Config::resolved() const {
                {"classes", data.classes},
                {"eval_fraction", data.eval_fraction},
                {"shuffle", data.shuffle},
+               {"length_buckets", data.length_buckets},
                {"augment", {{"hflip", data.augment.hflip}}}};
   j["optimizer"] = {{"type", optimizer.type},
                     {"lr", optimizer.lr},

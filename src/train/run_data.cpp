@@ -70,10 +70,35 @@ void load_npy_data(const Config& cfg, RunData& d) {
 
 }  // namespace
 
-Batch RunData::train_batch(const std::vector<int64_t>& idx, int64_t epoch, Device d) const {
+std::vector<int64_t> RunData::train_lengths() const {
+  std::vector<int64_t> lengths;
+  if (!translation) return lengths;
+  const TranslationSplit& t = translation->train;
+  for (int64_t i = 0; i < t.size(); ++i)
+    lengths.push_back(static_cast<int64_t>(
+        std::max(t.source[static_cast<size_t>(i)].size(), t.target[static_cast<size_t>(i)].size()) + 1));
+  return lengths;
+}
+
+int64_t RunData::bucket_length(const std::vector<int64_t>& idx) const {
+  if (!translation || length_buckets.empty()) return 0;
+  const TranslationSplit& t = translation->train;
+  size_t longest = 0;
+  for (int64_t i : idx)
+    longest = std::max({longest, t.source[static_cast<size_t>(i)].size(), t.target[static_cast<size_t>(i)].size()});
+  for (int64_t b : length_buckets)
+    if (static_cast<int64_t>(longest) + 1 <= b) return b;
+  return 0;
+}
+
+Batch RunData::train_batch(const std::vector<int64_t>& idx, int64_t epoch, Device d, int64_t length) const {
   std::vector<uint8_t> flips;
   if (!text && hflip > 0) flips = hflip_draws(seed, epoch, train_size(), idx, hflip);
-  if (translation) return translation_batch(translation->train, idx, translation->src_len, translation->tgt_len, d);
+  if (translation) {
+    const int64_t S = translation->src_len, T = translation->tgt_len;
+    return length > 0 ? translation_batch(translation->train, idx, std::min(length, S), std::min(length, T), d)
+                      : translation_batch(translation->train, idx, S, T, d);
+  }
   if (shards) return train_shards.batch(idx, seq_len, vocab, d);
   return batch(train_images, train_text, idx, d, flips);
 }
@@ -174,7 +199,8 @@ RunData load_run_data(const Config& cfg, const nlohmann::json& model) {
 
 namespace {
 
-void fit_translation_to_model(RunData& data, const Graph& g, const std::string& what) {
+void fit_translation_to_model(RunData& data, const Graph& g, const std::string& what, const std::string& cfg_source,
+                              const std::vector<int64_t>& length_buckets) {
   const Layer& src = g.layer(g.require_input(kSourceName, what));
   const Layer& len = g.layer(g.require_input(kSourceLengthName, what));
   const Layer& tgt = g.layer(g.require_input(kTargetInName, what));
@@ -213,13 +239,20 @@ void fit_translation_to_model(RunData& data, const Graph& g, const std::string& 
               " pieces, fewer than a batch of ", b);
   REMAT_CHECK(data.translation->valid.size() > 0, what, ": no validation pair fits source ", src.out_shape[1],
               " and target ", tgt.out_shape[1], " pieces");
+  const int64_t longest = std::max(src.out_shape[1], tgt.out_shape[1]);
+  data.length_buckets.clear();
+  for (int64_t b : length_buckets) {
+    REMAT_CHECK(b < longest, cfg_source, ": /data/length_buckets: ", b, " is not below the model's lengths (source ",
+                src.out_shape[1], ", target ", tgt.out_shape[1], "): the model's own lengths are the last bucket");
+    data.length_buckets.push_back(b);
+  }
 }
 
 }  // namespace
 
 void fit_data_to_model(RunData& data, const Graph& g, const Config& cfg) {
   const std::string what = cfg.source + ": data.dataset " + cfg.data.dataset;
-  if (data.translation) return fit_translation_to_model(data, g, what);
+  if (data.translation) return fit_translation_to_model(data, g, what, cfg.source, cfg.data.length_buckets);
   const Layer& input = g.layer(g.require_input(kInputName, what));
   const Layer& targets = g.layer(g.require_input(kTargetsName, what));
   for (int id : g.input_ids)

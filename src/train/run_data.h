@@ -41,8 +41,18 @@ struct RunData {
     if (shards) return eval_shards.windows(seq_len);
     return text ? text_windows(eval_text, seq_len) : eval_images.labels.numel();
   }
-  // A training batch of the sampler's epoch `epoch`, augmented as the config asks.
-  Batch train_batch(const std::vector<int64_t>& idx, int64_t epoch, Device d) const;
+  // Translation with data.length_buckets: the buckets below the model's lengths, ascending
+  // (fit_data_to_model checks them); empty without.
+  std::vector<int64_t> length_buckets;
+  // Translation: per training pair, the length it needs (its source and </s>, or <s> and
+  // its target, the longer), what the sampler groups batches by; empty for other data.
+  std::vector<int64_t> train_lengths() const;
+  // The smallest length bucket every pair of idx fits, or 0 (the model's lengths: no bucket
+  // holds them all, or there are no buckets).
+  int64_t bucket_length(const std::vector<int64_t>& idx) const;
+  // A training batch of the sampler's epoch `epoch`, augmented as the config asks; a
+  // translation batch cut to `length` (bucket_length's; 0: the model's lengths).
+  Batch train_batch(const std::vector<int64_t>& idx, int64_t epoch, Device d, int64_t length = 0) const;
   Batch eval_batch(const std::vector<int64_t>& idx, Device d) const;  // never augmented
 
  private:

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <sstream>
 
@@ -35,6 +36,10 @@ namespace remat {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// data.length_buckets: batches are grouped by length within pools of this many batches of
+// the epoch's shuffled order (BatchSampler::group_by_length).
+constexpr int64_t kBucketPoolBatches = 50;
 
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
@@ -169,6 +174,21 @@ struct Trainer::State {
   int64_t micros = 1;                    // micro-batches per step (all ranks)
   uint64_t rng_words = 0;                // Philox words per micro-batch
   std::unique_ptr<GradReducer> reducer;  // micro-batches or ranks: the step's reduction
+  // data.length_buckets: a graph, plan and executor per bucket length below the model's,
+  // sharing the parameters, made at the first batch of that length; the batches each ran.
+  struct Bucket {
+    Graph graph;
+    CheckpointPlan plan;
+    Executor executor;
+    uint64_t rng_words;
+    Bucket(Graph g, State& s)
+        : graph(std::move(g)),
+          plan(resolve_policy(s.cfg, graph, s.cfg.training.policy, &s.be)),
+          executor(graph, s.params, s.be, plan, deferred_loss(s.opt.verify_recompute)),
+          rng_words(rng_words_per_micro_batch(graph)) {}
+  };
+  std::map<int64_t, std::unique_ptr<Bucket>> buckets;
+  std::map<int64_t, int64_t> bucket_batches;  // by length (the model's: 0)
 
   int64_t step = 0;   // steps done, including those before a resume
   int64_t first = 0;  // the step this call started from
@@ -223,6 +243,25 @@ struct Trainer::State {
       if (reducer->overlapped())
         executor.set_on_grads_final([this](const std::vector<int>& ps) { reducer->grads_final(ps); });
     }
+    if (!data.length_buckets.empty()) sampler.group_by_length(data.train_lengths(), kBucketPoolBatches);
+  }
+
+  // The executor that runs a batch cut to `length` (RunData::bucket_length; 0: the model's
+  // lengths), and the random words one micro-batch of it draws.
+  std::pair<Executor*, uint64_t> executor_for(int64_t length) {
+    ++bucket_batches[length];
+    if (length == 0) return {&executor, rng_words};
+    std::unique_ptr<Bucket>& b = buckets[length];
+    if (!b) {
+      nlohmann::json model = cfg.model;
+      for (auto& in : model["inputs"])
+        if (in.value("name", "") != kSourceLengthName && in.contains("seq_len"))
+          in["seq_len"] = std::min(length, in["seq_len"].get<int64_t>());
+      b = std::make_unique<Bucket>(build_graph(model, micro, cfg.source, vars), *this);
+      if (reducer && reducer->overlapped())
+        b->executor.set_on_grads_final([this](const std::vector<int>& ps) { reducer->grads_final(ps); });
+    }
+    return {&b->executor, b->rng_words};
   }
 
   // What this step's collectives moved and took: the host Comm's and the device's.
@@ -491,17 +530,19 @@ StepStats Trainer::step() {
   alloc.reset_peak();
   s.reset_comm_stats();
   const std::vector<int64_t> idx = s.sampler.next();  // may move the sampler to the next epoch
+  const int64_t length = s.data.bucket_length(idx);   // the whole batch's, so every rank's
+  const auto [executor, rng_words] = s.executor_for(length);
   auto micro_batch = [&](int64_t m) {
     TagScope scope(MemoryCategory::input, "data", Phase::setup);
-    if (s.micros == 1) return s.data.train_batch(idx, s.sampler.epoch(), s.dev);
+    if (s.micros == 1) return s.data.train_batch(idx, s.sampler.epoch(), s.dev, length);
     const std::vector<int64_t> part(idx.begin() + m * s.micro, idx.begin() + (m + 1) * s.micro);
-    return s.data.train_batch(part, s.sampler.epoch(), s.dev);
+    return s.data.train_batch(part, s.sampler.epoch(), s.dev, length);
   };
   StepStats st;
   if (!s.reducer) {
     const Batch batch = micro_batch(0);
     s.params.zero_grads(s.be);
-    st = s.executor.train_step(batch, s.gen);
+    st = executor->train_step(batch, s.gen);
     if (s.opt.on_grads) s.opt.on_grads(0, s.params.grads);
   } else {
     // Round j: this rank runs micro-batch m = j N + r, with the random draws micro-batch m
@@ -514,10 +555,10 @@ StepStats Trainer::step() {
       const int64_t m = j * n + r;
       const Batch batch = micro_batch(m);
       s.params.zero_grads(s.be);
-      s.gen.set_state({base.seed, base.offset + static_cast<uint64_t>(m) * s.rng_words});
+      s.gen.set_state({base.seed, base.offset + static_cast<uint64_t>(m) * rng_words});
       s.reducer->begin_round(j, j + 1 == rounds);
-      StepStats sm = s.executor.train_step(batch, s.gen);
-      REMAT_CHECK(s.gen.state().offset == base.offset + static_cast<uint64_t>(m + 1) * s.rng_words, "micro-batch ", m,
+      StepStats sm = executor->train_step(batch, s.gen);
+      REMAT_CHECK(s.gen.state().offset == base.offset + static_cast<uint64_t>(m + 1) * rng_words, "micro-batch ", m,
                   ": the model drew another number of random words than its layers say");
       if (s.opt.on_grads) s.opt.on_grads(m, s.params.grads);
       local[static_cast<size_t>(j)] = read_step_loss(sm);  // the ranks' collectives drain the stream anyway
@@ -527,7 +568,7 @@ StepStats Trainer::step() {
       st.backward_flops += sm.backward_flops;
       s.reducer->add_round(j);
     }
-    s.gen.set_state({base.seed, base.offset + static_cast<uint64_t>(s.micros) * s.rng_words});
+    s.gen.set_state({base.seed, base.offset + static_cast<uint64_t>(s.micros) * rng_words});
     // A sharded optimizer reads only this rank's shard, unless clipping needs the norm.
     s.reducer->finish(1.0f / static_cast<float>(s.micros), !s.optimizer.sharded() || s.cfg.optimizer.grad_clip > 0.0);
     // The step's loss: the micro-batches' losses summed in micro-batch order, over K.
@@ -736,6 +777,12 @@ TrainResult Trainer::run() {
                   s.comm.size() > 1 ? "s" : "", format_bytes(s.optimizer.state_bytes()).c_str());
     std::printf("%s\n", s.plan.describe(s.graph).c_str());
     if (!s.data.describe.empty()) std::printf("data: %s\n", s.data.describe.c_str());
+    if (!s.data.length_buckets.empty()) {
+      std::string lengths;
+      for (int64_t b : s.data.length_buckets) lengths += std::to_string(b) + ", ";
+      std::printf("length buckets %sthen the model's: batches grouped by length in pools of %lld\n", lengths.c_str(),
+                  static_cast<long long>(kBucketPoolBatches));
+    }
     std::fflush(stdout);
   }
   allocator_for(s.dev).reset_peak();
@@ -750,6 +797,14 @@ TrainResult Trainer::run() {
     if (can_sample && tc.sample_every > 0 && s.step % tc.sample_every == 0 && !last && !s.opt.quiet)
       std::printf("sample at step %lld:\n%s\n", static_cast<long long>(s.step),
                   printable_text(sample(tc.sample_length, tc.seed + 7 + static_cast<uint64_t>(s.step))).c_str());
+  }
+  if (!s.data.length_buckets.empty()) s.result.batches_by_length = s.bucket_batches;
+  if (!s.data.length_buckets.empty() && !s.opt.quiet) {
+    std::string used;
+    for (const auto& [length, n] : s.bucket_batches)
+      used += (used.empty() ? "" : ", ") + (length > 0 ? std::to_string(length) : std::string("the model's")) + ": " +
+              std::to_string(n);
+    std::printf("batches by length: %s\n", used.c_str());
   }
   s.result.steps = s.step;
   s.result.ranks = s.comm.size();
