@@ -73,7 +73,7 @@ class ConfigError(Exception):
 SECTION_DEFAULTS = {
     "data": {"dataset": "fashion_mnist", "path": "", "synthetic_size": 2048, "vocab": 32,
              "image_shape": [1, 28, 28], "classes": 10, "eval_fraction": 0.1, "shuffle": True,
-             "augment": {"hflip": 0.0}},
+             "length_buckets": [], "augment": {"hflip": 0.0}},
     "optimizer": {"type": "adamw", "lr": 0.001, "weight_decay": 0.0, "momentum": 0.9, "dampening": 0.0,
                   "nesterov": False, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "grad_clip": 0.0},
     "schedule": {"type": "constant", "warmup_steps": 0, "min_lr_ratio": 0.0, "step_size": 1000, "gamma": 0.1},
@@ -115,6 +115,8 @@ def load_config(path):
         if unknown:
             raise ConfigError(f"{path}: /{sec}: unknown key(s) {sorted(unknown)}")
         cfg[sec] = {**defaults, **given}
+    if cfg["data"]["length_buckets"]:
+        raise ConfigError(f"{path}: /data/length_buckets: the twin pads every batch to the model's lengths")
     aug = cfg["data"]["augment"]
     if not isinstance(aug, dict) or set(aug) - {"hflip"}:
         raise ConfigError(f"{path}: /data/augment: expected an object with the key hflip, got {aug!r}")
