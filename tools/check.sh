@@ -7,6 +7,8 @@
 # Tests labelled `gpu` run where a GPU exists and are reported as skipped elsewhere (by the
 # default preset: the asan preset leaves them out, and the op cases' shuffled-lanes rerun,
 # a logic check the default preset makes; CMakePresets.json, its test preset's filter).
+# The asan preset also runs the device executor tests on the tiny test configs only
+# (REMAT_TEST_MODELS=tiny; tests/test_device_exec.cpp), not on the shipped ones scaled down.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
