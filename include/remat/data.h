@@ -119,7 +119,8 @@ TextDataset load_text_corpus(const std::string& dir);
 // current epoch (0..batches_per_epoch()); seek(epoch, position) restores a saved pair.
 //
 // Length grouping (a translation corpus's data.length_buckets): after the epoch's shuffle,
-// its order is cut into pools of `pool_batches` batches, each pool is sorted by length
+// its whole batches are cut into pools of `pool_batches` batches (the n % batch samples
+// after them, dropped or the last batch, stay as shuffled), each pool is sorted by length
 // (stable, so ties keep the shuffled order), and the epoch's whole batches are then
 // shuffled among themselves (Fisher-Yates again, seeded by (seed, epoch) through another
 // splitmix64 round; without shuffle they stay in pool order). A batch then holds samples of

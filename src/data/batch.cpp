@@ -47,17 +47,20 @@ void BatchSampler::shuffle_epoch() {
 }
 
 void BatchSampler::group_epoch() {
+  // The pools cover the whole batches only: the n % batch samples after them (left out with
+  // drop_last, else the last batch) stay a random draw, not the longest of the last pool.
+  const int64_t whole = n_ / batch_;
   const auto pool = static_cast<ptrdiff_t>(pool_batches_ * batch_);
   auto by_length = [&](int64_t a, int64_t b) {
     return lengths_[static_cast<size_t>(a)] < lengths_[static_cast<size_t>(b)];
   };
-  for (auto it = order_.begin(); it != order_.end();) {
-    const auto end = order_.end() - it > pool ? it + pool : order_.end();
+  const auto grouped_end = order_.begin() + whole * batch_;
+  for (auto it = order_.begin(); it != grouped_end;) {
+    const auto end = grouped_end - it > pool ? it + pool : grouped_end;
     std::stable_sort(it, end, by_length);
     it = end;
   }
   // The whole batches change places; a last, partial batch (no drop_last) stays last.
-  const int64_t whole = n_ / batch_;
   std::vector<int64_t> batches(static_cast<size_t>(whole));
   std::iota(batches.begin(), batches.end(), int64_t{0});
   if (shuffle_)

@@ -253,10 +253,14 @@ struct Trainer::State {
     if (length == 0) return {&executor, rng_words};
     std::unique_ptr<Bucket>& b = buckets[length];
     if (!b) {
+      // The inputs' lengths as the model's graph has them (a config may write "$seq_len").
       nlohmann::json model = cfg.model;
-      for (auto& in : model["inputs"])
-        if (in.value("name", "") != kSourceLengthName && in.contains("seq_len"))
-          in["seq_len"] = std::min(length, in["seq_len"].get<int64_t>());
+      for (auto& in : model["inputs"]) {
+        const std::string name = in.value("name", "");
+        if (name == kSourceName || name == kTargetInName || name == kTargetsName)
+          in["seq_len"] = std::min(length, graph.layer(graph.require_input(name, cfg.source)).out_shape[1]);
+      }
+      // Only the inputs change: a parameter sized by "$seq_len" keeps the model's size.
       b = std::make_unique<Bucket>(build_graph(model, micro, cfg.source, vars), *this);
       if (reducer && reducer->overlapped())
         b->executor.set_on_grads_final([this](const std::vector<int>& ps) { reducer->grads_final(ps); });
@@ -809,7 +813,11 @@ TrainResult Trainer::run() {
   s.result.steps = s.step;
   s.result.ranks = s.comm.size();
   s.result.policy = s.plan.policy;
+  // Each length bucket's executor has its own pinned pool: the largest peak among them.
   if (const CachingAllocator* host = s.executor.host_pool()) s.result.host_peak_bytes = host->stats().peak_allocated;
+  for (const auto& [length, b] : s.buckets)
+    if (const CachingAllocator* host = b->executor.host_pool())
+      s.result.host_peak_bytes = std::max(s.result.host_peak_bytes, host->stats().peak_allocated);
   s.result.precision = tc.precision;
   if (s.step > s.first) {
     evaluate();
