@@ -70,24 +70,30 @@ void load_npy_data(const Config& cfg, RunData& d) {
 
 }  // namespace
 
+namespace {
+
+// The length translation pair i needs: its source and </s>, or <s> and its target, the longer.
+int64_t pair_length(const TranslationSplit& t, int64_t i) {
+  return static_cast<int64_t>(
+             std::max(t.source[static_cast<size_t>(i)].size(), t.target[static_cast<size_t>(i)].size())) +
+         1;
+}
+
+}  // namespace
+
 std::vector<int64_t> RunData::train_lengths() const {
   std::vector<int64_t> lengths;
   if (!translation) return lengths;
-  const TranslationSplit& t = translation->train;
-  for (int64_t i = 0; i < t.size(); ++i)
-    lengths.push_back(static_cast<int64_t>(
-        std::max(t.source[static_cast<size_t>(i)].size(), t.target[static_cast<size_t>(i)].size()) + 1));
+  for (int64_t i = 0; i < translation->train.size(); ++i) lengths.push_back(pair_length(translation->train, i));
   return lengths;
 }
 
 int64_t RunData::bucket_length(const std::vector<int64_t>& idx) const {
   if (!translation || length_buckets.empty()) return 0;
-  const TranslationSplit& t = translation->train;
-  size_t longest = 0;
-  for (int64_t i : idx)
-    longest = std::max({longest, t.source[static_cast<size_t>(i)].size(), t.target[static_cast<size_t>(i)].size()});
+  int64_t longest = 0;
+  for (int64_t i : idx) longest = std::max(longest, pair_length(translation->train, i));
   for (int64_t b : length_buckets)
-    if (static_cast<int64_t>(longest) + 1 <= b) return b;
+    if (longest <= b) return b;
   return 0;
 }
 
@@ -96,8 +102,8 @@ Batch RunData::train_batch(const std::vector<int64_t>& idx, int64_t epoch, Devic
   if (!text && hflip > 0) flips = hflip_draws(seed, epoch, train_size(), idx, hflip);
   if (translation) {
     const int64_t S = translation->src_len, T = translation->tgt_len;
-    return length > 0 ? translation_batch(translation->train, idx, std::min(length, S), std::min(length, T), d)
-                      : translation_batch(translation->train, idx, S, T, d);
+    return translation_batch(translation->train, idx, length > 0 ? std::min(length, S) : S,
+                             length > 0 ? std::min(length, T) : T, d);
   }
   if (shards) return train_shards.batch(idx, seq_len, vocab, d);
   return batch(train_images, train_text, idx, d, flips);
