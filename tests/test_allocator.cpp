@@ -2,6 +2,8 @@
 // leaks reported, out-of-memory errors.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -47,15 +49,16 @@ TEST(Allocator, ScriptedSequenceGivesExactFigures) {
   EXPECT_EQ(s.by_category.total(), s.allocated);
 
   a.free(x);
-  Block* g = a.allocate(2000, tag(MemoryCategory::gradient, "fc1", Phase::backward));  // 2048, new block
+  Block* g = a.allocate(2000, tag(MemoryCategory::gradient, "fc1", Phase::backward));  // 2048 of the 4096
   s = a.stats();
   EXPECT_EQ(s.allocated, 1024 + 512 + 2048);
   EXPECT_EQ(s.peak_allocated, 1024 + 4096 + 512);
   EXPECT_EQ(s.by_category_at_peak[MemoryCategory::activation], 4096);
   EXPECT_EQ(s.by_category_at_peak[MemoryCategory::gradient], 0);
   EXPECT_EQ(s.peak_by_category[MemoryCategory::gradient], 2048);
-  EXPECT_EQ(s.reserved, 1024 + 4096 + 512 + 2048);  // the 4096 block stays cached
-  EXPECT_EQ(s.num_cache_hits, 0);                   // 4096 would waste more than a quarter of 2048
+  EXPECT_EQ(s.reserved, 1024 + 4096 + 512);  // the cached 4096 block, split: no new segment
+  EXPECT_EQ(s.num_cache_hits, 1);
+  EXPECT_EQ(s.num_splits, 1);  // whole, it would waste more than a quarter of 2048
 
   auto owners = a.owner_stats();
   EXPECT_EQ(owners["fc1"].current, 1024 + 2048);
@@ -96,6 +99,105 @@ TEST(Allocator, ReusesFreedBlocks) {
   a.free(b2);
 }
 
+namespace {
+
+// Meta's fake addresses, but every raw allocation bounds-checked on its own (as cuda-emu's
+// guard pages and AddressSanitizer on cpu): counts what is live.
+class GuardedRaw final : public remat::RawAllocator {
+ public:
+  void* allocate(size_t bytes) override {
+    ++live;
+    return inner_->allocate(bytes);
+  }
+  void deallocate(void* p, size_t bytes) override {
+    --live;
+    inner_->deallocate(p, bytes);
+  }
+  bool has_data() const override { return false; }
+  int64_t capacity() const override { return inner_->capacity(); }
+  bool guards_each_allocation() const override { return true; }
+  int live = 0;
+
+ private:
+  std::unique_ptr<remat::RawAllocator> inner_ = remat::make_meta_raw_allocator();
+};
+
+char* at(const Block* b) { return static_cast<char*>(b->ptr); }
+
+}  // namespace
+
+TEST(Allocator, SplitsALargeCachedBlockAndMergesThePiecesBack) {
+  CachingAllocator a(Device::meta(), remat::make_meta_raw_allocator());
+  Block* big = a.allocate(10240);
+  char* base = at(big);
+  a.free(big);
+  Block* x = a.allocate(2048);  // 8192 left over: split, not a second segment
+  Block* y = a.allocate(8192);  // the rest of the segment
+  EXPECT_EQ(at(x), base);
+  EXPECT_EQ(at(y), base + 2048);
+  auto s = a.stats();
+  EXPECT_EQ(s.num_raw_allocs, 1);
+  EXPECT_EQ(s.num_splits, 1);
+  EXPECT_EQ(s.num_cache_hits, 2);
+  EXPECT_EQ(s.reserved, 10240);
+  EXPECT_EQ(s.allocated, 10240);
+  a.empty_cache();  // nothing is wholly free: nothing goes back
+  EXPECT_EQ(a.stats().reserved, 10240);
+  a.free(x);
+  Block* small = a.allocate(1024);  // the 2048 piece, split again
+  EXPECT_EQ(at(small), base);
+  a.free(y);      // merges with the 1024 free after `small`
+  a.free(small);  // ... and the whole segment is one block again
+  Block* whole = a.allocate(10000);
+  EXPECT_EQ(at(whole), base);
+  EXPECT_EQ(a.stats().num_raw_allocs, 1);
+  a.free(whole);
+  a.empty_cache();
+  EXPECT_EQ(a.stats().reserved, 0);
+  EXPECT_EQ(a.stats().num_raw_frees, 1);
+}
+
+TEST(Allocator, AWholeBlockServesARequestThatWastesAtMostAQuarter) {
+  CachingAllocator a(Device::meta(), remat::make_meta_raw_allocator());
+  Block* b = a.allocate(10240);
+  a.free(b);
+  Block* c = a.allocate(8192);  // 2048 left over, a quarter of the request: no split
+  EXPECT_EQ(a.stats().num_splits, 0);
+  EXPECT_EQ(a.stats().allocated, 8192);  // counted at the request's size
+  a.free(c);
+}
+
+TEST(Allocator, GuardedRawMemoryServesEachPieceAndAccountsAsTheSegment) {
+  auto guarded = std::make_unique<GuardedRaw>();
+  GuardedRaw& raw = *guarded;
+  CachingAllocator g(Device::meta(), std::move(guarded));
+  CachingAllocator m(Device::meta(), remat::make_meta_raw_allocator());
+  Block* gb = g.allocate(10240);
+  Block* mb = m.allocate(10240);
+  g.free(gb);
+  m.free(mb);
+  EXPECT_EQ(raw.live, 1);
+  Block* gx = g.allocate(2048);
+  Block* gy = g.allocate(4096);
+  Block* mx = m.allocate(2048);
+  Block* my = m.allocate(4096);
+  EXPECT_EQ(raw.live, 3);  // the segment, and one raw allocation per piece in use
+  EXPECT_NE(gx->ptr, gy->ptr);
+  const auto sg = g.stats(), sm = m.stats();
+  EXPECT_EQ(sg.reserved, sm.reserved);
+  EXPECT_EQ(sg.reserved, 10240);
+  EXPECT_EQ(sg.num_splits, sm.num_splits);
+  EXPECT_EQ(sg.num_raw_allocs, sm.num_raw_allocs);
+  g.free(gx);
+  g.free(gy);
+  m.free(mx);
+  m.free(my);
+  EXPECT_EQ(raw.live, 1);         // the pieces' raw memory went back; the segment stays cached
+  Block* gw = g.allocate(10240);  // one block again: the segment's own memory
+  EXPECT_EQ(raw.live, 1);
+  g.free(gw);
+}
+
 TEST(Allocator, MetaAccountingEqualsCpuAccounting) {
   CachingAllocator cpu(Device::cpu(), remat::make_cpu_raw_allocator());
   CachingAllocator meta(Device::meta(), remat::make_meta_raw_allocator());
@@ -103,6 +205,7 @@ TEST(Allocator, MetaAccountingEqualsCpuAccounting) {
   meta.set_event_logging(true);
   std::mt19937 rng(5);
   std::vector<Block*> live_cpu, live_meta;
+  std::vector<int> marks;
   for (int step = 0; step < 2000; ++step) {
     if (!live_cpu.empty() && rng() % 3 == 0) {
       size_t i = rng() % live_cpu.size();
@@ -110,20 +213,30 @@ TEST(Allocator, MetaAccountingEqualsCpuAccounting) {
       meta.free(live_meta[i]);
       live_cpu.erase(live_cpu.begin() + static_cast<long>(i));
       live_meta.erase(live_meta.begin() + static_cast<long>(i));
+      marks.erase(marks.begin() + static_cast<long>(i));
     } else {
       size_t bytes = rng() % 200000;
       auto c = static_cast<MemoryCategory>(rng() % remat::kNumMemoryCategories);
       std::string owner = "layer" + std::to_string(rng() % 7);
       live_cpu.push_back(cpu.allocate(bytes, tag(c, owner.c_str())));
       live_meta.push_back(meta.allocate(bytes, tag(c, owner.c_str())));
+      // Its bytes hold its step's mark: a piece that overlapped another would lose them.
+      std::memset(live_cpu.back()->ptr, step & 0xff, bytes);
+      marks.push_back(step & 0xff);
     }
   }
+  for (size_t i = 0; i < live_cpu.size(); ++i) {
+    const auto* p = static_cast<const unsigned char*>(live_cpu[i]->ptr);
+    for (size_t k = 0; k < live_cpu[i]->requested; ++k) ASSERT_EQ(p[k], marks[i]) << "block " << i << " byte " << k;
+  }
+  EXPECT_GT(cpu.stats().num_splits, 0);
   auto sc = cpu.stats(), sm = meta.stats();
   EXPECT_EQ(sc.allocated, sm.allocated);
   EXPECT_EQ(sc.peak_allocated, sm.peak_allocated);
   EXPECT_EQ(sc.reserved, sm.reserved);
   EXPECT_EQ(sc.peak_reserved, sm.peak_reserved);
   EXPECT_EQ(sc.num_cache_hits, sm.num_cache_hits);
+  EXPECT_EQ(sc.num_splits, sm.num_splits);
   EXPECT_EQ(sc.by_category.bytes, sm.by_category.bytes);
   EXPECT_EQ(sc.by_category_at_peak.bytes, sm.by_category_at_peak.bytes);
   EXPECT_EQ(sc.peak_by_category.bytes, sm.peak_by_category.bytes);

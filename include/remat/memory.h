@@ -84,6 +84,7 @@ struct MemoryStats {
   int64_t num_raw_allocs = 0;  // calls into the raw allocator (cudaMalloc, aligned_alloc)
   int64_t num_raw_frees = 0;
   int64_t num_cache_hits = 0;  // allocations served from a cached block
+  int64_t num_splits = 0;      // cached blocks split to serve a smaller request
   int64_t live_blocks = 0;
   CategoryCounts by_category;          // current allocated, per category
   CategoryCounts peak_by_category;     // each category's own peak
@@ -119,6 +120,11 @@ class RawAllocator {
   virtual void deallocate(void* ptr, size_t bytes) = 0;
   virtual bool has_data() const { return true; }  // false for meta
   virtual int64_t capacity() const = 0;           // bytes the device can hold
+  // True where every raw allocation is bounds-checked on its own (cuda-emu's guard pages,
+  // AddressSanitizer on cpu): the caching allocator then serves each piece of a split
+  // segment from a raw allocation of its own, so an access past a block's end is still
+  // caught, while its accounting stays that of the pieces carved from the segment.
+  virtual bool guards_each_allocation() const { return false; }
 };
 std::unique_ptr<RawAllocator> make_cpu_raw_allocator();
 std::unique_ptr<RawAllocator> make_meta_raw_allocator();
@@ -131,10 +137,12 @@ std::unique_ptr<RawAllocator> make_chunked_raw_allocator(std::function<void*(siz
 
 class CachingAllocator;
 
-// One allocation. Returned to its allocator's cache when released.
+// One allocation, or a cached free range. A block spans part or all of a segment (one raw
+// allocation); returned to its allocator's cache when released, where it merges with the
+// free blocks beside it in its segment.
 struct Block {
-  void* ptr = nullptr;
-  size_t size = 0;       // raw size of the block
+  void* ptr = nullptr;   // its bytes
+  size_t size = 0;       // bytes of its segment it spans
   size_t rounded = 0;    // rounded size of the request it currently serves
   size_t requested = 0;  // what the caller asked for
   MemoryCategory category = MemoryCategory::temporary;
@@ -142,12 +150,22 @@ struct Block {
   uint32_t owner = 0;
   uint64_t alloc_id = 0;
   bool in_use = false;
+  // Its segment: the raw allocation, this block's offset in it, and the blocks before and
+  // after it there (null at the segment's ends: both null, the block is the whole segment).
+  void* segment = nullptr;
+  size_t offset = 0;
+  Block* prev = nullptr;
+  Block* next = nullptr;
+  void* own_raw = nullptr;                         // a piece in use on a guarded raw allocator: its own raw memory
+  std::multimap<size_t, Block*>::iterator cached;  // its entry among the free blocks
 };
 
 class CachingAllocator {
  public:
   static constexpr size_t kRounding = 512;
-  // A cached block serves a request only if it wastes at most this fraction of it.
+  // A request takes the smallest cached block that holds it: whole if what is left over is
+  // at most a quarter of the request, else split, the rest staying cached (docs/memory.md,
+  // "Reserved memory").
   static constexpr size_t kMaxSlackDivisor = 4;
 
   CachingAllocator(Device device, std::unique_ptr<RawAllocator> raw);
@@ -165,7 +183,8 @@ class CachingAllocator {
 
   static size_t round_size(size_t bytes);
 
-  // Returns every cached (free) block to the raw allocator.
+  // Returns every wholly free segment to the raw allocator (a free piece of a segment in
+  // use stays cached).
   void empty_cache();
   // Caps reserved bytes; allocations beyond it fail as out-of-memory. 0 = no cap beyond
   // the device's own limit.
@@ -196,12 +215,16 @@ class CachingAllocator {
   uint32_t intern_owner(const std::string& name);
   void record(MemoryEvent::Kind kind, int64_t bytes, const Block& b);
   void release_cached_locked();
+  void cache_locked(Block* block);
+  void uncache_locked(Block* block);
+  Block* split_locked(Block* block, size_t bytes);
+  void return_to_cache_locked(Block* block);
   [[noreturn]] void throw_oom(size_t bytes, const AllocTag& tag);
 
   Device device_;
   std::unique_ptr<RawAllocator> raw_;
   mutable std::mutex mutex_;
-  std::multimap<size_t, Block*> free_blocks_;                  // by raw size
+  std::multimap<size_t, Block*> free_blocks_;                  // by size; equal sizes in the order cached
   std::unordered_map<Block*, std::unique_ptr<Block>> blocks_;  // every block, live or cached
   MemoryStats stats_;
   int64_t limit_ = 0;

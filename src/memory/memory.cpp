@@ -88,6 +88,9 @@ class CpuRawAllocator final : public RawAllocator {
   }
   void deallocate(void* ptr, size_t) override { std::free(ptr); }
   int64_t capacity() const override { return host_memory_bytes(); }
+#if defined(__SANITIZE_ADDRESS__)
+  bool guards_each_allocation() const override { return true; }  // AddressSanitizer bounds each
+#endif
 };
 
 // Hands out distinct fake addresses; nothing may dereference them.
@@ -188,7 +191,8 @@ CachingAllocator::~CachingAllocator() {
                   category_name(block->category), owners_[block->owner], phase_name(block->phase));
       continue;  // storage still points at it: do not free under its feet
     }
-    raw_->deallocate(block->ptr, block->size);
+    // A segment goes back whole; a free piece of it stays with the leaked block beside it.
+    if (!block->prev && !block->next) raw_->deallocate(block->segment, block->size);
   }
   if (leaked)
     log().error("{} allocation(s), {} bytes, still live at teardown of the {} allocator", leaked, leaked_bytes,
@@ -226,15 +230,45 @@ void CachingAllocator::record(MemoryEvent::Kind kind, int64_t bytes, const Block
   events_.push_back(e);
 }
 
+// Only whole segments go back: a free piece of a segment that still serves a request stays.
 void CachingAllocator::release_cached_locked() {
-  for (auto& [size, block] : free_blocks_) {
-    raw_->deallocate(block->ptr, block->size);
+  for (auto it = free_blocks_.begin(); it != free_blocks_.end();) {
+    Block* block = it->second;
+    if (block->prev || block->next) {
+      ++it;
+      continue;
+    }
+    raw_->deallocate(block->segment, block->size);
     stats_.reserved -= static_cast<int64_t>(block->size);
     stats_.num_raw_frees++;
     record(MemoryEvent::Kind::raw_free, static_cast<int64_t>(block->size), *block);
+    it = free_blocks_.erase(it);
     blocks_.erase(block);
   }
-  free_blocks_.clear();
+}
+
+void CachingAllocator::cache_locked(Block* block) { block->cached = free_blocks_.emplace(block->size, block); }
+
+void CachingAllocator::uncache_locked(Block* block) { free_blocks_.erase(block->cached); }
+
+// Cuts `block` (taken from the cache) to its first `bytes`; the rest becomes a cached block
+// of the same segment, after it.
+Block* CachingAllocator::split_locked(Block* block, size_t bytes) {
+  auto rest = std::make_unique<Block>();
+  Block* r = rest.get();
+  r->segment = block->segment;
+  r->offset = block->offset + bytes;
+  r->size = block->size - bytes;
+  r->ptr = static_cast<char*>(block->segment) + r->offset;
+  r->prev = block;
+  r->next = block->next;
+  if (block->next) block->next->prev = r;
+  block->next = r;
+  block->size = bytes;
+  blocks_.emplace(r, std::move(rest));
+  cache_locked(r);
+  stats_.num_splits++;
+  return block;
 }
 
 void CachingAllocator::throw_oom(size_t bytes, const AllocTag& tag) {
@@ -251,13 +285,15 @@ Block* CachingAllocator::allocate(size_t bytes, const AllocTag& tag) {
   Block* block = nullptr;
   bool fresh = false;
 
-  // Best fit among cached blocks, if it wastes at most a quarter of the request.
-  auto it = free_blocks_.lower_bound(rounded);
-  if (it != free_blocks_.end() && it->first <= rounded + rounded / kMaxSlackDivisor) {
+  // Best fit among cached blocks: the smallest that holds the request, taken whole if it
+  // wastes at most a quarter of the request, else split (the rest stays cached).
+  if (auto it = free_blocks_.lower_bound(rounded); it != free_blocks_.end()) {
     block = it->second;
-    free_blocks_.erase(it);
+    uncache_locked(block);
+    if (block->size - rounded > rounded / kMaxSlackDivisor) split_locked(block, rounded);
     stats_.num_cache_hits++;
-  } else {
+  }
+  if (!block) {
     const int64_t cap = limit_ > 0 ? std::min(limit_, raw_->capacity()) : raw_->capacity();
     auto fits = [&] {
       return rounded <= static_cast<size_t>(cap) && stats_.reserved <= cap - static_cast<int64_t>(rounded);
@@ -271,6 +307,7 @@ Block* CachingAllocator::allocate(size_t bytes, const AllocTag& tag) {
     if (!ptr) throw_oom(bytes, tag);
     auto owned = std::make_unique<Block>();
     owned->ptr = ptr;
+    owned->segment = ptr;
     owned->size = rounded;
     block = owned.get();
     blocks_.emplace(block, std::move(owned));
@@ -280,6 +317,17 @@ Block* CachingAllocator::allocate(size_t bytes, const AllocTag& tag) {
     fresh = true;
   }
 
+  if ((block->prev || block->next) && raw_->guards_each_allocation()) {
+    // A piece of a split segment, served from raw memory of its own, the request's size,
+    // so that the raw allocator's bounds check sees its end (the accounting is the piece's).
+    block->own_raw = raw_->allocate(rounded);
+    if (!block->own_raw) {
+      block->in_use = true;
+      return_to_cache_locked(block);
+      throw_oom(bytes, tag);
+    }
+    block->ptr = block->own_raw;
+  }
   block->rounded = rounded;
   block->requested = bytes;
   block->category = tag.category;
@@ -317,7 +365,6 @@ void CachingAllocator::free(Block* block) {
   REMAT_CHECK(it != blocks_.end() && block->in_use, "free of a block that ", device_.str(),
               "'s allocator does not hold (double free?)");
   const auto r = static_cast<int64_t>(block->rounded);
-  block->in_use = false;
   stats_.allocated -= r;
   stats_.requested -= static_cast<int64_t>(block->requested);
   stats_.num_frees++;
@@ -325,7 +372,33 @@ void CachingAllocator::free(Block* block) {
   stats_.by_category[block->category] -= r;
   owner_stats_[block->owner].current -= r;
   record(MemoryEvent::Kind::free, r, *block);
-  free_blocks_.emplace(block->size, block);
+  return_to_cache_locked(block);
+}
+
+// Caches a block just released, merged with the free blocks beside it in its segment.
+void CachingAllocator::return_to_cache_locked(Block* block) {
+  block->in_use = false;
+  if (block->own_raw) {
+    raw_->deallocate(block->own_raw, block->rounded);
+    block->own_raw = nullptr;
+  }
+  if (Block* p = block->prev; p && !p->in_use) {
+    uncache_locked(p);
+    p->size += block->size;
+    p->next = block->next;
+    if (p->next) p->next->prev = p;
+    blocks_.erase(block);
+    block = p;
+  }
+  if (Block* n = block->next; n && !n->in_use) {
+    uncache_locked(n);
+    block->size += n->size;
+    block->next = n->next;
+    if (block->next) block->next->prev = block;
+    blocks_.erase(n);
+  }
+  block->ptr = static_cast<char*>(block->segment) + block->offset;
+  cache_locked(block);
 }
 
 void CachingAllocator::empty_cache() {

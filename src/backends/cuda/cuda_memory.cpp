@@ -49,6 +49,9 @@ class CudaRawAllocator final : public RawAllocator {
     cudaFree(ptr);
   }
   int64_t capacity() const override { return capacity_; }
+#if defined(REMAT_EMULATE)
+  bool guards_each_allocation() const override { return true; }  // every cudaMalloc has its guard page
+#endif
 
  private:
   int device_;
