@@ -219,13 +219,16 @@ class CachingAllocator {
   void uncache_locked(Block* block);
   Block* split_locked(Block* block, size_t bytes);
   void return_to_cache_locked(Block* block);
+  Block* new_block_locked();
+  void retire_block_locked(Block* block);
   [[noreturn]] void throw_oom(size_t bytes, const AllocTag& tag);
 
   Device device_;
   std::unique_ptr<RawAllocator> raw_;
   mutable std::mutex mutex_;
   std::multimap<size_t, Block*> free_blocks_;                  // by size; equal sizes in the order cached
-  std::unordered_map<Block*, std::unique_ptr<Block>> blocks_;  // every block, live or cached
+  std::unordered_map<Block*, std::unique_ptr<Block>> blocks_;  // every block: live, cached or spare
+  std::vector<Block*> spare_blocks_;                           // of blocks_, neither live nor cached
   MemoryStats stats_;
   int64_t limit_ = 0;
   std::vector<std::string> owners_{""};

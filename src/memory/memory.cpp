@@ -192,7 +192,7 @@ CachingAllocator::~CachingAllocator() {
       continue;  // storage still points at it: do not free under its feet
     }
     // A segment goes back whole; a free piece of it stays with the leaked block beside it.
-    if (!block->prev && !block->next) raw_->deallocate(block->segment, block->size);
+    if (block->segment && !block->prev && !block->next) raw_->deallocate(block->segment, block->size);
   }
   if (leaked)
     log().error("{} allocation(s), {} bytes, still live at teardown of the {} allocator", leaked, leaked_bytes,
@@ -243,8 +243,28 @@ void CachingAllocator::release_cached_locked() {
     stats_.num_raw_frees++;
     record(MemoryEvent::Kind::raw_free, static_cast<int64_t>(block->size), *block);
     it = free_blocks_.erase(it);
-    blocks_.erase(block);
+    retire_block_locked(block);
   }
+}
+
+// A Block to fill in: a spare one, or a new one (blocks_ owns both).
+Block* CachingAllocator::new_block_locked() {
+  if (!spare_blocks_.empty()) {
+    Block* b = spare_blocks_.back();
+    spare_blocks_.pop_back();
+    return b;
+  }
+  auto owned = std::make_unique<Block>();
+  Block* b = owned.get();
+  blocks_.emplace(b, std::move(owned));
+  return b;
+}
+
+// A Block no longer in use or cached (merged into a neighbour, or its segment released)
+// waits for the next split: no allocation per split and merge.
+void CachingAllocator::retire_block_locked(Block* block) {
+  *block = Block{};
+  spare_blocks_.push_back(block);
 }
 
 void CachingAllocator::cache_locked(Block* block) { block->cached = free_blocks_.emplace(block->size, block); }
@@ -254,8 +274,7 @@ void CachingAllocator::uncache_locked(Block* block) { free_blocks_.erase(block->
 // Cuts `block` (taken from the cache) to its first `bytes`; the rest becomes a cached block
 // of the same segment, after it.
 Block* CachingAllocator::split_locked(Block* block, size_t bytes) {
-  auto rest = std::make_unique<Block>();
-  Block* r = rest.get();
+  Block* r = new_block_locked();
   r->segment = block->segment;
   r->offset = block->offset + bytes;
   r->size = block->size - bytes;
@@ -265,7 +284,6 @@ Block* CachingAllocator::split_locked(Block* block, size_t bytes) {
   if (block->next) block->next->prev = r;
   block->next = r;
   block->size = bytes;
-  blocks_.emplace(r, std::move(rest));
   cache_locked(r);
   stats_.num_splits++;
   return block;
@@ -305,12 +323,10 @@ Block* CachingAllocator::allocate(size_t bytes, const AllocTag& tag) {
       if (fits()) ptr = raw_->allocate(rounded);
     }
     if (!ptr) throw_oom(bytes, tag);
-    auto owned = std::make_unique<Block>();
-    owned->ptr = ptr;
-    owned->segment = ptr;
-    owned->size = rounded;
-    block = owned.get();
-    blocks_.emplace(block, std::move(owned));
+    block = new_block_locked();
+    block->ptr = ptr;
+    block->segment = ptr;
+    block->size = rounded;
     stats_.reserved += static_cast<int64_t>(rounded);
     stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
     stats_.num_raw_allocs++;
@@ -387,7 +403,7 @@ void CachingAllocator::return_to_cache_locked(Block* block) {
     p->size += block->size;
     p->next = block->next;
     if (p->next) p->next->prev = p;
-    blocks_.erase(block);
+    retire_block_locked(block);
     block = p;
   }
   if (Block* n = block->next; n && !n->in_use) {
@@ -395,7 +411,7 @@ void CachingAllocator::return_to_cache_locked(Block* block) {
     block->size += n->size;
     block->next = n->next;
     if (block->next) block->next->prev = block;
-    blocks_.erase(n);
+    retire_block_locked(n);
   }
   block->ptr = static_cast<char*>(block->segment) + block->offset;
   cache_locked(block);
