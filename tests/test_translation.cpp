@@ -15,6 +15,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -36,10 +37,21 @@ using remat::ParallelPair;
 
 namespace {
 
+// A fresh folder under the system temp dir; every one is removed, with what it holds, when
+// the test program ends (some outlive their test: the corpus the tests share).
 std::string tmp_dir(const std::string& name) {
+  struct Made {
+    std::vector<fs::path> dirs;
+    ~Made() {
+      std::error_code ec;
+      for (const fs::path& d : dirs) fs::remove_all(d, ec);
+    }
+  };
+  static Made made;
   const fs::path p = fs::temp_directory_path() / ("remat_nmt_" + std::to_string(::getpid()) + "_" + name);
   fs::remove_all(p);
   fs::create_directories(p);
+  made.dirs.push_back(p);
   return p.string();
 }
 
