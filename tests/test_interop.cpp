@@ -1021,6 +1021,20 @@ TEST(Export, HfLlamaShardedAndBackAgain) {
   EXPECT_EQ(rep.files.size(), files.size());
   expect_params(b, by);
 
+  // An export that fails half-way (here: its second shard cannot be written) leaves no
+  // index, so the folder is never read as the earlier export's shards mixed with the new.
+  const fs::path second = d.path() / "hf" / *std::next(files.begin());
+  fs::remove(second);
+  fs::create_directories(second / "in_the_way");
+  EXPECT_THROW(remat::export_hf(d / "run", d / "hf", remat::HfArch::llama, 4096), remat::Error);
+  EXPECT_FALSE(fs::exists(d.path() / "hf" / "model.safetensors.index.json"));
+  EXPECT_FALSE(fs::exists(d.path() / "hf" / "model.safetensors"));
+  fs::remove_all(second);
+  remat::export_hf(d / "run", d / "hf", remat::HfArch::llama, 4096);  // and again, whole
+  remat::ParamStore again(g, remat::Device::cpu(), 13);
+  remat::init_from(d / "hf", c, again, false);
+  expect_params(again, by);
+
   // bf16: every value rounded to nearest even, half the bytes, torch_dtype bfloat16; loading
   // it back widens the same values.
   msg = remat::export_hf(d / "run", d / "hf16", remat::HfArch::llama, remat::kHfShardBytes, remat::DType::bf16);

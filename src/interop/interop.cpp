@@ -670,7 +670,8 @@ bool is_shard_name(const std::string& name) {
 
 // Writes the weights as one file or as shards of at most `max_bytes` (in order, a new shard
 // when the next tensor would not fit) with their index; removes what an earlier export of
-// the other layout left. Returns the files written.
+// the other layout left. Each file is written whole or not at all (write_hf_safetensors).
+// Returns the files written.
 std::vector<std::string> write_weights(const fs::path& out, const SafetensorsFile& f,
                                        const std::vector<ExportTensor>& outs, int64_t max_bytes, DType dtype) {
   std::vector<std::vector<ExportTensor>> shards(1);
@@ -695,6 +696,10 @@ std::vector<std::string> write_weights(const fs::path& out, const SafetensorsFil
       if (is_shard_name(d.path().filename().string())) fs::remove(d.path(), ec);
     return written;
   }
+  // The index goes first and comes back last: an export that stops half-way leaves shards
+  // no index names, never an earlier export's index over a mix of old and new shards.
+  fs::remove(out / "model.safetensors.index.json", ec);
+  fs::remove(out / "model.safetensors", ec);  // transformers would read it before the index
   nlohmann::json map = nlohmann::json::object();
   for (size_t i = 0; i < shards.size(); ++i) {
     const std::string name = shard_name(i, shards.size());
@@ -705,7 +710,6 @@ std::vector<std::string> write_weights(const fs::path& out, const SafetensorsFil
   const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", map}};
   write_file_atomic((out / "model.safetensors.index.json").string(), index.dump(2) + "\n");
   written.push_back("model.safetensors.index.json");
-  fs::remove(out / "model.safetensors", ec);  // transformers would read it before the index
   for (const auto& d : fs::directory_iterator(out, ec)) {
     const std::string n = d.path().filename().string();
     if (is_shard_name(n) && std::find(written.begin(), written.end(), n) == written.end()) fs::remove(d.path(), ec);
