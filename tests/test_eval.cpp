@@ -157,6 +157,16 @@ TEST(Predict, ClassifiesImagesOfANpyFile) {
     EXPECT_EQ(static_cast<float>(a), p.logits.f32()[3 * k]);
   }
 
+  // Pixels near float's largest overflow the logits of their image: an error naming the
+  // image, not the first class of a NaN (a NaN pixel is refused when the file is read).
+  std::vector<float> px(static_cast<size_t>(3 * 16), 0.5f);
+  for (size_t k = 16; k < 32; ++k) px[k] = 3e38f;
+  remat::save_npy((dir / "huge.npy").string(), Tensor::from_vector(px, remat::Shape{3, 1, 4, 4}));
+  o.input = (dir / "huge.npy").string();
+  o.out = (dir / "huge_classes.npy").string();
+  EXPECT_REMAT_ERROR(remat::predict_images(o), "huge.npy: the logits of image 1 are not finite (");
+  EXPECT_FALSE(fs::exists(o.out)) << "nothing written for a failed prediction";
+
   o.input = src + "/tests/golden/npy/x_f32.npy";  // [2, 1, 2, 3]
   EXPECT_REMAT_ERROR(remat::predict_images(o),
                      "x_f32.npy: images [1, 2, 3], but the model \"npy_tiny\" reads images "

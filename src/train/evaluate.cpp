@@ -402,6 +402,11 @@ Predictions predict_images(PredictOptions o) {
       std::copy(logits.begin(), logits.end(), p.logits.f32() + done * classes);
       for (int64_t i = 0; i < b; ++i) {
         const float* row = logits.data() + i * classes;
+        // No class is the largest of a NaN: say so rather than name one.
+        for (int64_t k = 0; k < classes; ++k)
+          if (!std::isfinite(row[k]))
+            REMAT_THROW(o.input, ": the logits of image ", idx[static_cast<size_t>(i)], " are not finite (", row[k],
+                        " for class ", k, "): a NaN or infinity in the image or in the model's weights");
         p.classes.push_back(static_cast<int32_t>(std::max_element(row, row + classes) - row));
       }
       done += b;
