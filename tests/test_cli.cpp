@@ -279,3 +279,26 @@ TEST(Cli, ProgressPeakSaysHowMuchIsTheStagedData) {
   EXPECT_TRUE(contains(r.output, "of it the staged data)")) << r.output;
   fs::remove_all(dir);
 }
+
+// A run's reserved bytes from its second step on are what memprof predicts: the profile
+// simulates a second step (docs/memory.md, "A run's later steps"). llama_tiny's selective
+// plan at batch 16 reserves 405.50 KiB in its first step and 425.50 KiB in every step after.
+TEST(Cli, TrainingReservesWhatMemprofPredicts) {
+  const std::string cfg = std::string(REMAT_SOURCE_DIR) + "/tests/configs/llama_tiny.json";
+  const std::string dir = tmp_dir("reserved");
+  const Result train = run("train " + cfg + " --policy selective --batch 16 --steps 3 --device cpu --out " + dir);
+  ASSERT_EQ(train.rc, 0) << train.output;
+  const Result memprof = run("memprof " + cfg + " --policy selective --batch 16 --device cpu");
+  ASSERT_EQ(memprof.rc, 0) << memprof.output;
+  auto figure = [](const std::string& out) {  // "peak reserved   425.50 KiB" -> "425.50 KiB"
+    const size_t at = out.find("peak reserved");
+    if (at == std::string::npos) return std::string("(none)");
+    std::istringstream line(out.substr(at + 13, out.find('\n', at) - at - 13));
+    std::string value, unit;
+    line >> value >> unit;
+    return value + " " + unit;
+  };
+  EXPECT_EQ(figure(train.output), "425.50 KiB") << train.output;
+  EXPECT_EQ(figure(memprof.output), figure(train.output)) << memprof.output;
+  fs::remove_all(dir);
+}

@@ -154,12 +154,10 @@ StepStats Executor::train_step(const Batch& batch, RngGenerator& gen) {
   gen.clear_reservations();  // keep only this step's record
   run(sched_.forward, &gen, &st);
   const Tensor& loss = live_[g_.loss_id].out;
-  if (loss.device().is_meta())
-    st.loss = 0.0f;
-  else if (opt_.read_loss)
-    st.loss = loss.to_vector()[0];
-  else
+  if (!opt_.read_loss)  // on meta too: the loss tensor's lifetime is part of the memory a step holds
     st.loss = NAN, st.loss_value = loss;
+  else
+    st.loss = loss.device().is_meta() ? 0.0f : loss.to_vector()[0];
   run(sched_.backward, &gen, &st);
   end_step();
   return st;

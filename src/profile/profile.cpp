@@ -104,7 +104,8 @@ std::vector<Tensor> reduction_buffers(const Config& cfg, const ParamStore& param
 
 // Runs one step as the trainer does (parameters, optimizer, reduction buffers, a synthetic
 // batch, forward + backward, the optimizer's update) and records its time and FLOPs in p;
-// with keep_events, each layer's span of allocator events in `spans`.
+// with keep_events, each layer's span of allocator events in `spans`. Then a second step,
+// unrecorded, for the bytes a run reserves from its second step on.
 void run_step(const Config& cfg, const Graph& g, const CheckpointPlan& plan, Device device, Backend& be,
               bool keep_events, StepProfile& p, std::vector<LayerSpan>& spans) {
   CachingAllocator& alloc = allocator_for(device);
@@ -114,8 +115,11 @@ void run_step(const Config& cfg, const Graph& g, const CheckpointPlan& plan, Dev
   const std::vector<Tensor> accumulation = reduction_buffers(cfg, params, device, p.ranks);
   Batch batch = synthetic_batch(g, device, cfg.training.seed);
   ExecOptions eo;
+  eo.read_loss = false;  // as the trainer: the loss tensor lives to the step's end
+  bool first_step = true;
   if (keep_events) {
     eo.on_layer = [&](int i, Phase ph, bool begin) {
+      if (!first_step) return;
       if (begin)
         spans.push_back({i, ph, alloc.event_count(), 0});
       else
@@ -130,7 +134,7 @@ void run_step(const Config& cfg, const Graph& g, const CheckpointPlan& plan, Dev
   }
   RngGenerator gen(cfg.training.seed);
   const auto t0 = std::chrono::steady_clock::now();
-  const StepStats st = ex.train_step(batch, gen);
+  StepStats st = ex.train_step(batch, gen);
   opt.step(cfg.optimizer.lr);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!device.is_meta()) p.step_ms = ms;
@@ -149,10 +153,28 @@ void run_step(const Config& cfg, const Graph& g, const CheckpointPlan& plan, Dev
     host->set_event_logging(false);
     host->set_event_clock(nullptr);
   }
+  // A second step, not recorded: a run's later steps start from the blocks the first left
+  // cached, which the allocator may split otherwise than the first step's fresh segments,
+  // so they can reserve more (from the second step on, the same each step; docs/memory.md,
+  // "Reserved memory"). The reserved peaks are what a run holds from then on.
+  first_step = false;
+  alloc.set_event_logging(false);
+  st = StepStats{};  // as the trainer's: the step's loss and batch freed, the next batch made
+  batch = Batch{};
+  batch = synthetic_batch(g, device, cfg.training.seed);
+  st = ex.train_step(batch, gen);
+  opt.step(cfg.optimizer.lr);
+  if (const CachingAllocator* pool = ex.host_pool()) {
+    const MemoryStats hs = pool->stats();
+    p.host_peak_bytes = std::max(p.host_peak_bytes, hs.peak_allocated);
+    p.host_reserved_bytes = std::max(p.host_reserved_bytes, hs.peak_reserved);
+  }
   p.optimizer_flops = (cfg.optimizer.type == "adamw" ? 12.0 : 4.0) * static_cast<double>(g.parameter_count());
 }
 
-// The step's peaks, counted from the base (what the allocator held before the step).
+// The step's peaks, counted from the base (what the allocator held before the step): over
+// run_step's two steps, which allocate alike; the reserved peak is the second's (reserved
+// bytes are never given back within a run).
 void record_peaks(StepProfile& p, const MemoryStats& base, const MemoryStats& s) {
   p.base_bytes = base.allocated;
   p.base_reserved_bytes = base.reserved;
