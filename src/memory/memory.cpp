@@ -398,20 +398,20 @@ void CachingAllocator::return_to_cache_locked(Block* block) {
     raw_->deallocate(block->own_raw, block->rounded);
     block->own_raw = nullptr;
   }
+  auto join = [&](Block* left, Block* right) {  // right's bytes become left's
+    left->size += right->size;
+    left->next = right->next;
+    if (left->next) left->next->prev = left;
+    retire_block_locked(right);
+  };
   if (Block* p = block->prev; p && !p->in_use) {
     uncache_locked(p);
-    p->size += block->size;
-    p->next = block->next;
-    if (p->next) p->next->prev = p;
-    retire_block_locked(block);
+    join(p, block);
     block = p;
   }
   if (Block* n = block->next; n && !n->in_use) {
     uncache_locked(n);
-    block->size += n->size;
-    block->next = n->next;
-    if (block->next) block->next->prev = block;
-    retire_block_locked(n);
+    join(block, n);
   }
   block->ptr = static_cast<char*>(block->segment) + block->offset;
   cache_locked(block);
